@@ -1,0 +1,73 @@
+//! Types shared by the XDP program (`lb-ebpf`) and the control plane (`lb-user`).
+//!
+//! Every type that crosses the kernel/user boundary is `#[repr(C)]`, has its
+//! padding spelled out as named fields (so both sides agree byte for byte and
+//! no uninitialised padding reaches a map key), and carries a compile-time
+//! size check. Addresses are stored as four `u32` words holding the bytes in
+//! network order, exactly as they sit in the packet: an IPv4 address uses word
+//! 0 and leaves words 1..3 zero, with `family` telling the two apart. Ports
+//! are stored in network byte order too, so the data path never swaps bytes.
+#![no_std]
+
+pub mod maps;
+
+pub use maps::*;
+
+/// Address family tags used in keys and values.
+pub const AF_INET: u8 = 4;
+pub const AF_INET6: u8 = 6;
+
+/// IP protocol numbers the balancer handles.
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Limits. They size the maps, so both sides must agree.
+pub const MAX_VIPS: u32 = 256;
+/// Backend ids are global (shared across VIPs) and index the backend arrays.
+pub const MAX_BACKENDS: u32 = 4096;
+/// Slots per VIP in [`VIP_BACKENDS_MAP`]; the slot array is `MAX_VIPS * MAX_BACKENDS_PER_VIP`.
+pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
+/// Default number of flow-table entries (both directions share the table).
+pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 262_144;
+/// Ring buffer size in bytes (a power of two, a multiple of the page size).
+pub const EVENTS_RING_BYTES: u32 = 1 << 20;
+/// Tries the data path makes to find a free SNAT port before refusing a flow.
+pub const SNAT_PORT_TRIES: u32 = 8;
+/// Default SNAT source-port range, below Linux's default ephemeral range
+/// (32768..=60999) so the balancer host's own connections never collide.
+pub const DEFAULT_SNAT_PORT_MIN: u16 = 20_000;
+pub const DEFAULT_SNAT_PORT_MAX: u16 = 32_767;
+
+/// Names of the maps, used by the loader, the pin directory and `status`.
+pub const VIPS_MAP: &str = "VIPS";
+pub const VIP_BACKENDS_MAP: &str = "VIP_BACKENDS";
+pub const VIP_STATE_MAP: &str = "VIP_STATE";
+pub const BACKENDS_MAP: &str = "BACKENDS";
+pub const BACKEND_SCORES_MAP: &str = "BACKEND_SCORES";
+pub const BACKEND_CONNS_MAP: &str = "BACKEND_CONNS";
+pub const BACKEND_CORRECTION_MAP: &str = "BACKEND_CORRECTION";
+pub const BACKEND_STATS_MAP: &str = "BACKEND_STATS";
+pub const FLOWS_MAP: &str = "FLOWS";
+pub const NEIGHBOURS_MAP: &str = "NEIGHBOURS";
+pub const CONFIG_MAP: &str = "CONFIG";
+pub const REASON_STATS_MAP: &str = "REASON_STATS";
+pub const EVENTS_MAP: &str = "EVENTS";
+/// Name of the XDP program function in the object.
+pub const XDP_PROGRAM: &str = "lb_xdp";
+
+/// Every map the program defines, in the order `status` prints them.
+pub const ALL_MAPS: &[&str] = &[
+    VIPS_MAP,
+    VIP_BACKENDS_MAP,
+    VIP_STATE_MAP,
+    BACKENDS_MAP,
+    BACKEND_SCORES_MAP,
+    BACKEND_CONNS_MAP,
+    BACKEND_CORRECTION_MAP,
+    BACKEND_STATS_MAP,
+    FLOWS_MAP,
+    NEIGHBOURS_MAP,
+    CONFIG_MAP,
+    REASON_STATS_MAP,
+    EVENTS_MAP,
+];

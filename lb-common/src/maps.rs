@@ -1,0 +1,389 @@
+//! Map keys, map values and ring-buffer events.
+
+/// Compile-time size check: a layout change on one side only fails the build.
+macro_rules! assert_size {
+    ($t:ty, $n:expr) => {
+        const _: () = assert!(core::mem::size_of::<$t>() == $n);
+    };
+}
+
+/// Implements `aya::Pod` for the user-space side only.
+macro_rules! pod {
+    ($($t:ty),+ $(,)?) => {
+        $(
+            #[cfg(feature = "user")]
+            // SAFETY: every type listed is `#[repr(C)]`, `Copy`, made only of
+            // integers and integer arrays, with all padding as explicit fields.
+            unsafe impl aya::Pod for $t {}
+        )+
+    };
+}
+
+/// Balancing algorithm of a VIP (stored in [`VipMeta::algorithm`]).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Power of two choices over `ewma × (inflight+1)^bias ÷ weight`.
+    P2cEwma = 0,
+    RoundRobin = 1,
+    WeightedRoundRobin = 2,
+    Random = 3,
+    LeastConn = 4,
+    Maglev = 5,
+}
+
+impl Algorithm {
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Self::P2cEwma,
+            1 => Self::RoundRobin,
+            2 => Self::WeightedRoundRobin,
+            3 => Self::Random,
+            4 => Self::LeastConn,
+            5 => Self::Maglev,
+            _ => return None,
+        })
+    }
+
+    /// The name used on the command line and in config files.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::P2cEwma => "p2c-ewma",
+            Self::RoundRobin => "round-robin",
+            Self::WeightedRoundRobin => "weighted-round-robin",
+            Self::Random => "random",
+            Self::LeastConn => "least-conn",
+            Self::Maglev => "maglev",
+        }
+    }
+}
+
+/// Key of [`crate::VIPS_MAP`]: the service address, port and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VipKey {
+    /// Address bytes in network order; IPv4 uses word 0 only.
+    pub addr: [u32; 4],
+    /// Port in network byte order.
+    pub port: u16,
+    pub proto: u8,
+    /// [`crate::AF_INET`] or [`crate::AF_INET6`].
+    pub family: u8,
+}
+assert_size!(VipKey, 20);
+
+/// Value of [`crate::VIPS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipMeta {
+    /// Index of the VIP's slot block in [`crate::VIP_BACKENDS_MAP`] and of its
+    /// [`VipState`].
+    pub vip_id: u32,
+    /// Number of selectable backends in the VIP's slot block (0 = refuse).
+    pub backend_count: u32,
+    /// An [`Algorithm`] as `u8`.
+    pub algorithm: u8,
+    /// Exponent `b` of the in-flight term `(inflight+1)^b` (1..=3).
+    pub inflight_bias: u8,
+    pub flags: u16,
+    pub _pad: u32,
+}
+assert_size!(VipMeta, 16);
+
+/// Per-VIP mutable kernel state (array indexed by `vip_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipState {
+    /// Round-robin cursor, advanced atomically.
+    pub rr_cursor: u64,
+}
+assert_size!(VipState, 8);
+
+/// Backend state, stored in [`Backend::state`].
+pub const BACKEND_ACTIVE: u8 = 0;
+/// Keeps its established flows, gets no new ones.
+pub const BACKEND_DRAINING: u8 = 1;
+/// Removed from selection by outlier detection or health checks.
+pub const BACKEND_EJECTED: u8 = 2;
+
+/// Value of [`crate::BACKENDS_MAP`] (array indexed by backend id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: [u32; 4],
+    /// Port in network byte order.
+    pub port: u16,
+    pub family: u8,
+    /// [`BACKEND_ACTIVE`], [`BACKEND_DRAINING`] or [`BACKEND_EJECTED`].
+    pub state: u8,
+    pub vip_id: u32,
+    /// Configured weight (the effective weight used for scoring is in
+    /// [`BackendScore::weight`]).
+    pub weight: u32,
+    /// Non-zero when the slot holds a configured backend.
+    pub in_use: u32,
+}
+assert_size!(Backend, 32);
+
+/// Fixed-point scale of [`BackendScore::cost`]: `cost = ewma_ns * WEIGHT_SCALE / weight`.
+pub const WEIGHT_SCALE: u64 = 100;
+
+/// Value of [`crate::BACKEND_SCORES_MAP`], written by the control plane.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendScore {
+    /// Peak-EWMA latency estimate in nanoseconds.
+    pub ewma_ns: u64,
+    /// `ewma_ns * WEIGHT_SCALE / weight`, at least 1; the kernel multiplies it by
+    /// `(inflight+1)^bias`.
+    pub cost: u64,
+    /// Effective weight (after slow start) used for `cost`.
+    pub weight: u32,
+    pub _pad: u32,
+    /// Monotonic time (ns) of the write.
+    pub updated_ns: u64,
+}
+assert_size!(BackendScore, 32);
+
+/// Value of [`crate::BACKEND_CONNS_MAP`]: monotonic counters the kernel advances
+/// with atomic adds. In-flight = opened - closed - correction (never below 0),
+/// where the correction ([`crate::BACKEND_CORRECTION_MAP`], a `u64` per backend)
+/// is owned by the control plane and accounts for flows that ended without the
+/// kernel seeing them end (LRU eviction, idle expiry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendConns {
+    pub opened: u64,
+    pub closed: u64,
+}
+assert_size!(BackendConns, 16);
+
+impl BackendConns {
+    /// Connections currently open, after the control plane's correction.
+    pub const fn inflight(&self, correction: u64) -> u64 {
+        self.opened
+            .saturating_sub(self.closed)
+            .saturating_sub(correction)
+    }
+}
+
+/// Value of [`crate::BACKEND_STATS_MAP`] (per-CPU array indexed by backend id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    pub packets_to_backend: u64,
+    pub bytes_to_backend: u64,
+    pub packets_from_backend: u64,
+    pub bytes_from_backend: u64,
+}
+assert_size!(BackendStats, 32);
+
+/// Key of [`crate::FLOWS_MAP`]: a 5-tuple as seen on the wire.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Ports in network byte order.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+assert_size!(FlowKey, 40);
+
+/// [`FlowEntry::direction`]: client → VIP, rewritten towards the backend.
+pub const DIR_TO_BACKEND: u8 = 0;
+/// [`FlowEntry::direction`]: backend → SNAT address, rewritten towards the client.
+pub const DIR_TO_CLIENT: u8 = 1;
+
+/// TCP tracking states in [`FlowEntry::state`] (UDP flows are `ESTABLISHED`).
+pub const FLOW_SYN_SENT: u8 = 1;
+pub const FLOW_ESTABLISHED: u8 = 2;
+pub const FLOW_CLOSING: u8 = 3;
+
+/// [`FlowEntry::flags`]: the close was counted (set with an atomic OR, so a
+/// flow is counted closed exactly once).
+pub const FLOW_F_CLOSED: u32 = 1;
+/// A client payload is waiting for the backend's first payload.
+pub const FLOW_F_REQUEST_PENDING: u32 = 2;
+/// The backend answered the SYN.
+pub const FLOW_F_SYNACK_SEEN: u32 = 4;
+
+/// Value of [`crate::FLOWS_MAP`]. Each connection has two entries: one keyed
+/// by the client's 5-tuple ([`DIR_TO_BACKEND`]) and one keyed by the backend's
+/// reply 5-tuple ([`DIR_TO_CLIENT`]). The fields give the rewrite to apply.
+/// Connection state (flags, timestamps) lives in the `DIR_TO_BACKEND` entry;
+/// the reply side finds it by swapping its rewrite fields into a key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEntry {
+    pub new_src: [u32; 4],
+    pub new_dst: [u32; 4],
+    pub new_sport: u16,
+    pub new_dport: u16,
+    pub backend_id: u32,
+    pub vip_id: u32,
+    pub direction: u8,
+    pub state: u8,
+    pub _pad: u16,
+    pub flags: u32,
+    pub _pad2: u32,
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+    /// Time of the client payload awaiting a response (0 = none).
+    pub request_ns: u64,
+}
+assert_size!(FlowEntry, 80);
+
+/// Key of [`crate::NEIGHBOURS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IpKey {
+    pub addr: [u32; 4],
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+assert_size!(IpKey, 20);
+
+/// Value of [`crate::NEIGHBOURS_MAP`]: a next hop the control plane resolved,
+/// used when `bpf_fib_lookup` has no neighbour entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Neighbour {
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    pub ifindex: u32,
+}
+assert_size!(Neighbour, 12);
+
+/// [`LbConfig::flags`]: configuration has been written and the program may balance.
+pub const CONFIG_F_READY: u32 = 1;
+
+/// Single entry of [`crate::CONFIG_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbConfig {
+    /// SNAT source address for IPv4 flows (word 0).
+    pub snat_v4: [u32; 4],
+    /// SNAT source address for IPv6 flows.
+    pub snat_v6: [u32; 4],
+    /// SNAT port range, host byte order, inclusive.
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
+    pub flags: u32,
+    /// Interface the program is attached to.
+    pub ifindex: u32,
+    pub _pad: u32,
+}
+assert_size!(LbConfig, 48);
+
+/// Ring-buffer event kinds ([`FlowEvent::kind`]).
+pub const EVENT_OPENED: u8 = 1;
+/// `value_ns` is the latency from a client payload to the backend's first payload after it.
+pub const EVENT_RESPONDED: u8 = 2;
+pub const EVENT_CLOSED: u8 = 3;
+/// An RST answered the SYN.
+pub const EVENT_REFUSED: u8 = 4;
+
+/// [`FlowEvent::reason`] for `EVENT_CLOSED`.
+pub const CLOSE_FIN: u8 = 1;
+pub const CLOSE_RST: u8 = 2;
+pub const CLOSE_IDLE: u8 = 3;
+
+/// One flow state change, sent on [`crate::EVENTS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEvent {
+    /// Monotonic time of the event (`bpf_ktime_get_ns`).
+    pub timestamp_ns: u64,
+    /// Latency sample for `EVENT_RESPONDED`, otherwise 0.
+    pub value_ns: u64,
+    pub backend_id: u32,
+    pub vip_id: u32,
+    pub kind: u8,
+    pub reason: u8,
+    pub _pad: [u8; 6],
+}
+assert_size!(FlowEvent, 32);
+
+/// Indexes of [`crate::REASON_STATS_MAP`], a per-CPU array of `u64` counters:
+/// every verdict the program gives is counted under exactly one reason.
+pub mod reason {
+    /// Not IPv4/IPv6 (ARP, LLDP, ...).
+    pub const PASS_NOT_IP: u32 = 0;
+    /// IP, but neither TCP nor UDP.
+    pub const PASS_NOT_L4: u32 = 1;
+    /// TCP/UDP that is neither VIP traffic nor a reply of a balanced flow.
+    pub const PASS_NOT_VIP: u32 = 2;
+    /// IPv4 fragment (only the first fragment carries ports).
+    pub const PASS_FRAGMENT: u32 = 3;
+    /// IPv6 (not balanced yet).
+    pub const PASS_IPV6: u32 = 4;
+    /// Rewritten and sent back out of the same interface.
+    pub const TX_TO_BACKEND: u32 = 5;
+    pub const TX_TO_CLIENT: u32 = 6;
+    /// Rewritten and redirected to another interface.
+    pub const REDIRECT: u32 = 7;
+    /// Frame shorter than the headers it claims.
+    pub const DROP_TRUNCATED: u32 = 8;
+    /// Bad IHL, TCP data offset or IP version.
+    pub const DROP_BAD_HEADER: u32 = 9;
+    /// VIP with no selectable backend.
+    pub const DROP_NO_BACKEND: u32 = 10;
+    /// No free SNAT port after [`crate::SNAT_PORT_TRIES`] tries.
+    pub const DROP_SNAT_EXHAUSTED: u32 = 11;
+    /// No next-hop MAC for the destination.
+    pub const DROP_NO_NEIGHBOUR: u32 = 12;
+    /// The flow table refused an insert.
+    pub const DROP_FLOW_INSERT: u32 = 13;
+    /// TCP packet other than SYN to a VIP with no flow.
+    pub const DROP_NO_FLOW: u32 = 14;
+    /// Configuration missing or inconsistent (e.g. a slot pointing nowhere).
+    pub const DROP_BAD_CONFIG: u32 = 15;
+    /// TTL expired: handed to the kernel so it can send ICMP time exceeded.
+    pub const PASS_TTL_EXPIRED: u32 = 16;
+    /// Ring-buffer reservation failed (event lost, packet still forwarded).
+    pub const EVENT_LOST: u32 = 17;
+    /// Number of reasons (size of the map).
+    pub const COUNT: u32 = 18;
+
+    /// Names used by `status` and metrics, indexed by reason.
+    pub const NAMES: [&str; COUNT as usize] = [
+        "pass_not_ip",
+        "pass_not_l4",
+        "pass_not_vip",
+        "pass_fragment",
+        "pass_ipv6",
+        "tx_to_backend",
+        "tx_to_client",
+        "redirect",
+        "drop_truncated",
+        "drop_bad_header",
+        "drop_no_backend",
+        "drop_snat_exhausted",
+        "drop_no_neighbour",
+        "drop_flow_insert",
+        "drop_no_flow",
+        "drop_bad_config",
+        "pass_ttl_expired",
+        "event_lost",
+    ];
+}
+
+pod!(
+    VipKey,
+    VipMeta,
+    VipState,
+    Backend,
+    BackendScore,
+    BackendConns,
+    BackendStats,
+    FlowKey,
+    FlowEntry,
+    IpKey,
+    Neighbour,
+    LbConfig,
+    FlowEvent,
+);
