@@ -1,1 +1,3 @@
-fn main() {}
+fn main() {
+    println!("{}", lb_user::EBPF_OBJECT.len());
+}

@@ -1,0 +1,34 @@
+//! Every map of the program. Names match the `*_MAP` constants in lb-common.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use lb_common::*;
+
+#[map(name = "VIPS")]
+pub static VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(MAX_VIPS, 0);
+#[map(name = "VIP_BACKENDS")]
+pub static VIP_BACKENDS: Array<u32> = Array::with_max_entries(MAX_VIPS * MAX_BACKENDS_PER_VIP, 0);
+#[map(name = "VIP_STATE")]
+pub static VIP_STATE: Array<VipState> = Array::with_max_entries(MAX_VIPS, 0);
+#[map(name = "BACKENDS")]
+pub static BACKENDS: Array<Backend> = Array::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "BACKEND_SCORES")]
+pub static BACKEND_SCORES: Array<BackendScore> = Array::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "BACKEND_CONNS")]
+pub static BACKEND_CONNS: Array<BackendConns> = Array::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "BACKEND_CORRECTION")]
+pub static BACKEND_CORRECTION: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "BACKEND_STATS")]
+pub static BACKEND_STATS: PerCpuArray<BackendStats> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+/// Resized at load time by the control plane (`--flow-table-size`).
+#[map(name = "FLOWS")]
+pub static FLOWS: LruHashMap<FlowKey, FlowEntry> = LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+#[map(name = "NEIGHBOURS")]
+pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "CONFIG")]
+pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
+#[map(name = "REASON_STATS")]
+pub static REASON_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(reason::COUNT, 0);
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
