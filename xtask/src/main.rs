@@ -1,1 +1,177 @@
-fn main() {}
+//! Project tasks: `cargo xtask build-ebpf | build | test | demo`.
+//!
+//! Every task first makes sure the machine has what the eBPF build needs
+//! (rust-src for nightly, bpf-linker built against nightly's own libLLVM) and,
+//! for the lab, the system tools (iproute2, ethtool). It installs what is
+//! missing and says what it does, so a fresh machine needs nothing by hand.
+
+mod prereqs;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Build, test and demo tasks of the XDP load balancer")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build lb-ebpf for bpfel-unknown-none (installs rust-src and bpf-linker if missing).
+    BuildEbpf {
+        /// Build the debug profile instead of release.
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Build everything (the eBPF object is embedded in lb-user), release profile.
+    Build,
+    /// Run every test: unit tests, packet tests and the namespace lab (root).
+    Test {
+        /// Extra arguments passed to `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Build a lab with one slow backend and compare P2C+EWMA with round-robin live (root).
+    Demo,
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let root = workspace_root();
+    match cli.task {
+        Task::BuildEbpf { debug } => {
+            prereqs::ensure_ebpf_toolchain()?;
+            let object = build_ebpf(&root, !debug)?;
+            println!("xtask: eBPF object: {}", object.display());
+        }
+        Task::Build => {
+            prereqs::ensure_ebpf_toolchain()?;
+            cargo(&root, &["build", "--release"])?;
+            println!(
+                "xtask: built {}",
+                target_dir(&root).join("release/lb-user").display()
+            );
+        }
+        Task::Test { args } => {
+            prereqs::ensure_ebpf_toolchain()?;
+            let privileged = prereqs::is_root();
+            if privileged {
+                prereqs::ensure_lab_tools()?;
+            } else {
+                eprintln!(
+                    "xtask: WARNING: not root: the packet and lab tests will SKIP. Run as root \
+                     (sudo cargo xtask test) to run them."
+                );
+            }
+            // Binaries the lab drives (lb-user, lb-backend, lb-loadgen) are built
+            // first so the tests find them next to their own executables.
+            cargo(&root, &["build", "--bins"])?;
+            // The eBPF object also loads in a debug build (verifier budget).
+            build_ebpf(&root, false)?;
+            let mut test = vec!["test".to_string(), "--no-fail-fast".to_string()];
+            test.push("--".into());
+            // The lab tests build namespaces and measure latency: one at a time.
+            test.push("--test-threads=1".into());
+            test.extend(args);
+            let test: Vec<&str> = test.iter().map(String::as_str).collect();
+            cargo_env(&root, &test, privileged)?;
+        }
+        Task::Demo => {
+            prereqs::ensure_ebpf_toolchain()?;
+            if !prereqs::is_root() {
+                bail!("the demo builds network namespaces and attaches XDP: run it as root");
+            }
+            prereqs::ensure_lab_tools()?;
+            cargo(&root, &["build", "--release", "--bins"])?;
+            let release = target_dir(&root).join("release");
+            let status = Command::new(release.join("lb-demo"))
+                .env("LB_USER_BIN", release.join("lb-user"))
+                .status()
+                .context("running lb-demo")?;
+            if !status.success() {
+                bail!("lb-demo failed ({status})");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Builds lb-ebpf with the flags aya-build uses, into `target/bpfel-unknown-none`.
+fn build_ebpf(root: &Path, release: bool) -> Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root)
+        .args(["+nightly", "build", "-p", "lb-ebpf", "--target"])
+        .arg(prereqs::BPF_TARGET)
+        .args(["-Z", "build-std=core"])
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            [
+                "--cfg=bpf_target_arch=\"x86_64\"",
+                "-Cdebuginfo=2",
+                "-Clink-arg=--btf",
+            ]
+            .join("\x1f"),
+        );
+    if release {
+        cmd.arg("--release");
+    }
+    run_cmd(&mut cmd)?;
+    let profile = if release { "release" } else { "debug" };
+    Ok(target_dir(root)
+        .join(prereqs::BPF_TARGET)
+        .join(profile)
+        .join("lb-ebpf"))
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    cargo_env(root, args, false)
+}
+
+/// Runs cargo on the stable toolchain; `require_privileged` makes the tests
+/// fail instead of skipping when they lack root.
+fn cargo_env(root: &Path, args: &[&str], require_privileged: bool) -> Result<()> {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root).args(args);
+    if require_privileged {
+        cmd.env("LB_TESTS_REQUIRE_ROOT", "1");
+    }
+    run_cmd(&mut cmd)
+}
+
+fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Where cargo puts its output (`CARGO_TARGET_DIR` or `<root>/target`).
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
