@@ -1,1 +1,18 @@
-//! lab
+//! The network-namespace lab: a reusable harness that builds a small switched
+//! network out of namespaces, runs real backend servers and an open-loop load
+//! generator in it, and drives the real `lb-user` binary on the balancer host.
+//!
+//! Everything the lab creates lives in namespaces it names uniquely per run,
+//! and is removed when the [`lab::Lab`] is dropped, even when a test panics.
+
+pub mod binaries;
+pub mod http;
+pub mod lab;
+pub mod loadgen;
+pub mod probe;
+pub mod root;
+pub mod server;
+pub mod status;
+
+pub use binaries::Binaries;
+pub use lab::{Lab, LabBuilder};

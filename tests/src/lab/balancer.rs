@@ -1,0 +1,233 @@
+//! Driving the real `lb-user` binary on the balancer host, per the CLI
+//! contract in DESIGN.md.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, ExitStatus, Output},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::Signal;
+
+use super::{
+    BALANCER_ADDR, COMMAND_TIMEOUT, Lab, VIP_ADDR, VIP_TCP_PORT, VIP_UDP_PORT,
+    names::{INSTANCE_PREFIX, PIN_ROOT},
+    netns::{POLL_INTERVAL, output_with_timeout, run_ok, setns_command},
+    process::ProcessId,
+};
+use crate::status::Status;
+
+/// How long `lb-user` may take to load, attach and publish its VIPs.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long `lb-user` may take to detach and exit after SIGINT/SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Selection algorithm (`--algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    P2cEwma,
+    RoundRobin,
+}
+
+impl Algorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::P2cEwma => "p2c-ewma",
+            Self::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// XDP attach mode (`--xdp-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    Native,
+    Skb,
+}
+
+impl XdpMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Skb => "skb",
+        }
+    }
+}
+
+/// VIP protocol (`--vip IP:PORT/tcp|udp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+/// One `lb-user` run: a VIP and its backends.
+#[derive(Debug, Clone)]
+pub struct BalancerSpec {
+    pub vip: SocketAddr,
+    pub protocol: Protocol,
+    /// Backend address and weight.
+    pub backends: Vec<(SocketAddr, u32)>,
+    pub algorithm: Algorithm,
+    pub xdp_mode: XdpMode,
+    /// Further flags, passed as they are.
+    pub extra_args: Vec<String>,
+}
+
+impl BalancerSpec {
+    /// The `lb-user` command line for interface `iface`.
+    pub fn args(&self, iface: &str) -> Vec<String> {
+        let mut args = vec![
+            "--iface".to_string(),
+            iface.to_string(),
+            "--vip".to_string(),
+            format!("{}/{}", self.vip, self.protocol.as_str()),
+        ];
+        for (addr, weight) in &self.backends {
+            args.push("--backend".to_string());
+            args.push(format!("{addr}@{weight}"));
+        }
+        args.extend([
+            "--algorithm".to_string(),
+            self.algorithm.as_str().to_string(),
+        ]);
+        args.extend(["--xdp-mode".to_string(), self.xdp_mode.as_str().to_string()]);
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    /// The VIP as `status --json` prints it.
+    pub fn vip_address(&self) -> String {
+        self.vip.to_string()
+    }
+}
+
+impl Lab {
+    /// The standard configuration: the VIP on port 80/tcp or 8053/udp, every
+    /// backend with weight 1.
+    pub fn balancer_spec(
+        &self,
+        protocol: Protocol,
+        algorithm: Algorithm,
+        xdp_mode: XdpMode,
+    ) -> BalancerSpec {
+        let port = match protocol {
+            Protocol::Tcp => VIP_TCP_PORT,
+            Protocol::Udp => VIP_UDP_PORT,
+        };
+        BalancerSpec {
+            vip: SocketAddr::from((VIP_ADDR, port)),
+            protocol,
+            backends: self
+                .backends()
+                .iter()
+                .map(|backend| (backend.addr(), 1))
+                .collect(),
+            algorithm,
+            xdp_mode,
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// `lb-user ARGS...` in the balancer namespace. It enters only the network
+    /// namespace, so its pins under /sys/fs/bpf are the host's.
+    pub fn lb_user_command<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Result<Command> {
+        let mut command = setns_command(&self.balancer().ns, self.binaries().lb_user()?)?;
+        command.args(args);
+        Ok(command)
+    }
+
+    /// Runs `lb-user ARGS...` to completion (for bad-input checks and `status`).
+    pub fn run_lb_user<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Result<Output> {
+        output_with_timeout(self.lb_user_command(args)?, COMMAND_TIMEOUT)
+    }
+
+    /// lb-user's default instance name for the balancer interface.
+    pub fn instance(&self) -> String {
+        format!("{INSTANCE_PREFIX}{}", self.balancer().iface)
+    }
+
+    /// Where lb-user pins this lab's instance.
+    pub fn pin_dir(&self) -> PathBuf {
+        PathBuf::from(PIN_ROOT).join(self.instance())
+    }
+
+    /// Starts `lb-user` with `spec` and waits until it is attached and its
+    /// status lists the VIP. Fails, with its stderr, if it exits first.
+    pub fn start_balancer(&self, spec: &BalancerSpec) -> Result<ProcessId> {
+        let command = self.lb_user_command(&spec.args(&self.balancer().iface))?;
+        let process = self.processes.spawn("lb-user", command)?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let vip = spec.vip_address();
+        loop {
+            if let Some(status) = self.exit_status(process)? {
+                bail!(
+                    "lb-user exited during start-up ({status}): {}",
+                    self.stderr(process).trim()
+                );
+            }
+            let ready = self.xdp_attached()?
+                && self.status().is_ok_and(|status| status.vip(&vip).is_some());
+            if ready {
+                return Ok(process);
+            }
+            if Instant::now() >= deadline {
+                let status = self
+                    .status()
+                    .map(|_| "ok".to_string())
+                    .unwrap_or_else(|e| format!("{e:#}"));
+                bail!(
+                    "lb-user not ready after {READY_TIMEOUT:?} (xdp attached: {}, status: {status}); stderr: {}",
+                    self.xdp_attached()?,
+                    self.stderr(process).trim()
+                );
+            }
+            std::thread::sleep(POLL_INTERVAL * 5);
+        }
+    }
+
+    /// Sends `signal` to lb-user and waits for it to exit.
+    pub fn stop_balancer(&self, process: ProcessId, signal: Signal) -> Result<ExitStatus> {
+        self.signal(process, signal)?;
+        self.wait(process, STOP_TIMEOUT)
+    }
+
+    /// `lb-user status --json` of this lab's instance.
+    pub fn status(&self) -> Result<Status> {
+        let instance = self.instance();
+        let json = run_ok(
+            self.lb_user_command(&["status", "--json", "--instance", &instance])?,
+            COMMAND_TIMEOUT,
+        )?;
+        serde_json::from_str(&json)
+            .with_context(|| format!("parsing lb-user status --json: {json}"))
+    }
+
+    /// Whether an XDP program is attached to the balancer's interface,
+    /// according to `ip -j link show` in the balancer namespace.
+    pub fn xdp_attached(&self) -> Result<bool> {
+        let host = self.balancer();
+        let json = self.exec_ok(&host.ns, &["ip", "-j", "link", "show", "dev", &host.iface])?;
+        let links: serde_json::Value =
+            serde_json::from_str(&json).context("parsing ip -j link show")?;
+        Ok(links
+            .as_array()
+            .is_some_and(|links| links.iter().any(|link| link.get("xdp").is_some())))
+    }
+
+    /// The balancer host's own address (also lb-user's default SNAT address).
+    pub fn balancer_addr(&self) -> std::net::Ipv4Addr {
+        BALANCER_ADDR
+    }
+}

@@ -1,0 +1,104 @@
+//! Unique names for each lab, and the sweep that removes what crashed labs
+//! left behind.
+//!
+//! Namespace names and bpffs pin paths are global to the machine, so every
+//! name starts with `lbl<pid>n<counter>`: the pid keeps concurrent test
+//! processes apart, the counter keeps labs of one process apart, and the pid
+//! lets a later run tell a dead lab's leftovers from a live lab's.
+
+use std::{
+    path::Path,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Result, ensure};
+
+use super::netns::run_ok;
+
+/// Prefix of everything a lab names.
+pub const LAB_PREFIX: &str = "lbl";
+/// Linux limit on interface names (IFNAMSIZ - 1).
+pub const MAX_IFNAME_LEN: usize = 15;
+/// Where lb-user pins each instance (DESIGN.md).
+pub const PIN_ROOT: &str = "/sys/fs/bpf/lb-user";
+/// lb-user's default instance name is this prefix plus the interface name.
+pub const INSTANCE_PREFIX: &str = "lb-";
+/// Deadline for `ip` commands used while sweeping.
+const SWEEP_COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+
+static NEXT_LAB: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh lab id for this process, e.g. `lbl4242n3`.
+pub fn next_lab_id() -> String {
+    let counter = NEXT_LAB.fetch_add(1, Ordering::Relaxed);
+    format!("{LAB_PREFIX}{}n{counter}", std::process::id())
+}
+
+/// The pid encoded in a lab name, if `name` is one.
+pub fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(LAB_PREFIX)?;
+    let (pid, _) = rest.split_once('n')?;
+    pid.parse().ok()
+}
+
+/// Checks an interface name fits the kernel's limit.
+pub fn check_ifname(name: &str) -> Result<()> {
+    ensure!(
+        name.len() <= MAX_IFNAME_LEN,
+        "interface name {name} is longer than {MAX_IFNAME_LEN} bytes"
+    );
+    Ok(())
+}
+
+/// True for names owned by a process that no longer exists.
+fn is_stale(name: &str) -> bool {
+    owner_pid(name).is_some_and(|pid| {
+        pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+    })
+}
+
+/// Deletes namespaces and lb-user pin directories left by labs whose process
+/// died (killed test runs skip `Drop`). Returns what it removed.
+pub fn sweep_stale() -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    let mut list = Command::new("ip");
+    list.args(["netns", "list"]);
+    for line in run_ok(list, SWEEP_COMMAND_TIMEOUT)?.lines() {
+        let Some(name) = line.split_whitespace().next() else {
+            continue;
+        };
+        if is_stale(name) {
+            let mut delete = Command::new("ip");
+            delete.args(["netns", "delete", name]);
+            run_ok(delete, SWEEP_COMMAND_TIMEOUT)?;
+            removed.push(name.to_string());
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(PIN_ROOT) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.strip_prefix(INSTANCE_PREFIX).is_some_and(is_stale) {
+                std::fs::remove_dir_all(entry.path())?;
+                removed.push(entry.path().display().to_string());
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_encode_the_pid_and_are_unique() {
+        let (a, b) = (next_lab_id(), next_lab_id());
+        assert_ne!(a, b);
+        assert_eq!(owner_pid(&a), Some(std::process::id()));
+        assert_eq!(owner_pid(&format!("{a}-be1")), Some(std::process::id()));
+        assert_eq!(owner_pid("other-ns"), None);
+        assert!(!is_stale(&a), "a lab of this process is never stale");
+    }
+}

@@ -1,0 +1,244 @@
+//! The backend server run by `lb-backend`: HTTP/1.x over TCP and a UDP echo,
+//! both with a real service time.
+//!
+//! Every request holds one of `workers` slots for `service_time_ms`, so a
+//! saturated server queues and a slow server is genuinely slow: its latency
+//! grows with load exactly like a real one's, which is what the balancer's
+//! latency-aware selection has to notice. Optional stalls take every slot at
+//! once for a while, like a stop-the-world GC pause.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpSocket, TcpStream, UdpSocket},
+    signal::unix::{SignalKind, signal},
+    sync::Semaphore,
+};
+
+use crate::http::{encode_response, parse_request};
+
+/// Accept backlog: the load generator opens a connection per request, and a
+/// queueing server must not turn its queue into refused connections.
+const LISTEN_BACKLOG: u32 = 4096;
+/// Largest UDP datagram the echo accepts.
+const MAX_DATAGRAM: usize = 65_536;
+/// Read size for HTTP connections.
+const READ_CHUNK: usize = 16 * 1024;
+/// Upper bound on the extra per-request delay a client may ask for.
+const MAX_EXTRA_DELAY_MS: u64 = 30_000;
+/// Path prefix asking for an extra delay before the response (`/sleep/<ms>`),
+/// used to keep a request in flight across a balancer restart.
+const SLEEP_PATH: &str = "/sleep/";
+
+/// Command line of `lb-backend`.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "lb-backend",
+    about = "Lab backend: HTTP/1.x and UDP echo with a service time"
+)]
+pub struct ServerConfig {
+    /// Name returned in every response (`X-Backend` header, UDP prefix).
+    #[arg(long)]
+    pub name: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub listen: std::net::IpAddr,
+    /// TCP port of the HTTP server.
+    #[arg(long, default_value_t = 8080)]
+    pub http_port: u16,
+    /// UDP port of the echo.
+    #[arg(long, default_value_t = 8080)]
+    pub udp_port: u16,
+    /// Time each request holds a worker slot.
+    #[arg(long, default_value_t = 5)]
+    pub service_time_ms: u64,
+    /// Number of worker slots; requests beyond it queue.
+    #[arg(long, default_value_t = 4)]
+    pub workers: u32,
+    /// Pause every worker this often (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub stall_every_ms: u64,
+    /// How long each pause lasts.
+    #[arg(long, default_value_t = 0)]
+    pub stall_for_ms: u64,
+}
+
+/// What every connection and datagram handler shares.
+struct Shared {
+    name: String,
+    service_time: Duration,
+    workers: Semaphore,
+}
+
+impl Shared {
+    /// Holds one worker slot for the service time; waits for a free slot first.
+    async fn serve_one(&self) {
+        let _slot = self
+            .workers
+            .acquire()
+            .await
+            .expect("semaphore is never closed");
+        tokio::time::sleep(self.service_time).await;
+    }
+}
+
+/// Runs the server until SIGTERM or SIGINT, then returns `Ok` for a clean exit.
+pub async fn run(config: ServerConfig) -> Result<()> {
+    let http_addr = SocketAddr::new(config.listen, config.http_port);
+    let socket = if http_addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket
+        .bind(http_addr)
+        .with_context(|| format!("binding TCP {http_addr}"))?;
+    let listener = socket.listen(LISTEN_BACKLOG)?;
+    let udp_addr = SocketAddr::new(config.listen, config.udp_port);
+    let udp = Arc::new(
+        UdpSocket::bind(udp_addr)
+            .await
+            .with_context(|| format!("binding UDP {udp_addr}"))?,
+    );
+    let shared = Arc::new(Shared {
+        name: config.name.clone(),
+        service_time: Duration::from_millis(config.service_time_ms),
+        workers: Semaphore::new(config.workers.max(1) as usize),
+    });
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    println!(
+        "lb-backend {} ready tcp={http_addr} udp={udp_addr}",
+        config.name
+    );
+
+    let accept_loop = {
+        let shared = shared.clone();
+        async move {
+            loop {
+                let (stream, _) = listener.accept().await?;
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    // A client that resets or sends garbage only ends its own connection.
+                    let _ = serve_connection(stream, &shared).await;
+                });
+            }
+        }
+    };
+    tokio::select! {
+        result = accept_loop => result,
+        result = udp_echo(udp, shared.clone()) => result,
+        () = stall_loop(&shared, config.workers.max(1), config.stall_every_ms, config.stall_for_ms) => Ok(()),
+        _ = sigterm.recv() => Ok(()),
+        _ = sigint.recv() => Ok(()),
+    }
+}
+
+/// Serves requests on one connection until the client closes or asks to close.
+async fn serve_connection(mut stream: TcpStream, shared: &Shared) -> Result<()> {
+    stream.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; READ_CHUNK];
+    loop {
+        let (request, used) = loop {
+            match parse_request(&buf) {
+                Ok(Some(parsed)) => break parsed,
+                Ok(None) => {}
+                Err(error) => {
+                    let body = format!("bad request: {error:#}\n");
+                    stream
+                        .write_all(&encode_response(400, &shared.name, body.as_bytes(), false))
+                        .await?;
+                    return Ok(());
+                }
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        buf.drain(..used);
+        shared.serve_one().await;
+        if let Some(extra) = extra_delay(&request.path) {
+            tokio::time::sleep(extra).await;
+        }
+        let body = if request.body.is_empty() {
+            format!("{} {}\n", shared.name, request.path).into_bytes()
+        } else {
+            request.body
+        };
+        stream
+            .write_all(&encode_response(
+                200,
+                &shared.name,
+                &body,
+                request.keep_alive,
+            ))
+            .await?;
+        if !request.keep_alive {
+            stream.shutdown().await?;
+            return Ok(());
+        }
+    }
+}
+
+/// The extra delay asked for by a `/sleep/<ms>` path, bounded.
+fn extra_delay(path: &str) -> Option<Duration> {
+    let ms: u64 = path.strip_prefix(SLEEP_PATH)?.parse().ok()?;
+    Some(Duration::from_millis(ms.min(MAX_EXTRA_DELAY_MS)))
+}
+
+/// Answers each datagram with `<name>:<payload>` after the service time.
+async fn udp_echo(socket: Arc<UdpSocket>, shared: Arc<Shared>) -> Result<()> {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let (n, peer) = socket.recv_from(&mut buf).await?;
+        let mut reply = format!("{}:", shared.name).into_bytes();
+        reply.extend_from_slice(&buf[..n]);
+        let socket = socket.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            shared.serve_one().await;
+            // A lost reply is what UDP clients must expect anyway.
+            let _ = socket.send_to(&reply, peer).await;
+        });
+    }
+}
+
+/// Takes every worker slot for `stall_for_ms` every `stall_every_ms`; never
+/// returns when stalls are off.
+async fn stall_loop(shared: &Shared, workers: u32, every_ms: u64, for_ms: u64) {
+    if every_ms == 0 || for_ms == 0 {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(every_ms)).await;
+        let _all_slots = shared
+            .workers
+            .acquire_many(workers)
+            .await
+            .expect("semaphore is never closed");
+        tokio::time::sleep(Duration::from_millis(for_ms)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleep_paths_are_parsed_and_bounded() {
+        assert_eq!(extra_delay("/sleep/250"), Some(Duration::from_millis(250)));
+        assert_eq!(
+            extra_delay("/sleep/999999999"),
+            Some(Duration::from_millis(MAX_EXTRA_DELAY_MS))
+        );
+        assert_eq!(extra_delay("/"), None);
+        assert_eq!(extra_delay("/sleep/x"), None);
+    }
+}

@@ -1,0 +1,62 @@
+//! The JSON printed by `lb-user status --json` (the CLI contract in
+//! DESIGN.md), as the lab reads it. Fields the lab does not need are ignored,
+//! and missing numeric fields read as zero, so the lab keeps working while the
+//! status output grows.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// The whole status document.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Status {
+    pub vips: Vec<VipStatus>,
+    /// Pass/drop reason counters by name.
+    #[serde(default)]
+    pub reasons: BTreeMap<String, u64>,
+}
+
+/// One VIP and its backends.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VipStatus {
+    pub address: String,
+    #[serde(default)]
+    pub protocol: String,
+    #[serde(default)]
+    pub algorithm: String,
+    pub backends: Vec<BackendStatus>,
+}
+
+/// One backend of a VIP.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BackendStatus {
+    #[serde(default)]
+    pub id: u32,
+    pub address: String,
+    #[serde(default)]
+    pub weight: f64,
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub inflight: u64,
+    #[serde(default)]
+    pub ewma_ms: f64,
+    #[serde(default)]
+    pub cost: f64,
+    /// Connections opened to this backend since the state was created.
+    #[serde(default)]
+    pub opened: u64,
+    #[serde(default)]
+    pub closed: u64,
+    #[serde(default)]
+    pub bytes_to_backend: u64,
+    #[serde(default)]
+    pub bytes_from_backend: u64,
+}
+
+impl Status {
+    /// The VIP whose address is `address` (`IP:PORT`).
+    pub fn vip(&self, address: &str) -> Option<&VipStatus> {
+        self.vips.iter().find(|vip| vip.address == address)
+    }
+}
