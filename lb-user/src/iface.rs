@@ -1,0 +1,88 @@
+//! Facts about the network interface the balancer attaches to.
+
+use std::{ffi::CString, net::Ipv4Addr, process::Command};
+
+use anyhow::{Context as _, anyhow, bail};
+use nix::ifaddrs::getifaddrs;
+
+/// The interface's index, or a one-line error naming it.
+pub fn ifindex(name: &str) -> anyhow::Result<u32> {
+    let c_name = CString::new(name).map_err(|_| anyhow!("invalid interface name '{name}'"))?;
+    // SAFETY: `c_name` is a valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+    if index == 0 {
+        bail!("unknown interface '{name}'");
+    }
+    Ok(index)
+}
+
+/// The first IPv4 address on the interface (the kernel lists the primary
+/// address of a subnet before its secondaries).
+pub fn primary_ipv4(name: &str) -> anyhow::Result<Ipv4Addr> {
+    getifaddrs()
+        .context("listing interface addresses")?
+        .filter(|a| a.interface_name == name)
+        .find_map(|a| {
+            a.address
+                .and_then(|s| s.as_sockaddr_in().map(|sin| sin.ip()))
+        })
+        .ok_or_else(|| anyhow!("interface '{name}' has no IPv4 address; give --snat-ip"))
+}
+
+/// Id of the XDP program attached to the interface (in this network
+/// namespace), from `ip -j link show`. `None` if none is attached.
+pub fn attached_xdp_program(name: &str) -> anyhow::Result<Option<u32>> {
+    let output = Command::new("ip")
+        .args(["-j", "link", "show", "dev", name])
+        .output()
+        .context("running `ip -j link show` (is iproute2 installed?)")?;
+    if !output.status.success() {
+        bail!(
+            "`ip link show dev {name}` failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let links: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("parsing `ip -j link show` output")?;
+    Ok(links
+        .get(0)
+        .and_then(|link| link.get("xdp"))
+        .and_then(find_prog_id))
+}
+
+/// iproute2 prints `"xdp":{"mode":N,"prog":{"id":ID,..}}` for one program and
+/// `"xdp":{"attached":[{"mode":N,"prog":{..}}]}` for several modes at once.
+fn find_prog_id(xdp: &serde_json::Value) -> Option<u32> {
+    if let Some(id) = xdp.pointer("/prog/id").and_then(|v| v.as_u64()) {
+        return u32::try_from(id).ok();
+    }
+    xdp.get("attached")?
+        .as_array()?
+        .iter()
+        .find_map(find_prog_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_prog_id_in_both_iproute2_shapes() {
+        let single: serde_json::Value =
+            serde_json::from_str(r#"{"mode":1,"prog":{"id":42,"name":"lb_xdp"}}"#).unwrap();
+        assert_eq!(find_prog_id(&single), Some(42));
+        let multi: serde_json::Value =
+            serde_json::from_str(r#"{"attached":[{"mode":2,"prog":{"id":7}}]}"#).unwrap();
+        assert_eq!(find_prog_id(&multi), Some(7));
+        assert_eq!(find_prog_id(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn loopback_exists_and_unknown_interfaces_are_named() {
+        assert!(ifindex("lo").unwrap() > 0);
+        assert_eq!(
+            ifindex("nosuchif0").unwrap_err().to_string(),
+            "unknown interface 'nosuchif0'"
+        );
+    }
+}
