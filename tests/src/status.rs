@@ -10,6 +10,9 @@ use serde::Deserialize;
 /// The whole status document.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Status {
+    /// lb-user has written its whole configuration to the maps.
+    #[serde(default)]
+    pub ready: bool,
     pub vips: Vec<VipStatus>,
     /// Pass/drop reason counters by name.
     #[serde(default)]

@@ -3,7 +3,7 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, ExitStatus, Output},
     time::{Duration, Instant},
 };
@@ -72,13 +72,32 @@ impl Protocol {
     }
 }
 
-/// One `lb-user` run: a VIP and its backends.
+/// One VIP and its backends (address, weight).
+#[derive(Debug, Clone)]
+pub struct VipSpec {
+    pub addr: SocketAddr,
+    pub protocol: Protocol,
+    pub backends: Vec<(SocketAddr, u32)>,
+}
+
+impl VipSpec {
+    /// `IP:PORT/PROTO`, the syntax of `--vip` and of a config file's `address`.
+    fn address_arg(&self) -> String {
+        format!("{}/{}", self.addr, self.protocol.as_str())
+    }
+
+    fn backend_args(&self) -> impl Iterator<Item = String> + '_ {
+        self.backends
+            .iter()
+            .map(|(addr, weight)| format!("{addr}@{weight}"))
+    }
+}
+
+/// One `lb-user` run. The first VIP is given with `--vip`/`--backend` flags,
+/// any further ones through a `--config` file, so the lab exercises both.
 #[derive(Debug, Clone)]
 pub struct BalancerSpec {
-    pub vip: SocketAddr,
-    pub protocol: Protocol,
-    /// Backend address and weight.
-    pub backends: Vec<(SocketAddr, u32)>,
+    pub vips: Vec<VipSpec>,
     pub algorithm: Algorithm,
     pub xdp_mode: XdpMode,
     /// Further flags, passed as they are.
@@ -86,17 +105,18 @@ pub struct BalancerSpec {
 }
 
 impl BalancerSpec {
-    /// The `lb-user` command line for interface `iface`.
-    pub fn args(&self, iface: &str) -> Vec<String> {
-        let mut args = vec![
-            "--iface".to_string(),
-            iface.to_string(),
-            "--vip".to_string(),
-            format!("{}/{}", self.vip, self.protocol.as_str()),
-        ];
-        for (addr, weight) in &self.backends {
-            args.push("--backend".to_string());
-            args.push(format!("{addr}@{weight}"));
+    /// The `lb-user` command line for interface `iface`; `config` is the file
+    /// written from [`BalancerSpec::config_file`] when there is more than one VIP.
+    pub fn args(&self, iface: &str, config: Option<&Path>) -> Vec<String> {
+        let mut args = vec!["--iface".to_string(), iface.to_string()];
+        if let Some(first) = self.vips.first() {
+            args.extend(["--vip".to_string(), first.address_arg()]);
+            for backend in first.backend_args() {
+                args.extend(["--backend".to_string(), backend]);
+            }
+        }
+        if let Some(config) = config {
+            args.extend(["--config".to_string(), config.display().to_string()]);
         }
         args.extend([
             "--algorithm".to_string(),
@@ -107,37 +127,53 @@ impl BalancerSpec {
         args
     }
 
-    /// The VIP as `status --json` prints it.
-    pub fn vip_address(&self) -> String {
-        self.vip.to_string()
+    /// TOML declaring every VIP after the first, or `None` if there are none.
+    pub fn config_file(&self) -> Option<String> {
+        let rest = self.vips.get(1..).filter(|rest| !rest.is_empty())?;
+        let sections = rest.iter().map(|vip| {
+            let backends = vip
+                .backend_args()
+                .map(|b| format!("\"{b}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "[[vip]]\naddress = \"{}\"\nbackends = [{backends}]\n",
+                vip.address_arg()
+            )
+        });
+        Some(sections.collect::<Vec<_>>().join("\n"))
     }
 }
 
 impl Lab {
-    /// The standard configuration: the VIP on port 80/tcp or 8053/udp, every
-    /// backend with weight 1.
-    pub fn balancer_spec(
-        &self,
-        protocol: Protocol,
-        algorithm: Algorithm,
-        xdp_mode: XdpMode,
-    ) -> BalancerSpec {
-        let port = match protocol {
-            Protocol::Tcp => VIP_TCP_PORT,
-            Protocol::Udp => VIP_UDP_PORT,
+    /// The standard configuration: two VIPs on the VIP address, 80/tcp and
+    /// 8053/udp, each balancing over every backend with weight 1.
+    pub fn balancer_spec(&self, algorithm: Algorithm, xdp_mode: XdpMode) -> BalancerSpec {
+        let backends: Vec<_> = self.backends().iter().map(|b| (b.addr(), 1)).collect();
+        let vip = |addr, protocol| VipSpec {
+            addr,
+            protocol,
+            backends: backends.clone(),
         };
         BalancerSpec {
-            vip: SocketAddr::from((VIP_ADDR, port)),
-            protocol,
-            backends: self
-                .backends()
-                .iter()
-                .map(|backend| (backend.addr(), 1))
-                .collect(),
+            vips: vec![
+                vip(self.tcp_vip(), Protocol::Tcp),
+                vip(self.udp_vip(), Protocol::Udp),
+            ],
             algorithm,
             xdp_mode,
             extra_args: Vec::new(),
         }
+    }
+
+    /// The TCP VIP of [`Lab::balancer_spec`].
+    pub fn tcp_vip(&self) -> SocketAddr {
+        SocketAddr::from((VIP_ADDR, VIP_TCP_PORT))
+    }
+
+    /// The UDP VIP of [`Lab::balancer_spec`].
+    pub fn udp_vip(&self) -> SocketAddr {
+        SocketAddr::from((VIP_ADDR, VIP_UDP_PORT))
     }
 
     /// `lb-user ARGS...` in the balancer namespace. It enters only the network
@@ -164,12 +200,29 @@ impl Lab {
     }
 
     /// Starts `lb-user` with `spec` and waits until it is attached and its
-    /// status lists the VIP. Fails, with its stderr, if it exits first.
+    /// status is ready and lists every VIP. Fails, with its stderr, if it
+    /// exits first.
     pub fn start_balancer(&self, spec: &BalancerSpec) -> Result<ProcessId> {
-        let command = self.lb_user_command(&spec.args(&self.balancer().iface))?;
+        let config = match spec.config_file() {
+            Some(toml) => {
+                let path = self.log_dir().join("lb-user.toml");
+                std::fs::write(&path, toml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                Some(path)
+            }
+            None => None,
+        };
+        let command =
+            self.lb_user_command(&spec.args(&self.balancer().iface, config.as_deref()))?;
         let process = self.processes.spawn("lb-user", command)?;
         let deadline = Instant::now() + READY_TIMEOUT;
-        let vip = spec.vip_address();
+        let lists_every_vip = |status: &Status| {
+            status.ready
+                && spec
+                    .vips
+                    .iter()
+                    .all(|vip| status.vip(&vip.addr.to_string()).is_some())
+        };
         loop {
             if let Some(status) = self.exit_status(process)? {
                 bail!(
@@ -177,8 +230,7 @@ impl Lab {
                     self.stderr(process).trim()
                 );
             }
-            let ready = self.xdp_attached()?
-                && self.status().is_ok_and(|status| status.vip(&vip).is_some());
+            let ready = self.xdp_attached()? && self.status().is_ok_and(|s| lists_every_vip(&s));
             if ready {
                 return Ok(process);
             }

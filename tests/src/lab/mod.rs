@@ -30,7 +30,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::Signal;
 
-pub use balancer::{Algorithm, BalancerSpec, Protocol, XdpMode};
+pub use balancer::{Algorithm, BalancerSpec, Protocol, VipSpec, XdpMode};
 pub use names::{PIN_ROOT, owner_pid, sweep_stale};
 pub use netns::in_netns;
 pub use process::ProcessId;

@@ -59,7 +59,7 @@ fn is_stale(name: &str) -> bool {
     })
 }
 
-/// Deletes namespaces and lb-user pin directories left by labs whose process
+/// Deletes namespaces, log folders and lb-user pin directories left by labs whose process
 /// died (killed test runs skip `Drop`). Returns what it removed.
 pub fn sweep_stale() -> Result<Vec<String>> {
     let mut removed = Vec::new();
@@ -74,6 +74,15 @@ pub fn sweep_stale() -> Result<Vec<String>> {
             delete.args(["netns", "delete", name]);
             run_ok(delete, SWEEP_COMMAND_TIMEOUT)?;
             removed.push(name.to_string());
+        }
+    }
+    // Log folders a panicking lab kept for debugging.
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for entry in entries.flatten() {
+            if is_stale(&entry.file_name().to_string_lossy()) {
+                std::fs::remove_dir_all(entry.path())?;
+                removed.push(entry.path().display().to_string());
+            }
         }
     }
     if let Ok(entries) = std::fs::read_dir(PIN_ROOT) {
