@@ -20,10 +20,12 @@ pub static BACKEND_CONNS: Array<BackendConns> = Array::with_max_entries(MAX_BACK
 #[map(name = "BACKEND_CORRECTION")]
 pub static BACKEND_CORRECTION: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "BACKEND_STATS")]
-pub static BACKEND_STATS: PerCpuArray<BackendStats> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+pub static BACKEND_STATS: PerCpuArray<BackendStats> =
+    PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 /// Resized at load time by the control plane (`--flow-table-size`).
 #[map(name = "FLOWS")]
-pub static FLOWS: LruHashMap<FlowKey, FlowEntry> = LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+pub static FLOWS: LruHashMap<FlowKey, FlowEntry> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 #[map(name = "NEIGHBOURS")]
 pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "CONFIG")]

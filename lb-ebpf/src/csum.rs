@@ -1,0 +1,38 @@
+//! Incremental Internet checksum updates (RFC 1624, eqn. 3: `HC' = ~(~HC + ~m + m')`).
+//!
+//! Only fixed-size fields change (addresses and ports), so the update is a
+//! handful of 16-bit additions; a variable-length `bpf_csum_diff` is rejected
+//! by the verifier for Rust programs (aya #1562) and is not needed.
+//!
+//! The one's complement sum is independent of byte order (RFC 1071 §2(B)),
+//! so words are added exactly as loaded from the packet, without swapping,
+//! and the result is stored the same way.
+
+/// Accumulated `~m + m'` over the 16-bit words that change.
+#[derive(Clone, Copy, Default)]
+pub struct CsumDelta(u32);
+
+impl CsumDelta {
+    /// Accounts for a 16-bit field changing from `old` to `new`.
+    #[inline(always)]
+    pub fn u16(self, old: u16, new: u16) -> Self {
+        Self(self.0 + u32::from(!old) + u32::from(new))
+    }
+
+    /// Accounts for a 32-bit field (an IPv4 address) changing.
+    #[inline(always)]
+    pub fn u32(self, old: u32, new: u32) -> Self {
+        self.u16(old as u16, new as u16)
+            .u16((old >> 16) as u16, (new >> 16) as u16)
+    }
+
+    /// Applies the delta to checksum field `check`.
+    #[inline(always)]
+    pub fn apply(self, check: u16) -> u16 {
+        // At most a dozen 17-bit terms were added, so two folds are enough.
+        let mut sum = u32::from(!check) + self.0;
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        !(sum as u16)
+    }
+}

@@ -1,0 +1,139 @@
+//! The flow table: two entries per connection, keyed by the 5-tuple seen on
+//! the wire in each direction (see `lb_common::FlowEntry`).
+use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
+use lb_common::{
+    AF_INET, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_SYN_SENT, FlowEntry, FlowKey,
+    LbConfig, SNAT_PORT_TRIES, reason,
+};
+
+use crate::{Reason, maps::FLOWS, parse::Packet, random, select::Chosen};
+
+/// `-EEXIST` from a `BPF_NOEXIST` insert: the SNAT port is taken.
+const EEXIST: i32 = -17;
+
+/// An IPv4 5-tuple key (addresses in word 0, the rest zero).
+#[inline(always)]
+pub fn key_v4(proto: u8, src: u32, dst: u32, sport: u16, dport: u16) -> FlowKey {
+    FlowKey {
+        src: [src, 0, 0, 0],
+        dst: [dst, 0, 0, 0],
+        sport,
+        dport,
+        proto,
+        family: AF_INET,
+        _pad: [0; 2],
+    }
+}
+
+/// The key of the packet as received.
+#[inline(always)]
+pub fn packet_key(pkt: &Packet) -> FlowKey {
+    key_v4(pkt.proto, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport)
+}
+
+/// What an entry says to do with a packet, copied out of the map value so
+/// no reference to it is held while other CPUs update its flags.
+#[derive(Clone, Copy)]
+pub struct Translation {
+    pub src: u32,
+    pub dst: u32,
+    /// Network byte order.
+    pub sport: u16,
+    pub dport: u16,
+    pub backend_id: u32,
+}
+
+impl Translation {
+    #[inline(always)]
+    pub fn of(entry: *const FlowEntry) -> Self {
+        // SAFETY: `entry` is a live map value; these fields are written only
+        // when the entry is created.
+        unsafe {
+            Self {
+                src: (*entry).new_src[0],
+                dst: (*entry).new_dst[0],
+                sport: (*entry).new_sport,
+                dport: (*entry).new_dport,
+                backend_id: (*entry).backend_id,
+            }
+        }
+    }
+
+    /// The key of the rewritten packets seen coming back: the other
+    /// direction's entry of the same connection.
+    #[inline(always)]
+    pub fn opposite_key(&self, proto: u8) -> FlowKey {
+        key_v4(proto, self.dst, self.src, self.dport, self.sport)
+    }
+}
+
+#[inline(always)]
+pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
+    FLOWS.get_ptr_mut(key)
+}
+
+/// Creates both entries of a new connection from the client packet `pkt`
+/// to `backend`, picking a free SNAT port. Returns the forward entry.
+#[inline(always)]
+pub fn create(
+    pkt: &Packet,
+    cfg: &LbConfig,
+    vip_id: u32,
+    backend: &Chosen,
+    now: u64,
+) -> Result<*mut FlowEntry, Reason> {
+    let (min, max) = (cfg.snat_port_min, cfg.snat_port_max);
+    if min > max {
+        return Err(reason::DROP_BAD_CONFIG);
+    }
+    let span = u32::from(max - min) + 1;
+    let snat = cfg.snat_v4[0];
+    let mut entry = FlowEntry {
+        new_src: [pkt.daddr, 0, 0, 0],
+        new_dst: [pkt.saddr, 0, 0, 0],
+        new_sport: pkt.dport,
+        new_dport: pkt.sport,
+        backend_id: backend.id,
+        vip_id,
+        direction: DIR_TO_CLIENT,
+        state: if pkt.is_tcp() {
+            FLOW_SYN_SENT
+        } else {
+            FLOW_ESTABLISHED
+        },
+        created_ns: now,
+        last_seen_ns: now,
+        ..FlowEntry::default()
+    };
+    let mut snat_port = None;
+    for _ in 0..SNAT_PORT_TRIES {
+        // span is in 1..=65536, so the remainder fits a u16 offset from min.
+        let port = (u32::from(min) + random() % span) as u16;
+        let port_be = port.to_be();
+        let reverse = key_v4(pkt.proto, backend.addr, snat, backend.port, port_be);
+        // NOEXIST makes the check and the claim one step: two CPUs racing
+        // for the same port cannot both win it.
+        match FLOWS.insert(&reverse, &entry, u64::from(BPF_NOEXIST)) {
+            Ok(()) => {
+                snat_port = Some(port_be);
+                break;
+            }
+            Err(EEXIST) => {}
+            Err(_) => return Err(reason::DROP_FLOW_INSERT),
+        }
+    }
+    let snat_port = snat_port.ok_or(reason::DROP_SNAT_EXHAUSTED)?;
+
+    entry.new_src = [snat, 0, 0, 0];
+    entry.new_dst = [backend.addr, 0, 0, 0];
+    entry.new_sport = snat_port;
+    entry.new_dport = backend.port;
+    entry.direction = DIR_TO_BACKEND;
+    let forward = packet_key(pkt);
+    // ANY: a closed connection's entry for the same client tuple is replaced.
+    if FLOWS.insert(&forward, &entry, u64::from(BPF_ANY)).is_err() {
+        let _ = FLOWS.remove(&Translation::of(&entry).opposite_key(pkt.proto));
+        return Err(reason::DROP_FLOW_INSERT);
+    }
+    lookup(&forward).ok_or(reason::DROP_FLOW_INSERT)
+}

@@ -1,0 +1,118 @@
+//! Next hop of a rewritten packet: MAC addresses and the egress interface.
+//!
+//! The kernel FIB is asked first (`bpf_fib_lookup` with the ingress
+//! interface, as a forwarded packet would be routed; it answers only where
+//! IP forwarding is enabled on that interface). Without a complete answer
+//! the control plane's `NEIGHBOURS` map gives the MAC and interface.
+use core::mem::{MaybeUninit, size_of};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
+    helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
+    programs::XdpContext,
+};
+use lb_common::{AF_INET, IpKey, reason};
+
+use crate::{
+    Reason, Verdict,
+    flow::Translation,
+    maps::NEIGHBOURS,
+    parse::{Packet, ptr_at},
+};
+
+/// `AF_INET` as the kernel's FIB lookup expects it (not lb-common's tag).
+const FIB_AF_INET: u8 = 2;
+/// Offsets of the MAC addresses in the Ethernet header.
+const ETH_DST_OFF: usize = 0;
+const ETH_SRC_OFF: usize = 6;
+
+type Mac = [u8; 6];
+
+/// Where the frame goes next.
+struct Hop {
+    dmac: Mac,
+    smac: Mac,
+    ifindex: u32,
+}
+
+/// Sets the MACs for the rewritten packet `to.src -> to.dst` and returns the verdict that sends the frame:
+/// XDP_TX on the ingress interface (counted as `tx_reason`), else a redirect.
+#[inline(always)]
+pub fn forward(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    tx_reason: Reason,
+) -> Result<Verdict, Reason> {
+    let ingress = ctx.ingress_ifindex() as u32;
+    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let hop = match fib(ctx, pkt.proto, to, ingress) {
+        Some(hop) => hop,
+        None => {
+            // SAFETY: bounds-checked above.
+            let our_mac = unsafe { dmac_ptr.read_unaligned() };
+            neighbour(to.dst, our_mac, ingress).ok_or(reason::DROP_NO_NEIGHBOUR)?
+        }
+    };
+    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
+    unsafe {
+        dmac_ptr.write(hop.dmac);
+        smac_ptr.write(hop.smac);
+    }
+    if hop.ifindex == ingress {
+        return Ok(Verdict::new(xdp_action::XDP_TX, tx_reason));
+    }
+    // SAFETY: plain helper call; it only records the target for the driver.
+    let action = unsafe { bpf_redirect(hop.ifindex, 0) };
+    Ok(Verdict::new(action as u32, reason::REDIRECT))
+}
+
+/// A complete FIB answer (route and resolved neighbour), if any.
+#[inline(always)]
+fn fib(ctx: &XdpContext, proto: u8, to: &Translation, ingress: u32) -> Option<Hop> {
+    // Zeroed, then the fields the lookup reads are set (its unions make a
+    // struct literal awkward).
+    let mut params: bpf_fib_lookup = unsafe { MaybeUninit::zeroed().assume_init() };
+    params.family = FIB_AF_INET;
+    params.l4_protocol = proto;
+    params.ifindex = ingress;
+    params.__bindgen_anon_3.ipv4_src = to.src;
+    params.__bindgen_anon_4.ipv4_dst = to.dst;
+    // SAFETY: `params` is a valid, fully initialised struct on our stack.
+    let rc = unsafe {
+        fib_lookup(
+            ctx.as_ptr(),
+            &mut params,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return None;
+    }
+    Some(Hop {
+        dmac: params.dmac,
+        smac: params.smac,
+        ifindex: params.ifindex,
+    })
+}
+
+/// The control plane's neighbour entry for `dst`; the frame keeps our MAC
+/// (its original destination) as the source. Interface 0 means ingress.
+#[inline(always)]
+fn neighbour(dst: u32, our_mac: Mac, ingress: u32) -> Option<Hop> {
+    let key = IpKey {
+        addr: [dst, 0, 0, 0],
+        family: AF_INET,
+        _pad: [0; 3],
+    };
+    // SAFETY: read-only copy of a hash map value.
+    let n = unsafe { NEIGHBOURS.get(&key) }?;
+    Some(Hop {
+        dmac: n.mac,
+        smac: our_mac,
+        ifindex: if n.ifindex == 0 { ingress } else { n.ifindex },
+    })
+}
