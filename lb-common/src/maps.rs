@@ -234,8 +234,16 @@ pub struct FlowEntry {
     pub last_seen_ns: u64,
     /// Time of the client payload awaiting a response (0 = none).
     pub request_ns: u64,
+    /// [`DIR_TO_CLIENT`] entries: the source MAC of the client's frames and
+    /// the interface they arrived on, learned when the flow is created. The
+    /// reply goes there when neither `bpf_fib_lookup` nor the neighbour map
+    /// knows the client (clients are not known to the control plane).
+    pub client_mac: [u8; 6],
+    pub _pad3: [u8; 2],
+    pub client_ifindex: u32,
+    pub _pad4: u32,
 }
-assert_size!(FlowEntry, 80);
+assert_size!(FlowEntry, 96);
 
 /// Key of [`crate::NEIGHBOURS_MAP`].
 #[repr(C)]

@@ -6,10 +6,33 @@ use lb_common::{
     LbConfig, SNAT_PORT_TRIES, reason,
 };
 
-use crate::{Reason, maps::FLOWS, parse::Packet, random, select::Chosen};
+use crate::{
+    Reason,
+    maps::FLOWS,
+    parse::{Mac, Packet},
+    random,
+    select::Chosen,
+};
 
 /// `-EEXIST` from a `BPF_NOEXIST` insert: the SNAT port is taken.
 const EEXIST: i32 = -17;
+
+/// Where the client's frames came from: the next hop back to the client.
+#[derive(Clone, Copy)]
+pub struct ReturnPath {
+    pub mac: Mac,
+    pub ifindex: u32,
+}
+
+impl ReturnPath {
+    /// The return path stored in a reply entry, if it has one.
+    #[inline(always)]
+    pub fn of(entry: *const FlowEntry) -> Option<Self> {
+        // SAFETY: live map value; written only when the entry is created.
+        let (mac, ifindex) = unsafe { ((*entry).client_mac, (*entry).client_ifindex) };
+        (ifindex != 0).then_some(Self { mac, ifindex })
+    }
+}
 
 /// An IPv4 5-tuple key (addresses in word 0, the rest zero).
 #[inline(always)]
@@ -73,10 +96,12 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 }
 
 /// Creates both entries of a new connection from the client packet `pkt`
-/// to `backend`, picking a free SNAT port. Returns the forward entry.
+/// (which arrived by `client`) to `backend`, picking a free SNAT port.
+/// Returns the forward entry.
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
+    client: ReturnPath,
     cfg: &LbConfig,
     vip_id: u32,
     backend: &Chosen,
@@ -103,6 +128,8 @@ pub fn create(
         },
         created_ns: now,
         last_seen_ns: now,
+        client_mac: client.mac,
+        client_ifindex: client.ifindex,
         ..FlowEntry::default()
     };
     let mut snat_port = None;
@@ -129,6 +156,8 @@ pub fn create(
     entry.new_sport = snat_port;
     entry.new_dport = backend.port;
     entry.direction = DIR_TO_BACKEND;
+    entry.client_mac = [0; 6];
+    entry.client_ifindex = 0;
     let forward = packet_key(pkt);
     // ANY: a closed connection's entry for the same client tuple is replaced.
     if FLOWS.insert(&forward, &entry, u64::from(BPF_ANY)).is_err() {

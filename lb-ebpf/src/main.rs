@@ -33,9 +33,9 @@ use lb_common::{
 };
 
 use crate::{
-    flow::Translation,
+    flow::{ReturnPath, Translation},
     maps::{CONFIG, FLOWS, VIPS},
-    parse::{Frame, Packet},
+    parse::{ETH_SRC_OFF, Frame, Packet},
     stats::Direction,
 };
 
@@ -115,8 +115,12 @@ fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Verdict, R
         return Err(reason::DROP_NO_FLOW);
     }
     let backend = select::select(vip)?;
+    let client = ReturnPath {
+        mac: parse::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
+        ifindex: ctx.ingress_ifindex() as u32,
+    };
     let now = now();
-    let fwd = flow::create(pkt, cfg, vip.vip_id, &backend, now)?;
+    let fwd = flow::create(pkt, client, cfg, vip.vip_id, &backend, now)?;
     track::opened(backend.id, vip.vip_id, now);
     to_backend(ctx, pkt, fwd)
 }
@@ -126,7 +130,7 @@ fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Verdict, R
 fn to_backend(ctx: &XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> Result<Verdict, Reason> {
     let to = Translation::of(fwd);
     nat::rewrite(ctx, pkt, &to)?;
-    let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND)?;
+    let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND, None)?;
     track::client_packet(pkt, fwd, now());
     stats::backend_traffic(to.backend_id, Direction::ToBackend, pkt.frame_len);
     Ok(verdict)
@@ -137,7 +141,8 @@ fn to_backend(ctx: &XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> Result<Ver
 fn to_client(ctx: &XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> Result<Verdict, Reason> {
     let to = Translation::of(rev);
     nat::rewrite(ctx, pkt, &to)?;
-    let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT)?;
+    let client = ReturnPath::of(rev);
+    let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?;
     // The forward entry holds the state; it may have been evicted alone.
     if let Some(fwd) = flow::lookup(&to.opposite_key(pkt.proto)) {
         track::backend_packet(pkt, fwd, now());

@@ -3,7 +3,9 @@
 //! The kernel FIB is asked first (`bpf_fib_lookup` with the ingress
 //! interface, as a forwarded packet would be routed; it answers only where
 //! IP forwarding is enabled on that interface). Without a complete answer
-//! the control plane's `NEIGHBOURS` map gives the MAC and interface.
+//! the control plane's `NEIGHBOURS` map gives the MAC and interface, and for
+//! replies, which go to clients the control plane does not know, the return
+//! path learned from the client's first frame does.
 use core::mem::{MaybeUninit, size_of};
 
 use aya_ebpf::{
@@ -16,18 +18,13 @@ use lb_common::{AF_INET, IpKey, reason};
 
 use crate::{
     Reason, Verdict,
-    flow::Translation,
+    flow::{ReturnPath, Translation},
     maps::NEIGHBOURS,
-    parse::{Packet, ptr_at},
+    parse::{ETH_DST_OFF, ETH_SRC_OFF, Mac, Packet, ptr_at},
 };
 
 /// `AF_INET` as the kernel's FIB lookup expects it (not lb-common's tag).
 const FIB_AF_INET: u8 = 2;
-/// Offsets of the MAC addresses in the Ethernet header.
-const ETH_DST_OFF: usize = 0;
-const ETH_SRC_OFF: usize = 6;
-
-type Mac = [u8; 6];
 
 /// Where the frame goes next.
 struct Hop {
@@ -36,26 +33,32 @@ struct Hop {
     ifindex: u32,
 }
 
-/// Sets the MACs for the rewritten packet `to.src -> to.dst` and returns the verdict that sends the frame:
-/// XDP_TX on the ingress interface (counted as `tx_reason`), else a redirect.
+/// Sets the MACs for the rewritten packet `to.src -> to.dst` and returns
+/// the verdict that sends the frame: XDP_TX on the ingress interface
+/// (counted as `tx_reason`), else a redirect. `learned` is the last resort.
 #[inline(always)]
 pub fn forward(
     ctx: &XdpContext,
     pkt: &Packet,
     to: &Translation,
     tx_reason: Reason,
+    learned: Option<ReturnPath>,
 ) -> Result<Verdict, Reason> {
     let ingress = ctx.ingress_ifindex() as u32;
     let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let hop = match fib(ctx, pkt.proto, to, ingress) {
-        Some(hop) => hop,
-        None => {
-            // SAFETY: bounds-checked above.
-            let our_mac = unsafe { dmac_ptr.read_unaligned() };
-            neighbour(to.dst, our_mac, ingress).ok_or(reason::DROP_NO_NEIGHBOUR)?
-        }
-    };
+    // SAFETY: bounds-checked above.
+    let our_mac = unsafe { dmac_ptr.read_unaligned() };
+    let hop = fib(ctx, pkt.proto, to, ingress)
+        .or_else(|| neighbour(to.dst, our_mac, ingress))
+        .or_else(|| {
+            learned.map(|back| Hop {
+                dmac: back.mac,
+                smac: our_mac,
+                ifindex: back.ifindex,
+            })
+        })
+        .ok_or(reason::DROP_NO_NEIGHBOUR)?;
     // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
     unsafe {
         dmac_ptr.write(hop.dmac);

@@ -11,8 +11,10 @@ use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
 use crate::Reason;
 
-/// Ethernet header length (no FCS in XDP).
+/// Ethernet header length (no FCS in XDP), and offsets of its MAC addresses.
 const ETH_LEN: usize = 14;
+pub const ETH_DST_OFF: usize = 0;
+pub const ETH_SRC_OFF: usize = 6;
 /// Offset of the EtherType in the Ethernet header.
 const ETH_TYPE_OFF: usize = 12;
 /// One 802.1Q / 802.1ad tag: TCI (2) + inner EtherType (2).
@@ -37,6 +39,8 @@ const DOFF_MIN: u8 = 5;
 /// More-fragments flag and fragment offset mask of the (host order) `frags` field.
 const IP_MF: u16 = 0x2000;
 const IP_OFFSET_MASK: u16 = 0x1fff;
+
+pub type Mac = [u8; 6];
 
 /// TCP flag bits, as in byte 13 of the TCP header ([`Packet::tcp_flags`]).
 pub const TCP_FIN: u8 = 0x01;

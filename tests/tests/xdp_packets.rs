@@ -288,11 +288,11 @@ impl Lb {
     }
 
     /// One TCP VIP (p2c) and one UDP VIP, both on backend 0; config ready.
+    /// The client has no neighbour entry: replies use the learned return path.
     fn standard() -> Self {
         let mut lb = Self::new();
         lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MAX);
         lb.backend(0, BACKEND_ACTIVE);
-        lb.neighbour(CLIENT, CLIENT_MAC, 0);
         lb.vip(0, HTTP, IPPROTO_TCP, Algorithm::P2cEwma, 0, &[0]);
         lb.vip(1, DNS, IPPROTO_UDP, Algorithm::P2cEwma, 0, &[0]);
         lb
@@ -586,6 +586,9 @@ fn open_tcp(lb: &mut Lb) -> u16 {
         (CLIENT, CLIENT_PORT)
     );
     assert_eq!(rev.backend_id, 0);
+    // The way back to the client, learned from its frame (lo in the test namespace).
+    assert_eq!((rev.client_mac, rev.client_ifindex), (CLIENT_MAC, 1));
+    assert_eq!((fwd.client_mac, fwd.client_ifindex), ([0; 6], 0));
     assert_eq!(lb.flow_count(), 2);
 
     let events = lb.events();
