@@ -144,7 +144,7 @@ async fn configure_and_run(
 fn log_ready(config: &Config, snat_ip: Ipv4Addr, attachment: &Attachment) {
     info!(
         iface = %config.iface,
-        mode = config.xdp_mode.name(),
+        mode = if attachment.adopted { "unchanged" } else { config.xdp_mode.name() },
         snat = %format!("{snat_ip}:{}", config.snat_ports),
         instance = %config.instance,
         readopted = attachment.adopted,

@@ -40,7 +40,7 @@ pub fn format_duration(d: Duration) -> String {
     UNITS
         .iter()
         .rev()
-        .find(|(_, unit)| ns % unit.as_nanos() == 0 && ns >= unit.as_nanos())
+        .find(|(_, unit)| ns.is_multiple_of(unit.as_nanos()) && ns >= unit.as_nanos())
         .map(|(name, unit)| format!("{}{name}", ns / unit.as_nanos()))
         .unwrap_or_else(|| "0s".to_string())
 }

@@ -206,10 +206,10 @@ impl<C: Clock> Reconciler<C> {
                 .corrections
                 .get(&id, 0)
                 .context("reading BACKEND_CORRECTION")?;
-            if old != value {
-                if let Err(e) = self.corrections.set(id, value, 0) {
-                    warn!("writing BACKEND_CORRECTION[{id}]: {e}");
-                }
+            if old != value
+                && let Err(e) = self.corrections.set(id, value, 0)
+            {
+                warn!("writing BACKEND_CORRECTION[{id}]: {e}");
             }
         }
         Ok(scan)

@@ -1,0 +1,458 @@
+//! The `lb-user` binary as users meet it. Bad-input cases need root to be
+//! meaningful (as non-root the root check would answer first), and the
+//! attach test builds its own network namespace; without root every test
+//! prints a loud SKIP and passes.
+
+use std::{
+    os::unix::process::CommandExt as _,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lb-user");
+const STARTUP_BUDGET: Duration = Duration::from_secs(15);
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn skip(test: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    eprintln!("\n!!!!!!!! SKIPPED {test}: needs root (run the tests as root) !!!!!!!!\n");
+    true
+}
+
+/// A name no other test or run uses.
+fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id() % 100_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn pin_dir(instance: &str) -> std::path::PathBuf {
+    Path::new("/sys/fs/bpf/lb-user").join(instance)
+}
+
+fn has_xdp(netns: Option<&str>) -> bool {
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = netns {
+        cmd.args(["-n", ns]);
+    }
+    let out = cmd.args(["-j", "link", "show"]).output().expect("ip link");
+    String::from_utf8_lossy(&out.stdout).contains("\"xdp\"")
+}
+
+/// Runs a start that must fail and checks the failure contract.
+fn assert_rejected(args: &[&str], expected: &str) {
+    let instance = unique("bad");
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--instance", &instance])
+        .output()
+        .expect("run lb-user");
+    assert_failed_cleanly(&out, expected, &instance);
+}
+
+fn assert_failed_cleanly(out: &Output, expected: &str, instance: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one stderr line, got: {stderr}");
+    assert!(lines[0].starts_with("lb-user: error: "), "{stderr}");
+    assert!(
+        lines[0].contains(expected),
+        "expected {expected:?} in {stderr}"
+    );
+    assert!(!pin_dir(instance).exists(), "pin dir left behind");
+    assert!(
+        !has_xdp(None),
+        "an XDP program is attached after a failed start"
+    );
+}
+
+#[test]
+fn bad_input_fails_with_one_line_and_leaves_nothing() {
+    if skip("bad_input_fails_with_one_line_and_leaves_nothing") {
+        return;
+    }
+    let ok_vip = [
+        "--iface",
+        "lo",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.21:80",
+    ];
+    assert_rejected(
+        &[
+            "--iface",
+            "nosuchif0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ],
+        "unknown interface 'nosuchif0'",
+    );
+    assert_rejected(
+        &[
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.300:80",
+            "--backend",
+            "10.0.0.21:80",
+        ],
+        "invalid address '10.0.0.300:80'",
+    );
+    assert_rejected(
+        &[
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--backend",
+            "10.0.0.21:80",
+        ],
+        "duplicate backend 10.0.0.21:80",
+    );
+    assert_rejected(
+        &["--iface", "lo", "--vip", "10.0.0.100:80"],
+        "has no backends",
+    );
+    assert_rejected(
+        &["--config", "/nonexistent/lb.toml"],
+        "cannot read config file /nonexistent/lb.toml",
+    );
+    assert_rejected(
+        &[&ok_vip[..], &["--backend", "10.0.0.22:80@0"]].concat(),
+        "invalid weight '0'",
+    );
+    assert_rejected(
+        &[&ok_vip[..], &["--score-interval", "1s"]].concat(),
+        "at most 100ms",
+    );
+    assert_rejected(
+        &[&ok_vip[..], &["--algorithm", "maglev"]].concat(),
+        "not implemented yet",
+    );
+    assert_rejected(
+        &[&ok_vip[..], &["--bogus"]].concat(),
+        "unexpected argument '--bogus'",
+    );
+
+    let config = std::env::temp_dir().join(format!("{}.toml", unique("lbcfg")));
+    std::fs::write(
+        &config,
+        "iface = \"lo\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = []\n",
+    )
+    .unwrap();
+    assert_rejected(&["--config", config.to_str().unwrap()], "has no backends");
+    std::fs::write(&config, "iface = \"lo\"\nvips = 3\n").unwrap();
+    assert_rejected(
+        &["--config", config.to_str().unwrap()],
+        "unknown field `vips`",
+    );
+    std::fs::remove_file(&config).ok();
+}
+
+#[test]
+fn non_root_is_refused_after_input_validation() {
+    if skip("non_root_is_refused_after_input_validation") {
+        return;
+    }
+    let instance = unique("nonroot");
+    let nobody = |extra: &[&str]| {
+        Command::new(BIN)
+            .args([
+                "--iface",
+                "lo",
+                "--vip",
+                "10.0.0.100:80",
+                "--backend",
+                "10.0.0.21:80",
+                "--instance",
+                &instance,
+            ])
+            .args(extra)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("run lb-user as nobody")
+    };
+    assert_failed_cleanly(&nobody(&[]), "must run as root", &instance);
+    // Bad flags are reported as such even without privileges.
+    assert_failed_cleanly(
+        &nobody(&["--inflight-bias", "9"]),
+        "--inflight-bias",
+        &instance,
+    );
+}
+
+/// A network namespace with a veth pair, deleted on drop (even on panic).
+struct Netns(String);
+
+impl Netns {
+    fn new() -> Self {
+        let name = unique("lbcli");
+        let ip = |args: &[&str]| {
+            let st = Command::new("ip").args(args).status().expect("ip");
+            assert!(st.success(), "ip {args:?}");
+        };
+        ip(&["netns", "add", &name]);
+        let ns = Self(name);
+        ip(&[
+            "-n", &ns.0, "link", "add", "lb0", "type", "veth", "peer", "name", "lb1",
+        ]);
+        ip(&["-n", &ns.0, "addr", "add", "10.77.0.1/24", "dev", "lb0"]);
+        ip(&["-n", &ns.0, "link", "set", "lb0", "up"]);
+        ip(&["-n", &ns.0, "link", "set", "lb1", "up"]);
+        ns
+    }
+
+    fn exec(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.0, BIN]).args(args);
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Stops the daemon (SIGTERM, so it removes its pins) if a test ends or
+/// fails before stopping it; SIGKILL only if it does not exit in time.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Collects the child's stderr until a line contains `needle`.
+fn wait_for_log(child: &mut Child, needle: &str) -> String {
+    use std::io::BufRead as _;
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + STARTUP_BUDGET;
+    let mut log = String::new();
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        log += &line;
+        log.push('\n');
+        if line.contains(needle) {
+            return log;
+        }
+    }
+    panic!("no {needle:?} in the log: {log}");
+}
+
+fn wait_for_status(ns: &Netns, instance: &str) -> serde_json::Value {
+    let deadline = Instant::now() + STARTUP_BUDGET;
+    loop {
+        let out = ns
+            .exec(&["status", "--json", "--instance", instance])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let status: serde_json::Value =
+                serde_json::from_slice(&out.stdout).expect("status JSON");
+            if status["ready"] == true {
+                return status;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ready status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn attaches_reports_status_and_cleans_up_on_sigterm() {
+    if skip("attaches_reports_status_and_cleans_up_on_sigterm") {
+        return;
+    }
+    let ns = Netns::new();
+    for mode in ["native", "skb"] {
+        let instance = unique("attach");
+        let child = ns
+            .exec(&[
+                "--iface",
+                "lb0",
+                "--vip",
+                "10.77.0.100:80",
+                "--backend",
+                "10.77.0.21:8080",
+                "--backend",
+                "10.77.0.22:8080@3",
+                "--xdp-mode",
+                mode,
+                "--instance",
+                &instance,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start lb-user");
+        let mut daemon = Daemon(child);
+        let status = wait_for_status(&ns, &instance);
+        assert!(has_xdp(Some(&ns.0)), "{mode}: program not attached");
+        assert!(pin_dir(&instance).join("link").exists());
+        let vip = &status["vips"][0];
+        assert_eq!(vip["address"], "10.77.0.100:80");
+        assert_eq!(vip["protocol"], "tcp");
+        assert_eq!(vip["algorithm"], "p2c-ewma");
+        let backends = vip["backends"].as_array().unwrap();
+        assert_eq!(backends.len(), 2);
+        assert_eq!(backends[1]["address"], "10.77.0.22:8080");
+        assert_eq!(backends[1]["weight"], 3);
+        assert_eq!(backends[1]["state"], "active");
+        assert_eq!(status["snat_ip"], "10.77.0.1");
+        assert!(status["reasons"]["tx_to_backend"].is_u64());
+
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+        let out = std::mem::replace(&mut daemon.0, Command::new("true").spawn().unwrap())
+            .wait_with_output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{mode}: exit {:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !has_xdp(Some(&ns.0)),
+            "{mode}: still attached after SIGTERM"
+        );
+        assert!(
+            !pin_dir(&instance).exists(),
+            "{mode}: pins left after SIGTERM"
+        );
+    }
+}
+
+#[test]
+fn a_second_instance_with_the_same_name_fails_cleanly() {
+    if skip("a_second_instance_with_the_same_name_fails_cleanly") {
+        return;
+    }
+    let ns = Netns::new();
+    let instance = unique("dup");
+    let args = [
+        "--iface",
+        "lb0",
+        "--vip",
+        "10.77.0.100:80",
+        "--backend",
+        "10.77.0.21:8080",
+        "--xdp-mode",
+        "skb",
+        "--instance",
+        &instance,
+    ];
+    let _first = Daemon(
+        ns.exec(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_status(&ns, &instance);
+    let out = ns.exec(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("is already running"), "{stderr}");
+    // The first instance is untouched.
+    assert!(pin_dir(&instance).join("link").exists());
+}
+
+#[test]
+fn a_restart_after_sigkill_readopts_the_pinned_program() {
+    if skip("a_restart_after_sigkill_readopts_the_pinned_program") {
+        return;
+    }
+    let ns = Netns::new();
+    let instance = unique("restart");
+    let args = [
+        "--iface",
+        "lb0",
+        "--vip",
+        "10.77.0.100:80",
+        "--backend",
+        "10.77.0.21:8080",
+        "--xdp-mode",
+        "skb",
+        "--instance",
+        &instance,
+    ];
+    let mut first = ns
+        .exec(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_status(&ns, &instance);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(
+        has_xdp(Some(&ns.0)),
+        "the pinned link must keep the program attached"
+    );
+    assert!(pin_dir(&instance).join("FLOWS").exists());
+
+    // The old pins already answer `status`, so wait for the new process's
+    // own word that it is up before signalling it.
+    let mut second = Daemon(
+        ns.exec(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let log = wait_for_log(&mut second.0, "balancing");
+    assert!(log.contains("re-adopted the running lb_xdp"), "{log}");
+    assert!(has_xdp(Some(&ns.0)));
+    wait_for_status(&ns, &instance);
+    drop(second);
+    assert!(!has_xdp(Some(&ns.0)));
+    assert!(!pin_dir(&instance).exists());
+}
