@@ -6,12 +6,12 @@
 //! compiler intrinsics below become single `BPF_ATOMIC` instructions
 //! (`lock add`, `fetch_add`, `fetch_or`, `fetch_and`; kernel ≥ 5.12), which
 //! is what the `fetch_*` methods would have lowered to anyway.
+//!
+//! The linker targets BPF CPU v1 (`--cpu generic`), which has 64-bit atomics
+//! only: 32-bit fields are updated through the aligned 64-bit word holding
+//! them (see `track::Flags`).
 use core::arch::asm;
 use core::intrinsics::{AtomicOrdering, atomic_and, atomic_or, atomic_xadd};
-
-/// The linker targets BPF CPU v1 (`--cpu generic`), which has 64-bit atomics
-/// only: 32-bit fields are updated through the aligned 64-bit word holding
-/// them (see `track::Flags`).
 
 /// `*ptr += value`, returning the old value.
 ///

@@ -98,6 +98,10 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 /// Creates both entries of a new connection from the client packet `pkt`
 /// (which arrived by `client`) to `backend`, picking a free SNAT port.
 /// Returns the forward entry.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is reused for both inserts; by value it would be copied on the 512-byte stack"
+)]
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
@@ -140,7 +144,7 @@ pub fn create(
         let reverse = key_v4(pkt.proto, backend.addr, snat, backend.port, port_be);
         // NOEXIST makes the check and the claim one step: two CPUs racing
         // for the same port cannot both win it.
-        match FLOWS.insert(&reverse, &entry, u64::from(BPF_NOEXIST)) {
+        match FLOWS.insert(reverse, &entry, u64::from(BPF_NOEXIST)) {
             Ok(()) => {
                 snat_port = Some(port_be);
                 break;
@@ -161,7 +165,7 @@ pub fn create(
     let forward = packet_key(pkt);
     // ANY: a closed connection's entry for the same client tuple is replaced.
     if FLOWS.insert(&forward, &entry, u64::from(BPF_ANY)).is_err() {
-        let _ = FLOWS.remove(&Translation::of(&entry).opposite_key(pkt.proto));
+        let _ = FLOWS.remove(Translation::of(&entry).opposite_key(pkt.proto));
         return Err(reason::DROP_FLOW_INSERT);
     }
     lookup(&forward).ok_or(reason::DROP_FLOW_INSERT)

@@ -93,7 +93,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         }
         // A new SYN on a closed connection's tuple starts a new connection:
         // release the old reply entry (and its SNAT port), then re-select.
-        let _ = FLOWS.remove(&Translation::of(entry).opposite_key(pkt.proto));
+        let _ = FLOWS.remove(Translation::of(entry).opposite_key(pkt.proto));
     }
     new_flow(ctx, &pkt, cfg)
 }
@@ -108,7 +108,7 @@ fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Verdict, R
         family: AF_INET,
     };
     // SAFETY: read-only use of a hash map value.
-    let Some(vip) = (unsafe { VIPS.get(&vip_key) }) else {
+    let Some(vip) = (unsafe { VIPS.get(vip_key) }) else {
         return Ok(Verdict::pass(reason::PASS_NOT_VIP));
     };
     if pkt.is_tcp() && !pkt.is_syn() {

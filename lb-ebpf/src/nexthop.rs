@@ -112,7 +112,7 @@ fn neighbour(dst: u32, our_mac: Mac, ingress: u32) -> Option<Hop> {
         _pad: [0; 3],
     };
     // SAFETY: read-only copy of a hash map value.
-    let n = unsafe { NEIGHBOURS.get(&key) }?;
+    let n = unsafe { NEIGHBOURS.get(key) }?;
     Some(Hop {
         dmac: n.mac,
         smac: our_mac,

@@ -199,7 +199,7 @@ impl Pkt {
         };
         l4[check_at..check_at + 2].copy_from_slice(&sum.to_be_bytes());
 
-        assert!(self.ip_options.len() % 4 == 0);
+        assert!(self.ip_options.len().is_multiple_of(4));
         let ihl = 5 + self.ip_options.len() / 4;
         let mut ip = vec![0x40 | ihl as u8, 0];
         ip.extend_from_slice(&((ihl * 4 + l4.len()) as u16).to_be_bytes());
@@ -264,7 +264,7 @@ impl Lb {
     /// Loads a fresh copy (fresh maps) and passes it through the verifier.
     fn new() -> Self {
         let mut ebpf = EbpfLoader::new()
-            .set_max_entries(lb_common::FLOWS_MAP, FLOW_TABLE_SIZE)
+            .map_max_entries(lb_common::FLOWS_MAP, FLOW_TABLE_SIZE)
             .load(lb_user::EBPF_OBJECT)
             .expect("parse and create maps of the eBPF object");
         let prog: &mut Xdp = ebpf
