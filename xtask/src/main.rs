@@ -40,6 +40,31 @@ enum Task {
     },
     /// Build a lab with one slow backend and compare P2C+EWMA with round-robin live (root).
     Demo,
+    /// Benchmarks (root): `dataplane` (ns per packet through BPF_PROG_TEST_RUN) or
+    /// `balance` (the lab with real servers, against HAProxy, nginx and nftables).
+    Bench {
+        #[arg(value_enum)]
+        suite: BenchSuite,
+        /// Extra arguments for the benchmark binary.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchSuite {
+    Dataplane,
+    Balance,
+}
+
+impl BenchSuite {
+    /// The binary of the `tests` crate that runs the suite.
+    const fn binary(self) -> &'static str {
+        match self {
+            Self::Dataplane => "lb-bench-dataplane",
+            Self::Balance => "lb-bench-balance",
+        }
+    }
 }
 
 fn main() {
@@ -89,22 +114,28 @@ fn run(cli: Cli) -> Result<()> {
             let test: Vec<&str> = test.iter().map(String::as_str).collect();
             cargo_env(&root, &test, privileged)?;
         }
-        Task::Demo => {
-            prereqs::ensure_ebpf_toolchain()?;
-            if !prereqs::is_root() {
-                bail!("the demo builds network namespaces and attaches XDP: run it as root");
-            }
-            prereqs::ensure_lab_tools()?;
-            cargo(&root, &["build", "--release", "--bins"])?;
-            let release = target_dir(&root).join("release");
-            let status = Command::new(release.join("lb-demo"))
-                .env("LB_USER_BIN", release.join("lb-user"))
-                .status()
-                .context("running lb-demo")?;
-            if !status.success() {
-                bail!("lb-demo failed ({status})");
-            }
-        }
+        Task::Demo => run_lab_binary(&root, "lb-demo", &[])?,
+        Task::Bench { suite, args } => run_lab_binary(&root, suite.binary(), &args)?,
+    }
+    Ok(())
+}
+
+/// Builds the release binaries and runs one of the lab's programs as root.
+fn run_lab_binary(root: &Path, name: &str, args: &[String]) -> Result<()> {
+    prereqs::ensure_ebpf_toolchain()?;
+    if !prereqs::is_root() {
+        bail!("{name} builds network namespaces and attaches XDP: run it as root");
+    }
+    prereqs::ensure_lab_tools()?;
+    cargo(root, &["build", "--release", "--bins"])?;
+    let release = target_dir(root).join("release");
+    let status = Command::new(release.join(name))
+        .args(args)
+        .env("LB_USER_BIN", release.join("lb-user"))
+        .status()
+        .with_context(|| format!("running {name}"))?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
     }
     Ok(())
 }
