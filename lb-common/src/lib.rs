@@ -9,6 +9,7 @@
 //! are stored in network byte order too, so the data path never swaps bytes.
 #![no_std]
 
+pub mod hash;
 pub mod maps;
 
 pub use maps::*;
@@ -38,6 +39,17 @@ pub const SNAT_PORT_TRIES: u32 = 8;
 pub const DEFAULT_SNAT_PORT_MIN: u16 = 20_000;
 pub const DEFAULT_SNAT_PORT_MAX: u16 = 32_767;
 
+/// Length of each VIP's smooth weighted round-robin schedule block in
+/// [`VIP_SCHEDULE_MAP`] (4 bytes a slot: 2 MiB for all VIPs). Weights whose
+/// reduced sum exceeds it are scaled down to fit.
+pub const WRR_SCHEDULE_LEN: u32 = 2048;
+/// Entries of one Maglev lookup table: a prime above 100 × the backends it
+/// serves (so up to 655 backends keep Maglev's balance guarantee).
+pub const MAGLEV_TABLE_SIZE: u32 = 65_537;
+/// Maglev tables in [`MAGLEV_MAP`] (4 bytes an entry: 2 MiB), so at most this
+/// many VIPs use the `maglev` algorithm.
+pub const MAX_MAGLEV_TABLES: u32 = 8;
+
 /// Names of the maps, used by the loader, the pin directory and `status`.
 pub const VIPS_MAP: &str = "VIPS";
 pub const VIP_BACKENDS_MAP: &str = "VIP_BACKENDS";
@@ -52,6 +64,10 @@ pub const NEIGHBOURS_MAP: &str = "NEIGHBOURS";
 pub const CONFIG_MAP: &str = "CONFIG";
 pub const REASON_STATS_MAP: &str = "REASON_STATS";
 pub const EVENTS_MAP: &str = "EVENTS";
+pub const VIP_TABLES_MAP: &str = "VIP_TABLES";
+pub const VIP_SCHEDULE_MAP: &str = "VIP_SCHEDULE";
+pub const VIP_WEIGHT_PREFIX_MAP: &str = "VIP_WEIGHT_PREFIX";
+pub const MAGLEV_MAP: &str = "MAGLEV";
 /// Name of the XDP program function in the object.
 pub const XDP_PROGRAM: &str = "lb_xdp";
 
@@ -70,4 +86,8 @@ pub const ALL_MAPS: &[&str] = &[
     CONFIG_MAP,
     REASON_STATS_MAP,
     EVENTS_MAP,
+    VIP_TABLES_MAP,
+    VIP_SCHEDULE_MAP,
+    VIP_WEIGHT_PREFIX_MAP,
+    MAGLEV_MAP,
 ];

@@ -90,6 +90,32 @@ pub struct VipMeta {
 }
 assert_size!(VipMeta, 16);
 
+/// [`VipMeta::flags`]: Maglev hashes only the client address, so one client
+/// always reaches the same backend (source-IP affinity).
+pub const VIP_F_SOURCE_AFFINITY: u16 = 1;
+
+/// Per-VIP weight-derived tables written by the control plane (array
+/// [`crate::VIP_TABLES_MAP`] indexed by `vip_id`). The tables themselves are
+/// pure functions of the VIP's slot backend ids and effective weights, and
+/// are rebuilt whenever either changes:
+/// - `VIP_SCHEDULE[vip_id * WRR_SCHEDULE_LEN ..][..schedule_len]`: slot
+///   indexes in nginx smooth weighted round-robin order;
+/// - `VIP_WEIGHT_PREFIX[vip_id * MAX_BACKENDS_PER_VIP ..][..backend_count]`:
+///   running sums of the slots' weights (weighted random);
+/// - `MAGLEV[maglev_table * MAGLEV_TABLE_SIZE ..][..MAGLEV_TABLE_SIZE]`:
+///   backend ids (Maglev consistent hashing).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipTables {
+    /// Entries in the VIP's schedule block (0 = no schedule).
+    pub schedule_len: u32,
+    /// Index of the VIP's Maglev table; meaningful when `has_maglev != 0`.
+    pub maglev_table: u32,
+    pub has_maglev: u32,
+    pub _pad: u32,
+}
+assert_size!(VipTables, 16);
+
 /// Per-VIP mutable kernel state (array indexed by `vip_id`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -384,6 +410,7 @@ pod!(
     VipKey,
     VipMeta,
     VipState,
+    VipTables,
     Backend,
     BackendScore,
     BackendConns,

@@ -114,7 +114,7 @@ fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Verdict, R
     if pkt.is_tcp() && !pkt.is_syn() {
         return Err(reason::DROP_NO_FLOW);
     }
-    let backend = select::select(vip)?;
+    let backend = select::select(vip, pkt)?;
     let client = ReturnPath {
         mac: parse::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
         ifindex: ctx.ingress_ifindex() as u32,

@@ -34,3 +34,12 @@ pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
 pub static REASON_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(reason::COUNT, 0);
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+#[map(name = "VIP_TABLES")]
+pub static VIP_TABLES: Array<VipTables> = Array::with_max_entries(MAX_VIPS, 0);
+#[map(name = "VIP_SCHEDULE")]
+pub static VIP_SCHEDULE: Array<u32> = Array::with_max_entries(MAX_VIPS * WRR_SCHEDULE_LEN, 0);
+#[map(name = "VIP_WEIGHT_PREFIX")]
+pub static VIP_WEIGHT_PREFIX: Array<u32> =
+    Array::with_max_entries(MAX_VIPS * MAX_BACKENDS_PER_VIP, 0);
+#[map(name = "MAGLEV")]
+pub static MAGLEV: Array<u32> = Array::with_max_entries(MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE, 0);

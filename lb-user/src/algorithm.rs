@@ -1,4 +1,4 @@
-//! Algorithm names (lb_common::Algorithm) and which ones the data path runs.
+//! Algorithm names (lb_common::Algorithm) on the command line and in config files.
 
 use lb_common::Algorithm;
 
@@ -12,11 +12,6 @@ pub const ALL: [Algorithm; 6] = [
     Algorithm::Maglev,
 ];
 
-/// Algorithms the XDP program implements today. The others parse (so the
-/// CLI and config schema are already final) but are refused at startup,
-/// before anything is attached.
-pub const IMPLEMENTED: [Algorithm; 2] = [Algorithm::P2cEwma, Algorithm::RoundRobin];
-
 pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
     ALL.into_iter().find(|a| a.name() == text).ok_or_else(|| {
         let names: Vec<_> = ALL.iter().map(|a| a.name()).collect();
@@ -25,10 +20,6 @@ pub fn parse_algorithm(text: &str) -> Result<Algorithm, String> {
             names.join(", ")
         )
     })
-}
-
-pub fn is_implemented(algorithm: Algorithm) -> bool {
-    IMPLEMENTED.contains(&algorithm)
 }
 
 #[cfg(test)]

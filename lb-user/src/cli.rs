@@ -83,6 +83,9 @@ pub struct RunArgs {
     /// Exponent b of the in-flight term (inflight+1)^b in P2C's cost, 1..=3 (default 2).
     #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(1..=3))]
     pub inflight_bias: Option<u8>,
+    /// With maglev: hash only the client address, so a client keeps its backend.
+    #[arg(long)]
+    pub maglev_source_affinity: bool,
     /// XDP attach mode.
     #[arg(long, value_enum, value_name = "MODE")]
     pub xdp_mode: Option<XdpMode>,

@@ -13,6 +13,7 @@
 //! flow_table_size = 262144
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
 //! inflight_bias = 2              # default for VIPs that do not set one
+//! maglev_source_affinity = false # default for VIPs that do not set one
 //! ewma_tau = "10s"
 //! ewma_cold_start = "1ms"
 //! score_interval = "50ms"
@@ -27,6 +28,7 @@
 //! protocol = "tcp"               # optional alternative to the /tcp suffix
 //! algorithm = "round-robin"      # optional, overrides the global one
 //! inflight_bias = 1              # optional
+//! maglev_source_affinity = true  # optional: maglev hashes only the client address
 //! backends = ["10.0.0.21:8080", "10.0.0.22:8080@2"]   # same syntax as --backend
 //! ```
 //!
@@ -41,13 +43,16 @@
 
 use std::{collections::HashSet, net::Ipv4Addr, path::Path, time::Duration};
 
-use lb_common::{Algorithm, DEFAULT_FLOW_TABLE_SIZE, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_VIPS};
+use lb_common::{
+    Algorithm, DEFAULT_FLOW_TABLE_SIZE, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
+    MAX_VIPS,
+};
 use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
     addr::{AddrError, BackendAddr, Protocol, VipAddr},
-    algorithm::{self, parse_algorithm},
+    algorithm::parse_algorithm,
     cli::{RunArgs, XdpMode},
     duration::{format_duration, parse_duration},
     ports::PortRange,
@@ -101,6 +106,8 @@ pub struct VipConfig {
     pub vip: VipAddr,
     pub algorithm: Algorithm,
     pub inflight_bias: u8,
+    /// Maglev hashes only the client address (one client, one backend).
+    pub maglev_source_affinity: bool,
     /// In config order (backend ids follow it).
     pub backends: Vec<BackendAddr>,
 }
@@ -132,10 +139,6 @@ pub enum ConfigError {
     ProtocolConflict { vip: String, protocol: String },
     #[error("{0}: IPv6 is not supported yet")]
     Ipv6(String),
-    #[error(
-        "algorithm '{algorithm}' of VIP {vip} is not implemented yet (available: p2c-ewma, round-robin)"
-    )]
-    NotImplemented { vip: String, algorithm: String },
     #[error("inflight bias {0} out of range (expected 1..=3)")]
     InflightBias(u8),
     #[error("{name} must be greater than zero")]
@@ -169,6 +172,7 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "de::algorithm_opt")]
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
+    maglev_source_affinity: Option<bool>,
     #[serde(default, deserialize_with = "de::duration_opt")]
     ewma_tau: Option<Duration>,
     #[serde(default, deserialize_with = "de::duration_opt")]
@@ -197,6 +201,7 @@ struct FileVip {
     #[serde(default, deserialize_with = "de::algorithm_opt")]
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
+    maglev_source_affinity: Option<bool>,
     #[serde(default, deserialize_with = "de::from_str_vec")]
     backends: Vec<BackendAddr>,
 }
@@ -244,6 +249,8 @@ impl Config {
             .inflight_bias
             .or(file.inflight_bias)
             .unwrap_or(DEFAULT_INFLIGHT_BIAS);
+        let maglev_source_affinity =
+            args.maglev_source_affinity || file.maglev_source_affinity.unwrap_or(false);
 
         let mut vips = Vec::with_capacity(file.vip.len() + 1);
         for v in file.vip {
@@ -262,6 +269,7 @@ impl Config {
                 vip,
                 algorithm: v.algorithm.unwrap_or(algorithm),
                 inflight_bias: v.inflight_bias.unwrap_or(inflight_bias),
+                maglev_source_affinity: v.maglev_source_affinity.unwrap_or(maglev_source_affinity),
                 backends: v.backends,
             });
         }
@@ -270,6 +278,7 @@ impl Config {
                 vip,
                 algorithm,
                 inflight_bias,
+                maglev_source_affinity,
                 backends: args.backends,
             }),
             None if !args.backends.is_empty() => return Err(ConfigError::BackendWithoutVip),
@@ -374,6 +383,12 @@ impl Config {
         check_count("VIPs", self.vips.len(), MAX_VIPS)?;
         let total: usize = self.vips.iter().map(|v| v.backends.len()).sum();
         check_count("backends in total", total, MAX_BACKENDS)?;
+        let maglev = self
+            .vips
+            .iter()
+            .filter(|v| v.algorithm == Algorithm::Maglev)
+            .count();
+        check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)?;
         let mut seen_vips = HashSet::new();
         for v in &self.vips {
             let name = v.vip.to_string();
@@ -393,12 +408,6 @@ impl Config {
             )?;
             if !(1..=3).contains(&v.inflight_bias) {
                 return Err(ConfigError::InflightBias(v.inflight_bias));
-            }
-            if !algorithm::is_implemented(v.algorithm) {
-                return Err(ConfigError::NotImplemented {
-                    vip: name,
-                    algorithm: v.algorithm.name().to_string(),
-                });
             }
             let mut seen_backends = HashSet::new();
             for b in &v.backends {

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod ports;
 pub mod reconcile;
 pub mod status;
+pub mod tables;
 pub mod wire;
 
 /// The compiled XDP object (built by `build.rs`), embedded so the one binary is

@@ -10,6 +10,7 @@ use lb_common::{
     FlowEntry, FlowKey, IpKey, LbConfig, MAX_BACKENDS, NEIGHBOURS_MAP, Neighbour, REASON_STATS_MAP,
     VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
+use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
 use tracing::debug;
 
 use crate::plan::Plan;
@@ -37,6 +38,10 @@ pub type Neighbours = HashMap<MapData, IpKey, Neighbour>;
 pub type Configs = Array<MapData, LbConfig>;
 pub type Reasons = PerCpuArray<MapData, u64>;
 pub type Events = RingBuf<MapData>;
+pub type VipTablesMap = Array<MapData, VipTables>;
+pub type VipSchedule = Array<MapData, u32>;
+pub type VipWeightPrefix = Array<MapData, u32>;
+pub type Maglev = Array<MapData, u32>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -61,6 +66,10 @@ openers! {
     configs -> Configs = CONFIG_MAP;
     reasons -> Reasons = REASON_STATS_MAP;
     events -> Events = EVENTS_MAP;
+    vip_tables -> VipTablesMap = VIP_TABLES_MAP;
+    vip_schedule -> VipSchedule = VIP_SCHEDULE_MAP;
+    vip_weight_prefix -> VipWeightPrefix = VIP_WEIGHT_PREFIX_MAP;
+    maglev -> Maglev = MAGLEV_MAP;
 }
 
 /// Index of the single [`LbConfig`] entry.
@@ -68,7 +77,7 @@ pub const CONFIG_KEY: u32 = 0;
 
 /// Writes the plan in an order that never shows the program a reference to
 /// something unwritten: backends and their initial scores, then slot
-/// blocks, then VIPs; VIPs and backends that are no longer configured (a
+/// blocks and their weight-derived tables, then VIPs; VIPs and backends that are no longer configured (a
 /// re-adopted instance with a changed config) are removed last.
 pub fn write_plan(
     pin_dir: &Path,
@@ -89,6 +98,10 @@ pub fn write_plan(
                 .set(vip.first_slot() + i as u32, backend_id, 0)
                 .context("writing VIP_BACKENDS")?;
         }
+    }
+    let weights: Vec<u32> = plan.weights.iter().map(|w| w.get() as u32).collect();
+    for vip in &plan.vips {
+        crate::tables::write_vip(pin_dir, vip, &plan.backends, &weights)?;
     }
     let mut vips = vips(pin_dir)?;
     for vip in &plan.vips {

@@ -5,7 +5,10 @@
 //! same configuration therefore always gets the same ids, so after a restart
 //! the pinned flow table's `backend_id`s still name the same servers.
 
-use lb_common::{BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VipKey, VipMeta};
+use lb_common::{
+    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VIP_F_SOURCE_AFFINITY, VipKey,
+    VipMeta,
+};
 
 use crate::{addr::Weight, config::Config, wire};
 
@@ -15,6 +18,8 @@ pub struct PlannedVip {
     pub meta: VipMeta,
     /// Backend ids to write at `VIP_BACKENDS[vip_id * MAX_BACKENDS_PER_VIP ..]`.
     pub slots: Vec<u32>,
+    /// Index of the VIP's Maglev table (maglev VIPs only, numbered in order).
+    pub maglev_table: Option<u32>,
 }
 
 impl PlannedVip {
@@ -38,6 +43,7 @@ impl Plan {
         let mut vips = Vec::with_capacity(config.vips.len());
         let mut backends = Vec::new();
         let mut weights = Vec::new();
+        let mut maglev_tables = 0..;
         for (vip_id, v) in config.vips.iter().enumerate() {
             let vip_id = vip_id as u32;
             let (addr, family) = wire::ip_to_words(v.vip.addr.ip());
@@ -68,10 +74,17 @@ impl Plan {
                     backend_count: slots.len() as u32,
                     algorithm: v.algorithm as u8,
                     inflight_bias: v.inflight_bias,
-                    flags: 0,
+                    flags: if v.maglev_source_affinity {
+                        VIP_F_SOURCE_AFFINITY
+                    } else {
+                        0
+                    },
                     _pad: 0,
                 },
                 slots,
+                maglev_table: (v.algorithm == Algorithm::Maglev)
+                    .then(|| maglev_tables.next())
+                    .flatten(),
             });
         }
         Self {

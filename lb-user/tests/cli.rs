@@ -144,8 +144,8 @@ fn bad_input_fails_with_one_line_and_leaves_nothing() {
         "at most 100ms",
     );
     assert_rejected(
-        &[&ok_vip[..], &["--algorithm", "maglev"]].concat(),
-        "not implemented yet",
+        &[&ok_vip[..], &["--algorithm", "consistent"]].concat(),
+        "unknown algorithm 'consistent'",
     );
     assert_rejected(
         &[&ok_vip[..], &["--bogus"]].concat(),

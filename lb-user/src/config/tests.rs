@@ -206,12 +206,6 @@ fn each_bad_input_has_its_message() {
         ]),
         "duplicate backend 10.0.0.21:80 in VIP 10.0.0.100:80/tcp"
     );
-    let mut maglev = MINIMAL.to_vec();
-    maglev.extend(["--algorithm", "maglev"]);
-    assert_eq!(
-        err_flags(&maglev),
-        "algorithm 'maglev' of VIP 10.0.0.100:80/tcp is not implemented yet (available: p2c-ewma, round-robin)"
-    );
     let mut slow = MINIMAL.to_vec();
     slow.extend(["--score-interval", "101ms"]);
     assert_eq!(

@@ -1,0 +1,88 @@
+//! Weighted least connections: the slot with the fewest in-flight
+//! connections per unit of effective weight, ties broken uniformly at
+//! random (reservoir sampling over the tied slots).
+//!
+//! The scan runs under `bpf_loop` (kernel ≥ 5.17): the verifier checks the
+//! loop body once instead of once per iteration and path, so the scan can
+//! cover all `MAX_BACKENDS_PER_VIP` slots. The cost is linear in the VIP's
+//! backend count: about 5 map lookups per slot, per new flow.
+use core::{ffi::c_void, num::NonZeroU32};
+
+use aya_ebpf::helpers::generated::bpf_loop;
+use lb_common::MAX_BACKENDS_PER_VIP;
+
+use super::{
+    Chosen, candidate,
+    load::{inflight, saturating_mul, weight},
+    scan,
+};
+use crate::{Reason, random};
+
+/// The scan's state, shared with the `bpf_loop` callback.
+#[repr(C)]
+struct Scan {
+    vip_id: u32,
+    count: u32,
+    /// Best slot so far; `u32::MAX` while none is in service.
+    best_slot: u32,
+    /// How many slots share the best ratio (the reservoir size).
+    ties: u32,
+    /// The best ratio as the fraction `best_inflight / best_weight`.
+    best_inflight: u64,
+    best_weight: u64,
+}
+
+#[inline(always)]
+pub fn select(vip_id: u32, slots: NonZeroU32) -> Result<Chosen, Reason> {
+    let mut state = Scan {
+        vip_id,
+        count: slots.get(),
+        best_slot: u32::MAX,
+        ties: 0,
+        best_inflight: 0,
+        best_weight: 1,
+    };
+    let count = slots.get().min(MAX_BACKENDS_PER_VIP);
+    // SAFETY: `visit` has the callback signature bpf_loop expects and only
+    // touches `state`, which outlives the call.
+    unsafe {
+        bpf_loop(
+            count,
+            visit as *mut c_void,
+            (&raw mut state).cast::<c_void>(),
+            0,
+        )
+    };
+    match candidate(vip_id, state.best_slot) {
+        Some(chosen) => Ok(chosen),
+        None => scan(vip_id, u64::from(random()), slots),
+    }
+}
+
+/// One slot of the scan; returns 0 to go on.
+extern "C" fn visit(slot: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the pointer `select` gave it.
+    let state = unsafe { &mut *ctx.cast::<Scan>() };
+    let slot = slot as u32;
+    let Some(c) = candidate(state.vip_id, slot) else {
+        return 0;
+    };
+    let (n, w) = (inflight(c.id), weight(c.id));
+    // Compare n / w with best_inflight / best_weight without dividing.
+    let lhs = saturating_mul(n, state.best_weight);
+    let rhs = saturating_mul(state.best_inflight, w);
+    if state.best_slot == u32::MAX || lhs < rhs {
+        state.best_slot = slot;
+        state.best_inflight = n;
+        state.best_weight = w;
+        state.ties = 1;
+    } else if lhs == rhs {
+        state.ties = state.ties.saturating_add(1);
+        if let Some(ties) = NonZeroU32::new(state.ties)
+            && random() % ties == 0
+        {
+            state.best_slot = slot;
+        }
+    }
+    0
+}

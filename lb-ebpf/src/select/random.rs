@@ -1,0 +1,50 @@
+//! Weighted random: a uniform draw below the total weight, then a binary
+//! search over the running weight sums the control plane wrote for the
+//! VIP's slots. O(log n) per flow, no copy of a backend per unit of weight.
+use core::num::NonZeroU32;
+
+use lb_common::MAX_BACKENDS_PER_VIP;
+
+use super::{Chosen, candidate, scan};
+use crate::{Reason, maps::VIP_WEIGHT_PREFIX, random};
+
+/// Halvings that narrow `MAX_BACKENDS_PER_VIP` (1024) slots down to one.
+const SEARCH_STEPS: u32 = 11;
+const _: () = assert!(1 << (SEARCH_STEPS - 1) >= MAX_BACKENDS_PER_VIP);
+
+#[inline(always)]
+pub fn select(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {
+    let total = prefix(vip_id, count.get() - 1);
+    if total == 0 {
+        // No sums written (yet): uniform over the slots.
+        return scan(vip_id, u64::from(random()), count);
+    }
+    let target = random() % total;
+    // The first slot whose running sum exceeds the target.
+    let (mut lo, mut hi) = (0, count.get() - 1);
+    for _ in 0..SEARCH_STEPS {
+        if lo >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        if prefix(vip_id, mid) > target {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    match candidate(vip_id, lo) {
+        Some(chosen) => Ok(chosen),
+        None => scan(vip_id, u64::from(lo), count),
+    }
+}
+
+/// The running weight sum through `slot`, 0 when unwritten.
+#[inline(always)]
+fn prefix(vip_id: u32, slot: u32) -> u32 {
+    vip_id
+        .checked_mul(MAX_BACKENDS_PER_VIP)
+        .and_then(|base| base.checked_add(slot))
+        .and_then(|index| VIP_WEIGHT_PREFIX.get(index).copied())
+        .unwrap_or(0)
+}

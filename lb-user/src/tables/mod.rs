@@ -1,0 +1,188 @@
+//! The weight-derived tables some algorithms need next to a VIP's slot
+//! block (see `lb_common::VipTables`): the smooth-WRR schedule, the running
+//! weight sums of weighted random, and the Maglev lookup table.
+//!
+//! Each is a pure function of the VIP's slot backends and their effective
+//! weights, so whoever changes either (reconfiguration, slow start, drain)
+//! calls [`write_vip`] again with the new values and gets the same tables a
+//! fresh start would.
+
+pub mod maglev;
+pub mod prefix;
+pub mod smooth_wrr;
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use lb_common::{
+    Algorithm, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VipTables, WRR_SCHEDULE_LEN,
+};
+
+use crate::{maps, plan::PlannedVip};
+
+/// One slot of a VIP as the table builders see it.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotBackend {
+    pub id: u32,
+    pub weight: u32,
+    /// The backend's address words and port, its identity for Maglev.
+    pub key: [u8; 18],
+}
+
+impl SlotBackend {
+    pub fn new(id: u32, backend: &Backend, weight: u32) -> Self {
+        let mut key = [0u8; 18];
+        for (chunk, word) in key.chunks_exact_mut(4).zip(backend.addr) {
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+        key[16..].copy_from_slice(&backend.port.to_ne_bytes());
+        Self { id, weight, key }
+    }
+}
+
+/// The tables of one VIP; only its algorithm's table is non-empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VipTableSet {
+    /// Slot indexes in smooth-WRR order.
+    pub schedule: Vec<u32>,
+    /// Running weight sums, one per slot.
+    pub prefix: Vec<u32>,
+    /// `MAGLEV_TABLE_SIZE` backend ids.
+    pub maglev: Vec<u32>,
+}
+
+impl VipTableSet {
+    pub fn build(algorithm: Algorithm, slots: &[SlotBackend]) -> Self {
+        let weights: Vec<u32> = slots.iter().map(|s| s.weight).collect();
+        match algorithm {
+            Algorithm::WeightedRoundRobin => Self {
+                schedule: smooth_wrr::schedule(&weights, WRR_SCHEDULE_LEN as usize),
+                ..Self::default()
+            },
+            Algorithm::Random => Self {
+                prefix: prefix::running_sums(&weights),
+                ..Self::default()
+            },
+            Algorithm::Maglev => {
+                let members: Vec<_> = slots
+                    .iter()
+                    .map(|s| maglev::Member {
+                        key: s.key,
+                        value: s.id,
+                        weight: s.weight,
+                    })
+                    .collect();
+                Self {
+                    maglev: maglev::build(&members, MAGLEV_TABLE_SIZE),
+                    ..Self::default()
+                }
+            }
+            Algorithm::P2cEwma | Algorithm::RoundRobin | Algorithm::LeastConn => Self::default(),
+        }
+    }
+}
+
+/// Builds and writes the tables of `vip` for its current slots and the
+/// effective `weights` (indexed by backend id): table contents first, then
+/// the descriptor that makes the kernel use them.
+pub fn write_vip(
+    pin_dir: &Path,
+    vip: &PlannedVip,
+    backends: &[Backend],
+    weights: &[u32],
+) -> anyhow::Result<()> {
+    let slots: Vec<SlotBackend> = vip
+        .slots
+        .iter()
+        .filter_map(|&id| {
+            let backend = backends.get(id as usize)?;
+            let weight = *weights.get(id as usize)?;
+            Some(SlotBackend::new(id, backend, weight))
+        })
+        .collect();
+    let algorithm = Algorithm::from_u8(vip.meta.algorithm).unwrap_or(Algorithm::P2cEwma);
+    let set = VipTableSet::build(algorithm, &slots);
+    let vip_id = vip.meta.vip_id;
+
+    let mut schedule = maps::vip_schedule(pin_dir)?;
+    for (i, slot) in set.schedule.iter().enumerate() {
+        schedule
+            .set(vip_id * WRR_SCHEDULE_LEN + i as u32, slot, 0)
+            .context("writing VIP_SCHEDULE")?;
+    }
+    let mut prefix = maps::vip_weight_prefix(pin_dir)?;
+    for (i, sum) in set.prefix.iter().enumerate() {
+        prefix
+            .set(vip_id * MAX_BACKENDS_PER_VIP + i as u32, sum, 0)
+            .context("writing VIP_WEIGHT_PREFIX")?;
+    }
+    let mut descriptor = VipTables {
+        schedule_len: set.schedule.len() as u32,
+        ..VipTables::default()
+    };
+    if let Some(table) = vip.maglev_table
+        && !set.maglev.is_empty()
+    {
+        let mut maglev = maps::maglev(pin_dir)?;
+        for (i, id) in set.maglev.iter().enumerate() {
+            maglev
+                .set(table * MAGLEV_TABLE_SIZE + i as u32, id, 0)
+                .context("writing MAGLEV")?;
+        }
+        descriptor.maglev_table = table;
+        descriptor.has_maglev = 1;
+    }
+    maps::vip_tables(pin_dir)?
+        .set(vip_id, descriptor, 0)
+        .context("writing VIP_TABLES")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(weights: &[u32]) -> Vec<SlotBackend> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let backend = Backend {
+                    addr: [u32::from_ne_bytes([10, 0, 0, 21 + i as u8]), 0, 0, 0],
+                    port: 8080u16.to_be(),
+                    ..Backend::default()
+                };
+                SlotBackend::new(100 + i as u32, &backend, w)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_algorithm_gets_only_its_own_table() {
+        let s = slots(&[2, 1]);
+        let wrr = VipTableSet::build(Algorithm::WeightedRoundRobin, &s);
+        assert_eq!(wrr.schedule, [0, 1, 0]);
+        assert!(wrr.prefix.is_empty() && wrr.maglev.is_empty());
+        let random = VipTableSet::build(Algorithm::Random, &s);
+        assert_eq!(random.prefix, [2, 3]);
+        let maglev = VipTableSet::build(Algorithm::Maglev, &s);
+        assert_eq!(maglev.maglev.len(), MAGLEV_TABLE_SIZE as usize);
+        // Maglev stores backend ids, not slot indexes.
+        assert!(maglev.maglev.iter().all(|&id| id == 100 || id == 101));
+        assert_eq!(
+            VipTableSet::build(Algorithm::P2cEwma, &s),
+            VipTableSet::default()
+        );
+    }
+
+    #[test]
+    fn maglev_identity_is_the_address_not_the_id() {
+        let a = slots(&[1, 1, 1]);
+        let mut b = a.clone();
+        for s in &mut b {
+            s.id += 7;
+        }
+        let ta = VipTableSet::build(Algorithm::Maglev, &a).maglev;
+        let tb = VipTableSet::build(Algorithm::Maglev, &b).maglev;
+        assert!(ta.iter().zip(&tb).all(|(x, y)| x + 7 == *y));
+    }
+}
