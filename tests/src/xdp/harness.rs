@@ -325,6 +325,11 @@ impl Lb {
         Array::try_from(self.ebpf.map_mut(name).expect("map exists")).expect("array map")
     }
 
+    /// Any map by name, for map types without a typed helper here.
+    pub fn map_mut(&mut self, name: &str) -> &mut aya::maps::Map {
+        self.ebpf.map_mut(name).expect("map exists")
+    }
+
     pub fn conns(&self, id: u32) -> BackendConns {
         let map: Array<_, BackendConns> = Array::try_from(
             self.ebpf
