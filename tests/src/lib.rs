@@ -5,6 +5,7 @@
 //! Everything the lab creates lives in namespaces it names uniquely per run,
 //! and is removed when the [`lab::Lab`] is dropped, even when a test panics.
 
+pub mod balance;
 pub mod binaries;
 pub mod http;
 pub mod lab;

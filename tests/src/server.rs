@@ -7,7 +7,14 @@
 //! latency-aware selection has to notice. Optional stalls take every slot at
 //! once for a while, like a stop-the-world GC pause.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -64,6 +71,10 @@ pub struct ServerConfig {
     /// How long each pause lasts.
     #[arg(long, default_value_t = 0)]
     pub stall_for_ms: u64,
+    /// SIGUSR1 toggles a degraded mode whose service time is this many
+    /// times the normal one (a server turning slow mid-run).
+    #[arg(long, default_value_t = 10)]
+    pub slow_factor: u32,
 }
 
 /// What every connection and datagram handler shares.
@@ -71,6 +82,9 @@ struct Shared {
     name: String,
     service_time: Duration,
     workers: Semaphore,
+    /// Degraded mode (toggled by SIGUSR1): service time × `slow_factor`.
+    slow: AtomicBool,
+    slow_factor: u32,
 }
 
 impl Shared {
@@ -81,7 +95,12 @@ impl Shared {
             .acquire()
             .await
             .expect("semaphore is never closed");
-        tokio::time::sleep(self.service_time).await;
+        let time = if self.slow.load(Ordering::Relaxed) {
+            self.service_time * self.slow_factor
+        } else {
+            self.service_time
+        };
+        tokio::time::sleep(time).await;
     }
 }
 
@@ -108,7 +127,10 @@ pub async fn run(config: ServerConfig) -> Result<()> {
         name: config.name.clone(),
         service_time: Duration::from_millis(config.service_time_ms),
         workers: Semaphore::new(config.workers.max(1) as usize),
+        slow: AtomicBool::new(false),
+        slow_factor: config.slow_factor.max(1),
     });
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     println!(
@@ -133,9 +155,19 @@ pub async fn run(config: ServerConfig) -> Result<()> {
         result = accept_loop => result,
         result = udp_echo(udp, shared.clone()) => result,
         () = stall_loop(&shared, config.workers.max(1), config.stall_every_ms, config.stall_for_ms) => Ok(()),
+        () = toggle_slow(&shared, &mut sigusr1) => Ok(()),
         _ = sigterm.recv() => Ok(()),
         _ = sigint.recv() => Ok(()),
     }
+}
+
+/// Flips degraded mode on every SIGUSR1; never returns.
+async fn toggle_slow(shared: &Shared, sigusr1: &mut tokio::signal::unix::Signal) {
+    while sigusr1.recv().await.is_some() {
+        let was = shared.slow.fetch_xor(true, Ordering::Relaxed);
+        println!("lb-backend {} slow={}", shared.name, !was);
+    }
+    std::future::pending().await
 }
 
 /// Serves requests on one connection until the client closes or asks to close.

@@ -29,13 +29,31 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Algorithm {
     P2cEwma,
     RoundRobin,
+    WeightedRoundRobin,
+    Random,
+    LeastConn,
+    Maglev,
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order of `lb_common::Algorithm`.
+    pub const ALL: [Self; 6] = [
+        Self::P2cEwma,
+        Self::RoundRobin,
+        Self::WeightedRoundRobin,
+        Self::Random,
+        Self::LeastConn,
+        Self::Maglev,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::P2cEwma => "p2c-ewma",
             Self::RoundRobin => "round-robin",
+            Self::WeightedRoundRobin => "weighted-round-robin",
+            Self::Random => "random",
+            Self::LeastConn => "least-conn",
+            Self::Maglev => "maglev",
         }
     }
 }
