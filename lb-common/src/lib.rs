@@ -68,6 +68,7 @@ pub const VIP_TABLES_MAP: &str = "VIP_TABLES";
 pub const VIP_SCHEDULE_MAP: &str = "VIP_SCHEDULE";
 pub const VIP_WEIGHT_PREFIX_MAP: &str = "VIP_WEIGHT_PREFIX";
 pub const MAGLEV_MAP: &str = "MAGLEV";
+pub const BACKEND_PROGRESS_MAP: &str = "BACKEND_PROGRESS";
 /// Name of the XDP program function in the object.
 pub const XDP_PROGRAM: &str = "lb_xdp";
 
@@ -90,4 +91,5 @@ pub const ALL_MAPS: &[&str] = &[
     VIP_SCHEDULE_MAP,
     VIP_WEIGHT_PREFIX_MAP,
     MAGLEV_MAP,
+    BACKEND_PROGRESS_MAP,
 ];

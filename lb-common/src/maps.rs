@@ -113,8 +113,12 @@ pub struct VipTables {
     pub maglev_table: u32,
     pub has_maglev: u32,
     pub _pad: u32,
+    /// P2C: the median [`BackendScore::cost`] of the VIP's backends, which
+    /// the control plane refreshes with the scores (0 = none yet). A P2C
+    /// pick whose cost is far above it is drawn again (bounded).
+    pub reference_cost: u64,
 }
-assert_size!(VipTables, 16);
+assert_size!(VipTables, 24);
 
 /// Per-VIP mutable kernel state (array indexed by `vip_id`).
 #[repr(C)]
@@ -192,6 +196,13 @@ impl BackendConns {
             .saturating_sub(correction)
     }
 }
+
+/// [`crate::BACKEND_PROGRESS_MAP`] holds a `u64` per backend: the last time
+/// (`bpf_ktime_get_ns`) the backend made progress, i.e. answered a request
+/// or received a connection while it had none open. While it has flows in
+/// flight, `now - progress` bounds the age of its oldest unanswered request
+/// from below; a stalled server's age keeps growing while its latency
+/// samples (which need an answer) say nothing.
 
 /// Value of [`crate::BACKEND_STATS_MAP`] (per-CPU array indexed by backend id).
 #[repr(C)]

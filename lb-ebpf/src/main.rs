@@ -18,6 +18,7 @@ mod maps;
 mod nat;
 mod nexthop;
 mod parse;
+mod progress;
 mod select;
 mod stats;
 mod track;

@@ -43,3 +43,5 @@ pub static VIP_WEIGHT_PREFIX: Array<u32> =
     Array::with_max_entries(MAX_VIPS * MAX_BACKENDS_PER_VIP, 0);
 #[map(name = "MAGLEV")]
 pub static MAGLEV: Array<u32> = Array::with_max_entries(MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE, 0);
+#[map(name = "BACKEND_PROGRESS")]
+pub static BACKEND_PROGRESS: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);

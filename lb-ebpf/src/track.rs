@@ -10,10 +10,11 @@ use lb_common::{
 };
 
 use crate::{
-    atomic::{add_u64, fetch_and_u64, fetch_or_u64},
+    atomic::{add_u64, fetch_add_u64, fetch_and_u64, fetch_or_u64},
     emit::emit,
     maps::BACKEND_CONNS,
     parse::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    progress,
 };
 
 /// `last_seen_ns` is refreshed at most this often, to avoid a store (and a
@@ -25,7 +26,8 @@ const LAST_SEEN_GRANULARITY_NS: u64 = 1_000_000_000;
 pub fn opened(backend_id: u32, vip_id: u32, now: u64) {
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
-        unsafe { add_u64(&raw mut (*conns).opened, 1) };
+        let before = unsafe { fetch_add_u64(&raw mut (*conns).opened, 1) };
+        progress::connected(backend_id, before, now);
     }
     emit(EVENT_OPENED, 0, backend_id, vip_id, now, 0);
 }
@@ -77,6 +79,7 @@ pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
             // SAFETY: live map value.
             let (request_ns, backend_id, vip_id) =
                 unsafe { ((*fwd).request_ns, (*fwd).backend_id, (*fwd).vip_id) };
+            progress::answered(backend_id, now);
             emit(
                 EVENT_RESPONDED,
                 0,

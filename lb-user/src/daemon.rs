@@ -24,7 +24,7 @@ use crate::{
     neighbours::{NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
     plan::Plan,
     reconcile::{RECONCILE_INTERVAL, Reconciler, Scan, Timeouts},
-    wire,
+    tables, wire,
 };
 
 /// Signals that end the daemon cleanly.
@@ -175,6 +175,7 @@ async fn event_loop(
     let clock = MonotonicClock;
     let mut events = EventStream::new(maps::events(pin_dir)?)?;
     let mut scores = maps::scores(pin_dir)?;
+    let mut references = tables::ReferenceWriter::open(pin_dir, &Plan::new(config).vips)?;
     let mut score_tick = interval(config.score_interval);
     score_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut batch = Vec::new();
@@ -192,10 +193,11 @@ async fn event_loop(
                 }
             }
             _ = score_tick.tick() => {
-                let now = clock.now();
-                for (id, score) in loads.scores(now) {
-                    scores.set(id, score, 0).context("writing BACKEND_SCORES")?;
+                let fresh: Vec<_> = loads.scores(clock.now()).collect();
+                for (id, score) in &fresh {
+                    scores.set(*id, score, 0).context("writing BACKEND_SCORES")?;
                 }
+                references.write(&fresh)?;
             }
             Some(scan) = scans.recv() => {
                 let now = clock.now();

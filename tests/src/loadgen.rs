@@ -178,14 +178,7 @@ pub struct Summary {
     /// histograms can be merged exactly and a whole CDF drawn.
     #[serde(default)]
     pub histogram_us: Vec<(u64, u64)>,
-    /// Correct answers per backend per [`TIMELINE_BUCKET_MS`] of scheduled
-    /// send time (index 0 = the run's first bucket).
-    #[serde(default)]
-    pub timeline: BTreeMap<String, Vec<u64>>,
 }
-
-/// Width of a [`Summary::timeline`] bucket.
-pub const TIMELINE_BUCKET_MS: u64 = 250;
 
 impl Summary {
     /// Sum of all errors.
@@ -199,23 +192,14 @@ struct Tally {
     latency_us: Histogram<u64>,
     errors: BTreeMap<ErrorKind, u64>,
     per_backend: BTreeMap<String, u64>,
-    timeline: BTreeMap<String, Vec<u64>>,
 }
 
 impl Tally {
-    /// Records one request's outcome; `sent_at` is its scheduled send time
-    /// from the start of the run.
-    fn record(&mut self, outcome: Result<(String, Duration), ErrorKind>, sent_at: Duration) {
+    fn record(&mut self, outcome: Result<(String, Duration), ErrorKind>) {
         match outcome {
             Ok((backend, latency)) => {
                 let us = (latency.as_micros() as u64).clamp(1, HISTOGRAM_MAX_US);
                 self.latency_us.saturating_record(us);
-                let bucket = (sent_at.as_millis() as u64 / TIMELINE_BUCKET_MS) as usize;
-                let series = self.timeline.entry(backend.clone()).or_default();
-                if series.len() <= bucket {
-                    series.resize(bucket + 1, 0);
-                }
-                series[bucket] += 1;
                 *self.per_backend.entry(backend).or_default() += 1;
             }
             Err(kind) => *self.errors.entry(kind).or_default() += 1,
@@ -248,7 +232,6 @@ impl Tally {
                 .iter_recorded()
                 .map(|v| (v.value_iterated_to(), v.count_at_value()))
                 .collect(),
-            timeline: self.timeline.clone(),
         }
     }
 }
@@ -297,7 +280,6 @@ pub async fn run(config: &LoadConfig) -> Result<Summary> {
             .context("creating the latency histogram")?,
         errors: BTreeMap::new(),
         per_backend: BTreeMap::new(),
-        timeline: BTreeMap::new(),
     }));
     let outstanding = Arc::new(AtomicUsize::new(0));
     let mut tasks = JoinSet::new();
@@ -307,7 +289,7 @@ pub async fn run(config: &LoadConfig) -> Result<Summary> {
         tokio::time::sleep_until(scheduled).await;
         while tasks.try_join_next().is_some() {}
         if outstanding.load(Ordering::Relaxed) >= config.max_outstanding {
-            lock(&tally).record(Err(ErrorKind::ConcurrencyCap), scheduled - start);
+            lock(&tally).record(Err(ErrorKind::ConcurrencyCap));
             continue;
         }
         outstanding.fetch_add(1, Ordering::Relaxed);
@@ -320,7 +302,7 @@ pub async fn run(config: &LoadConfig) -> Result<Summary> {
                     Err(_) => Err(ErrorKind::Timeout),
                 };
             outstanding.fetch_sub(1, Ordering::Relaxed);
-            lock(&tally).record(outcome, scheduled - start);
+            lock(&tally).record(outcome);
         });
     }
     while tasks.join_next().await.is_some() {}
@@ -490,18 +472,13 @@ mod tests {
             latency_us: Histogram::new_with_bounds(1, HISTOGRAM_MAX_US, HISTOGRAM_SIGFIG).unwrap(),
             errors: BTreeMap::new(),
             per_backend: BTreeMap::new(),
-            timeline: BTreeMap::new(),
         };
         for ms in 1..=100 {
-            let sent_at = Duration::from_millis(ms * 5);
-            tally.record(Ok(("be1".into(), Duration::from_millis(ms))), sent_at);
+            tally.record(Ok(("be1".into(), Duration::from_millis(ms))));
         }
-        tally.record(Err(ErrorKind::Timeout), Duration::ZERO);
+        tally.record(Err(ErrorKind::Timeout));
         let summary = tally.summary(&config, Duration::from_secs(1));
         assert_eq!(summary.completed, 100);
-        // Sent from 5 ms to 500 ms: buckets 0, 1 and 2 (49, 50 and 1 answers).
-        assert_eq!(summary.timeline["be1"].iter().sum::<u64>(), 100);
-        assert_eq!(summary.timeline["be1"].len(), 3);
         assert_eq!(
             summary.histogram_us.iter().map(|(_, n)| n).sum::<u64>(),
             100

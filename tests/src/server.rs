@@ -11,7 +11,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -77,11 +77,16 @@ pub struct ServerConfig {
     pub slow_factor: u32,
 }
 
+/// Period of the `accepts` lines on stdout.
+pub const ACCEPT_REPORT_MS: u64 = 250;
+
 /// What every connection and datagram handler shares.
 struct Shared {
     name: String,
     service_time: Duration,
     workers: Semaphore,
+    /// Connections accepted since the last accept report.
+    accepted: AtomicU64,
     /// Degraded mode (toggled by SIGUSR1): service time × `slow_factor`.
     slow: AtomicBool,
     slow_factor: u32,
@@ -127,6 +132,7 @@ pub async fn run(config: ServerConfig) -> Result<()> {
         name: config.name.clone(),
         service_time: Duration::from_millis(config.service_time_ms),
         workers: Semaphore::new(config.workers.max(1) as usize),
+        accepted: AtomicU64::new(0),
         slow: AtomicBool::new(false),
         slow_factor: config.slow_factor.max(1),
     });
@@ -143,6 +149,7 @@ pub async fn run(config: ServerConfig) -> Result<()> {
         async move {
             loop {
                 let (stream, _) = listener.accept().await?;
+                shared.accepted.fetch_add(1, Ordering::Relaxed);
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     // A client that resets or sends garbage only ends its own connection.
@@ -156,8 +163,26 @@ pub async fn run(config: ServerConfig) -> Result<()> {
         result = udp_echo(udp, shared.clone()) => result,
         () = stall_loop(&shared, config.workers.max(1), config.stall_every_ms, config.stall_for_ms) => Ok(()),
         () = toggle_slow(&shared, &mut sigusr1) => Ok(()),
+        () = report_accepts(&shared) => Ok(()),
         _ = sigterm.recv() => Ok(()),
         _ = sigint.recv() => Ok(()),
+    }
+}
+
+/// Every [`ACCEPT_REPORT_MS`], prints `accepts <unix ms> <count>` for the
+/// connections accepted since the last line (none when there were none), so
+/// a benchmark can follow this server's share of new connections over time.
+async fn report_accepts(shared: &Shared) {
+    let mut tick = tokio::time::interval(Duration::from_millis(ACCEPT_REPORT_MS));
+    loop {
+        tick.tick().await;
+        let count = shared.accepted.swap(0, Ordering::Relaxed);
+        if count > 0 {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            println!("accepts {} {count}", now.as_millis());
+        }
     }
 }
 

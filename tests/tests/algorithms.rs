@@ -94,6 +94,7 @@ fn write_tables(lb: &mut Lb, set: &VipTableSet) {
         maglev_table: 0,
         has_maglev: u32::from(!set.maglev.is_empty()),
         _pad: 0,
+        reference_cost: 0,
     };
     lb.array::<VipTables>(lb_common::VIP_TABLES_MAP)
         .set(0, tables, 0)
@@ -276,6 +277,121 @@ fn tables_cover_the_limits() {
     assert!(set.schedule.len() <= WRR_SCHEDULE_LEN as usize);
 }
 
+/// The kernel's clock (`bpf_ktime_get_ns` is CLOCK_MONOTONIC).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn set_progress(lb: &mut Lb, id: u32, at_ns: u64) {
+    lb.array::<u64>(lb_common::BACKEND_PROGRESS_MAP)
+        .set(id, at_ns, 0)
+        .expect("progress");
+}
+
+fn set_reference(lb: &mut Lb, cost: u64) {
+    let mut tables = lb.array::<VipTables>(lb_common::VIP_TABLES_MAP);
+    let mut t = tables.get(&0, 0).expect("tables");
+    t.reference_cost = cost;
+    tables.set(0, t, 0).expect("tables");
+}
+
+/// Ten backends, the last two with 10× the cost of the others. Nothing
+/// answers in a packet test, so every backend's stall age grows from its
+/// first flow on; an EWMA of an hour keeps the ages below it, leaving the
+/// costs as written.
+fn hetero_p2c() -> Lb {
+    let mut lb = setup(Algorithm::P2cEwma, &[1; 10], 0, 0);
+    for id in 0..10 {
+        let cost = if id >= 8 { 1_000_000_000 } else { 100_000_000 };
+        let score = BackendScore {
+            ewma_ns: 3_600_000_000_000,
+            cost,
+            weight: 1,
+            ..BackendScore::default()
+        };
+        lb.array::<BackendScore>(lb_common::BACKEND_SCORES_MAP)
+            .set(id, score, 0)
+            .expect("score");
+    }
+    lb
+}
+
+fn p2c_redraws_when_both_draws_are_far_above_the_pool() {
+    // Without a reference (re-draws off), long-lived flows pile onto the
+    // fast backends until the in-flight term sends some to the slow ones.
+    let lb = hetero_p2c();
+    let plain = shares(&choices(&lb, 1000), 10);
+    let plain_slow = plain[8] + plain[9];
+    let mut lb = hetero_p2c();
+    set_reference(&mut lb, 100_000_000);
+    let redrawn = shares(&choices(&lb, 1000), 10);
+    let redrawn_slow = redrawn[8] + redrawn[9];
+    println!("slow share: {plain_slow:.3} plain, {redrawn_slow:.3} with re-draws");
+    assert!(plain_slow > 0.03, "{plain:?}");
+    assert!(redrawn_slow < 0.01, "{redrawn:?}");
+}
+
+fn p2c_avoids_a_backend_whose_oldest_request_is_stuck() {
+    let stalled = |stalled_for_ns: u64| {
+        let mut lb = setup(Algorithm::P2cEwma, &[1, 1], 0, 0);
+        lb.set_opened(0, 1);
+        lb.set_opened(1, 1);
+        let now = monotonic_ns();
+        set_progress(&mut lb, 0, now - stalled_for_ns);
+        set_progress(&mut lb, 1, now);
+        shares(&choices(&lb, 20), 2)
+    };
+    // Backend 0 has not answered for 1 s with a 1 ms EWMA: its cost is
+    // ×1000, and 20 new flows all go to backend 1.
+    assert_eq!(stalled(1_000_000_000), [0.0, 1.0]);
+    // A gap within the EWMA is no stall: both get flows.
+    let fresh = stalled(100_000);
+    assert!(fresh[0] > 0.2 && fresh[1] > 0.2, "{fresh:?}");
+}
+
+/// Kernel time per new flow (a SYN through select, flow creation and NAT),
+/// from BPF_PROG_TEST_RUN's duration, for each algorithm over ten backends.
+/// P2C is measured plain and with its tail features working on every flow
+/// (every pick redrawn twice, stall ages present).
+fn time_per_new_flow() {
+    const RUNS: u32 = 2000;
+    let mean_ns = |lb: &Lb| {
+        let total: u64 = (0..RUNS)
+            .map(|i| {
+                let (addr, port) = client(i);
+                let frame = Pkt::tcp((addr, port), (VIP, HTTP), TCP_SYN).build();
+                let (action, _, ns) = lb.run_repeat(&frame, 1);
+                assert_eq!(action, XDP_TX);
+                u64::from(ns)
+            })
+            .sum();
+        total / u64::from(RUNS)
+    };
+    let mut rows = Vec::new();
+    for algorithm in lb_user::algorithm::ALL {
+        let lb = setup(algorithm, &[1; 10], 0, 0);
+        rows.push((algorithm.name().to_string(), mean_ns(&lb)));
+    }
+    let mut lb = setup(Algorithm::P2cEwma, &[1; 10], 0, 0);
+    set_reference(&mut lb, 1);
+    let now = monotonic_ns();
+    for id in 0..10 {
+        lb.set_opened(id, 1);
+        set_progress(&mut lb, id, now - 50_000_000);
+    }
+    rows.push(("p2c-ewma, re-draws + stall ages".into(), mean_ns(&lb)));
+    for (name, ns) in &rows {
+        println!("new flow, {name}: {ns} ns");
+        assert!(*ns < 100_000, "{name}: {ns} ns per new flow");
+    }
+}
+
 type Case = (&'static str, fn());
 
 const CASES: &[Case] = &[
@@ -301,6 +417,15 @@ const CASES: &[Case] = &[
         out_of_service_backends_are_never_chosen,
     ),
     ("tables_cover_the_limits", tables_cover_the_limits),
+    (
+        "p2c_redraws_when_both_draws_are_far_above_the_pool",
+        p2c_redraws_when_both_draws_are_far_above_the_pool,
+    ),
+    (
+        "p2c_avoids_a_backend_whose_oldest_request_is_stuck",
+        p2c_avoids_a_backend_whose_oldest_request_is_stuck,
+    ),
+    ("time_per_new_flow", time_per_new_flow),
 ];
 
 #[test]

@@ -15,7 +15,8 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use lb_common::{
-    Algorithm, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VipTables, WRR_SCHEDULE_LEN,
+    Algorithm, Backend, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VipTables,
+    WRR_SCHEDULE_LEN,
 };
 
 use crate::{maps, plan::PlannedVip};
@@ -116,8 +117,12 @@ pub fn write_vip(
             .set(vip_id * MAX_BACKENDS_PER_VIP + i as u32, sum, 0)
             .context("writing VIP_WEIGHT_PREFIX")?;
     }
+    // The reference cost is the score loop's ([`ReferenceWriter`]): kept.
     let mut descriptor = VipTables {
         schedule_len: set.schedule.len() as u32,
+        reference_cost: maps::vip_tables(pin_dir)?
+            .get(&vip_id, 0)
+            .map_or(0, |t| t.reference_cost),
         ..VipTables::default()
     };
     if let Some(table) = vip.maglev_table
@@ -137,8 +142,70 @@ pub fn write_vip(
         .context("writing VIP_TABLES")
 }
 
+/// The median of the slot backends' costs (the upper median for an even
+/// count), or 0 when none is known: P2C's yardstick for "far above the pool".
+pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
+    let mut costs: Vec<u64> = slots
+        .iter()
+        .filter_map(|id| scores.iter().find(|(i, _)| i == id).map(|(_, s)| s.cost))
+        .collect();
+    if costs.is_empty() {
+        return 0;
+    }
+    costs.sort_unstable();
+    costs[costs.len() / 2]
+}
+
+/// Keeps each VIP's `VipTables::reference_cost` current with the scores.
+pub struct ReferenceWriter {
+    map: maps::VipTablesMap,
+    /// `(vip_id, slot backend ids)` of every VIP.
+    vips: Vec<(u32, Vec<u32>)>,
+}
+
+impl ReferenceWriter {
+    pub fn open(pin_dir: &Path, vips: &[PlannedVip]) -> anyhow::Result<Self> {
+        Ok(Self {
+            map: maps::vip_tables(pin_dir)?,
+            vips: vips
+                .iter()
+                .map(|v| (v.meta.vip_id, v.slots.clone()))
+                .collect(),
+        })
+    }
+
+    /// Rewrites every VIP's reference cost from `scores` (by backend id).
+    pub fn write(&mut self, scores: &[(u32, BackendScore)]) -> anyhow::Result<()> {
+        for (vip_id, slots) in &self.vips {
+            let mut tables = self.map.get(vip_id, 0).context("reading VIP_TABLES")?;
+            tables.reference_cost = median_cost(slots, scores);
+            self.map
+                .set(*vip_id, tables, 0)
+                .context("writing VIP_TABLES")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_reference_is_the_median_cost_of_the_vips_backends() {
+        let score = |cost| BackendScore {
+            cost,
+            ..BackendScore::default()
+        };
+        let scores: Vec<_> = [5, 50, 7, 6, 500]
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (i as u32, score(c)))
+            .collect();
+        // Two slow of five: the median stays with the fast ones.
+        assert_eq!(median_cost(&[0, 1, 2, 3, 4], &scores), 7);
+        assert_eq!(median_cost(&[1, 4], &scores), 500);
+        assert_eq!(median_cost(&[9], &scores), 0);
+    }
+
     use super::*;
 
     fn slots(weights: &[u32]) -> Vec<SlotBackend> {

@@ -22,11 +22,14 @@ use self::scenario::{Kind, Row};
 use crate::{
     Binaries, Lab,
     lab::{ProcessId, XdpMode},
-    loadgen::{LoadConfig, Protocol, Summary, TIMELINE_BUCKET_MS},
+    loadgen::{LoadConfig, Protocol, Summary},
+    server::ACCEPT_REPORT_MS,
 };
 
 /// Pause between rows, so one row's closing connections do not load the next.
 const SETTLE: Duration = Duration::from_secs(2);
+/// lb-user's SNAT pool in the benchmark (see `run_row`).
+const SNAT_PORTS: &str = "1024-65535";
 /// Rolling window over which `degrade`'s share is judged.
 const DEGRADE_WINDOW_BUCKETS: usize = 4;
 
@@ -60,7 +63,8 @@ pub struct RowResult {
     /// Machine-wide softirq time per 10k requests (see [`cpu`]).
     pub softirq_s_per_10k: f64,
     /// `degrade`: seconds from the slowdown until the slow backend's share
-    /// of new connections (over a 1 s window) fell below half its fair share.
+    /// of new connections, as the servers count their accepts over a 1 s
+    /// window, fell below half its fair share.
     pub degrade_reaction_s: Option<f64>,
     /// `(latency ms, quantile)` of the whole run, for the plots.
     pub cdf: Vec<(f64, f64)>,
@@ -117,7 +121,11 @@ fn run_row(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
     let vip = lab.tcp_vip();
     let running = match row {
         Row::Ours(algorithm) => {
-            let spec = lab.balancer_spec(algorithm, XdpMode::Native);
+            let mut spec = lab.balancer_spec(algorithm, XdpMode::Native);
+            // Closed flows keep their SNAT port for 60 s (TIME_WAIT-like
+            // linger), so the pool must exceed rate × 60 s: use every port.
+            spec.extra_args
+                .extend(["--snat-ports".to_string(), SNAT_PORTS.to_string()]);
             Running::Processes(vec![lab.start_balancer(&spec)?])
         }
         Row::Haproxy(algorithm) => {
@@ -183,11 +191,12 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         .iter()
         .map(|c| lab.spawn_loadgen(c))
         .collect::<Result<Vec<_>>>()?;
-    let degrade_at_s = duration_s / 2.0;
     let degraded = lab.backends()[kind.slow()[0]].process;
+    let mut degraded_at_ms = None;
     if kind == Kind::Degrade {
-        std::thread::sleep(Duration::from_secs_f64(degrade_at_s));
+        std::thread::sleep(Duration::from_secs_f64(duration_s / 2.0));
         lab.signal(degraded, Signal::SIGUSR1)?;
+        degraded_at_ms = Some(unix_ms());
     }
     let summaries = processes
         .iter()
@@ -232,9 +241,12 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         },
         process_cpu_s_per_10k: per_10k(cpu.processes_s),
         softirq_s_per_10k: per_10k(cpu.softirq_s),
-        degrade_reaction_s: (kind == Kind::Degrade && row != Row::Oracle)
-            .then(|| reaction_time(&merged.timeline, &slow_names[0], degrade_at_s))
-            .flatten(),
+        degrade_reaction_s: match degraded_at_ms {
+            Some(at) if row != Row::Oracle => {
+                reaction_time(&accept_buckets(lab, at), &slow_names[0], at)
+            }
+            _ => None,
+        },
         cdf: merged.cdf(),
     })
 }
@@ -245,7 +257,6 @@ struct Merged {
     completed: u64,
     errors: BTreeMap<String, u64>,
     per_backend: BTreeMap<String, u64>,
-    timeline: BTreeMap<String, Vec<u64>>,
 }
 
 fn merge(summaries: &[Summary]) -> Result<Merged> {
@@ -254,7 +265,6 @@ fn merge(summaries: &[Summary]) -> Result<Merged> {
         completed: 0,
         errors: BTreeMap::new(),
         per_backend: BTreeMap::new(),
-        timeline: BTreeMap::new(),
     };
     for s in summaries {
         for &(us, n) in &s.histogram_us {
@@ -266,15 +276,6 @@ fn merge(summaries: &[Summary]) -> Result<Merged> {
         }
         for (k, v) in &s.per_backend {
             *m.per_backend.entry(k.clone()).or_default() += v;
-        }
-        for (k, series) in &s.timeline {
-            let into = m.timeline.entry(k.clone()).or_default();
-            if into.len() < series.len() {
-                into.resize(series.len(), 0);
-            }
-            for (a, b) in into.iter_mut().zip(series) {
-                *a += b;
-            }
         }
     }
     Ok(m)
@@ -301,29 +302,70 @@ impl Merged {
     }
 }
 
-/// Seconds after `from_s` until `backend`'s share of the answered requests
-/// sent in a rolling window first drops below half its fair share.
-fn reaction_time(timeline: &BTreeMap<String, Vec<u64>>, backend: &str, from_s: f64) -> Option<f64> {
-    let fair = 1.0 / timeline.len().max(1) as f64;
-    let buckets = timeline.values().map(Vec::len).max()?;
-    let bucket_s = TIMELINE_BUCKET_MS as f64 / 1000.0;
-    let first = (from_s / bucket_s).floor() as usize;
-    let at = |name: &str, i: usize| {
-        timeline
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// Connections each backend accepted per report period, keyed by period
+/// number (unix ms / period), from the `accepts` lines the servers print.
+type AcceptBuckets = BTreeMap<String, BTreeMap<u64, u64>>;
+
+fn accept_buckets(lab: &Lab, since_ms: u64) -> AcceptBuckets {
+    let start = since_ms.saturating_sub(10_000);
+    lab.backends()
+        .iter()
+        .map(|b| {
+            let mut buckets = BTreeMap::new();
+            for line in lab.stdout(b.process).lines() {
+                let mut words = line.split_whitespace();
+                if words.next() != Some("accepts") {
+                    continue;
+                }
+                let (Some(Ok(ms)), Some(Ok(count))) = (
+                    words.next().map(str::parse::<u64>),
+                    words.next().map(str::parse::<u64>),
+                ) else {
+                    continue;
+                };
+                if ms >= start {
+                    *buckets.entry(ms / ACCEPT_REPORT_MS).or_default() += count;
+                }
+            }
+            (b.name.clone(), buckets)
+        })
+        .collect()
+}
+
+/// Seconds after `from_ms` until `backend`'s share of the connections all
+/// backends accepted in a rolling window first drops below half its fair
+/// share; `None` if it never does.
+fn reaction_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option<f64> {
+    let fair = 1.0 / accepts.len().max(1) as f64;
+    let first = from_ms / ACCEPT_REPORT_MS;
+    let last = accepts
+        .values()
+        .filter_map(|b| b.keys().next_back())
+        .max()
+        .copied()?;
+    let at = |name: &str, i: u64| {
+        accepts
             .get(name)
-            .and_then(|s| s.get(i))
+            .and_then(|b| b.get(&i))
             .copied()
             .unwrap_or(0)
     };
-    for end in first + DEGRADE_WINDOW_BUCKETS..=buckets {
-        let window = end - DEGRADE_WINDOW_BUCKETS..end;
-        let total: u64 = window
-            .clone()
-            .map(|i| timeline.keys().map(|k| at(k, i)).sum::<u64>())
+    let window = DEGRADE_WINDOW_BUCKETS as u64;
+    for end in first + window..=last + 1 {
+        let total: u64 = (end - window..end)
+            .map(|i| accepts.keys().map(|k| at(k, i)).sum::<u64>())
             .sum();
-        let mine: u64 = window.map(|i| at(backend, i)).sum();
+        let mine: u64 = (end - window..end).map(|i| at(backend, i)).sum();
         if total > 0 && (mine as f64 / total as f64) < fair / 2.0 {
-            return Some(end as f64 * bucket_s - from_s);
+            let end_ms = end * ACCEPT_REPORT_MS;
+            return Some(end_ms.saturating_sub(from_ms) as f64 / 1000.0);
         }
     }
     None
@@ -335,12 +377,19 @@ mod tests {
 
     #[test]
     fn reaction_is_the_end_of_the_first_window_below_half_fair_share() {
-        // Two backends (fair share 1/2); "b" falls to 1 in 10 from bucket 8 on.
-        let mut t = BTreeMap::new();
-        t.insert("a".to_string(), [vec![10; 8], vec![18; 8]].concat());
-        t.insert("b".to_string(), [vec![10; 8], vec![2; 8]].concat());
-        // From 2 s (bucket 8): the first 4-bucket window wholly after is 8..12.
-        assert_eq!(reaction_time(&t, "b", 2.0), Some(1.0));
-        assert_eq!(reaction_time(&t, "a", 2.0), None);
+        // Two backends (fair share 1/2); "b" falls to 1 in 10 from period 8 on.
+        let series = |before: u64, after: u64| -> BTreeMap<u64, u64> {
+            (0..16)
+                .map(|i| (i, if i < 8 { before } else { after }))
+                .collect()
+        };
+        let mut t = AcceptBuckets::new();
+        t.insert("a".to_string(), series(10, 18));
+        t.insert("b".to_string(), series(10, 2));
+        // From period 8: the first 4-period window wholly after it is 8..12,
+        // which ends 4 periods (1 s) later.
+        let from = 8 * ACCEPT_REPORT_MS;
+        assert_eq!(reaction_time(&t, "b", from), Some(1.0));
+        assert_eq!(reaction_time(&t, "a", from), None);
     }
 }

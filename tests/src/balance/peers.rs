@@ -58,7 +58,7 @@ pub fn start_haproxy(
     backends: &[SocketAddr],
 ) -> Result<ProcessId> {
     let mut cfg = String::from(
-        "global\n  maxconn 50000\n  log stderr format raw local0 emerg\n\
+        "global\n  maxconn 8000\n  log stderr format raw local0 emerg\n\
          defaults\n  mode tcp\n  timeout connect 2s\n  timeout client 30s\n  timeout server 30s\n",
     );
     let _ = writeln!(cfg, "frontend vip\n  bind {vip}\n  default_backend pool");
@@ -142,10 +142,15 @@ pub fn start_nftables(lab: &Lab, vip: SocketAddr, backends: &[SocketAddr]) -> Re
         .collect();
     let rules = format!(
         "table ip {NFT_TABLE} {{\n\
-         chain pre {{ type nat hook prerouting priority dstnat; \
-         ip daddr {} tcp dport {} dnat ip to numgen random mod {} map {{ {} }} }}\n\
-         chain post {{ type nat hook postrouting priority srcnat; \
-         ct status dnat masquerade }}\n}}\n",
+         \x20 chain pre {{\n\
+         \x20   type nat hook prerouting priority dstnat;\n\
+         \x20   ip daddr {} tcp dport {} dnat ip addr . port to numgen random mod {} map {{ {} }}\n\
+         \x20 }}\n\
+         \x20 chain post {{\n\
+         \x20   type nat hook postrouting priority srcnat;\n\
+         \x20   ct status dnat masquerade\n\
+         \x20 }}\n\
+         }}\n",
         vip.ip(),
         vip.port(),
         backends.len(),
