@@ -347,10 +347,11 @@ fn p2c_avoids_a_backend_whose_oldest_request_is_stuck() {
         set_progress(&mut lb, 1, now);
         shares(&choices(&lb, 20), 2)
     };
-    // Backend 0 has not answered for 1 s with a 1 ms EWMA: its cost is
-    // ×1000, and 20 new flows all go to backend 1.
-    assert_eq!(stalled(1_000_000_000), [0.0, 1.0]);
-    // A gap within the EWMA is no stall: both get flows.
+    // Backend 0 has not answered for 10 s; its EWMA is 1 ms, so the stall
+    // threshold is the 10 ms floor and its cost is ×1000: 20 new flows all
+    // go to backend 1.
+    assert_eq!(stalled(10_000_000_000), [0.0, 1.0]);
+    // A gap within the floor is no stall: both get flows.
     let fresh = stalled(100_000);
     assert!(fresh[0] > 0.2 && fresh[1] > 0.2, "{fresh:?}");
 }

@@ -4,9 +4,10 @@
 //!
 //! - **Stall age.** While a backend has flows in flight, the time since its
 //!   last progress (`crate::progress`) is a lower bound on the age of its
-//!   oldest unanswered request. When that age exceeds the EWMA, the cost is
-//!   scaled by `age / ewma`: a paused server's cost climbs while it is stuck,
-//!   instead of waiting for a latency sample it cannot produce.
+//!   oldest unanswered request. When that age exceeds the EWMA (and at least
+//!   `STALL_FLOOR_NS`), the cost is scaled by `age / max(ewma, floor)`: a
+//!   paused server's cost climbs while it is stuck, instead of waiting for a
+//!   latency sample it cannot produce.
 //! - **Bounded re-draws** (Finagle's maxEffort). A candidate whose cost is
 //!   more than `REDRAW_FACTOR` × the VIP's median cost (written by the
 //!   control plane) is "far above the pool": it loses to any candidate
@@ -35,6 +36,9 @@ const MAX_INFLIGHT_BIAS: u8 = 3;
 const REDRAW_FACTOR: u64 = 3;
 /// Extra pairs drawn at most for one new flow.
 const MAX_REDRAWS: u32 = 2;
+/// A gap without progress shorter than this is ordinary queueing, not a
+/// stall, whatever the EWMA says.
+const STALL_FLOOR_NS: u64 = 10_000_000;
 
 /// A candidate with its cost (latency per weight, stall-adjusted) and
 /// score. Only the id: the address is looked up once, for the winner,
@@ -139,11 +143,12 @@ fn pick(id: u32, bias: u8, now: u64) -> Pick {
     let s = score(id);
     let mut cost = s.cost.max(1);
     let open = inflight(id);
-    if open > 0 && s.ewma_ns > 0 {
+    if open > 0 {
         let since = progress::last(id);
         let age = now.saturating_sub(since);
-        if since != 0 && age > s.ewma_ns {
-            cost = saturating_mul(cost, age) / s.ewma_ns;
+        let threshold = s.ewma_ns.max(STALL_FLOOR_NS);
+        if since != 0 && age > threshold {
+            cost = saturating_mul(cost, age) / threshold;
         }
     }
     let factor = open.saturating_add(1);
