@@ -100,13 +100,57 @@ impl Shared {
             .acquire()
             .await
             .expect("semaphore is never closed");
-        let time = if self.slow.load(Ordering::Relaxed) {
+        tokio::time::sleep(self.current_service_time()).await;
+    }
+}
+
+impl Shared {
+    /// Like `serve_one`, for a request on `stream`: if its client has gone
+    /// (timed out and closed) by the time a worker slot is free, the slot is
+    /// given back at once and `false` returned. Otherwise an overloaded
+    /// server keeps working through requests nobody waits for, and stays
+    /// clogged long after its load is gone.
+    async fn serve_one_for(&self, stream: &TcpStream) -> bool {
+        let _slot = self
+            .workers
+            .acquire()
+            .await
+            .expect("semaphore is never closed");
+        if client_gone(stream) {
+            return false;
+        }
+        tokio::time::sleep(self.current_service_time()).await;
+        true
+    }
+
+    fn current_service_time(&self) -> Duration {
+        if self.slow.load(Ordering::Relaxed) {
             self.service_time * self.slow_factor
         } else {
             self.service_time
-        };
-        tokio::time::sleep(time).await;
+        }
     }
+}
+
+/// Whether the peer closed or reset the connection (a non-blocking peek,
+/// which leaves any pipelined request bytes in place).
+fn client_gone(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer we own; MSG_PEEK | MSG_DONTWAIT never blocks
+    // and consumes nothing.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 0 {
+        return true;
+    }
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::ConnectionReset
 }
 
 /// Runs the server until SIGTERM or SIGINT, then returns `Ok` for a clean exit.
@@ -220,7 +264,9 @@ async fn serve_connection(mut stream: TcpStream, shared: &Shared) -> Result<()> 
             buf.extend_from_slice(&chunk[..n]);
         };
         buf.drain(..used);
-        shared.serve_one().await;
+        if !shared.serve_one_for(&stream).await {
+            return Ok(());
+        }
         if let Some(extra) = extra_delay(&request.path) {
             tokio::time::sleep(extra).await;
         }

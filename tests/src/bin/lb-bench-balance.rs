@@ -16,7 +16,7 @@ use lb_lab::{
 };
 
 /// Load duration of each row in a full run and with `--quick`.
-const FULL_DURATION_S: f64 = 20.0;
+const FULL_DURATION_S: f64 = 15.0;
 const QUICK_DURATION_S: f64 = 6.0;
 
 #[derive(Parser, Debug)]
@@ -25,7 +25,7 @@ const QUICK_DURATION_S: f64 = 6.0;
     about = "Balancing benchmark against HAProxy, nginx, nftables"
 )]
 struct Args {
-    /// Short runs (6 s per row instead of 20 s), for iteration.
+    /// Short runs (6 s per row instead of 15 s), for iteration.
     #[arg(long)]
     quick: bool,
     /// Only these scenarios (hetero, stall, degrade); repeatable.
