@@ -197,12 +197,12 @@ impl BackendConns {
     }
 }
 
-/// [`crate::BACKEND_PROGRESS_MAP`] holds a `u64` per backend: the last time
-/// (`bpf_ktime_get_ns`) the backend made progress, i.e. answered a request
-/// or received a connection while it had none open. While it has flows in
-/// flight, `now - progress` bounds the age of its oldest unanswered request
-/// from below; a stalled server's age keeps growing while its latency
-/// samples (which need an answer) say nothing.
+// `BACKEND_PROGRESS_MAP` holds a `u64` per backend: the last time
+// (`bpf_ktime_get_ns`) the backend made progress, i.e. answered a request
+// or received a connection while it had none open. While it has flows in
+// flight, `now - progress` bounds the age of its oldest unanswered request
+// from below; a stalled server's age keeps growing while its latency
+// samples (which need an answer) say nothing.
 
 /// Value of [`crate::BACKEND_STATS_MAP`] (per-CPU array indexed by backend id).
 #[repr(C)]

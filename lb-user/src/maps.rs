@@ -99,7 +99,7 @@ pub fn write_plan(
                 .context("writing VIP_BACKENDS")?;
         }
     }
-    let weights: Vec<u32> = plan.weights.iter().map(|w| w.get() as u32).collect();
+    let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
     for vip in &plan.vips {
         crate::tables::write_vip(pin_dir, vip, &plan.backends, &weights)?;
     }
