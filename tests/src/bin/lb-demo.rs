@@ -163,25 +163,35 @@ fn run_algorithm(
     let loadgen = lab.spawn_loadgen(&load)?;
     let started = Instant::now();
     let mut previous = start_counts.clone();
+    let load_duration = Duration::from_secs_f64(args.duration_s);
+    let mut draining = false;
     while lab.exit_status(loadgen)?.is_none() {
         std::thread::sleep(TICK);
         if INTERRUPTED.load(Ordering::Relaxed) {
             bail!("interrupted; removing the lab");
         }
+        if started.elapsed() > load_duration + TICK {
+            if !draining {
+                println!("load sent; waiting for outstanding requests to finish or time out ...");
+                draining = true;
+            }
+            continue;
+        }
         let status = lab.status()?;
         let now = opened(&status, lab)?;
-        print_live(
-            lab,
-            &status,
-            started.elapsed(),
-            &previous,
-            &now,
-            &start_counts,
-        );
+        let elapsed = started.elapsed();
+        print_live(lab, &status, elapsed, &previous, &now, &start_counts);
         previous = now;
     }
     let client = lab.loadgen_summary(loadgen, &load)?;
-    let end_counts = opened(&lab.status()?, lab)?;
+    let end_status = lab.status()?;
+    let end_counts = opened(&end_status, lab)?;
+    let drops: BTreeMap<_, _> = end_status
+        .reasons
+        .iter()
+        .filter(|(name, count)| name.starts_with("drop") && **count > 0)
+        .collect();
+    println!("balancer drop counters: {drops:?}");
     let exit = lab.stop_balancer(balancer, Signal::SIGTERM)?;
     if !exit.success() {
         bail!(
