@@ -18,6 +18,7 @@
 use std::{
     fs,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, anyhow, bail};
@@ -44,6 +45,8 @@ use crate::{
 #[derive(Debug)]
 pub struct Attachment {
     pub pin_dir: PathBuf,
+    /// Interface the program is attached to.
+    iface: String,
     pub program_id: u32,
     /// True when a previous instance's program and state were re-adopted.
     pub adopted: bool,
@@ -74,13 +77,20 @@ impl Attachment {
     /// Detaches the program and removes the pins: after this the kernel
     /// frees the program and its maps.
     pub fn stop(self) -> anyhow::Result<()> {
-        let Self { pin_dir, link, .. } = self;
+        let Self {
+            pin_dir,
+            iface,
+            program_id,
+            link,
+            ..
+        } = self;
         // The pinned link holds the attachment; with the pin gone, dropping
         // the last fd detaches the program.
         let result = remove_pins(&pin_dir);
         drop(link);
         // Leave /sys/fs/bpf/lb-user itself if other instances use it.
         let _ = fs::remove_dir(instance::pin_root());
+        wait_detached(&iface, program_id);
         result
     }
 }
@@ -131,6 +141,7 @@ fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result
     );
     Ok(Attachment {
         pin_dir: pin_dir.to_path_buf(),
+        iface: config.iface.clone(),
         program_id,
         adopted: false,
         link: pinned.into(),
@@ -177,10 +188,38 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
     );
     Ok(Some(Attachment {
         pin_dir: pin_dir.to_path_buf(),
+        iface: config.iface.clone(),
         program_id,
         adopted: true,
         link,
     }))
+}
+
+/// How long [`Attachment::stop`] waits to see the program leave the interface.
+const DETACH_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits until the interface no longer runs `program_id`, so a stopped
+/// instance has really detached when it exits. A bpffs pin's reference is
+/// released only after an RCU grace period, so the last reference to the
+/// link (and the detach) can trail the unlink by a few milliseconds.
+fn wait_detached(iface: &str, program_id: u32) {
+    let deadline = Instant::now() + DETACH_WAIT;
+    loop {
+        match iface::attached_xdp_program(iface) {
+            Ok(Some(id)) if id == program_id => {}
+            // Detached, replaced by someone else, or the interface is gone.
+            _ => return,
+        }
+        if Instant::now() >= deadline {
+            warn!(
+                iface,
+                program_id,
+                "the program is still attached {DETACH_WAIT:?} after its link was released"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Removes an instance's pins and its directory (missing entries are fine).

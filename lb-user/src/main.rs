@@ -13,13 +13,20 @@ use lb_user::{
     instance::InstanceLock,
     status,
 };
+use std::io::Write as _;
+
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lb-user: error: {}", one_line(&format!("{e:#}")));
+            // Not eprintln!: it panics when stderr is gone.
+            let _ = writeln!(
+                std::io::stderr(),
+                "lb-user: error: {}",
+                one_line(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }
@@ -65,9 +72,25 @@ fn init_tracing(default_level: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// stderr for logs, ignoring write errors: a daemon whose log pipe was
+/// closed (a supervisor that went away, `| head`) must keep balancing and
+/// still clean up on SIGTERM, not die on EPIPE.
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Input first (so bad flags are reported even without privileges), then

@@ -1307,11 +1307,7 @@ fn isolate_thread() {
 
 #[test]
 fn xdp_data_path() {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("\n!!!!!!!! SKIPPED xdp_packets: needs root for BPF_PROG_TEST_RUN !!!!!!!!\n");
-        return;
-    }
+    lb_lab::require_root!();
     // A dedicated thread: the namespace and CPU pinning die with it.
     std::thread::spawn(|| {
         isolate_thread();
