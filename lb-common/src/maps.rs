@@ -299,6 +299,9 @@ pub const EVENT_REFUSED: u8 = 4;
 pub const CLOSE_FIN: u8 = 1;
 pub const CLOSE_RST: u8 = 2;
 pub const CLOSE_IDLE: u8 = 3;
+/// The backend reset an established connection (an outlier signal; an RST
+/// from the client stays [`CLOSE_RST`]).
+pub const CLOSE_BACKEND_RST: u8 = 4;
 
 /// One flow state change, sent on [`crate::EVENTS_MAP`].
 #[repr(C)]

@@ -12,6 +12,7 @@ use crate::{
     addr::{BackendAddr, VipAddr},
     algorithm::parse_algorithm,
     duration::parse_duration,
+    ops_config::OpsSettings,
     ports::PortRange,
 };
 
@@ -63,7 +64,7 @@ impl XdpMode {
 
 /// Flags of the balancer itself. See `config.rs` for defaults and the TOML
 /// file that can say the same things.
-#[derive(Debug, Default, Args)]
+#[derive(Clone, Debug, Default, Args)]
 pub struct RunArgs {
     /// TOML file with global settings and any number of [[vip]] sections.
     #[arg(long, value_name = "FILE")]
@@ -119,4 +120,7 @@ pub struct RunArgs {
     /// Log level when RUST_LOG is unset: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Health checks, ejection, slow start, metrics.
+    #[command(flatten)]
+    pub ops: OpsSettings,
 }
