@@ -30,6 +30,27 @@ pub struct Cli {
 pub enum Command {
     /// Show the VIPs, backends and counters of a running instance.
     Status(StatusArgs),
+    /// Change a running instance's backends: add, remove, weight, drain, undrain.
+    Backend(BackendArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// What to do with the backend.
+    #[arg(value_enum)]
+    pub action: crate::control::Command,
+    /// Instance to change; may be omitted when exactly one is running.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// The VIP, IP:PORT[/tcp|/udp].
+    #[arg(long, value_name = "IP:PORT[/PROTO]")]
+    pub vip: VipAddr,
+    /// The backend, IP:PORT (add also takes IP:PORT@WEIGHT).
+    #[arg(long, value_name = "IP:PORT[@WEIGHT]")]
+    pub backend: BackendAddr,
+    /// New weight (weight only), 1..=65535.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -19,7 +19,13 @@
 //! be counted twice until the next pass; it can never make in-flight
 //! negative, and the next pass (about a second later) corrects it.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use lb_common::{
@@ -162,7 +168,8 @@ pub struct Reconciler<C> {
     flows: Flows,
     conns: Conns,
     corrections: Corrections,
-    backend_count: usize,
+    /// Length of the backend id space; grows when backends are added at runtime.
+    backend_count: Arc<AtomicUsize>,
     timeouts: Timeouts,
     clock: C,
 }
@@ -170,7 +177,7 @@ pub struct Reconciler<C> {
 impl<C: Clock> Reconciler<C> {
     pub fn open(
         pin_dir: &std::path::Path,
-        backend_count: usize,
+        backend_count: Arc<AtomicUsize>,
         timeouts: Timeouts,
         clock: C,
     ) -> anyhow::Result<Self> {
@@ -186,7 +193,8 @@ impl<C: Clock> Reconciler<C> {
 
     /// One pass; returns what was expired so the caller can account for it.
     pub fn pass(&mut self) -> anyhow::Result<Scan> {
-        let counters = (0..self.backend_count as u32)
+        let backend_count = self.backend_count.load(Ordering::Relaxed);
+        let counters = (0..backend_count as u32)
             .map(|id| self.conns.get(&id, 0))
             .collect::<Result<Vec<_>, _>>()
             .context("reading BACKEND_CONNS")?;
@@ -194,7 +202,7 @@ impl<C: Clock> Reconciler<C> {
         // Entries can vanish under the iterator (LRU, the kernel); a failed
         // step just ends this pass's view early.
         let entries = self.flows.iter().map_while(Result::ok);
-        let scan = scan(entries, self.backend_count, now, &self.timeouts);
+        let scan = scan(entries, backend_count, now, &self.timeouts);
         for key in &scan.delete {
             // Already gone (evicted, or a reverse entry never inserted) is fine.
             let _ = self.flows.remove(key);
