@@ -112,6 +112,9 @@ async fn connection(stream: tokio::net::UnixStream, requests: mpsc::Sender<Pendi
     while let Ok(Some(line)) = lines.next_line().await {
         let response = match serde_json::from_str::<Request>(&line) {
             Ok(request) => {
+                if request.command == Command::Add {
+                    resolve_first(&request.backend).await;
+                }
                 let (tx, rx) = oneshot::channel();
                 if requests.send((request, tx)).await.is_err() {
                     return;
@@ -127,6 +130,17 @@ async fn connection(stream: tokio::net::UnixStream, requests: mpsc::Sender<Pendi
             warn!("control socket: {e}");
             return;
         }
+    }
+}
+
+/// Makes the kernel resolve a new backend's MAC before it can be selected,
+/// so its first flows are not dropped for want of a next hop.
+async fn resolve_first(backend: &str) {
+    if let Ok(b) = backend.parse::<crate::addr::BackendAddr>()
+        && let std::net::IpAddr::V4(ip) = b.addr.ip()
+    {
+        crate::neighbours::probe(ip);
+        tokio::time::sleep(crate::neighbours::STARTUP_RESOLVE_WAIT).await;
     }
 }
 

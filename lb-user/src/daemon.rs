@@ -127,7 +127,7 @@ async fn configure_and_run(
     log_ready(config, snat_ip, attachment);
 
     let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
-    let mut runtime = Runtime::new(config, &plan, &pin_dir, clock.now(), check_tx)?;
+    let mut runtime = Runtime::new(config, &plan, &pin_dir, ifindex, clock.now(), check_tx)?;
     let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
     let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
     let mut tasks = vec![
@@ -233,8 +233,12 @@ async fn event_loop(
             drained = events.next_batch(&mut batch) => {
                 drained?;
                 let now = clock.now();
+                let mut ejected = false;
                 for event in batch.drain(..) {
-                    runtime.apply_event(event, now);
+                    ejected |= runtime.apply_event(event, now);
+                }
+                if ejected {
+                    runtime.tick(now)?;
                 }
             }
             _ = score_tick.tick() => runtime.tick(clock.now())?,
@@ -244,7 +248,7 @@ async fn event_loop(
                     debug!(idle = scan.expired_idle.len(), syn = scan.expired_syn.len(), "expired flows");
                 }
             }
-            Some(result) = inputs.checks.recv() => runtime.health(result, clock.now()),
+            Some(result) = inputs.checks.recv() => runtime.health(result, clock.now())?,
             Some((request, reply)) = inputs.control.recv() => {
                 let _ = reply.send(runtime.control(&request, clock.now()));
             }
@@ -252,7 +256,18 @@ async fn event_loop(
                 let _ = reply.send(metrics::render(&runtime.snapshot(clock.now())));
             }
             _ = inputs.hangup.recv() => match reload() {
-                Ok(new) => runtime.reload(&new, clock.now()),
+                Ok(new) => {
+                    // New backends' MACs first, so their first flows have a next hop.
+                    for v in &new.vips {
+                        for b in &v.backends {
+                            if let std::net::IpAddr::V4(ip) = b.addr.ip() {
+                                crate::neighbours::probe(ip);
+                            }
+                        }
+                    }
+                    sleep(STARTUP_RESOLVE_WAIT).await;
+                    runtime.reload(&new, clock.now())?;
+                }
                 Err(e) => warn!("SIGHUP: keeping the running configuration: {e:#}"),
             },
         }

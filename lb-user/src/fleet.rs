@@ -304,8 +304,9 @@ impl Fleet {
         freed
     }
 
-    /// Feeds a kernel event to outlier detection (ejecting within the cap).
-    pub fn on_event(&mut self, event: Event, now: Nanos) {
+    /// Feeds a kernel event to outlier detection (ejecting within the
+    /// cap); true if it ejected the backend.
+    pub fn on_event(&mut self, event: Event, now: Nanos) -> bool {
         let p = self.outlier;
         let (id, failed) = match event {
             Event::Responded { backend, .. } => (backend, false),
@@ -314,23 +315,29 @@ impl Fleet {
                 backend,
                 reason: CloseReason::BackendRst,
             } => (backend, true),
-            _ => return,
+            _ => return false,
         };
-        let Some(m) = self.member_mut(id) else { return };
+        let Some(m) = self.member_mut(id) else {
+            return false;
+        };
         if !failed {
             m.outlier.success(now, &p);
-            return;
+            return false;
         }
-        if let Some(finding) = m.outlier.failure(now, &p) {
-            self.try_eject(id, finding, now);
+        match m.outlier.failure(now, &p) {
+            Some(finding) => self.try_eject(id, finding, now),
+            None => false,
         }
     }
 
-    /// Ejects `id` unless that would pass the VIP's ejection cap.
-    fn try_eject(&mut self, id: u32, finding: Finding, now: Nanos) {
-        let Some(m) = self.member(id) else { return };
+    /// Ejects `id` unless that would pass the VIP's ejection cap; true if
+    /// it did.
+    fn try_eject(&mut self, id: u32, finding: Finding, now: Nanos) -> bool {
+        let Some(m) = self.member(id) else {
+            return false;
+        };
         if m.life.state(now) != State::Active {
-            return;
+            return false;
         }
         let vip = m.vip;
         let pool: Vec<u32> = self.vips[vip]
@@ -358,10 +365,11 @@ impl Fleet {
                 "outlier not ejected: the VIP is at its ejection cap"
             );
             m.outlier.reset(now);
-            return;
+            return false;
         }
         m.life.eject(now, &params, finding.name());
         m.outlier.reset(now);
+        true
     }
 
     /// Advances timers, and ejects latency outliers (`ewma_ns` by id).
@@ -385,21 +393,22 @@ impl Fleet {
                     .collect();
                 let ewmas: Vec<u64> = active.iter().map(|&i| ewma_ns(i)).collect();
                 for i in latency_outliers(&ewmas, self.outlier.latency_factor) {
-                    self.try_eject(active[i], Finding::Latency, now);
+                    // Published by the tick that called this.
+                    let _ = self.try_eject(active[i], Finding::Latency, now);
                 }
             }
         }
     }
 
-    /// An active health-check result for backend `id`.
-    pub fn health_result(&mut self, id: u32, passed: bool, now: Nanos) {
+    /// An active health-check result for backend `id`; true if its
+    /// health flipped.
+    pub fn health_result(&mut self, id: u32, passed: bool, now: Nanos) -> bool {
         let Some(vip) = self.member(id).map(|m| m.vip) else {
-            return;
+            return false;
         };
         let params = self.vips[vip].params;
-        if let Some(m) = self.member_mut(id) {
-            m.life.check_result(passed, now, &params);
-        }
+        self.member_mut(id)
+            .is_some_and(|m| m.life.check_result(passed, now, &params))
     }
 
     /// What the kernel should see of VIP `index` now. With no backend

@@ -61,6 +61,9 @@ pub struct Snapshot {
     pub score_times: UpdateTimes,
     /// VIPs currently in panic mode (serving backends that fail checks).
     pub vips_in_panic: u64,
+    pub flows_evicted: u64,
+    pub flow_entries: u64,
+    pub flow_table_size: u64,
 }
 
 /// Writes families in the text format.
@@ -293,6 +296,17 @@ pub fn render(s: &Snapshot) -> String {
         "VIPs serving backends that fail their checks because none passes.",
     );
     o.sample("lb_vips_in_panic", &[], s.vips_in_panic as f64);
+    o.family("lb_flows_evicted_total", "counter",
+        "Open flows that left the full flow table without a close (LRU eviction), seen by this process.");
+    o.sample("lb_flows_evicted_total", &[], s.flows_evicted as f64);
+    o.family(
+        "lb_flow_table_entries",
+        "gauge",
+        "Flow-table entries (two per connection) at the last reconciliation pass.",
+    );
+    o.sample("lb_flow_table_entries", &[], s.flow_entries as f64);
+    o.family("lb_flow_table_capacity", "gauge", "Flow-table size.");
+    o.sample("lb_flow_table_capacity", &[], s.flow_table_size as f64);
     out.0
 }
 

@@ -114,6 +114,12 @@ pub fn correction(conns: BackendConns, live: u64) -> u64 {
         .saturating_sub(live)
 }
 
+/// Flows gone from the table unclosed, beyond those this pass expired:
+/// the growth of the corrections minus this pass's own expirations.
+pub fn vanished(correction_growth: u64, scan: &Scan) -> u64 {
+    correction_growth.saturating_sub((scan.expired_idle.len() + scan.expired_syn.len()) as u64)
+}
+
 /// Outcome of scanning the flow table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scan {
@@ -125,6 +131,13 @@ pub struct Scan {
     pub expired_idle: Vec<u32>,
     /// Backend id of each flow whose SYN went unanswered.
     pub expired_syn: Vec<u32>,
+    /// Unclosed flows that left the table without this pass expiring them:
+    /// evicted by the LRU (set by [`Reconciler::pass`]). Approximate: a
+    /// flow closing during the pass can count once here and be corrected
+    /// back by the next pass.
+    pub vanished: u64,
+    /// Entries seen in the table (both directions).
+    pub entries: u64,
 }
 
 /// Classifies every forward entry; pure, so it is tested without a kernel.
@@ -139,6 +152,7 @@ pub fn scan(
         ..Scan::default()
     };
     for (key, entry) in entries {
+        out.entries += 1;
         if entry.direction != DIR_TO_BACKEND {
             continue;
         }
@@ -207,6 +221,8 @@ impl<C: Clock> Reconciler<C> {
             // Already gone (evicted, or a reverse entry never inserted) is fine.
             let _ = self.flows.remove(key);
         }
+        let mut scan = scan;
+        let mut grown = 0u64;
         for (id, (conns, live)) in counters.iter().zip(&scan.live).enumerate() {
             let id = id as u32;
             let value = correction(*conns, *live);
@@ -214,12 +230,14 @@ impl<C: Clock> Reconciler<C> {
                 .corrections
                 .get(&id, 0)
                 .context("reading BACKEND_CORRECTION")?;
+            grown += value.saturating_sub(old);
             if old != value
                 && let Err(e) = self.corrections.set(id, value, 0)
             {
                 warn!("writing BACKEND_CORRECTION[{id}]: {e}");
             }
         }
+        scan.vanished = vanished(grown, &scan);
         Ok(scan)
     }
 }
@@ -287,6 +305,17 @@ mod tests {
             ),
             0
         );
+    }
+
+    #[test]
+    fn vanished_flows_exclude_the_ones_expired_on_purpose() {
+        let scan = Scan {
+            expired_idle: vec![0, 1],
+            expired_syn: vec![2],
+            ..Scan::default()
+        };
+        assert_eq!(vanished(10, &scan), 7);
+        assert_eq!(vanished(2, &scan), 0);
     }
 
     #[test]

@@ -5,7 +5,6 @@
 
 use std::{
     collections::HashMap,
-    net::IpAddr,
     path::Path,
     sync::{
         Arc,
@@ -17,7 +16,7 @@ use std::{
 use anyhow::Context as _;
 use lb_common::{BackendStats, reason};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     addr::{BackendAddr, VipAddr, Weight},
@@ -31,7 +30,7 @@ use crate::{
     lifecycle::{Admin, WEIGHT_UNITS},
     maps::{self, Conns, Corrections, Reasons, Scores, Stats},
     metrics::{BackendMetrics, Snapshot},
-    neighbours,
+    neighbours::NeighbourSync,
     plan::Plan,
     publish::{Publisher, UpdateTimes},
     reconcile::Scan,
@@ -50,11 +49,18 @@ pub struct Runtime {
     stats: Stats,
     reasons: Reasons,
     checker: HealthChecker,
+    /// Mirrors the ARP table into NEIGHBOURS when backends join at runtime.
+    neighbours: NeighbourSync,
     /// Passed and failed health checks per backend id.
     checks: HashMap<u32, (u64, u64)>,
     /// Shared with the reconciler: the length of the id space.
     pub id_limit: Arc<AtomicUsize>,
     events_received: u64,
+    /// Flows the LRU evicted, as the reconciler saw them vanish.
+    flows_evicted: u64,
+    /// Entries in the flow table at the last reconciliation pass.
+    flow_entries: u64,
+    flow_table_size: u32,
 }
 
 impl Runtime {
@@ -62,6 +68,7 @@ impl Runtime {
         config: &Config,
         plan: &Plan,
         pin_dir: &Path,
+        ifindex: u32,
         now: Nanos,
         check_results: mpsc::Sender<CheckResult>,
     ) -> anyhow::Result<Self> {
@@ -82,9 +89,18 @@ impl Runtime {
             stats: maps::stats(pin_dir)?,
             reasons: maps::reasons(pin_dir)?,
             checker: HealthChecker::new(check_results),
+            neighbours: NeighbourSync::new(
+                maps::neighbours(pin_dir)?,
+                &config.iface,
+                ifindex,
+                Vec::new(),
+            ),
             checks: HashMap::new(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
             events_received: 0,
+            flows_evicted: 0,
+            flow_entries: 0,
+            flow_table_size: config.flow_table_size,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -95,15 +111,18 @@ impl Runtime {
         &self.loads
     }
 
-    pub fn apply_event(&mut self, event: Event, now: Nanos) {
+    /// Returns true if the event ejected a backend (publish at once).
+    pub fn apply_event(&mut self, event: Event, now: Nanos) -> bool {
         self.events_received += 1;
         self.loads.apply(event, now);
-        self.fleet.on_event(event, now);
+        self.fleet.on_event(event, now)
     }
 
-    pub fn health(&mut self, result: CheckResult, now: Nanos) {
+    /// Applies a check result; a backend whose health flips leaves (or
+    /// rejoins) the kernel's slots at once.
+    pub fn health(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()> {
         if self.fleet.member(result.backend).map(|m| m.addr) != Some(result.addr) {
-            return;
+            return Ok(());
         }
         let counts = self.checks.entry(result.backend).or_default();
         if result.passed {
@@ -111,7 +130,10 @@ impl Runtime {
         } else {
             counts.1 += 1;
         }
-        self.fleet.health_result(result.backend, result.passed, now);
+        if self.fleet.health_result(result.backend, result.passed, now) {
+            self.tick(now)?;
+        }
+        Ok(())
     }
 
     /// Advances lifecycles, writes scores with effective weights, then
@@ -152,6 +174,11 @@ impl Runtime {
     /// Accounts for what a reconciliation pass expired, and frees the ids
     /// of removed backends whose last flow is gone.
     pub fn after_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()> {
+        if scan.vanished > 0 {
+            self.flows_evicted += scan.vanished;
+            debug!(evicted = scan.vanished, "flows left the full flow table");
+        }
+        self.flow_entries = scan.entries;
         for backend in scan.expired_idle.iter().copied() {
             self.apply_event(
                 Event::Closed {
@@ -172,12 +199,16 @@ impl Runtime {
         Ok(())
     }
 
-    /// Runs one operator command.
+    /// Runs one operator command; the kernel has the change when this returns.
     pub fn control(&mut self, request: &Request, now: Nanos) -> Response {
-        match self.try_control(request, now) {
+        let applied = self.try_control(request, now).and_then(|id| {
+            self.after_membership_change();
+            self.tick(now)?;
+            Ok(id)
+        });
+        match applied {
             Ok(id) => {
                 info!(command = ?request.command, vip = %request.vip, backend = %request.backend, "operator command applied");
-                self.after_membership_change();
                 Response::done(id)
             }
             Err(e) => Response::failed(format!("{e:#}")),
@@ -190,12 +221,9 @@ impl Runtime {
         let fleet = &mut self.fleet;
         let id = match request.command {
             Command::Add => {
+                // The control socket resolved its MAC already.
                 let id = fleet.add(&vip, backend, now)?;
                 self.loads.reset(id, self.fresh_load.clone());
-                if let IpAddr::V4(ip) = backend.addr.ip() {
-                    // Resolve its MAC now; bpf_fib_lookup finds it from then on.
-                    neighbours::probe(ip);
-                }
                 id
             }
             Command::Remove => fleet.set_admin(&vip, backend.addr, Admin::Removed, now)?,
@@ -213,13 +241,18 @@ impl Runtime {
     }
 
     fn after_membership_change(&mut self) {
+        // New backends were probed before they got here (control socket,
+        // SIGHUP): their MACs are in the ARP table now.
+        if let Err(e) = self.neighbours.sync(false) {
+            warn!("updating neighbours: {e:#}");
+        }
         self.id_limit
             .store(self.fleet.id_limit(), Ordering::Relaxed);
         self.checker.sync(self.fleet.checks());
     }
 
     /// Applies a reloaded configuration (see [`Fleet::reload`]).
-    pub fn reload(&mut self, config: &Config, now: Nanos) {
+    pub fn reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()> {
         let before = self.fleet.id_limit();
         for note in self.fleet.reload(config, now) {
             warn!("reload: {note}");
@@ -229,6 +262,7 @@ impl Runtime {
         }
         self.after_membership_change();
         info!("configuration reloaded");
+        self.tick(now)
     }
 
     /// The metrics of this moment.
@@ -286,6 +320,9 @@ impl Runtime {
             publish_times: self.publisher.times,
             score_times: self.score_times,
             vips_in_panic: self.fleet.vips.iter().filter(|v| v.panic).count() as u64,
+            flows_evicted: self.flows_evicted,
+            flow_entries: self.flow_entries,
+            flow_table_size: u64::from(self.flow_table_size),
         }
     }
 }
