@@ -141,6 +141,11 @@ pub struct RunArgs {
     /// Log level when RUST_LOG is unset: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// When re-adopting a running instance, replace its XDP program with
+    /// this binary's even if they look the same (it is replaced anyway when
+    /// they differ).
+    #[arg(long)]
+    pub upgrade: bool,
     /// Health checks, ejection, slow start, metrics.
     #[command(flatten)]
     pub ops: OpsSettings,

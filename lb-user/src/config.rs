@@ -95,6 +95,8 @@ pub struct Config {
     pub log_level: String,
     /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
     pub ops: Ops,
+    /// Replace a re-adopted program even when its tag matches (`--upgrade`).
+    pub upgrade: bool,
     /// In id order: `vips[i]` gets vip id `i`.
     pub vips: Vec<VipConfig>,
 }
@@ -329,6 +331,7 @@ impl Config {
                 .log_level
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".to_string()),
+            upgrade: args.upgrade,
             iface,
             instance,
             ops,

@@ -30,6 +30,7 @@ pub mod publish;
 pub mod reconcile;
 pub mod runtime;
 pub mod status;
+pub mod upgrade;
 pub mod wire;
 
 /// The compiled XDP object (built by `build.rs`), embedded so the one binary is

@@ -548,3 +548,83 @@ fn full_flow_table_evicts_and_counts_the_evictions() {
     );
     assert!(entries <= 64.0);
 }
+
+/// Ids of the `lb_xdp` programs that use this lab's pinned flow table
+/// (netlink's view is not used: after a link update this kernel keeps
+/// reporting the replaced program's id).
+fn programs_on_pinned_maps(lab: &Lab) -> Vec<u32> {
+    let flows = aya::maps::MapInfo::from_pin(lab.pin_dir().join("FLOWS"))
+        .unwrap()
+        .id();
+    aya::programs::loaded_programs()
+        .flatten()
+        .filter(|p| p.name_as_str() == Some("lb_xdp"))
+        .filter(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&flows))
+        })
+        .map(|p| p.id())
+        .collect()
+}
+
+#[test]
+fn program_upgrade_swaps_the_xdp_program_without_loss() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let balancer = spec(&lab, &[0, 1, 2], &[]);
+    let old = lab.start_balancer(&balancer).unwrap();
+    let old_programs = programs_on_pinned_maps(&lab);
+    assert_eq!(old_programs.len(), 1, "{old_programs:?}");
+    let client = lab.client().ns.clone();
+    let mut kept = probe::connect(&client, lab.tcp_vip()).unwrap();
+    let first = probe::request(&mut kept, "/", b"", true).unwrap();
+    let config = load(&lab, 200.0, 8.0, 3_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(2));
+    // The old control plane goes away without detaching (as in a binary
+    // swap), and the new one replaces the program on the pinned link.
+    assert!(!lab.stop_balancer(old, Signal::SIGKILL).unwrap().success());
+    let mut upgraded = balancer.clone();
+    upgraded.extra_args.push("--upgrade".into());
+    let new = lab.start_balancer(&upgraded).unwrap();
+    // The pinned state still says ready, so wait for the swap itself.
+    let mut new_programs = Vec::new();
+    wait_for("the program swap", Duration::from_secs(10), || {
+        new_programs = programs_on_pinned_maps(&lab);
+        !new_programs.contains(&old_programs[0])
+    });
+    let after_upgrade = probe::request(&mut kept, "/after-upgrade", b"", true).unwrap();
+    // And the upgraded link is re-adopted by the next restart.
+    thread::sleep(Duration::from_secs(1));
+    assert!(!lab.stop_balancer(new, Signal::SIGKILL).unwrap().success());
+    let _third = lab.start_balancer(&balancer).unwrap();
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let again = probe::request(&mut kept, "/after-restart", b"", true).unwrap();
+    report(
+        "program-upgrade",
+        &config,
+        &summary,
+        &format!(
+            "XDP program {old_programs:?} → {new_programs:?} (then one more kill -9 + restart); keep-alive connection served by {:?}, {:?}, {:?}",
+            first.backend, after_upgrade.backend, again.backend
+        ),
+    );
+    assert_eq!(new_programs.len(), 1, "{new_programs:?}");
+    assert_ne!(old_programs, new_programs, "the program was not replaced");
+    assert_eq!(
+        programs_on_pinned_maps(&lab),
+        new_programs,
+        "re-adoption replaced the program"
+    );
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(
+        after_upgrade.backend, first.backend,
+        "the established flow moved"
+    );
+    assert_eq!(again.backend, first.backend, "the established flow moved");
+}
