@@ -111,6 +111,10 @@ async fn configure_and_run(
     sleep(STARTUP_RESOLVE_WAIT).await;
     neighbours.sync(true)?;
 
+    let cpus = aya::util::online_cpus()
+        .map(|c| c.len() as u32)
+        .unwrap_or(1);
+    maps::write_new_flow_limit(&pin_dir, config.ops.max_new_flows, cpus)?;
     let (snat_v4, _) = wire::ip_to_words(snat_ip.into());
     maps::write_config(
         &pin_dir,

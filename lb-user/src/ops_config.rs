@@ -16,6 +16,7 @@
 //! ejection_base = "30s"
 //! ejection_max = "300s"
 //! max_ejection_percent = 50
+//! max_new_flows = 0              # new connections per second, 0: no cap
 //! metrics_addr = "127.0.0.1:9470"   # or "off"
 //!
 //! [operations.health]            # default check of every VIP
@@ -228,6 +229,11 @@ pub struct OpsSettings {
     /// Largest share of a VIP's backends ejected at once, in percent (default 50; never all).
     #[arg(long, value_name = "PERCENT")]
     pub max_ejection_percent: Option<u32>,
+    /// Most new connections per second the balancer accepts, shared out
+    /// over the CPUs (default 0: no cap); beyond it new flows are refused
+    /// before they touch the flow table.
+    #[arg(long, value_name = "PER_SECOND")]
+    pub max_new_flows: Option<u32>,
     /// Prometheus metrics listener, IP:PORT or "off" (default 127.0.0.1:9470).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
@@ -249,6 +255,7 @@ impl OpsSettings {
             ejection_base: self.ejection_base.or(file.ejection_base),
             ejection_max: self.ejection_max.or(file.ejection_max),
             max_ejection_percent: self.max_ejection_percent.or(file.max_ejection_percent),
+            max_new_flows: self.max_new_flows.or(file.max_new_flows),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
         }
     }
@@ -319,6 +326,7 @@ impl OpsSettings {
             lifecycle,
             outlier,
             max_ejection_percent,
+            max_new_flows: self.max_new_flows.unwrap_or(0),
             metrics_addr,
         })
     }
@@ -330,6 +338,8 @@ pub struct Ops {
     pub lifecycle: LifecycleParams,
     pub outlier: OutlierParams,
     pub max_ejection_percent: u32,
+    /// New flows per second for the whole balancer (0: no cap).
+    pub max_new_flows: u32,
     pub metrics_addr: Option<SocketAddr>,
 }
 

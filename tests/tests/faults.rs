@@ -208,9 +208,14 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
         .build()
         .unwrap();
     let mut extra = FAST_CHECKS.to_vec();
-    extra.extend(["--slow-start", "0s"]);
-    let _lb = lab.start_balancer(&spec(&lab, &[0, 1, 2], &extra)).unwrap();
-    let config = load(&lab, 150.0, 10.0, 1_000);
+    // A short ejection base so an ejected flapper returns within the test.
+    extra.extend(["--slow-start", "0s", "--ejection-base", "2s"]);
+    // Round-robin: P2C would rightly keep avoiding a backend whose last
+    // answers came after a retransmitted SYN (Peak-EWMA remembers them).
+    let mut balancer = spec(&lab, &[0, 1, 2], &extra);
+    balancer.algorithm = Algorithm::RoundRobin;
+    let _lb = lab.start_balancer(&balancer).unwrap();
+    let config = load(&lab, 150.0, 14.0, 1_000);
     let run = lab.spawn_loadgen(&config).unwrap();
     let port = "p-be3";
     thread::sleep(Duration::from_secs(1));
@@ -224,18 +229,28 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
         thread::sleep(Duration::from_secs(1));
     }
     wait_for(
-        "the flapping backend to pass its checks",
-        Duration::from_secs(5),
+        "the flapping backend to be back in service",
+        Duration::from_secs(6),
         || backend_status(&lab.status().unwrap(), &lab, 2).is_some_and(|b| b.state == "active"),
     );
     let back = opened(&lab, 2);
     let summary = lab.loadgen_summary(run, &config).unwrap();
     let served_after = opened(&lab, 2) - back;
+    let addr = lab.backends()[2].addr().to_string();
+    let ejections = metric(
+        &scrape(&lab),
+        &format!(
+            "lb_backend_ejections_total{{vip=\"{}/tcp\",backend=\"{addr}\"}}",
+            lab.tcp_vip()
+        ),
+    );
     report(
         "flap-backend",
         &config,
         &summary,
-        &format!("connections to it after the last flap: {served_after}"),
+        &format!(
+            "outlier ejections of the flapper: {ejections}; connections to it once back: {served_after}"
+        ),
     );
     // Lost: requests to it in flight or placed within the ~0.5 s detection
     // of each down period: about 3 × 50/s × 0.6 s ≈ 90; allow 2x.
@@ -627,4 +642,61 @@ fn program_upgrade_swaps_the_xdp_program_without_loss() {
         "the established flow moved"
     );
     assert_eq!(again.backend, first.backend, "the established flow moved");
+}
+
+#[test]
+fn syn_flood_beyond_the_new_flow_cap_is_refused_and_spares_established_flows() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(2, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    // 100 new flows/s at most; 1024 entries hold what the cap lets in
+    // during the flood (closed flows linger), but not the flood itself.
+    let _lb = lab
+        .start_balancer(&spec(
+            &lab,
+            &[0, 1],
+            &["--max-new-flows", "100", "--flow-table-size", "1024"],
+        ))
+        .unwrap();
+    let client = lab.client().ns.clone();
+    let mut kept = Vec::new();
+    for _ in 0..4 {
+        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
+        probe::request(&mut s, "/", b"", true).unwrap();
+        kept.push(s);
+    }
+    thread::sleep(Duration::from_secs(1));
+    let config = load(&lab, 1_000.0, 3.0, 500);
+    let summary = lab.run_loadgen(&config).unwrap();
+    let status = lab.status().unwrap();
+    let refused = status
+        .reasons
+        .get("drop_new_flow_rate")
+        .copied()
+        .unwrap_or(0);
+    let mut kept_ok = 0;
+    for s in &mut kept {
+        if probe::request(s, "/after-flood", b"", true).is_ok() {
+            kept_ok += 1;
+        }
+    }
+    report(
+        "syn-flood-cap",
+        &config,
+        &summary,
+        &format!(
+            "cap 100 new flows/s; refused by the cap: {refused} SYNs; established keep-alive connections still answering: {kept_ok}/4"
+        ),
+    );
+    assert!(refused > 0, "the cap refused nothing");
+    // The cap lets about 100/s (plus a second of burst) through.
+    assert!(
+        summary.completed <= 100 * 3 + 100 + 100,
+        "{} flows passed a cap of 100/s",
+        summary.completed
+    );
+    assert!(summary.completed >= 100, "{summary:?}");
+    assert_eq!(kept_ok, 4, "the flood evicted established flows");
 }
