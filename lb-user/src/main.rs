@@ -68,6 +68,9 @@ fn init_tracing(default_level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // A closed stderr (a supervisor that went away) must not turn every
+        // later log line into a panic that would skip the clean detach.
+        .log_internal_errors(false)
         .init();
 }
 

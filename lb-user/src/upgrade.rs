@@ -21,15 +21,16 @@ use aya::{
 use lb_common::{
     ALL_MAPS, BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP,
     BACKENDS_MAP, Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, FLOWS_MAP,
-    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, Neighbour, REASON_STATS_MAP,
-    VIP_BACKENDS_MAP, VIP_STATE_MAP, VIPS_MAP, VipKey, VipMeta, VipState, XDP_PROGRAM, reason,
+    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_BUCKETS_MAP, NEW_FLOW_LIMIT_MAP,
+    Neighbour, NewFlowLimit, REASON_STATS_MAP, TokenBucket, VIP_BACKENDS_MAP, VIP_STATE_MAP,
+    VIPS_MAP, VipKey, VipMeta, VipState, XDP_PROGRAM, reason,
 };
 use tracing::info;
 
 use crate::EBPF_OBJECT;
 
 /// `(map, key size, value size)` this build's program expects.
-fn expected_layout() -> [(&'static str, usize, usize); 12] {
+fn expected_layout() -> [(&'static str, usize, usize); 14] {
     [
         (VIPS_MAP, size_of::<VipKey>(), size_of::<VipMeta>()),
         (VIP_BACKENDS_MAP, 4, 4),
@@ -43,6 +44,8 @@ fn expected_layout() -> [(&'static str, usize, usize); 12] {
         (NEIGHBOURS_MAP, size_of::<IpKey>(), size_of::<Neighbour>()),
         (CONFIG_MAP, 4, size_of::<LbConfig>()),
         (REASON_STATS_MAP, 4, 8),
+        (NEW_FLOW_LIMIT_MAP, 4, size_of::<NewFlowLimit>()),
+        (NEW_FLOW_BUCKETS_MAP, 4, size_of::<TokenBucket>()),
     ]
 }
 
