@@ -52,6 +52,8 @@ pub const NEIGHBOURS_MAP: &str = "NEIGHBOURS";
 pub const CONFIG_MAP: &str = "CONFIG";
 pub const REASON_STATS_MAP: &str = "REASON_STATS";
 pub const EVENTS_MAP: &str = "EVENTS";
+pub const NEW_FLOW_LIMIT_MAP: &str = "NEW_FLOW_LIMIT";
+pub const NEW_FLOW_BUCKETS_MAP: &str = "NEW_FLOW_BUCKETS";
 /// Name of the XDP program function in the object.
 pub const XDP_PROGRAM: &str = "lb_xdp";
 
@@ -70,4 +72,6 @@ pub const ALL_MAPS: &[&str] = &[
     CONFIG_MAP,
     REASON_STATS_MAP,
     EVENTS_MAP,
+    NEW_FLOW_LIMIT_MAP,
+    NEW_FLOW_BUCKETS_MAP,
 ];

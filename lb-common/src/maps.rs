@@ -287,6 +287,29 @@ pub struct LbConfig {
 }
 assert_size!(LbConfig, 48);
 
+/// Single entry of [`crate::NEW_FLOW_LIMIT_MAP`]: the cap on new flows,
+/// per CPU (each CPU has its own token bucket, so no atomics are needed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NewFlowLimit {
+    /// New flows per second each CPU may create (0: no cap).
+    pub rate_per_cpu: u32,
+    /// Bucket depth: flows a CPU may create at once after a quiet spell.
+    pub burst: u32,
+}
+assert_size!(NewFlowLimit, 8);
+
+/// Value of [`crate::NEW_FLOW_BUCKETS_MAP`] (per-CPU): a token bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenBucket {
+    /// Tokens × 10^9 (one flow costs 10^9), so refills need no division.
+    pub nano_tokens: u64,
+    /// Time of the last refill (`bpf_ktime_get_ns`).
+    pub last_ns: u64,
+}
+assert_size!(TokenBucket, 16);
+
 /// Ring-buffer event kinds ([`FlowEvent::kind`]).
 pub const EVENT_OPENED: u8 = 1;
 /// `value_ns` is the latency from a client payload to the backend's first payload after it.
@@ -299,6 +322,9 @@ pub const EVENT_REFUSED: u8 = 4;
 pub const CLOSE_FIN: u8 = 1;
 pub const CLOSE_RST: u8 = 2;
 pub const CLOSE_IDLE: u8 = 3;
+/// The backend reset an established connection (an outlier signal; an RST
+/// from the client stays [`CLOSE_RST`]).
+pub const CLOSE_BACKEND_RST: u8 = 4;
 
 /// One flow state change, sent on [`crate::EVENTS_MAP`].
 #[repr(C)]
@@ -354,8 +380,12 @@ pub mod reason {
     pub const PASS_TTL_EXPIRED: u32 = 16;
     /// Ring-buffer reservation failed (event lost, packet still forwarded).
     pub const EVENT_LOST: u32 = 17;
+    /// A new flow refused by the new-connection rate cap
+    /// ([`crate::NEW_FLOW_LIMIT_MAP`]), so a SYN flood cannot churn the
+    /// flow table.
+    pub const DROP_NEW_FLOW_RATE: u32 = 18;
     /// Number of reasons (size of the map).
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
 
     /// Names used by `status` and metrics, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -377,6 +407,7 @@ pub mod reason {
         "drop_bad_config",
         "pass_ttl_expired",
         "event_lost",
+        "drop_new_flow_rate",
     ];
 }
 
@@ -394,4 +425,6 @@ pod!(
     Neighbour,
     LbConfig,
     FlowEvent,
+    NewFlowLimit,
+    TokenBucket,
 );

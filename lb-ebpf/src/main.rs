@@ -18,6 +18,7 @@ mod maps;
 mod nat;
 mod nexthop;
 mod parse;
+mod rate;
 mod select;
 mod stats;
 mod track;
@@ -114,6 +115,7 @@ fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Verdict, R
     if pkt.is_tcp() && !pkt.is_syn() {
         return Err(reason::DROP_NO_FLOW);
     }
+    rate::admit(now())?;
     let backend = select::select(vip)?;
     let client = ReturnPath {
         mac: parse::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,

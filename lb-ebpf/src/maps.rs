@@ -34,3 +34,7 @@ pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
 pub static REASON_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(reason::COUNT, 0);
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+#[map(name = "NEW_FLOW_LIMIT")]
+pub static NEW_FLOW_LIMIT: Array<NewFlowLimit> = Array::with_max_entries(1, 0);
+#[map(name = "NEW_FLOW_BUCKETS")]
+pub static NEW_FLOW_BUCKETS: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(1, 0);

@@ -12,6 +12,7 @@ use crate::{
     addr::{BackendAddr, VipAddr},
     algorithm::parse_algorithm,
     duration::parse_duration,
+    ops_config::OpsSettings,
     ports::PortRange,
 };
 
@@ -29,6 +30,27 @@ pub struct Cli {
 pub enum Command {
     /// Show the VIPs, backends and counters of a running instance.
     Status(StatusArgs),
+    /// Change a running instance's backends: add, remove, weight, drain, undrain.
+    Backend(BackendArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// What to do with the backend.
+    #[arg(value_enum)]
+    pub action: crate::control::Command,
+    /// Instance to change; may be omitted when exactly one is running.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// The VIP, IP:PORT[/tcp|/udp].
+    #[arg(long, value_name = "IP:PORT[/PROTO]")]
+    pub vip: VipAddr,
+    /// The backend, IP:PORT (add also takes IP:PORT@WEIGHT).
+    #[arg(long, value_name = "IP:PORT[@WEIGHT]")]
+    pub backend: BackendAddr,
+    /// New weight (weight only), 1..=65535.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -63,7 +85,7 @@ impl XdpMode {
 
 /// Flags of the balancer itself. See `config.rs` for defaults and the TOML
 /// file that can say the same things.
-#[derive(Debug, Default, Args)]
+#[derive(Clone, Debug, Default, Args)]
 pub struct RunArgs {
     /// TOML file with global settings and any number of [[vip]] sections.
     #[arg(long, value_name = "FILE")]
@@ -119,4 +141,12 @@ pub struct RunArgs {
     /// Log level when RUST_LOG is unset: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// When re-adopting a running instance, replace its XDP program with
+    /// this binary's even if they look the same (it is replaced anyway when
+    /// they differ).
+    #[arg(long)]
+    pub upgrade: bool,
+    /// Health checks, ejection, slow start, metrics.
+    #[command(flatten)]
+    pub ops: OpsSettings,
 }

@@ -50,6 +50,7 @@ use crate::{
     algorithm::{self, parse_algorithm},
     cli::{RunArgs, XdpMode},
     duration::{format_duration, parse_duration},
+    ops_config::{HealthCheck, HealthSettings, Ops, OpsSettings},
     ports::PortRange,
 };
 
@@ -92,6 +93,10 @@ pub struct Config {
     pub syn_timeout: Duration,
     pub instance: String,
     pub log_level: String,
+    /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
+    pub ops: Ops,
+    /// Replace a re-adopted program even when its tag matches (`--upgrade`).
+    pub upgrade: bool,
     /// In id order: `vips[i]` gets vip id `i`.
     pub vips: Vec<VipConfig>,
 }
@@ -103,6 +108,8 @@ pub struct VipConfig {
     pub inflight_bias: u8,
     /// In config order (backend ids follow it).
     pub backends: Vec<BackendAddr>,
+    /// Active health check of this VIP's backends, if any.
+    pub health: Option<HealthCheck>,
 }
 
 /// Bad input, reported as one line before the kernel is touched.
@@ -154,6 +161,8 @@ pub enum ConfigError {
     BadInstance(String),
     #[error("invalid log level '{0}' (expected error, warn, info, debug or trace)")]
     LogLevel(String),
+    #[error("{0}")]
+    Ops(String),
 }
 
 /// The TOML file as written (see the module docs).
@@ -184,6 +193,8 @@ pub struct FileConfig {
     instance: Option<String>,
     log_level: Option<String>,
     #[serde(default)]
+    operations: OpsSettings,
+    #[serde(default)]
     vip: Vec<FileVip>,
 }
 
@@ -199,6 +210,9 @@ struct FileVip {
     inflight_bias: Option<u8>,
     #[serde(default, deserialize_with = "de::from_str_vec")]
     backends: Vec<BackendAddr>,
+    /// Overrides `[operations.health]` key by key.
+    #[serde(default)]
+    health: HealthSettings,
 }
 
 impl FileConfig {
@@ -245,6 +259,8 @@ impl Config {
             .or(file.inflight_bias)
             .unwrap_or(DEFAULT_INFLIGHT_BIAS);
 
+        let ops_settings = args.ops.clone().or(file.operations);
+        let ops = ops_settings.resolve()?;
         let mut vips = Vec::with_capacity(file.vip.len() + 1);
         for v in file.vip {
             let mut vip: VipAddr = v.address.parse().map_err(ConfigError::FileAddress)?;
@@ -263,6 +279,7 @@ impl Config {
                 algorithm: v.algorithm.unwrap_or(algorithm),
                 inflight_bias: v.inflight_bias.unwrap_or(inflight_bias),
                 backends: v.backends,
+                health: v.health.or(&ops_settings.health).resolve()?,
             });
         }
         match args.vip {
@@ -271,6 +288,7 @@ impl Config {
                 algorithm,
                 inflight_bias,
                 backends: args.backends,
+                health: ops_settings.health.resolve()?,
             }),
             None if !args.backends.is_empty() => return Err(ConfigError::BackendWithoutVip),
             None => {}
@@ -313,8 +331,10 @@ impl Config {
                 .log_level
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".to_string()),
+            upgrade: args.upgrade,
             iface,
             instance,
+            ops,
             vips,
         };
         config.validate()?;

@@ -28,6 +28,7 @@ use aya::{
     programs::{
         Xdp, XdpMode as AyaXdpMode,
         links::{FdLink, PinnedLink},
+        loaded_programs,
     },
 };
 use lb_common::{ALL_MAPS, FLOWS_MAP, XDP_PROGRAM};
@@ -39,6 +40,7 @@ use crate::{
     config::Config,
     iface,
     instance::{self, LINK_PIN},
+    upgrade,
 };
 
 /// A program attached to an interface, with its pins.
@@ -158,7 +160,7 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
         .context("reading the pinned XDP link")?
         .program_id();
     let attached = iface::attached_xdp_program(&config.iface)?;
-    if attached != Some(program_id) {
+    if !is_our_link(attached, program_id) {
         warn!(
             pins = %pin_dir.display(), "removing stale pins: their program {program_id} is not the one \
              attached to {} ({attached:?})", config.iface
@@ -182,6 +184,7 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
             config.flow_table_size
         );
     }
+    let (link, program_id) = upgrade::upgrade_if_needed(pin_dir, link, program_id, config.upgrade)?;
     info!(
         iface = %config.iface, program_id, pins = %pin_dir.display(),
         "re-adopted the running {XDP_PROGRAM} with its flow table and counters (attach mode unchanged)"
@@ -219,6 +222,21 @@ fn wait_detached(iface: &str, program_id: u32) {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the interface runs the pinned link's program. After a
+/// `bpf_link_update` (see `upgrade.rs`) this kernel's netlink keeps
+/// reporting the replaced program's id, although that program is gone; a
+/// reported id that names no loaded program is therefore that stale report
+/// of an upgraded link, which is ours.
+fn is_our_link(attached: Option<u32>, link_program: u32) -> bool {
+    match attached {
+        Some(id) if id == link_program => true,
+        Some(id) => !loaded_programs()
+            .filter_map(Result::ok)
+            .any(|p| p.id() == id),
+        None => false,
     }
 }
 

@@ -7,8 +7,8 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
 use lb_common::{
     BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP, BACKENDS_MAP,
     Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, EVENTS_MAP, FLOWS_MAP,
-    FlowEntry, FlowKey, IpKey, LbConfig, MAX_BACKENDS, NEIGHBOURS_MAP, Neighbour, REASON_STATS_MAP,
-    VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
+    FlowEntry, FlowKey, IpKey, LbConfig, MAX_BACKENDS, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP,
+    Neighbour, NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
 use tracing::debug;
 
@@ -37,6 +37,7 @@ pub type Neighbours = HashMap<MapData, IpKey, Neighbour>;
 pub type Configs = Array<MapData, LbConfig>;
 pub type Reasons = PerCpuArray<MapData, u64>;
 pub type Events = RingBuf<MapData>;
+pub type NewFlowLimits = Array<MapData, NewFlowLimit>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -61,6 +62,7 @@ openers! {
     configs -> Configs = CONFIG_MAP;
     reasons -> Reasons = REASON_STATS_MAP;
     events -> Events = EVENTS_MAP;
+    new_flow_limits -> NewFlowLimits = NEW_FLOW_LIMIT_MAP;
 }
 
 /// Index of the single [`LbConfig`] entry.
@@ -123,4 +125,24 @@ pub fn write_config(pin_dir: &Path, config: &LbConfig) -> anyhow::Result<()> {
     configs(pin_dir)?
         .set(CONFIG_KEY, config, 0)
         .map_err(|e| anyhow!("writing CONFIG: {e}"))
+}
+
+/// Writes the new-flow cap: `per_second` for the whole balancer (0: none),
+/// shared out over the CPUs, each of which keeps its own token bucket with
+/// one second of depth.
+pub fn write_new_flow_limit(pin_dir: &Path, per_second: u32, cpus: u32) -> anyhow::Result<()> {
+    let rate_per_cpu = match per_second {
+        0 => 0,
+        n => n.div_ceil(cpus.max(1)),
+    };
+    new_flow_limits(pin_dir)?
+        .set(
+            0,
+            NewFlowLimit {
+                rate_per_cpu,
+                burst: rate_per_cpu.max(1),
+            },
+            0,
+        )
+        .map_err(|e| anyhow!("writing NEW_FLOW_LIMIT: {e}"))
 }
