@@ -7,12 +7,19 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Set by `cargo xtask test` (as CI runs it): a test that would skip fails instead.
+pub const REQUIRE_ROOT_ENV: &str = "LB_TESTS_REQUIRE_ROOT";
+
 /// Returns early from the calling test, with a banner that is hard to miss in
-/// the test output, when the process is not root.
+/// the test output, when the process is not root; panics instead when
+/// [`REQUIRE_ROOT_ENV`] is set.
 #[macro_export]
 macro_rules! require_root {
     () => {
         if !$crate::root::is_root() {
+            if std::env::var_os($crate::root::REQUIRE_ROOT_ENV).is_some() {
+                panic!("needs root, and LB_TESTS_REQUIRE_ROOT forbids skipping");
+            }
             eprintln!();
             eprintln!("************************************************************");
             eprintln!("*** SKIPPED: needs root (network namespaces, veth, XDP) ***");
