@@ -325,10 +325,11 @@ pub mod reason {
     pub const PASS_NOT_L4: u32 = 1;
     /// TCP/UDP that is neither VIP traffic nor a reply of a balanced flow.
     pub const PASS_NOT_VIP: u32 = 2;
-    /// IPv4 fragment (only the first fragment carries ports).
+    /// IPv4 or IPv6 fragment (only the first fragment carries ports).
     pub const PASS_FRAGMENT: u32 = 3;
-    /// IPv6 (not balanced yet).
-    pub const PASS_IPV6: u32 = 4;
+    /// IPv6 with more extension headers than the data path walks
+    /// (`MAX_IPV6_EXT_HEADERS` in lb-ebpf).
+    pub const PASS_IPV6_EXT_LIMIT: u32 = 4;
     /// Rewritten and sent back out of the same interface.
     pub const TX_TO_BACKEND: u32 = 5;
     pub const TX_TO_CLIENT: u32 = 6;
@@ -363,7 +364,7 @@ pub mod reason {
         "pass_not_l4",
         "pass_not_vip",
         "pass_fragment",
-        "pass_ipv6",
+        "pass_ipv6_ext_limit",
         "tx_to_backend",
         "tx_to_client",
         "redirect",

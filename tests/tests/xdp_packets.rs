@@ -348,7 +348,7 @@ fn case_non_vip_passes(lb: &mut Lb) {
     v6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8].repeat(8)); // src + dst
     v6.extend_from_slice(&[0x9c, 0x40, 0, 53, 0, 8, 0, 0]);
     lb.expect_pass(&v6);
-    assert_eq!(lb.reason(reason::PASS_IPV6), 1);
+    assert_eq!(lb.reason(reason::PASS_NOT_VIP), 5, "IPv6 UDP to a non-VIP");
 
     // ICMP to the VIP, and a non-first fragment to the VIP port.
     let mut icmp = Pkt::udp((CLIENT, 0), (VIP, 0)).build();
