@@ -147,13 +147,14 @@ impl Lb {
         lb
     }
 
-    /// The number of instructions the verifier processed, and the program's size in bytes.
-    pub fn verifier_counts(&self) -> (Option<u32>, usize) {
-        let prog: &Xdp = self.program();
-        let info = prog.info().expect("program info");
+    /// The number of instructions the verifier processed, the program's
+    /// size in bytes after verification, and its JIT-compiled size.
+    pub fn verifier_counts(&self) -> (Option<u32>, u32, u32) {
+        let info = self.program().info().expect("program info");
         (
             info.verified_instruction_count(),
-            info.size_translated().unwrap_or(0) as usize,
+            info.size_translated().unwrap_or(0),
+            info.size_jitted(),
         )
     }
 
