@@ -240,6 +240,22 @@ pub fn xdp_pass_stub(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// Benchmark baseline: swaps the Ethernet addresses and sends the frame
+/// back (the cheapest useful XDP_TX). `lb-bench-dataplane` measures `lb_xdp`
+/// against it and against `xdp_pass_stub`.
+#[xdp]
+pub fn xdp_macswap_bench(ctx: XdpContext) -> u32 {
+    let (Some(dst), Some(src)) = (
+        parse::ptr_at::<parse::Mac>(&ctx, parse::ETH_DST_OFF),
+        parse::ptr_at::<parse::Mac>(&ctx, parse::ETH_SRC_OFF),
+    ) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: both 6-byte fields were bounds-checked; [u8; 6] has alignment 1.
+    unsafe { core::ptr::swap(dst, src) };
+    xdp_action::XDP_TX
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
