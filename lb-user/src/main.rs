@@ -76,10 +76,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args)?;
     require_root()?;
     let ifindex = iface::ifindex(&config.iface)?;
-    let snat_ip = match config.snat_ip {
-        Some(ip) => ip,
-        None => iface::primary_ipv4(&config.iface)?,
-    };
+    let snat = daemon::Snat::resolve(&config)?;
     // Still single-threaded here, as joining a mount namespace requires.
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
@@ -88,7 +85,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(daemon::serve(&config, ifindex, snat_ip))
+        .block_on(daemon::serve(&config, ifindex, snat))
 }
 
 fn show_status(args: StatusArgs) -> anyhow::Result<()> {
