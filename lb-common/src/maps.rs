@@ -355,8 +355,12 @@ pub mod reason {
     pub const PASS_TTL_EXPIRED: u32 = 16;
     /// Ring-buffer reservation failed (event lost, packet still forwarded).
     pub const EVENT_LOST: u32 = 17;
+    /// ICMP that is not an error about a balanced flow: echo to a VIP (the
+    /// kernel answers it, the VIP being an address of the interface), other
+    /// types, and errors quoting a packet of no flow.
+    pub const PASS_ICMP: u32 = 18;
     /// Number of reasons (size of the map).
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
 
     /// Names used by `status` and metrics, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -378,6 +382,7 @@ pub mod reason {
         "drop_bad_config",
         "pass_ttl_expired",
         "event_lost",
+        "pass_icmp",
     ];
 }
 

@@ -14,6 +14,7 @@ mod atomic;
 mod csum;
 mod emit;
 mod flow;
+mod icmp;
 mod maps;
 mod nat;
 mod nexthop;
@@ -37,7 +38,7 @@ use lb_common::{
 use crate::{
     flow::{ReturnPath, Translation},
     maps::{CONFIG, FLOWS, VIPS},
-    parse::{ETH_SRC_OFF, Packet},
+    parse::{ETH_SRC_OFF, Packet, Parsed},
     stats::Direction,
 };
 
@@ -46,8 +47,8 @@ pub type Reason = u32;
 
 /// An XDP action and the reason it is counted under.
 pub struct Verdict {
-    action: xdp_action::Type,
-    reason: Reason,
+    pub action: xdp_action::Type,
+    pub reason: Reason,
 }
 
 impl Verdict {
@@ -70,7 +71,7 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
 
 /// Counts the verdict's reason and returns its action (errors drop).
 #[inline(always)]
-fn finish(result: Result<Verdict, Reason>) -> u32 {
+pub fn finish(result: Result<Verdict, Reason>) -> u32 {
     match result {
         Ok(verdict) => {
             stats::count(verdict.reason);
@@ -90,16 +91,31 @@ fn finish(result: Result<Verdict, Reason>) -> u32 {
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<u32, Reason> {
     let mut pkt = MaybeUninit::uninit();
-    if let Some(pass) = parse::parse_into(XdpContext::new(ctx.ctx), &mut pkt).get()? {
-        return Ok(finish(Ok(Verdict::pass(pass))));
-    }
+    let icmp_error = match parse::parse_into(XdpContext::new(ctx.ctx), &mut pkt).get()? {
+        Parsed::Pass(reason) => return Ok(finish(Ok(Verdict::pass(reason)))),
+        Parsed::Transport => false,
+        Parsed::IcmpError => true,
+    };
     // SAFETY: `parse_into` wrote the packet (its outcome was not pass or drop).
     let pkt = unsafe { pkt.assume_init_ref() };
-    let Some(cfg) = CONFIG.get(0).filter(|c| c.flags & CONFIG_F_READY != 0) else {
-        return Ok(finish(Ok(Verdict::pass(reason::PASS_NOT_VIP))));
+    let not_ours = if icmp_error {
+        reason::PASS_ICMP
+    } else {
+        reason::PASS_NOT_VIP
     };
+    let Some(cfg) = CONFIG.get(0).filter(|c| c.flags & CONFIG_F_READY != 0) else {
+        return Ok(finish(Ok(Verdict::pass(not_ours))));
+    };
+    // For an ICMP error this is the key of the quoted packet's flow in the
+    // direction the error travels (see icmp.rs).
     let key = flow::packet_key(pkt);
     let ctx = || XdpContext::new(ctx.ctx);
+    if icmp_error {
+        return Ok(match flow::lookup(&key) {
+            Some(entry) => icmp::translate(ctx(), pkt, entry),
+            None => finish(Ok(Verdict::pass(not_ours))),
+        });
+    }
     if let Some(entry) = flow::lookup(&key) {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };

@@ -73,6 +73,49 @@ pub fn forward(
     Ok(Verdict::new(action as u32, reason::REDIRECT))
 }
 
+/// [`forward`] as a BPF function of its own, for callers whose stack frame
+/// cannot also hold the FIB lookup's parameters (ICMP translation). The
+/// verdict travels back packed in one register.
+#[inline(always)]
+pub fn forward_out_of_line(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    tx_reason: Reason,
+    learned: Option<ReturnPath>,
+) -> Result<Verdict, Reason> {
+    let packed = forward_call(
+        XdpContext::new(ctx.ctx),
+        pkt,
+        to,
+        tx_reason,
+        learned.as_ref(),
+    );
+    if packed & SENT == 0 {
+        return Err(packed as u32);
+    }
+    Ok(Verdict::new(((packed & !SENT) >> 32) as u32, packed as u32))
+}
+
+/// Bit of [`forward_call`]'s result marking a verdict (action in the high
+/// word, reason in the low word) rather than a drop reason.
+const SENT: u64 = 1 << 63;
+
+#[inline(never)]
+fn forward_call(
+    ctx: XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    tx_reason: Reason,
+    learned: Option<&ReturnPath>,
+) -> u64 {
+    crate::parse::keep_ctx_pointer(&ctx);
+    match forward(&ctx, pkt, to, tx_reason, learned.copied()) {
+        Ok(v) => SENT | (u64::from(v.action) << 32) | u64::from(v.reason),
+        Err(reason) => u64::from(reason),
+    }
+}
+
 /// A complete FIB answer (route and resolved neighbour), if any.
 #[inline(always)]
 fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option<Hop> {

@@ -10,7 +10,7 @@ use aya_ebpf::programs::XdpContext;
 use lb_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, reason};
 use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
-use crate::Reason;
+use crate::{Reason, icmp};
 
 /// Ethernet header length (no FCS in XDP), and offsets of its MAC addresses.
 const ETH_LEN: usize = 14;
@@ -27,6 +27,9 @@ const ETH_P_IPV4: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
+
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
 
 /// IHL bounds in 32-bit words: 5 is the bare header, 15 the maximum with options.
 const IHL_MIN: u8 = 5;
@@ -118,7 +121,8 @@ pub struct Packet {
     pub dport: u16,
     /// `TCP_*` bits; 0 for UDP.
     pub tcp_flags: u8,
-    /// L4 payload bytes according to the IP length field.
+    /// L4 payload bytes according to the IP length field. For an ICMP
+    /// error ([`Frame::Icmp`]): the length of the quoted IP header.
     pub payload_len: u32,
     /// Whole frame length, for byte counters.
     pub frame_len: u32,
@@ -147,28 +151,41 @@ impl Packet {
 pub enum Frame {
     /// IPv4 or IPv6 TCP/UDP, candidate for balancing.
     Ip(Packet),
+    /// An ICMP error quoting a TCP/UDP packet (see `icmp::parse_error`).
+    Icmp(Packet),
     /// Not ours: pass it to the stack under this reason.
     Pass(Reason),
 }
 
 /// [`parse_into`]'s result in one register (a BPF function returns one
-/// 64-bit value): the packet was parsed, or pass / drop under a reason.
+/// 64-bit value): a packet was parsed, or pass / drop under a reason.
 #[repr(transparent)]
 pub struct Outcome(u64);
 
 const OUTCOME_PACKET: u64 = 1 << 32;
 const OUTCOME_DROP: u64 = 2 << 32;
+const OUTCOME_ICMP: u64 = 3 << 32;
+
+/// [`Outcome`] unpacked.
+pub enum Parsed {
+    /// A TCP/UDP packet was written out.
+    Transport,
+    /// An ICMP error about a TCP/UDP packet was written out.
+    IcmpError,
+    /// Pass under the reason.
+    Pass(Reason),
+}
 
 impl Outcome {
-    /// `Ok(None)`: the packet was written out; `Ok(Some(r))`: pass under `r`;
-    /// `Err(r)`: drop under `r`.
+    /// What was parsed; `Err(r)`: drop under `r`.
     #[inline(always)]
-    pub fn get(&self) -> Result<Option<Reason>, Reason> {
+    pub fn get(&self) -> Result<Parsed, Reason> {
         let reason = self.0 as u32;
         match self.0 & !u64::from(u32::MAX) {
-            OUTCOME_PACKET => Ok(None),
+            OUTCOME_PACKET => Ok(Parsed::Transport),
+            OUTCOME_ICMP => Ok(Parsed::IcmpError),
             OUTCOME_DROP => Err(reason),
-            _ => Ok(Some(reason)),
+            _ => Ok(Parsed::Pass(reason)),
         }
     }
 }
@@ -183,6 +200,10 @@ pub fn parse_into(ctx: XdpContext, out: &mut MaybeUninit<Packet>) -> Outcome {
         Ok(Frame::Ip(pkt)) => {
             out.write(pkt);
             OUTCOME_PACKET
+        }
+        Ok(Frame::Icmp(pkt)) => {
+            out.write(pkt);
+            OUTCOME_ICMP
         }
         Ok(Frame::Pass(reason)) => u64::from(reason),
         Err(reason) => OUTCOME_DROP | u64::from(reason),
@@ -238,6 +259,10 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         return Ok(Frame::Pass(reason::PASS_FRAGMENT));
     }
     let l4 = l3 + ip_hdr_len;
+    if ip.proto == IPPROTO_ICMP {
+        let dst = [u32::from_ne_bytes(ip.dst_addr), 0, 0, 0];
+        return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET, dst), frame_len));
+    }
     let Some(l4hdr) = parse_l4(ctx, ip.proto, l4, l3 + tot_len)? else {
         return Ok(Frame::Pass(reason::PASS_NOT_L4));
     };
@@ -307,6 +332,9 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     }
     if l4 > end {
         return Err(reason::DROP_TRUNCATED);
+    }
+    if next == IPPROTO_ICMPV6 {
+        return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET6, daddr), frame_len));
     }
     let Some(l4hdr) = parse_l4(ctx, next, l4, end)? else {
         return Ok(Frame::Pass(reason::PASS_NOT_L4));

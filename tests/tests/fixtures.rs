@@ -11,8 +11,10 @@
 //!   client's path like a proxy host, so a TTL of 1 (or 0) is balanced.
 //! - Fragments (IPv4, and IPv6 with a fragment header other than an atomic
 //!   one) pass to the kernel: only the first carries the ports.
-//! - ICMP echo to the VIP passes to the kernel, which answers it because the
-//!   VIP is an address of the interface.
+//! - ICMP/ICMPv6 errors about a balanced flow are translated by their quote
+//!   in both directions (PMTU discovery works through the NAT); echo to the
+//!   VIP passes to the kernel, which answers it because the VIP is an
+//!   address of the interface.
 //! - More than `MAX_IPV6_EXT_HEADERS` (4) IPv6 extension headers pass,
 //!   counted as `pass_ipv6_ext_limit`.
 //!
@@ -21,6 +23,8 @@
 mod flows;
 #[path = "fixtures/frames.rs"]
 mod frames;
+#[path = "fixtures/icmp.rs"]
+mod icmp;
 #[path = "fixtures/suite.rs"]
 mod suite;
 
@@ -63,6 +67,7 @@ fn fixtures() {
         frames::padding(&mut s);
         frames::truncation(&mut s);
         frames::bad_headers(&mut s);
+        icmp::icmp(&mut s);
 
         let mut small = Suite::new(Lb::load(lb_user::EBPF_OBJECT, SMALL_FLOW_TABLE));
         world(&mut small.lb);

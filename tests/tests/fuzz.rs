@@ -27,8 +27,8 @@ use lb_lab::xdp::{
     harness::*,
     isolate::run_isolated,
     packet::{
-        ExtHdr, IPPROTO_ICMP, IPV4_MF, IPV6_HOP_BY_HOP, Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN,
-        checksums_valid, ether_frame, parse,
+        ExtHdr, IPPROTO_ICMP, IPPROTO_ICMPV6, IPV4_MF, IPV6_HOP_BY_HOP, Pkt, TCP_ACK, TCP_FIN,
+        TCP_PSH, TCP_SYN, checksums_valid, ether_frame, parse,
     },
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -103,6 +103,25 @@ fn corpus() -> Vec<Vec<u8>> {
     fragment.ipv4_frag = IPV4_MF;
     frames.push(fragment.build());
     frames.push(Pkt::raw(CLIENT, VIP, IPPROTO_ICMP, &[8, 0, 0, 0, 0, 1, 0, 1]).build());
+    // ICMP errors quoting VIP traffic (a flow may exist for them).
+    for vip in [TCP80, TCP80_6] {
+        let sent = Pkt::tcp(
+            (vip.addr, vip.port),
+            (client_of(vip.addr), CLIENT_PORT),
+            TCP_ACK,
+        )
+        .build();
+        let l3 = 14;
+        let quote_len = if vip.addr.is_ipv6() { 48 } else { 28 };
+        let (proto, kind) = if vip.addr.is_ipv6() {
+            (IPPROTO_ICMPV6, 2)
+        } else {
+            (IPPROTO_ICMP, 3)
+        };
+        let mut body = vec![kind, 4, 0, 0, 0, 0, 5, 0x78];
+        body.extend_from_slice(&sent[l3..l3 + quote_len]);
+        frames.push(Pkt::raw(stranger(vip.addr), vip.addr, proto, &body).build());
+    }
     frames.push(Pkt::tcp((CLIENT, 1), (SNAT, 22), TCP_SYN).build());
     frames.push(ether_frame([0xff; 6], CLIENT_MAC, 0x0806, &[0; 28]));
     frames

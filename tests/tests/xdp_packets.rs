@@ -354,7 +354,7 @@ fn case_non_vip_passes(lb: &mut Lb) {
     let mut icmp = Pkt::udp((CLIENT, 0), (VIP, 0)).build();
     icmp[14 + 9] = 1;
     lb.expect_pass(&icmp);
-    assert_eq!(lb.reason(reason::PASS_NOT_L4), 1);
+    assert_eq!(lb.reason(reason::PASS_ICMP), 1);
     let mut frag = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).build();
     frag[14 + 6..14 + 8].copy_from_slice(&0x2000u16.to_be_bytes()); // MF
     lb.expect_pass(&frag);
