@@ -84,13 +84,13 @@ pub fn forward_out_of_line(
     tx_reason: Reason,
     learned: Option<ReturnPath>,
 ) -> Result<Verdict, Reason> {
-    let packed = forward_call(
-        XdpContext::new(ctx.ctx),
-        pkt,
-        to,
-        tx_reason,
-        learned.as_ref(),
-    );
+    // Interface 0 stands for "no learned path": a plain value crosses the
+    // call more simply than an `Option` (see `ReturnPath::of`).
+    let learned = learned.unwrap_or(ReturnPath {
+        mac: [0; 6],
+        ifindex: 0,
+    });
+    let packed = forward_call(XdpContext::new(ctx.ctx), pkt, to, tx_reason, &learned);
     if packed & SENT == 0 {
         return Err(packed as u32);
     }
@@ -107,10 +107,11 @@ fn forward_call(
     pkt: &Packet,
     to: &Translation,
     tx_reason: Reason,
-    learned: Option<&ReturnPath>,
+    learned: &ReturnPath,
 ) -> u64 {
     crate::parse::keep_ctx_pointer(&ctx);
-    match forward(&ctx, pkt, to, tx_reason, learned.copied()) {
+    let learned = (learned.ifindex != 0).then_some(*learned);
+    match forward(&ctx, pkt, to, tx_reason, learned) {
         Ok(v) => SENT | (u64::from(v.action) << 32) | u64::from(v.reason),
         Err(reason) => u64::from(reason),
     }
