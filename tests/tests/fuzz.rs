@@ -90,7 +90,7 @@ fn corpus() -> Vec<Vec<u8>> {
     };
     frames.push(
         Pkt::tcp((CLIENT6, 1), (VIP6, 80), TCP_SYN)
-            .ext(&[hbh.clone()])
+            .ext(std::slice::from_ref(&hbh))
             .build(),
     );
     frames.push(Pkt::udp((CLIENT6, 1), (VIP6, 53)).ext(&[hbh, frag]).build());
