@@ -351,10 +351,11 @@ pub mod reason {
     pub const PASS_NOT_L4: u32 = 1;
     /// TCP/UDP that is neither VIP traffic nor a reply of a balanced flow.
     pub const PASS_NOT_VIP: u32 = 2;
-    /// IPv4 fragment (only the first fragment carries ports).
+    /// IPv4 or IPv6 fragment (only the first fragment carries ports).
     pub const PASS_FRAGMENT: u32 = 3;
-    /// IPv6 (not balanced yet).
-    pub const PASS_IPV6: u32 = 4;
+    /// IPv6 with more extension headers than the data path walks
+    /// (`MAX_IPV6_EXT_HEADERS` in lb-ebpf).
+    pub const PASS_IPV6_EXT_LIMIT: u32 = 4;
     /// Rewritten and sent back out of the same interface.
     pub const TX_TO_BACKEND: u32 = 5;
     pub const TX_TO_CLIENT: u32 = 6;
@@ -384,8 +385,12 @@ pub mod reason {
     /// ([`crate::NEW_FLOW_LIMIT_MAP`]), so a SYN flood cannot churn the
     /// flow table.
     pub const DROP_NEW_FLOW_RATE: u32 = 18;
+    /// ICMP that is not an error about a balanced flow: echo to a VIP (the
+    /// kernel answers it, the VIP being an address of the interface), other
+    /// types, and errors quoting a packet of no flow.
+    pub const PASS_ICMP: u32 = 19;
     /// Number of reasons (size of the map).
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 20;
 
     /// Names used by `status` and metrics, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -393,7 +398,7 @@ pub mod reason {
         "pass_not_l4",
         "pass_not_vip",
         "pass_fragment",
-        "pass_ipv6",
+        "pass_ipv6_ext_limit",
         "tx_to_backend",
         "tx_to_client",
         "redirect",
@@ -408,6 +413,7 @@ pub mod reason {
         "pass_ttl_expired",
         "event_lost",
         "drop_new_flow_rate",
+        "pass_icmp",
     ];
 }
 

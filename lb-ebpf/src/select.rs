@@ -7,9 +7,7 @@
 //! backend leaving service and the slots being rewritten.
 use core::num::{NonZeroU32, NonZeroU64};
 
-use lb_common::{
-    AF_INET, Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VipMeta, reason,
-};
+use lb_common::{Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VipMeta, reason};
 
 use crate::{
     Reason,
@@ -30,7 +28,10 @@ const MAX_INFLIGHT_BIAS: u8 = 3;
 /// The backend chosen for a new flow.
 pub struct Chosen {
     pub id: u32,
-    pub addr: u32,
+    /// `lb_common::AF_INET` or `AF_INET6`; the flow refuses a backend whose
+    /// family differs from the VIP's (the control plane never configures one).
+    pub family: u8,
+    pub addr: [u32; 4],
     /// Network byte order.
     pub port: u16,
 }
@@ -123,12 +124,13 @@ fn candidate(vip_id: u32, slot: u32) -> Option<Chosen> {
         .checked_add(slot)?;
     let id = *VIP_BACKENDS.get(index)?;
     let backend: &Backend = BACKENDS.get(id)?;
-    if backend.in_use == 0 || backend.state != BACKEND_ACTIVE || backend.family != AF_INET {
+    if backend.in_use == 0 || backend.state != BACKEND_ACTIVE {
         return None;
     }
     Some(Chosen {
         id,
-        addr: backend.addr[0],
+        family: backend.family,
+        addr: backend.addr,
         port: backend.port,
     })
 }

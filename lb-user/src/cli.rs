@@ -2,7 +2,11 @@
 //! [`crate::config`] can tell "not given" from "given", which is what lets flags
 //! override a config file's globals; defaults live in `config`, once.
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_common::Algorithm;
@@ -111,6 +115,9 @@ pub struct RunArgs {
     /// Source address of balanced flows (default: the interface's primary IPv4 address).
     #[arg(long, value_name = "IPV4")]
     pub snat_ip: Option<Ipv4Addr>,
+    /// Source address of balanced IPv6 flows (default: the interface's first global IPv6 address).
+    #[arg(long, value_name = "IPV6")]
+    pub snat_ip6: Option<Ipv6Addr>,
     /// SNAT source-port range, MIN-MAX inclusive.
     #[arg(long, value_name = "MIN-MAX")]
     pub snat_ports: Option<PortRange>,

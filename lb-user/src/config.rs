@@ -9,6 +9,7 @@
 //! iface = "eth0"
 //! xdp_mode = "native"            # or "skb"
 //! snat_ip = "10.0.0.1"           # default: the interface's primary IPv4 address
+//! snat_ip6 = "2001:db8::1"       # default: the interface's first global IPv6 address
 //! snat_ports = "20000-32767"
 //! flow_table_size = 262144
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
@@ -39,7 +40,12 @@
 //! same configuration always yields the same ids (which is what lets a
 //! restarted instance keep its pinned flow table meaningful).
 
-use std::{collections::HashSet, net::Ipv4Addr, path::Path, time::Duration};
+use std::{
+    collections::HashSet,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+    time::Duration,
+};
 
 use lb_common::{Algorithm, DEFAULT_FLOW_TABLE_SIZE, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_VIPS};
 use serde::Deserialize;
@@ -83,6 +89,9 @@ pub struct Config {
     pub xdp_mode: XdpMode,
     /// `None`: use the interface's primary IPv4 address (resolved at startup).
     pub snat_ip: Option<Ipv4Addr>,
+    /// `None`: use the interface's first global IPv6 address (resolved at
+    /// startup, needed only when a VIP is IPv6).
+    pub snat_ip6: Option<Ipv6Addr>,
     pub snat_ports: PortRange,
     pub flow_table_size: u32,
     pub ewma_tau: Duration,
@@ -137,8 +146,8 @@ pub enum ConfigError {
     FileAddress(AddrError),
     #[error("VIP {vip} says protocol {protocol} but its address says otherwise")]
     ProtocolConflict { vip: String, protocol: String },
-    #[error("{0}: IPv6 is not supported yet")]
-    Ipv6(String),
+    #[error("backend {backend} of VIP {vip}: a VIP and its backends must be of one address family")]
+    MixedFamily { vip: String, backend: String },
     #[error(
         "algorithm '{algorithm}' of VIP {vip} is not implemented yet (available: p2c-ewma, round-robin)"
     )]
@@ -172,6 +181,7 @@ pub struct FileConfig {
     iface: Option<String>,
     xdp_mode: Option<XdpMode>,
     snat_ip: Option<Ipv4Addr>,
+    snat_ip6: Option<Ipv6Addr>,
     #[serde(default, deserialize_with = "de::from_str_opt")]
     snat_ports: Option<PortRange>,
     flow_table_size: Option<u32>,
@@ -301,6 +311,7 @@ impl Config {
         let config = Self {
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
             snat_ip: args.snat_ip.or(file.snat_ip),
+            snat_ip6: args.snat_ip6.or(file.snat_ip6),
             snat_ports: args.snat_ports.or(file.snat_ports).unwrap_or_default(),
             flow_table_size: args
                 .flow_table_size
@@ -397,9 +408,6 @@ impl Config {
         let mut seen_vips = HashSet::new();
         for v in &self.vips {
             let name = v.vip.to_string();
-            if v.vip.addr.is_ipv6() {
-                return Err(ConfigError::Ipv6(format!("VIP {name}")));
-            }
             if !seen_vips.insert(v.vip) {
                 return Err(ConfigError::DuplicateVip(name));
             }
@@ -422,8 +430,11 @@ impl Config {
             }
             let mut seen_backends = HashSet::new();
             for b in &v.backends {
-                if b.addr.is_ipv6() {
-                    return Err(ConfigError::Ipv6(format!("backend {}", b.addr)));
+                if b.addr.is_ipv6() != v.vip.addr.is_ipv6() {
+                    return Err(ConfigError::MixedFamily {
+                        vip: name,
+                        backend: b.addr.to_string(),
+                    });
                 }
                 if !seen_backends.insert(b.addr) {
                     return Err(ConfigError::DuplicateBackend {

@@ -136,10 +136,8 @@ async fn connection(stream: tokio::net::UnixStream, requests: mpsc::Sender<Pendi
 /// Makes the kernel resolve a new backend's MAC before it can be selected,
 /// so its first flows are not dropped for want of a next hop.
 async fn resolve_first(backend: &str) {
-    if let Ok(b) = backend.parse::<crate::addr::BackendAddr>()
-        && let std::net::IpAddr::V4(ip) = b.addr.ip()
-    {
-        crate::neighbours::probe(ip);
+    if let Ok(b) = backend.parse::<crate::addr::BackendAddr>() {
+        crate::neighbours::probe(b.addr.ip());
         tokio::time::sleep(crate::neighbours::STARTUP_RESOLVE_WAIT).await;
     }
 }

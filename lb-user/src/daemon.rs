@@ -2,7 +2,7 @@
 //! then keep scores, flow accounting and neighbours current until
 //! SIGINT/SIGTERM, and clean up.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::Context as _;
 use lb_common::{CONFIG_F_READY, LbConfig};
@@ -52,13 +52,56 @@ impl Shutdown {
     }
 }
 
+/// SNAT source addresses per family. A family without a VIP needs none
+/// (the data path then never uses it; its word stays zero).
+#[derive(Clone, Copy, Debug)]
+pub struct Snat {
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
+}
+
+impl Snat {
+    /// The configured addresses, or the interface's for the families of the VIPs.
+    pub fn resolve(config: &Config) -> anyhow::Result<Self> {
+        let has = |v6: bool| config.vips.iter().any(|v| v.vip.addr.is_ipv6() == v6);
+        let v4 = match config.snat_ip {
+            Some(ip) => Some(ip),
+            None if has(false) => Some(crate::iface::primary_ipv4(&config.iface)?),
+            None => None,
+        };
+        let v6 = match config.snat_ip6 {
+            Some(ip) => Some(ip),
+            None if has(true) => Some(crate::iface::global_ipv6(&config.iface)?),
+            None => None,
+        };
+        Ok(Self { v4, v6 })
+    }
+
+    fn words(self) -> ([u32; 4], [u32; 4]) {
+        let w = |ip: Option<IpAddr>| ip.map_or([0; 4], |ip| wire::ip_to_words(ip).0);
+        (w(self.v4.map(IpAddr::V4)), w(self.v6.map(IpAddr::V6)))
+    }
+}
+
+impl std::fmt::Display for Snat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |ip: Option<IpAddr>| ip.map_or("-".to_string(), |ip| ip.to_string());
+        write!(
+            f,
+            "{} {}",
+            show(self.v4.map(IpAddr::V4)),
+            show(self.v6.map(IpAddr::V6))
+        )
+    }
+}
+
 /// Runs until a signal; always detaches and removes the pins on the way out.
 /// `reload` re-reads the configuration on SIGHUP.
 pub async fn serve(
     config: &Config,
     reload: &dyn Fn() -> anyhow::Result<Config>,
     ifindex: u32,
-    snat_ip: Ipv4Addr,
+    snat_ip: Snat,
 ) -> anyhow::Result<()> {
     // Installed before attaching, so a signal during startup still cleans up.
     let mut shutdown = Shutdown::install()?;
@@ -76,7 +119,7 @@ async fn configure_and_run(
     config: &Config,
     reload: &dyn Fn() -> anyhow::Result<Config>,
     ifindex: u32,
-    snat_ip: Ipv4Addr,
+    snat_ip: Snat,
     attachment: &Attachment,
     shutdown: &mut Shutdown,
 ) -> anyhow::Result<()> {
@@ -92,14 +135,11 @@ async fn configure_and_run(
     let initial: Vec<_> = initial.scores(clock.now()).map(|(_, s)| s).collect();
     maps::write_plan(&pin_dir, &plan, &initial)?;
 
-    let backend_ips: Vec<Ipv4Addr> = config
+    let backend_ips: Vec<IpAddr> = config
         .vips
         .iter()
         .flat_map(|v| &v.backends)
-        .filter_map(|b| match b.addr.ip() {
-            std::net::IpAddr::V4(ip) => Some(ip),
-            std::net::IpAddr::V6(_) => None,
-        })
+        .map(|b| b.addr.ip())
         .collect();
     let mut neighbours = NeighbourSync::new(
         maps::neighbours(&pin_dir)?,
@@ -115,12 +155,12 @@ async fn configure_and_run(
         .map(|c| c.len() as u32)
         .unwrap_or(1);
     maps::write_new_flow_limit(&pin_dir, config.ops.max_new_flows, cpus)?;
-    let (snat_v4, _) = wire::ip_to_words(snat_ip.into());
+    let (snat_v4, snat_v6) = snat_ip.words();
     maps::write_config(
         &pin_dir,
         &LbConfig {
             snat_v4,
-            snat_v6: [0; 4],
+            snat_v6,
             snat_port_min: config.snat_ports.min,
             snat_port_max: config.snat_ports.max,
             flags: CONFIG_F_READY,
@@ -178,7 +218,7 @@ async fn configure_and_run(
     result
 }
 
-fn log_ready(config: &Config, snat_ip: Ipv4Addr, attachment: &Attachment) {
+fn log_ready(config: &Config, snat_ip: Snat, attachment: &Attachment) {
     info!(
         iface = %config.iface,
         mode = if attachment.adopted { "unchanged" } else { config.xdp_mode.name() },
@@ -264,9 +304,7 @@ async fn event_loop(
                     // New backends' MACs first, so their first flows have a next hop.
                     for v in &new.vips {
                         for b in &v.backends {
-                            if let std::net::IpAddr::V4(ip) = b.addr.ip() {
-                                crate::neighbours::probe(ip);
-                            }
+                            crate::neighbours::probe(b.addr.ip());
                         }
                     }
                     sleep(STARTUP_RESOLVE_WAIT).await;

@@ -88,10 +88,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let reload = move || Config::from_args(args.clone()).map_err(anyhow::Error::from);
     require_root()?;
     let ifindex = iface::ifindex(&config.iface)?;
-    let snat_ip = match config.snat_ip {
-        Some(ip) => ip,
-        None => iface::primary_ipv4(&config.iface)?,
-    };
+    let snat = daemon::Snat::resolve(&config)?;
     // Still single-threaded here, as joining a mount namespace requires.
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
@@ -100,7 +97,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(daemon::serve(&config, &reload, ifindex, snat_ip))
+        .block_on(daemon::serve(&config, &reload, ifindex, snat))
 }
 
 fn show_status(args: StatusArgs) -> anyhow::Result<()> {

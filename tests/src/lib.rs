@@ -13,6 +13,7 @@ pub mod probe;
 pub mod root;
 pub mod server;
 pub mod status;
+pub mod xdp;
 
 pub use binaries::Binaries;
 pub use lab::{Lab, LabBuilder};

@@ -1,0 +1,475 @@
+//! The XDP program loaded into the kernel with fresh maps, driven with
+//! `BPF_PROG_TEST_RUN`: map setters for the state a case needs, one-frame
+//! runs, and readers for the counters, events and flow table it leaves.
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{ProgramError, TestRun, TestRunOptions, Xdp},
+};
+use lb_common::{
+    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendScore,
+    CONFIG_F_READY, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LbConfig,
+    MAX_BACKENDS_PER_VIP, Neighbour, VipKey, VipMeta, reason,
+};
+
+use super::packet::{Pkt, TCP_SYN};
+
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+/// Small, so the LRU table stays cheap to create for every case.
+pub const FLOW_TABLE_SIZE: u32 = 1024;
+
+// The standard topology every case starts from.
+pub use super::packet::{CLIENT_MAC, LB_MAC};
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+pub const SNAT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 7);
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+pub const SNAT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x5);
+pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 2, 0, 0, 0, 0x7);
+pub const CLIENT_PORT: u16 = 40_000;
+pub const HTTP: u16 = 80;
+pub const DNS: u16 = 53;
+pub const BACKEND_PORT: u16 = 8080;
+pub const SNAT_PORT_MIN: u16 = 20_000;
+pub const SNAT_PORT_MAX: u16 = 29_999;
+
+/// IPv4 address of backend `id`: 10.1.0.1 upwards.
+pub fn backend_addr(id: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 1, 0, 1)) + id)
+}
+
+/// IPv6 address of backend `id`: 2001:db8:1::1 upwards.
+pub fn backend_addr6(id: u32) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1)) + u128::from(id))
+}
+
+pub fn backend_mac(id: u32) -> [u8; 6] {
+    let [_, _, hi, lo] = id.to_be_bytes();
+    [0x02, 0, 0, 1, hi, lo]
+}
+
+/// An address as the four map words (memory bytes = address bytes) and its family tag.
+pub fn words(addr: IpAddr) -> ([u32; 4], u8) {
+    match addr {
+        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], AF_INET),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], AF_INET6)
+        }
+    }
+}
+
+/// The address stored in map words of `family`.
+pub fn addr_of(words: [u32; 4], family: u8) -> IpAddr {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    if family == AF_INET6 {
+        IpAddr::from(<[u8; 16]>::try_from(bytes).expect("16 bytes"))
+    } else {
+        IpAddr::from(<[u8; 4]>::try_from(&bytes[..4]).expect("4 bytes"))
+    }
+}
+
+/// The flow-table key of a packet `src -> dst` of `proto`.
+pub fn key<A: Into<IpAddr>>(proto: u8, src: (A, u16), dst: (A, u16)) -> FlowKey {
+    let (s, family) = words(src.0.into());
+    let (d, _) = words(dst.0.into());
+    FlowKey {
+        src: s,
+        dst: d,
+        sport: src.1.to_be(),
+        dport: dst.1.to_be(),
+        proto,
+        family,
+        _pad: [0; 2],
+    }
+}
+
+pub fn kinds(events: &[FlowEvent]) -> Vec<u8> {
+    events.iter().map(|e| e.kind).collect()
+}
+
+/// One loaded copy of the program with its own maps.
+pub struct Lb {
+    ebpf: Ebpf,
+    events: RingBuf<MapData>,
+}
+
+impl Lb {
+    /// Loads the embedded release object (fresh maps) through the verifier.
+    pub fn new() -> Self {
+        Self::load(lb_user::EBPF_OBJECT, FLOW_TABLE_SIZE)
+    }
+
+    /// Loads `object` with a flow table of `flow_table_size` entries.
+    pub fn load(object: &[u8], flow_table_size: u32) -> Self {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(lb_common::FLOWS_MAP, flow_table_size)
+            .load(object)
+            .expect("parse and create maps of the eBPF object");
+        let prog: &mut Xdp = ebpf
+            .program_mut(lb_common::XDP_PROGRAM)
+            .expect("lb_xdp in object")
+            .try_into()
+            .expect("lb_xdp is XDP");
+        match prog.load() {
+            Ok(()) => {}
+            Err(ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            }) => panic!("the verifier rejected lb_xdp: {io_error}\n{verifier_log}"),
+            Err(e) => panic!("loading lb_xdp: {e}"),
+        }
+        let events = RingBuf::try_from(ebpf.take_map(lb_common::EVENTS_MAP).expect("EVENTS"))
+            .expect("EVENTS is a ring buffer");
+        Self { ebpf, events }
+    }
+
+    /// One TCP VIP (p2c, id 0) and one UDP VIP (id 1), both on backend 0;
+    /// config ready. Clients have no neighbour entry: replies use the
+    /// return path learned from the client's frame.
+    pub fn standard() -> Self {
+        let mut lb = Self::new();
+        lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MAX);
+        lb.backend(0, BACKEND_ACTIVE);
+        lb.vip(0, HTTP, IPPROTO_TCP, Algorithm::P2cEwma, 0, &[0]);
+        lb.vip(1, DNS, IPPROTO_UDP, Algorithm::P2cEwma, 0, &[0]);
+        lb
+    }
+
+    /// The number of instructions the verifier processed, the program's
+    /// size in bytes after verification, and its JIT-compiled size.
+    pub fn verifier_counts(&self) -> (Option<u32>, u32, u32) {
+        let info = self.program().info().expect("program info");
+        (
+            info.verified_instruction_count(),
+            info.size_translated().unwrap_or(0),
+            info.size_jitted(),
+        )
+    }
+
+    pub fn verified_instructions(&self) -> Option<u32> {
+        self.verifier_counts().0
+    }
+
+    fn program(&self) -> &Xdp {
+        self.named_program(lb_common::XDP_PROGRAM)
+    }
+
+    fn named_program(&self, name: &str) -> &Xdp {
+        self.ebpf
+            .program(name)
+            .unwrap_or_else(|| panic!("{name} in object"))
+            .try_into()
+            .expect("XDP")
+    }
+
+    /// Loads another XDP program of the object (a benchmark baseline).
+    pub fn load_program(&mut self, name: &str) {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .unwrap_or_else(|| panic!("{name} in object"))
+            .try_into()
+            .expect("XDP");
+        prog.load()
+            .unwrap_or_else(|e| panic!("loading {name}: {e}"));
+    }
+
+    pub fn config(&mut self, ready: bool, port_min: u16, port_max: u16) {
+        let cfg = LbConfig {
+            snat_v4: words(SNAT.into()).0,
+            snat_v6: words(SNAT6.into()).0,
+            snat_port_min: port_min,
+            snat_port_max: port_max,
+            flags: if ready { CONFIG_F_READY } else { 0 },
+            ifindex: 1,
+            ..LbConfig::default()
+        };
+        self.array::<LbConfig>(lb_common::CONFIG_MAP)
+            .set(0, cfg, 0)
+            .expect("set CONFIG");
+    }
+
+    /// IPv4 backend `id` at `backend_addr(id)`:8080, with a neighbour entry on the ingress interface.
+    pub fn backend(&mut self, id: u32, state: u8) {
+        self.backend_at(id, backend_addr(id).into(), state);
+    }
+
+    /// Backend `id` at `addr`:8080 with a neighbour entry (MAC `backend_mac(id)`).
+    pub fn backend_at(&mut self, id: u32, addr: IpAddr, state: u8) {
+        let (addr_words, family) = words(addr);
+        let b = Backend {
+            addr: addr_words,
+            port: BACKEND_PORT.to_be(),
+            family,
+            state,
+            weight: 1,
+            in_use: 1,
+            ..Backend::default()
+        };
+        self.array::<Backend>(lb_common::BACKENDS_MAP)
+            .set(id, b, 0)
+            .expect("set BACKENDS");
+        self.neighbour(addr, backend_mac(id), 0);
+    }
+
+    fn neighbours(&mut self) -> HashMap<&mut MapData, IpKey, Neighbour> {
+        HashMap::try_from(
+            self.ebpf
+                .map_mut(lb_common::NEIGHBOURS_MAP)
+                .expect("NEIGHBOURS"),
+        )
+        .expect("hash")
+    }
+
+    pub fn neighbour<A: Into<IpAddr>>(&mut self, addr: A, mac: [u8; 6], ifindex: u32) {
+        let (addr, family) = words(addr.into());
+        let key = IpKey {
+            addr,
+            family,
+            _pad: [0; 3],
+        };
+        let n = Neighbour {
+            mac,
+            _pad: [0; 2],
+            ifindex,
+        };
+        self.neighbours()
+            .insert(key, n, 0)
+            .expect("insert neighbour");
+    }
+
+    pub fn remove_neighbour<A: Into<IpAddr>>(&mut self, addr: A) {
+        let (addr, family) = words(addr.into());
+        let key = IpKey {
+            addr,
+            family,
+            _pad: [0; 3],
+        };
+        self.neighbours().remove(&key).expect("remove neighbour");
+    }
+
+    /// VIP `VIP:port/proto` with id `vip_id` over the backend ids `backends`.
+    pub fn vip(
+        &mut self,
+        vip_id: u32,
+        port: u16,
+        proto: u8,
+        algorithm: Algorithm,
+        bias: u8,
+        backends: &[u32],
+    ) {
+        self.vip_at(VIP.into(), vip_id, port, proto, algorithm, bias, backends);
+    }
+
+    /// VIP `addr:port/proto` with id `vip_id` over the backend ids `backends`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "mirrors the map fields one to one"
+    )]
+    pub fn vip_at(
+        &mut self,
+        addr: IpAddr,
+        vip_id: u32,
+        port: u16,
+        proto: u8,
+        algorithm: Algorithm,
+        bias: u8,
+        backends: &[u32],
+    ) {
+        let mut slots = self.array::<u32>(lb_common::VIP_BACKENDS_MAP);
+        for (slot, id) in backends.iter().enumerate() {
+            slots
+                .set(vip_id * MAX_BACKENDS_PER_VIP + slot as u32, id, 0)
+                .expect("set slot");
+        }
+        let mut map: HashMap<_, VipKey, VipMeta> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::VIPS_MAP).expect("VIPS")).expect("hash");
+        let (addr, family) = words(addr);
+        let key = VipKey {
+            addr,
+            port: port.to_be(),
+            proto,
+            family,
+        };
+        let meta = VipMeta {
+            vip_id,
+            backend_count: backends.len() as u32,
+            algorithm: algorithm as u8,
+            inflight_bias: bias,
+            ..VipMeta::default()
+        };
+        map.insert(key, meta, 0).expect("insert VIP");
+    }
+
+    pub fn set_cost(&mut self, id: u32, cost: u64) {
+        let score = BackendScore {
+            ewma_ns: cost,
+            cost,
+            weight: 1,
+            ..BackendScore::default()
+        };
+        self.array::<BackendScore>(lb_common::BACKEND_SCORES_MAP)
+            .set(id, score, 0)
+            .expect("set score");
+    }
+
+    pub fn set_opened(&mut self, id: u32, opened: u64) {
+        let conns = BackendConns { opened, closed: 0 };
+        self.array::<BackendConns>(lb_common::BACKEND_CONNS_MAP)
+            .set(id, conns, 0)
+            .expect("set conns");
+    }
+
+    pub fn set_correction(&mut self, id: u32, correction: u64) {
+        self.array::<u64>(lb_common::BACKEND_CORRECTION_MAP)
+            .set(id, correction, 0)
+            .expect("set correction");
+    }
+
+    pub fn array<T: aya::Pod>(&mut self, name: &str) -> Array<&mut MapData, T> {
+        Array::try_from(self.ebpf.map_mut(name).expect("map exists")).expect("array map")
+    }
+
+    pub fn conns(&self, id: u32) -> BackendConns {
+        let map: Array<_, BackendConns> = Array::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_CONNS_MAP)
+                .expect("BACKEND_CONNS"),
+        )
+        .expect("array");
+        map.get(&id, 0).expect("conns")
+    }
+
+    /// Runs one frame: the XDP action and the frame as the program left it.
+    pub fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let (action, out, _) = self.run_repeat(frame, 1);
+        (action, out)
+    }
+
+    /// Runs one frame `repeat` times in the kernel: the action, the output
+    /// frame and the kernel's mean duration per run in nanoseconds.
+    pub fn run_repeat(&self, frame: &[u8], repeat: u32) -> (u32, Vec<u8>, u32) {
+        self.run_program(lb_common::XDP_PROGRAM, frame, repeat)
+    }
+
+    /// [`Lb::run_repeat`] for the loaded program `name`.
+    pub fn run_program(&self, name: &str, frame: &[u8], repeat: u32) -> (u32, Vec<u8>, u32) {
+        let mut out = vec![0u8; frame.len() + 64];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        opts.repeat = repeat;
+        let result = self
+            .named_program(name)
+            .test_run(opts)
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out, result.duration.as_nanos() as u32)
+    }
+
+    /// Runs `pkt` and asserts it comes out as `expected` with `action`.
+    pub fn expect(&self, pkt: &Pkt, action: u32, expected: &Pkt) {
+        let (got, out) = self.run(&pkt.build());
+        assert_eq!(got, action, "XDP action for {pkt:?}: {:?}", self.reasons());
+        assert_eq!(out, expected.build(), "output frame for {pkt:?}");
+    }
+
+    /// Runs `frame` and asserts it is passed untouched.
+    pub fn expect_pass(&self, frame: &[u8]) {
+        let (got, out) = self.run(frame);
+        assert_eq!(got, XDP_PASS, "{:?}", self.reasons());
+        assert_eq!(out, frame, "a passed frame must be unchanged");
+    }
+
+    /// Every reason counter (summed over CPUs), indexed by reason.
+    pub fn reason_counts(&self) -> Vec<u64> {
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map(lb_common::REASON_STATS_MAP)
+                .expect("REASON_STATS"),
+        )
+        .expect("percpu");
+        (0..reason::COUNT)
+            .map(|r| map.get(&r, 0).expect("counter").iter().sum::<u64>())
+            .collect()
+    }
+
+    /// All reason counters as name → count for the non-zero ones.
+    pub fn reasons(&self) -> BTreeMap<&'static str, u64> {
+        self.reason_counts()
+            .into_iter()
+            .enumerate()
+            .filter(|(_, n)| *n > 0)
+            .map(|(r, n)| (reason::NAMES[r], n))
+            .collect()
+    }
+
+    pub fn reason(&self, r: u32) -> u64 {
+        self.reason_counts()[r as usize]
+    }
+
+    pub fn events(&mut self) -> Vec<FlowEvent> {
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            assert_eq!(item.len(), size_of::<FlowEvent>());
+            // SAFETY: the length was checked; FlowEvent is plain integers.
+            events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
+        }
+        events
+    }
+
+    fn flows(&self) -> HashMap<&MapData, FlowKey, FlowEntry> {
+        HashMap::try_from(self.ebpf.map(lb_common::FLOWS_MAP).expect("FLOWS")).expect("hash")
+    }
+
+    pub fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
+        self.flows().get(key, 0).ok()
+    }
+
+    pub fn flow_count(&self) -> usize {
+        self.flows().keys().count()
+    }
+
+    /// The forward entry of the IPv4 client's connection from `client_port`.
+    pub fn forward_entry(&self, proto: u8, vip_port: u16, client_port: u16) -> FlowEntry {
+        self.flow(&key(proto, (CLIENT, client_port), (VIP, vip_port)))
+            .expect("forward flow entry")
+    }
+
+    /// Sends a SYN from `client_port` and returns the backend id it went to.
+    pub fn syn(&self, client_port: u16) -> u32 {
+        let (action, _) = self.run(&Pkt::tcp((CLIENT, client_port), (VIP, HTTP), TCP_SYN).build());
+        assert_eq!(
+            action,
+            XDP_TX,
+            "SYN from port {client_port}: {:?}",
+            self.reasons()
+        );
+        self.forward_entry(IPPROTO_TCP, HTTP, client_port)
+            .backend_id
+    }
+}
+
+impl Default for Lb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A TCP segment from IPv4 backend `id` to the SNAT address, as the backend sends it.
+pub fn from_backend(id: u32, snat_port: u16, flags: u8) -> Pkt {
+    Pkt::tcp((backend_addr(id), BACKEND_PORT), (SNAT, snat_port), flags)
+        .macs(LB_MAC, backend_mac(id))
+}
