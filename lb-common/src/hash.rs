@@ -38,3 +38,24 @@ pub const fn flow_hash_v4(saddr: u32, daddr: u32, sport: u16, dport: u16, proto:
 pub const fn source_hash_v4(saddr: u32) -> u32 {
     finish(mix(0, saddr))
 }
+
+/// Folds an address (the `u32` words of `Packet::saddr`, IPv4 in word 0 and
+/// the rest zero) into one word. An IPv4 address folds to itself, so IPv4
+/// hashes equal the `_v4` functions'; the rotations keep IPv6 addresses
+/// that differ in one word apart.
+#[inline(always)]
+pub const fn fold_addr(addr: [u32; 4]) -> u32 {
+    addr[0] ^ addr[1].rotate_left(8) ^ addr[2].rotate_left(16) ^ addr[3].rotate_left(24)
+}
+
+/// [`flow_hash_v4`] for either family (addresses as four words).
+#[inline(always)]
+pub const fn flow_hash(saddr: [u32; 4], daddr: [u32; 4], sport: u16, dport: u16, proto: u8) -> u32 {
+    flow_hash_v4(fold_addr(saddr), fold_addr(daddr), sport, dport, proto)
+}
+
+/// [`source_hash_v4`] for either family.
+#[inline(always)]
+pub const fn source_hash(saddr: [u32; 4]) -> u32 {
+    source_hash_v4(fold_addr(saddr))
+}

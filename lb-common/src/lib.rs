@@ -69,6 +69,8 @@ pub const VIP_SCHEDULE_MAP: &str = "VIP_SCHEDULE";
 pub const VIP_WEIGHT_PREFIX_MAP: &str = "VIP_WEIGHT_PREFIX";
 pub const MAGLEV_MAP: &str = "MAGLEV";
 pub const BACKEND_PROGRESS_MAP: &str = "BACKEND_PROGRESS";
+pub const NEW_FLOW_LIMIT_MAP: &str = "NEW_FLOW_LIMIT";
+pub const NEW_FLOW_BUCKETS_MAP: &str = "NEW_FLOW_BUCKETS";
 /// Name of the XDP program function in the object.
 pub const XDP_PROGRAM: &str = "lb_xdp";
 
@@ -92,4 +94,6 @@ pub const ALL_MAPS: &[&str] = &[
     VIP_WEIGHT_PREFIX_MAP,
     MAGLEV_MAP,
     BACKEND_PROGRESS_MAP,
+    NEW_FLOW_LIMIT_MAP,
+    NEW_FLOW_BUCKETS_MAP,
 ];

@@ -324,6 +324,29 @@ pub struct LbConfig {
 }
 assert_size!(LbConfig, 48);
 
+/// Single entry of [`crate::NEW_FLOW_LIMIT_MAP`]: the cap on new flows,
+/// per CPU (each CPU has its own token bucket, so no atomics are needed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NewFlowLimit {
+    /// New flows per second each CPU may create (0: no cap).
+    pub rate_per_cpu: u32,
+    /// Bucket depth: flows a CPU may create at once after a quiet spell.
+    pub burst: u32,
+}
+assert_size!(NewFlowLimit, 8);
+
+/// Value of [`crate::NEW_FLOW_BUCKETS_MAP`] (per-CPU): a token bucket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenBucket {
+    /// Tokens × 10^9 (one flow costs 10^9), so refills need no division.
+    pub nano_tokens: u64,
+    /// Time of the last refill (`bpf_ktime_get_ns`).
+    pub last_ns: u64,
+}
+assert_size!(TokenBucket, 16);
+
 /// Ring-buffer event kinds ([`FlowEvent::kind`]).
 pub const EVENT_OPENED: u8 = 1;
 /// `value_ns` is the latency from a client payload to the backend's first payload after it.
@@ -336,6 +359,9 @@ pub const EVENT_REFUSED: u8 = 4;
 pub const CLOSE_FIN: u8 = 1;
 pub const CLOSE_RST: u8 = 2;
 pub const CLOSE_IDLE: u8 = 3;
+/// The backend reset an established connection (an outlier signal; an RST
+/// from the client stays [`CLOSE_RST`]).
+pub const CLOSE_BACKEND_RST: u8 = 4;
 
 /// One flow state change, sent on [`crate::EVENTS_MAP`].
 #[repr(C)]
@@ -362,10 +388,11 @@ pub mod reason {
     pub const PASS_NOT_L4: u32 = 1;
     /// TCP/UDP that is neither VIP traffic nor a reply of a balanced flow.
     pub const PASS_NOT_VIP: u32 = 2;
-    /// IPv4 fragment (only the first fragment carries ports).
+    /// IPv4 or IPv6 fragment (only the first fragment carries ports).
     pub const PASS_FRAGMENT: u32 = 3;
-    /// IPv6 (not balanced yet).
-    pub const PASS_IPV6: u32 = 4;
+    /// IPv6 with more extension headers than the data path walks
+    /// (`MAX_IPV6_EXT_HEADERS` in lb-ebpf).
+    pub const PASS_IPV6_EXT_LIMIT: u32 = 4;
     /// Rewritten and sent back out of the same interface.
     pub const TX_TO_BACKEND: u32 = 5;
     pub const TX_TO_CLIENT: u32 = 6;
@@ -391,8 +418,16 @@ pub mod reason {
     pub const PASS_TTL_EXPIRED: u32 = 16;
     /// Ring-buffer reservation failed (event lost, packet still forwarded).
     pub const EVENT_LOST: u32 = 17;
+    /// A new flow refused by the new-connection rate cap
+    /// ([`crate::NEW_FLOW_LIMIT_MAP`]), so a SYN flood cannot churn the
+    /// flow table.
+    pub const DROP_NEW_FLOW_RATE: u32 = 18;
+    /// ICMP that is not an error about a balanced flow: echo to a VIP (the
+    /// kernel answers it, the VIP being an address of the interface), other
+    /// types, and errors quoting a packet of no flow.
+    pub const PASS_ICMP: u32 = 19;
     /// Number of reasons (size of the map).
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 20;
 
     /// Names used by `status` and metrics, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -400,7 +435,7 @@ pub mod reason {
         "pass_not_l4",
         "pass_not_vip",
         "pass_fragment",
-        "pass_ipv6",
+        "pass_ipv6_ext_limit",
         "tx_to_backend",
         "tx_to_client",
         "redirect",
@@ -414,6 +449,8 @@ pub mod reason {
         "drop_bad_config",
         "pass_ttl_expired",
         "event_lost",
+        "drop_new_flow_rate",
+        "pass_icmp",
     ];
 }
 
@@ -432,4 +469,6 @@ pod!(
     Neighbour,
     LbConfig,
     FlowEvent,
+    NewFlowLimit,
+    TokenBucket,
 );

@@ -26,10 +26,21 @@ impl CsumDelta {
             .u16((old >> 16) as u16, (new >> 16) as u16)
     }
 
+    /// Accounts for a 128-bit field (an IPv6 address) changing.
+    #[inline(always)]
+    pub fn addr6(self, old: &[u32; 4], new: &[u32; 4]) -> Self {
+        self.u32(old[0], new[0])
+            .u32(old[1], new[1])
+            .u32(old[2], new[2])
+            .u32(old[3], new[3])
+    }
+
     /// Applies the delta to checksum field `check`.
     #[inline(always)]
     pub fn apply(self, check: u16) -> u16 {
-        // At most a dozen 17-bit terms were added, so two folds are enough.
+        // At most 36 terms below 2^17 were added (two IPv6 addresses, two
+        // ports and a few more words): the sum stays below 2^32, and two
+        // folds bring it to 16 bits.
         let mut sum = u32::from(!check) + self.0;
         sum = (sum & 0xffff) + (sum >> 16);
         sum = (sum & 0xffff) + (sum >> 16);

@@ -2,7 +2,7 @@
 //! the wire in each direction (see `lb_common::FlowEntry`).
 use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use lb_common::{
-    AF_INET, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_SYN_SENT, FlowEntry, FlowKey,
+    AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_SYN_SENT, FlowEntry, FlowKey,
     LbConfig, SNAT_PORT_TRIES, reason,
 };
 
@@ -34,16 +34,16 @@ impl ReturnPath {
     }
 }
 
-/// An IPv4 5-tuple key (addresses in word 0, the rest zero).
+/// A 5-tuple key (IPv4 addresses in word 0, the rest zero).
 #[inline(always)]
-pub fn key_v4(proto: u8, src: u32, dst: u32, sport: u16, dport: u16) -> FlowKey {
+pub fn key(family: u8, proto: u8, src: [u32; 4], dst: [u32; 4], sport: u16, dport: u16) -> FlowKey {
     FlowKey {
-        src: [src, 0, 0, 0],
-        dst: [dst, 0, 0, 0],
+        src,
+        dst,
         sport,
         dport,
         proto,
-        family: AF_INET,
+        family,
         _pad: [0; 2],
     }
 }
@@ -51,15 +51,17 @@ pub fn key_v4(proto: u8, src: u32, dst: u32, sport: u16, dport: u16) -> FlowKey 
 /// The key of the packet as received.
 #[inline(always)]
 pub fn packet_key(pkt: &Packet) -> FlowKey {
-    key_v4(pkt.proto, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport)
+    key(
+        pkt.family, pkt.proto, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport,
+    )
 }
 
 /// What an entry says to do with a packet, copied out of the map value so
 /// no reference to it is held while other CPUs update its flags.
 #[derive(Clone, Copy)]
 pub struct Translation {
-    pub src: u32,
-    pub dst: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
     /// Network byte order.
     pub sport: u16,
     pub dport: u16,
@@ -73,8 +75,8 @@ impl Translation {
         // when the entry is created.
         unsafe {
             Self {
-                src: (*entry).new_src[0],
-                dst: (*entry).new_dst[0],
+                src: (*entry).new_src,
+                dst: (*entry).new_dst,
                 sport: (*entry).new_sport,
                 dport: (*entry).new_dport,
                 backend_id: (*entry).backend_id,
@@ -83,10 +85,13 @@ impl Translation {
     }
 
     /// The key of the rewritten packets seen coming back: the other
-    /// direction's entry of the same connection.
+    /// direction's entry of the same connection (same family and protocol:
+    /// the balancer never translates between IPv4 and IPv6).
     #[inline(always)]
-    pub fn opposite_key(&self, proto: u8) -> FlowKey {
-        key_v4(proto, self.dst, self.src, self.dport, self.sport)
+    pub fn opposite_key(&self, pkt: &Packet) -> FlowKey {
+        key(
+            pkt.family, pkt.proto, self.dst, self.src, self.dport, self.sport,
+        )
     }
 }
 
@@ -97,7 +102,6 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 
 /// Creates both entries of a new connection from the client packet `pkt`
 /// (which arrived by `client`) to `backend`, picking a free SNAT port.
-/// Returns the forward entry.
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "the 96-byte entry is reused for both inserts; by value it would be copied on the 512-byte stack"
@@ -110,16 +114,23 @@ pub fn create(
     vip_id: u32,
     backend: &Chosen,
     now: u64,
-) -> Result<*mut FlowEntry, Reason> {
+) -> Result<(), Reason> {
     let (min, max) = (cfg.snat_port_min, cfg.snat_port_max);
     if min > max {
         return Err(reason::DROP_BAD_CONFIG);
     }
     let span = u32::from(max - min) + 1;
-    let snat = cfg.snat_v4[0];
+    let snat = if pkt.family == AF_INET6 {
+        cfg.snat_v6
+    } else {
+        cfg.snat_v4
+    };
+    if snat == [0; 4] || backend.family != pkt.family {
+        return Err(reason::DROP_BAD_CONFIG);
+    }
     let mut entry = FlowEntry {
-        new_src: [pkt.daddr, 0, 0, 0],
-        new_dst: [pkt.saddr, 0, 0, 0],
+        new_src: pkt.daddr,
+        new_dst: pkt.saddr,
         new_sport: pkt.dport,
         new_dport: pkt.sport,
         backend_id: backend.id,
@@ -141,7 +152,14 @@ pub fn create(
         // span is in 1..=65536, so the remainder fits a u16 offset from min.
         let port = (u32::from(min) + random() % span) as u16;
         let port_be = port.to_be();
-        let reverse = key_v4(pkt.proto, backend.addr, snat, backend.port, port_be);
+        let reverse = key(
+            pkt.family,
+            pkt.proto,
+            backend.addr,
+            snat,
+            backend.port,
+            port_be,
+        );
         // NOEXIST makes the check and the claim one step: two CPUs racing
         // for the same port cannot both win it.
         match FLOWS.insert(reverse, &entry, u64::from(BPF_NOEXIST)) {
@@ -155,8 +173,8 @@ pub fn create(
     }
     let snat_port = snat_port.ok_or(reason::DROP_SNAT_EXHAUSTED)?;
 
-    entry.new_src = [snat, 0, 0, 0];
-    entry.new_dst = [backend.addr, 0, 0, 0];
+    entry.new_src = snat;
+    entry.new_dst = backend.addr;
     entry.new_sport = snat_port;
     entry.new_dport = backend.port;
     entry.direction = DIR_TO_BACKEND;
@@ -165,8 +183,8 @@ pub fn create(
     let forward = packet_key(pkt);
     // ANY: a closed connection's entry for the same client tuple is replaced.
     if FLOWS.insert(&forward, &entry, u64::from(BPF_ANY)).is_err() {
-        let _ = FLOWS.remove(Translation::of(&entry).opposite_key(pkt.proto));
+        let _ = FLOWS.remove(Translation::of(&entry).opposite_key(pkt));
         return Err(reason::DROP_FLOW_INSERT);
     }
-    lookup(&forward).ok_or(reason::DROP_FLOW_INSERT)
+    Ok(())
 }

@@ -14,14 +14,18 @@ mod atomic;
 mod csum;
 mod emit;
 mod flow;
+mod icmp;
 mod maps;
 mod nat;
 mod nexthop;
 mod parse;
 mod progress;
+mod rate;
 mod select;
 mod stats;
 mod track;
+
+use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -30,13 +34,13 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    AF_INET, CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, VipKey, reason,
+    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, VipKey, reason,
 };
 
 use crate::{
     flow::{ReturnPath, Translation},
     maps::{CONFIG, FLOWS, VIPS},
-    parse::{ETH_SRC_OFF, Frame, Packet},
+    parse::{ETH_SRC_OFF, Packet, Parsed},
     stats::Direction,
 };
 
@@ -45,8 +49,8 @@ pub type Reason = u32;
 
 /// An XDP action and the reason it is counted under.
 pub struct Verdict {
-    action: xdp_action::Type,
-    reason: Reason,
+    pub action: xdp_action::Type,
+    pub reason: Reason,
 }
 
 impl Verdict {
@@ -62,6 +66,15 @@ impl Verdict {
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     match try_lb(&ctx) {
+        Ok(action) => action,
+        Err(reason) => finish(Err(reason)),
+    }
+}
+
+/// Counts the verdict's reason and returns its action (errors drop).
+#[inline(always)]
+pub fn finish(result: Result<Verdict, Reason>) -> u32 {
+    match result {
         Ok(verdict) => {
             stats::count(verdict.reason);
             verdict.action
@@ -73,62 +86,126 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
     }
 }
 
+/// Parses and dispatches. Parsing, flow creation and each direction's
+/// rewrite are separate BPF functions called one after the other (each
+/// counts its own verdict): inlined into one, their locals (IPv6 keys, a
+/// 96-byte flow entry, FIB parameters) overflow the 512-byte stack.
 #[inline(always)]
-fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
-    let pkt = match parse::parse(ctx)? {
-        Frame::Ipv4(pkt) => pkt,
-        Frame::Pass(reason) => return Ok(Verdict::pass(reason)),
+fn try_lb(ctx: &XdpContext) -> Result<u32, Reason> {
+    let mut pkt = MaybeUninit::uninit();
+    let icmp_error = match parse::parse_into(XdpContext::new(ctx.ctx), &mut pkt).get()? {
+        Parsed::Pass(reason) => return Ok(finish(Ok(Verdict::pass(reason)))),
+        Parsed::Transport => false,
+        Parsed::IcmpError => true,
+    };
+    // SAFETY: `parse_into` wrote the packet (its outcome was not pass or drop).
+    let pkt = unsafe { pkt.assume_init_ref() };
+    let not_ours = if icmp_error {
+        reason::PASS_ICMP
+    } else {
+        reason::PASS_NOT_VIP
     };
     let Some(cfg) = CONFIG.get(0).filter(|c| c.flags & CONFIG_F_READY != 0) else {
-        return Ok(Verdict::pass(reason::PASS_NOT_VIP));
+        return Ok(finish(Ok(Verdict::pass(not_ours))));
     };
-    let key = flow::packet_key(&pkt);
+    // For an ICMP error this is the key of the quoted packet's flow in the
+    // direction the error travels (see icmp.rs).
+    let key = flow::packet_key(pkt);
+    let ctx = || XdpContext::new(ctx.ctx);
+    if icmp_error {
+        return Ok(match flow::lookup(&key) {
+            Some(entry) => icmp::translate(ctx(), pkt, entry),
+            None => finish(Ok(Verdict::pass(not_ours))),
+        });
+    }
     if let Some(entry) = flow::lookup(&key) {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
-            return to_client(ctx, &pkt, entry);
+            return Ok(to_client(ctx(), pkt, entry));
         }
         if !(pkt.is_tcp() && pkt.is_syn() && flags & FLOW_F_CLOSED != 0) {
-            return to_backend(ctx, &pkt, entry);
+            return Ok(to_backend(ctx(), pkt, entry));
         }
         // A new SYN on a closed connection's tuple starts a new connection:
         // release the old reply entry (and its SNAT port), then re-select.
-        let _ = FLOWS.remove(Translation::of(entry).opposite_key(pkt.proto));
+        release_reply(pkt, entry);
     }
-    new_flow(ctx, &pkt, cfg)
+    let action = new_flow(ctx(), pkt, cfg);
+    if action != FLOW_CREATED {
+        return Ok(action);
+    }
+    // Looked up again rather than returned: a BPF function returns one
+    // register, and the verifier must see a map value pointer come from a lookup.
+    let fwd = flow::lookup(&key).ok_or(reason::DROP_FLOW_INSERT)?;
+    Ok(to_backend(ctx(), pkt, fwd))
 }
 
-/// First packet of a connection to a VIP (or not VIP traffic at all).
+/// Removes the reply entry of the connection whose forward entry is `fwd`.
+/// A BPF function of its own, so its key is not in `lb_xdp`'s stack frame
+/// while `new_flow` runs.
+#[inline(never)]
+fn release_reply(pkt: &Packet, fwd: *mut FlowEntry) {
+    let _ = FLOWS.remove(Translation::of(fwd).opposite_key(pkt));
+}
+
+/// [`new_flow`]'s return value when it created the connection's entries
+/// (not an XDP action; the packet still has to be sent).
+const FLOW_CREATED: u32 = u32::MAX;
+
+/// First packet of a connection to a VIP (or not VIP traffic at all):
+/// selects a backend and creates both flow entries, or returns the
+/// (counted) action for the packet.
+#[inline(never)]
+fn new_flow(ctx: XdpContext, pkt: &Packet, cfg: &LbConfig) -> u32 {
+    parse::keep_ctx_pointer(&ctx);
+    match try_new_flow(&ctx, pkt, cfg) {
+        Ok(None) => FLOW_CREATED,
+        Ok(Some(verdict)) => finish(Ok(verdict)),
+        Err(reason) => finish(Err(reason)),
+    }
+}
+
 #[inline(always)]
-fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Verdict, Reason> {
+fn try_new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Option<Verdict>, Reason> {
     let vip_key = VipKey {
-        addr: [pkt.daddr, 0, 0, 0],
+        addr: pkt.daddr,
         port: pkt.dport,
         proto: pkt.proto,
-        family: AF_INET,
+        family: pkt.family,
     };
     // SAFETY: read-only use of a hash map value.
     let Some(vip) = (unsafe { VIPS.get(vip_key) }) else {
-        return Ok(Verdict::pass(reason::PASS_NOT_VIP));
+        return Ok(Some(Verdict::pass(reason::PASS_NOT_VIP)));
     };
     if pkt.is_tcp() && !pkt.is_syn() {
         return Err(reason::DROP_NO_FLOW);
     }
+    rate::admit(now())?;
     let backend = select::select(vip, pkt)?;
     let client = ReturnPath {
         mac: parse::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
         ifindex: ctx.ingress_ifindex() as u32,
     };
     let now = now();
-    let fwd = flow::create(pkt, client, cfg, vip.vip_id, &backend, now)?;
+    flow::create(pkt, client, cfg, vip.vip_id, &backend, now)?;
     track::opened(backend.id, vip.vip_id, now);
-    to_backend(ctx, pkt, fwd)
+    Ok(None)
 }
 
 /// Client → VIP packet of a known connection.
+#[inline(never)]
+fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> u32 {
+    parse::keep_ctx_pointer(&ctx);
+    finish(forward_to_backend(&ctx, pkt, fwd))
+}
+
 #[inline(always)]
-fn to_backend(ctx: &XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> Result<Verdict, Reason> {
+fn forward_to_backend(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    fwd: *mut FlowEntry,
+) -> Result<Verdict, Reason> {
     let to = Translation::of(fwd);
     nat::rewrite(ctx, pkt, &to)?;
     let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND, None)?;
@@ -138,14 +215,24 @@ fn to_backend(ctx: &XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> Result<Ver
 }
 
 /// Backend → SNAT address packet of a known connection.
+#[inline(never)]
+fn to_client(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u32 {
+    parse::keep_ctx_pointer(&ctx);
+    finish(forward_to_client(&ctx, pkt, rev))
+}
+
 #[inline(always)]
-fn to_client(ctx: &XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> Result<Verdict, Reason> {
+fn forward_to_client(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    rev: *mut FlowEntry,
+) -> Result<Verdict, Reason> {
     let to = Translation::of(rev);
     nat::rewrite(ctx, pkt, &to)?;
     let client = ReturnPath::of(rev);
     let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?;
     // The forward entry holds the state; it may have been evicted alone.
-    if let Some(fwd) = flow::lookup(&to.opposite_key(pkt.proto)) {
+    if let Some(fwd) = flow::lookup(&to.opposite_key(pkt)) {
         track::backend_packet(pkt, fwd, now());
     }
     stats::backend_traffic(to.backend_id, Direction::FromBackend, pkt.frame_len);
@@ -170,6 +257,22 @@ fn random() -> u32 {
 #[xdp]
 pub fn xdp_pass_stub(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
+}
+
+/// Benchmark baseline: swaps the Ethernet addresses and sends the frame
+/// back (the cheapest useful XDP_TX). `lb-bench-dataplane` measures `lb_xdp`
+/// against it and against `xdp_pass_stub`.
+#[xdp]
+pub fn xdp_macswap_bench(ctx: XdpContext) -> u32 {
+    let (Some(dst), Some(src)) = (
+        parse::ptr_at::<parse::Mac>(&ctx, parse::ETH_DST_OFF),
+        parse::ptr_at::<parse::Mac>(&ctx, parse::ETH_SRC_OFF),
+    ) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: both 6-byte fields were bounds-checked; [u8; 6] has alignment 1.
+    unsafe { core::ptr::swap(dst, src) };
+    xdp_action::XDP_TX
 }
 
 #[cfg(not(test))]

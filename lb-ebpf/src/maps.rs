@@ -45,3 +45,7 @@ pub static VIP_WEIGHT_PREFIX: Array<u32> =
 pub static MAGLEV: Array<u32> = Array::with_max_entries(MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE, 0);
 #[map(name = "BACKEND_PROGRESS")]
 pub static BACKEND_PROGRESS: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "NEW_FLOW_LIMIT")]
+pub static NEW_FLOW_LIMIT: Array<NewFlowLimit> = Array::with_max_entries(1, 0);
+#[map(name = "NEW_FLOW_BUCKETS")]
+pub static NEW_FLOW_BUCKETS: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(1, 0);

@@ -14,7 +14,7 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use lb_common::{AF_INET, IpKey, reason};
+use lb_common::{IpKey, reason};
 
 use crate::{
     Reason, Verdict,
@@ -23,8 +23,9 @@ use crate::{
     parse::{ETH_DST_OFF, ETH_SRC_OFF, Mac, Packet, ptr_at},
 };
 
-/// `AF_INET` as the kernel's FIB lookup expects it (not lb-common's tag).
+/// `AF_INET` and `AF_INET6` as the kernel's FIB lookup expects them (not lb-common's tags).
 const FIB_AF_INET: u8 = 2;
+const FIB_AF_INET6: u8 = 10;
 
 /// Where the frame goes next.
 struct Hop {
@@ -49,8 +50,8 @@ pub fn forward(
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: bounds-checked above.
     let our_mac = unsafe { dmac_ptr.read_unaligned() };
-    let hop = fib(ctx, pkt.proto, to, ingress)
-        .or_else(|| neighbour(to.dst, our_mac, ingress))
+    let hop = fib(ctx, pkt, to, ingress)
+        .or_else(|| neighbour(pkt.family, to.dst, our_mac, ingress))
         .or_else(|| {
             learned.map(|back| Hop {
                 dmac: back.mac,
@@ -72,17 +73,67 @@ pub fn forward(
     Ok(Verdict::new(action as u32, reason::REDIRECT))
 }
 
+/// [`forward`] as a BPF function of its own, for callers whose stack frame
+/// cannot also hold the FIB lookup's parameters (ICMP translation). The
+/// verdict travels back packed in one register.
+#[inline(always)]
+pub fn forward_out_of_line(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    tx_reason: Reason,
+    learned: Option<ReturnPath>,
+) -> Result<Verdict, Reason> {
+    // Interface 0 stands for "no learned path": a plain value crosses the
+    // call more simply than an `Option` (see `ReturnPath::of`).
+    let learned = learned.unwrap_or(ReturnPath {
+        mac: [0; 6],
+        ifindex: 0,
+    });
+    let packed = forward_call(XdpContext::new(ctx.ctx), pkt, to, tx_reason, &learned);
+    if packed & SENT == 0 {
+        return Err(packed as u32);
+    }
+    Ok(Verdict::new(((packed & !SENT) >> 32) as u32, packed as u32))
+}
+
+/// Bit of [`forward_call`]'s result marking a verdict (action in the high
+/// word, reason in the low word) rather than a drop reason.
+const SENT: u64 = 1 << 63;
+
+#[inline(never)]
+fn forward_call(
+    ctx: XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    tx_reason: Reason,
+    learned: &ReturnPath,
+) -> u64 {
+    crate::parse::keep_ctx_pointer(&ctx);
+    let learned = (learned.ifindex != 0).then_some(*learned);
+    match forward(&ctx, pkt, to, tx_reason, learned) {
+        Ok(v) => SENT | (u64::from(v.action) << 32) | u64::from(v.reason),
+        Err(reason) => u64::from(reason),
+    }
+}
+
 /// A complete FIB answer (route and resolved neighbour), if any.
 #[inline(always)]
-fn fib(ctx: &XdpContext, proto: u8, to: &Translation, ingress: u32) -> Option<Hop> {
+fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option<Hop> {
     // Zeroed, then the fields the lookup reads are set (its unions make a
     // struct literal awkward).
     let mut params: bpf_fib_lookup = unsafe { MaybeUninit::zeroed().assume_init() };
-    params.family = FIB_AF_INET;
-    params.l4_protocol = proto;
+    params.l4_protocol = pkt.proto;
     params.ifindex = ingress;
-    params.__bindgen_anon_3.ipv4_src = to.src;
-    params.__bindgen_anon_4.ipv4_dst = to.dst;
+    if pkt.is_v6() {
+        params.family = FIB_AF_INET6;
+        params.__bindgen_anon_3.ipv6_src = to.src;
+        params.__bindgen_anon_4.ipv6_dst = to.dst;
+    } else {
+        params.family = FIB_AF_INET;
+        params.__bindgen_anon_3.ipv4_src = to.src[0];
+        params.__bindgen_anon_4.ipv4_dst = to.dst[0];
+    }
     // SAFETY: `params` is a valid, fully initialised struct on our stack.
     let rc = unsafe {
         fib_lookup(
@@ -105,10 +156,10 @@ fn fib(ctx: &XdpContext, proto: u8, to: &Translation, ingress: u32) -> Option<Ho
 /// The control plane's neighbour entry for `dst`; the frame keeps our MAC
 /// (its original destination) as the source. Interface 0 means ingress.
 #[inline(always)]
-fn neighbour(dst: u32, our_mac: Mac, ingress: u32) -> Option<Hop> {
+fn neighbour(family: u8, dst: [u32; 4], our_mac: Mac, ingress: u32) -> Option<Hop> {
     let key = IpKey {
-        addr: [dst, 0, 0, 0],
-        family: AF_INET,
+        addr: dst,
+        family,
         _pad: [0; 3],
     };
     // SAFETY: read-only copy of a hash map value.

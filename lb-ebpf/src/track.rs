@@ -5,8 +5,9 @@
 use core::mem::offset_of;
 
 use lb_common::{
-    CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED, EVENT_RESPONDED, FLOW_CLOSING,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FlowEntry,
+    CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED,
+    EVENT_RESPONDED, FLOW_CLOSING, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING,
+    FLOW_F_SYNACK_SEEN, FlowEntry,
 };
 
 use crate::{
@@ -63,13 +64,14 @@ pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
     }
     if pkt.has(TCP_RST) {
         // An RST before any SYN-ACK is a refused connection; REFUSED is then
-        // its only terminal event (no CLOSED follows).
-        let kind = if flags.get() & FLOW_F_SYNACK_SEEN == 0 {
-            EVENT_REFUSED
+        // its only terminal event (no CLOSED follows). After it, the backend
+        // reset a live connection.
+        let (kind, close_reason) = if flags.get() & FLOW_F_SYNACK_SEEN == 0 {
+            (EVENT_REFUSED, CLOSE_RST)
         } else {
-            EVENT_CLOSED
+            (EVENT_CLOSED, CLOSE_BACKEND_RST)
         };
-        close(fwd, kind, CLOSE_RST, now);
+        close(fwd, kind, close_reason, now);
     } else if pkt.has(TCP_FIN) {
         close(fwd, EVENT_CLOSED, CLOSE_FIN, now);
     }

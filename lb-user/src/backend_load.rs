@@ -14,6 +14,7 @@ use crate::{
     addr::Weight,
     clock::Nanos,
     events::{CloseReason, Event},
+    lifecycle::WEIGHT_UNITS,
     peak_ewma::PeakEwma,
 };
 
@@ -22,10 +23,11 @@ use crate::{
 pub struct Cost(pub u64);
 
 impl Cost {
-    /// `max(1, ewma_ns × WEIGHT_SCALE ÷ weight)`: never 0, so that even an
-    /// unmeasured-fast backend's in-flight term still counts.
-    pub fn new(ewma_ns: u64, weight: Weight) -> Self {
-        Self((ewma_ns.saturating_mul(WEIGHT_SCALE) / u64::from(weight.get())).max(1))
+    /// `max(1, ewma_ns × WEIGHT_SCALE ÷ weight)`, `weight` in
+    /// [`WEIGHT_UNITS`]: never 0, so that even an unmeasured-fast backend's
+    /// in-flight term still counts.
+    pub fn new(ewma_ns: u64, weight_units: u32) -> Self {
+        Self((ewma_ns.saturating_mul(WEIGHT_SCALE) / u64::from(weight_units.max(1))).max(1))
     }
 }
 
@@ -43,7 +45,8 @@ pub struct Tally {
 
 #[derive(Clone, Debug)]
 pub struct BackendLoad {
-    weight: Weight,
+    /// Effective weight in [`WEIGHT_UNITS`] (slow start, smoothing applied).
+    weight_units: u32,
     ewma: PeakEwma,
     pub tally: Tally,
 }
@@ -51,7 +54,7 @@ pub struct BackendLoad {
 impl BackendLoad {
     pub fn new(weight: Weight, cold_start: Duration, tau: Duration, now: Nanos) -> Self {
         Self {
-            weight,
+            weight_units: weight.get() * WEIGHT_UNITS,
             ewma: PeakEwma::new(cold_start, tau, now),
             tally: Tally::default(),
         }
@@ -78,8 +81,8 @@ impl BackendLoad {
         let ewma_ns = self.ewma.estimate_ns(now).round() as u64;
         BackendScore {
             ewma_ns,
-            cost: Cost::new(ewma_ns, self.weight).0,
-            weight: self.weight.get(),
+            cost: Cost::new(ewma_ns, self.weight_units).0,
+            weight: self.weight_units,
             _pad: 0,
             updated_ns: now.0,
         }
@@ -116,6 +119,32 @@ impl LoadTable {
         }
     }
 
+    /// Sets the effective weight (in [`WEIGHT_UNITS`]) of backend `id`,
+    /// growing the table for a backend added at runtime.
+    pub fn set_weight(&mut self, id: u32, weight_units: u32, template: &BackendLoad) {
+        let id = id as usize;
+        if self.loads.len() <= id {
+            self.loads.resize(id + 1, template.clone());
+        }
+        self.loads[id].weight_units = weight_units;
+    }
+
+    /// Starts backend `id` afresh (a new backend reusing a freed id).
+    pub fn reset(&mut self, id: u32, fresh: BackendLoad) {
+        let id = id as usize;
+        if self.loads.len() <= id {
+            self.loads.resize(id + 1, fresh.clone());
+        }
+        self.loads[id] = fresh;
+    }
+
+    /// The Peak-EWMA estimate of backend `id` (0 if unknown).
+    pub fn ewma_ns(&self, id: u32, now: Nanos) -> u64 {
+        self.loads
+            .get(id as usize)
+            .map_or(0, |l| l.ewma.estimate_ns(now).round() as u64)
+    }
+
     /// `(backend id, score)` for every backend.
     pub fn scores(&self, now: Nanos) -> impl Iterator<Item = (u32, BackendScore)> + '_ {
         self.loads
@@ -146,11 +175,12 @@ mod tests {
 
     #[test]
     fn cost_divides_latency_by_weight_in_fixed_point() {
-        assert_eq!(Cost::new(1_000_000, weight(1)), Cost(100_000_000));
-        assert_eq!(Cost::new(1_000_000, weight(4)), Cost(25_000_000));
-        assert_eq!(Cost::new(0, weight(1)), Cost(1));
-        assert_eq!(Cost::new(1, weight(65535)), Cost(1));
-        assert_eq!(Cost::new(u64::MAX, weight(1)), Cost(u64::MAX));
+        assert_eq!(Cost::new(1_000_000, 100), Cost(1_000_000));
+        assert_eq!(Cost::new(1_000_000, 400), Cost(250_000));
+        assert_eq!(Cost::new(1_000_000, 50), Cost(2_000_000));
+        assert_eq!(Cost::new(0, 100), Cost(1));
+        assert_eq!(Cost::new(1, 6_553_500), Cost(1));
+        assert_eq!(Cost::new(u64::MAX, 100), Cost(u64::MAX / 100));
     }
 
     #[test]
@@ -166,10 +196,10 @@ mod tests {
         );
         let scores: Vec<_> = table.scores(clock.now()).collect();
         assert_eq!(scores[0].1.ewma_ns, 1_000_000);
-        assert_eq!(scores[0].1.cost, 100_000_000);
+        assert_eq!(scores[0].1.cost, 1_000_000);
         assert_eq!(scores[1].1.ewma_ns, 4_000_000);
-        assert_eq!(scores[1].1.cost, 200_000_000);
-        assert_eq!(scores[1].1.weight, 2);
+        assert_eq!(scores[1].1.cost, 2_000_000);
+        assert_eq!(scores[1].1.weight, 200);
         assert_eq!(scores[1].1.updated_ns, 5);
     }
 

@@ -2,7 +2,11 @@
 //! [`crate::config`] can tell "not given" from "given", which is what lets flags
 //! override a config file's globals; defaults live in `config`, once.
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_common::Algorithm;
@@ -12,6 +16,7 @@ use crate::{
     addr::{BackendAddr, VipAddr},
     algorithm::parse_algorithm,
     duration::parse_duration,
+    ops_config::OpsSettings,
     ports::PortRange,
 };
 
@@ -29,6 +34,27 @@ pub struct Cli {
 pub enum Command {
     /// Show the VIPs, backends and counters of a running instance.
     Status(StatusArgs),
+    /// Change a running instance's backends: add, remove, weight, drain, undrain.
+    Backend(BackendArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// What to do with the backend.
+    #[arg(value_enum)]
+    pub action: crate::control::Command,
+    /// Instance to change; may be omitted when exactly one is running.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// The VIP, IP:PORT[/tcp|/udp].
+    #[arg(long, value_name = "IP:PORT[/PROTO]")]
+    pub vip: VipAddr,
+    /// The backend, IP:PORT (add also takes IP:PORT@WEIGHT).
+    #[arg(long, value_name = "IP:PORT[@WEIGHT]")]
+    pub backend: BackendAddr,
+    /// New weight (weight only), 1..=65535.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -63,7 +89,7 @@ impl XdpMode {
 
 /// Flags of the balancer itself. See `config.rs` for defaults and the TOML
 /// file that can say the same things.
-#[derive(Debug, Default, Args)]
+#[derive(Clone, Debug, Default, Args)]
 pub struct RunArgs {
     /// TOML file with global settings and any number of [[vip]] sections.
     #[arg(long, value_name = "FILE")]
@@ -92,6 +118,9 @@ pub struct RunArgs {
     /// Source address of balanced flows (default: the interface's primary IPv4 address).
     #[arg(long, value_name = "IPV4")]
     pub snat_ip: Option<Ipv4Addr>,
+    /// Source address of balanced IPv6 flows (default: the interface's first global IPv6 address).
+    #[arg(long, value_name = "IPV6")]
+    pub snat_ip6: Option<Ipv6Addr>,
     /// SNAT source-port range, MIN-MAX inclusive.
     #[arg(long, value_name = "MIN-MAX")]
     pub snat_ports: Option<PortRange>,
@@ -122,4 +151,12 @@ pub struct RunArgs {
     /// Log level when RUST_LOG is unset: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// When re-adopting a running instance, replace its XDP program with
+    /// this binary's even if they look the same (it is replaced anyway when
+    /// they differ).
+    #[arg(long)]
+    pub upgrade: bool,
+    /// Health checks, ejection, slow start, metrics.
+    #[command(flatten)]
+    pub ops: OpsSettings,
 }

@@ -9,6 +9,7 @@
 //! iface = "eth0"
 //! xdp_mode = "native"            # or "skb"
 //! snat_ip = "10.0.0.1"           # default: the interface's primary IPv4 address
+//! snat_ip6 = "2001:db8::1"       # default: the interface's first global IPv6 address
 //! snat_ports = "20000-32767"
 //! flow_table_size = 262144
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
@@ -41,7 +42,12 @@
 //! same configuration always yields the same ids (which is what lets a
 //! restarted instance keep its pinned flow table meaningful).
 
-use std::{collections::HashSet, net::Ipv4Addr, path::Path, time::Duration};
+use std::{
+    collections::HashSet,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+    time::Duration,
+};
 
 use lb_common::{
     Algorithm, DEFAULT_FLOW_TABLE_SIZE, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
@@ -55,6 +61,7 @@ use crate::{
     algorithm::parse_algorithm,
     cli::{RunArgs, XdpMode},
     duration::{format_duration, parse_duration},
+    ops_config::{HealthCheck, HealthSettings, Ops, OpsSettings},
     ports::PortRange,
 };
 
@@ -87,6 +94,9 @@ pub struct Config {
     pub xdp_mode: XdpMode,
     /// `None`: use the interface's primary IPv4 address (resolved at startup).
     pub snat_ip: Option<Ipv4Addr>,
+    /// `None`: use the interface's first global IPv6 address (resolved at
+    /// startup, needed only when a VIP is IPv6).
+    pub snat_ip6: Option<Ipv6Addr>,
     pub snat_ports: PortRange,
     pub flow_table_size: u32,
     pub ewma_tau: Duration,
@@ -97,6 +107,10 @@ pub struct Config {
     pub syn_timeout: Duration,
     pub instance: String,
     pub log_level: String,
+    /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
+    pub ops: Ops,
+    /// Replace a re-adopted program even when its tag matches (`--upgrade`).
+    pub upgrade: bool,
     /// In id order: `vips[i]` gets vip id `i`.
     pub vips: Vec<VipConfig>,
 }
@@ -110,6 +124,8 @@ pub struct VipConfig {
     pub maglev_source_affinity: bool,
     /// In config order (backend ids follow it).
     pub backends: Vec<BackendAddr>,
+    /// Active health check of this VIP's backends, if any.
+    pub health: Option<HealthCheck>,
 }
 
 /// Bad input, reported as one line before the kernel is touched.
@@ -137,8 +153,8 @@ pub enum ConfigError {
     FileAddress(AddrError),
     #[error("VIP {vip} says protocol {protocol} but its address says otherwise")]
     ProtocolConflict { vip: String, protocol: String },
-    #[error("{0}: IPv6 is not supported yet")]
-    Ipv6(String),
+    #[error("backend {backend} of VIP {vip}: a VIP and its backends must be of one address family")]
+    MixedFamily { vip: String, backend: String },
     #[error("inflight bias {0} out of range (expected 1..=3)")]
     InflightBias(u8),
     #[error("{name} must be greater than zero")]
@@ -157,6 +173,8 @@ pub enum ConfigError {
     BadInstance(String),
     #[error("invalid log level '{0}' (expected error, warn, info, debug or trace)")]
     LogLevel(String),
+    #[error("{0}")]
+    Ops(String),
 }
 
 /// The TOML file as written (see the module docs).
@@ -166,6 +184,7 @@ pub struct FileConfig {
     iface: Option<String>,
     xdp_mode: Option<XdpMode>,
     snat_ip: Option<Ipv4Addr>,
+    snat_ip6: Option<Ipv6Addr>,
     #[serde(default, deserialize_with = "de::from_str_opt")]
     snat_ports: Option<PortRange>,
     flow_table_size: Option<u32>,
@@ -188,6 +207,8 @@ pub struct FileConfig {
     instance: Option<String>,
     log_level: Option<String>,
     #[serde(default)]
+    operations: OpsSettings,
+    #[serde(default)]
     vip: Vec<FileVip>,
 }
 
@@ -204,6 +225,9 @@ struct FileVip {
     maglev_source_affinity: Option<bool>,
     #[serde(default, deserialize_with = "de::from_str_vec")]
     backends: Vec<BackendAddr>,
+    /// Overrides `[operations.health]` key by key.
+    #[serde(default)]
+    health: HealthSettings,
 }
 
 impl FileConfig {
@@ -252,6 +276,8 @@ impl Config {
         let maglev_source_affinity =
             args.maglev_source_affinity || file.maglev_source_affinity.unwrap_or(false);
 
+        let ops_settings = args.ops.clone().or(file.operations);
+        let ops = ops_settings.resolve()?;
         let mut vips = Vec::with_capacity(file.vip.len() + 1);
         for v in file.vip {
             let mut vip: VipAddr = v.address.parse().map_err(ConfigError::FileAddress)?;
@@ -271,6 +297,7 @@ impl Config {
                 inflight_bias: v.inflight_bias.unwrap_or(inflight_bias),
                 maglev_source_affinity: v.maglev_source_affinity.unwrap_or(maglev_source_affinity),
                 backends: v.backends,
+                health: v.health.or(&ops_settings.health).resolve()?,
             });
         }
         match args.vip {
@@ -280,6 +307,7 @@ impl Config {
                 inflight_bias,
                 maglev_source_affinity,
                 backends: args.backends,
+                health: ops_settings.health.resolve()?,
             }),
             None if !args.backends.is_empty() => return Err(ConfigError::BackendWithoutVip),
             None => {}
@@ -292,6 +320,7 @@ impl Config {
         let config = Self {
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
             snat_ip: args.snat_ip.or(file.snat_ip),
+            snat_ip6: args.snat_ip6.or(file.snat_ip6),
             snat_ports: args.snat_ports.or(file.snat_ports).unwrap_or_default(),
             flow_table_size: args
                 .flow_table_size
@@ -322,8 +351,10 @@ impl Config {
                 .log_level
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".to_string()),
+            upgrade: args.upgrade,
             iface,
             instance,
+            ops,
             vips,
         };
         config.validate()?;
@@ -392,9 +423,6 @@ impl Config {
         let mut seen_vips = HashSet::new();
         for v in &self.vips {
             let name = v.vip.to_string();
-            if v.vip.addr.is_ipv6() {
-                return Err(ConfigError::Ipv6(format!("VIP {name}")));
-            }
             if !seen_vips.insert(v.vip) {
                 return Err(ConfigError::DuplicateVip(name));
             }
@@ -411,8 +439,11 @@ impl Config {
             }
             let mut seen_backends = HashSet::new();
             for b in &v.backends {
-                if b.addr.is_ipv6() {
-                    return Err(ConfigError::Ipv6(format!("backend {}", b.addr)));
+                if b.addr.is_ipv6() != v.vip.addr.is_ipv6() {
+                    return Err(ConfigError::MixedFamily {
+                        vip: name,
+                        backend: b.addr.to_string(),
+                    });
                 }
                 if !seen_backends.insert(b.addr) {
                     return Err(ConfigError::DuplicateBackend {

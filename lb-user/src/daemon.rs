@@ -2,7 +2,7 @@
 //! then keep scores, flow accounting and neighbours current until
 //! SIGINT/SIGTERM, and clean up.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::Context as _;
 use lb_common::{CONFIG_F_READY, LbConfig};
@@ -18,13 +18,16 @@ use crate::{
     backend_load::LoadTable,
     clock::{Clock, MonotonicClock},
     config::Config,
-    events::{CloseReason, Event, EventStream},
+    control,
+    events::EventStream,
+    health::CheckResult,
     loader::Attachment,
-    maps,
+    maps, metrics,
     neighbours::{NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
     plan::Plan,
     reconcile::{RECONCILE_INTERVAL, Reconciler, Scan, Timeouts},
-    tables, wire,
+    runtime::Runtime,
+    wire,
 };
 
 /// Signals that end the daemon cleanly.
@@ -49,12 +52,62 @@ impl Shutdown {
     }
 }
 
+/// SNAT source addresses per family. A family without a VIP needs none
+/// (the data path then never uses it; its word stays zero).
+#[derive(Clone, Copy, Debug)]
+pub struct Snat {
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
+}
+
+impl Snat {
+    /// The configured addresses, or the interface's for the families of the VIPs.
+    pub fn resolve(config: &Config) -> anyhow::Result<Self> {
+        let has = |v6: bool| config.vips.iter().any(|v| v.vip.addr.is_ipv6() == v6);
+        let v4 = match config.snat_ip {
+            Some(ip) => Some(ip),
+            None if has(false) => Some(crate::iface::primary_ipv4(&config.iface)?),
+            None => None,
+        };
+        let v6 = match config.snat_ip6 {
+            Some(ip) => Some(ip),
+            None if has(true) => Some(crate::iface::global_ipv6(&config.iface)?),
+            None => None,
+        };
+        Ok(Self { v4, v6 })
+    }
+
+    fn words(self) -> ([u32; 4], [u32; 4]) {
+        let w = |ip: Option<IpAddr>| ip.map_or([0; 4], |ip| wire::ip_to_words(ip).0);
+        (w(self.v4.map(IpAddr::V4)), w(self.v6.map(IpAddr::V6)))
+    }
+}
+
+impl std::fmt::Display for Snat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |ip: Option<IpAddr>| ip.map_or("-".to_string(), |ip| ip.to_string());
+        write!(
+            f,
+            "{} {}",
+            show(self.v4.map(IpAddr::V4)),
+            show(self.v6.map(IpAddr::V6))
+        )
+    }
+}
+
 /// Runs until a signal; always detaches and removes the pins on the way out.
-pub async fn serve(config: &Config, ifindex: u32, snat_ip: Ipv4Addr) -> anyhow::Result<()> {
+/// `reload` re-reads the configuration on SIGHUP.
+pub async fn serve(
+    config: &Config,
+    reload: &dyn Fn() -> anyhow::Result<Config>,
+    ifindex: u32,
+    snat_ip: Snat,
+) -> anyhow::Result<()> {
     // Installed before attaching, so a signal during startup still cleans up.
     let mut shutdown = Shutdown::install()?;
     let attachment = Attachment::start(config, ifindex)?;
-    let result = configure_and_run(config, ifindex, snat_ip, &attachment, &mut shutdown).await;
+    let result =
+        configure_and_run(config, reload, ifindex, snat_ip, &attachment, &mut shutdown).await;
     let stopped = attachment.stop();
     result?;
     stopped.context("removing the pins")?;
@@ -64,31 +117,29 @@ pub async fn serve(config: &Config, ifindex: u32, snat_ip: Ipv4Addr) -> anyhow::
 
 async fn configure_and_run(
     config: &Config,
+    reload: &dyn Fn() -> anyhow::Result<Config>,
     ifindex: u32,
-    snat_ip: Ipv4Addr,
+    snat_ip: Snat,
     attachment: &Attachment,
     shutdown: &mut Shutdown,
 ) -> anyhow::Result<()> {
     let pin_dir = attachment.pin_dir.clone();
     let plan = Plan::new(config);
     let clock = MonotonicClock;
-    let mut loads = LoadTable::new(
+    let initial = LoadTable::new(
         &plan.weights,
         config.ewma_cold_start,
         config.ewma_tau,
         clock.now(),
     );
-    let initial: Vec<_> = loads.scores(clock.now()).map(|(_, s)| s).collect();
+    let initial: Vec<_> = initial.scores(clock.now()).map(|(_, s)| s).collect();
     maps::write_plan(&pin_dir, &plan, &initial)?;
 
-    let backend_ips: Vec<Ipv4Addr> = config
+    let backend_ips: Vec<IpAddr> = config
         .vips
         .iter()
         .flat_map(|v| &v.backends)
-        .filter_map(|b| match b.addr.ip() {
-            std::net::IpAddr::V4(ip) => Some(ip),
-            std::net::IpAddr::V6(_) => None,
-        })
+        .map(|b| b.addr.ip())
         .collect();
     let mut neighbours = NeighbourSync::new(
         maps::neighbours(&pin_dir)?,
@@ -100,12 +151,16 @@ async fn configure_and_run(
     sleep(STARTUP_RESOLVE_WAIT).await;
     neighbours.sync(true)?;
 
-    let (snat_v4, _) = wire::ip_to_words(snat_ip.into());
+    let cpus = aya::util::online_cpus()
+        .map(|c| c.len() as u32)
+        .unwrap_or(1);
+    maps::write_new_flow_limit(&pin_dir, config.ops.max_new_flows, cpus)?;
+    let (snat_v4, snat_v6) = snat_ip.words();
     maps::write_config(
         &pin_dir,
         &LbConfig {
             snat_v4,
-            snat_v6: [0; 4],
+            snat_v6,
             snat_port_min: config.snat_ports.min,
             snat_port_max: config.snat_ports.max,
             flags: CONFIG_F_READY,
@@ -115,12 +170,26 @@ async fn configure_and_run(
     )?;
     log_ready(config, snat_ip, attachment);
 
-    let mut tasks = vec![spawn_neighbour_refresh(neighbours)];
+    let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
+    let mut runtime = Runtime::new(config, &plan, &pin_dir, ifindex, clock.now(), check_tx)?;
+    let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
+    let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
+    let mut tasks = vec![
+        spawn_neighbour_refresh(neighbours),
+        control::serve(&config.instance, control_tx)?,
+    ];
+    if let Some(addr) = config.ops.metrics_addr {
+        // A taken port must not stop the balancer: metrics are secondary.
+        match metrics::serve(addr, scrape_tx).await {
+            Ok(task) => tasks.push(task),
+            Err(e) => warn!("metrics disabled: {e:#}"),
+        }
+    }
     tasks.extend(spawn_ebpf_log_drain(attachment.program_id));
     let (scan_tx, scan_rx) = mpsc::channel(1);
     let reconciler = Reconciler::open(
         &pin_dir,
-        plan.backends.len(),
+        runtime.id_limit.clone(),
         Timeouts {
             tcp_idle: config.tcp_idle_timeout,
             udp_idle: config.udp_idle_timeout,
@@ -130,18 +199,26 @@ async fn configure_and_run(
     )?;
     let reconcile_task = spawn_reconciler(reconciler, scan_tx);
 
-    let result = event_loop(config, &pin_dir, &mut loads, scan_rx, shutdown).await;
+    let inputs = Inputs {
+        scans: scan_rx,
+        checks: check_rx,
+        control: control_rx,
+        scrapes: scrape_rx,
+        hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+    };
+    let result = event_loop(config, &pin_dir, &mut runtime, inputs, reload, shutdown).await;
     reconcile_task.abort();
     for task in tasks {
         task.abort();
     }
-    for (id, tally) in loads.tallies() {
+    control::remove_socket(&config.instance);
+    for (id, tally) in runtime.loads().tallies() {
         info!(backend = id, ?tally, "events seen by this process");
     }
     result
 }
 
-fn log_ready(config: &Config, snat_ip: Ipv4Addr, attachment: &Attachment) {
+fn log_ready(config: &Config, snat_ip: Snat, attachment: &Attachment) {
     info!(
         iface = %config.iface,
         mode = if attachment.adopted { "unchanged" } else { config.xdp_mode.name() },
@@ -163,19 +240,31 @@ fn log_ready(config: &Config, snat_ip: Ipv4Addr, attachment: &Attachment) {
     }
 }
 
-/// Drains events, rewrites scores every score interval, and applies the
-/// reconciler's expirations, until a shutdown signal.
+/// Queue depth of the channels into the event loop.
+const CHANNEL_DEPTH: usize = 64;
+
+/// Everything besides kernel events that the event loop waits on.
+struct Inputs {
+    scans: mpsc::Receiver<Scan>,
+    checks: mpsc::Receiver<CheckResult>,
+    control: mpsc::Receiver<control::Pending>,
+    scrapes: mpsc::Receiver<metrics::Scrape>,
+    hangup: Signal,
+}
+
+/// Drains events, ticks the runtime every score interval, and routes
+/// reconciliation results, health checks, operator commands, reloads and
+/// scrapes to it, until a shutdown signal.
 async fn event_loop(
     config: &Config,
     pin_dir: &std::path::Path,
-    loads: &mut LoadTable,
-    mut scans: mpsc::Receiver<Scan>,
+    runtime: &mut Runtime,
+    mut inputs: Inputs,
+    reload: &dyn Fn() -> anyhow::Result<Config>,
     shutdown: &mut Shutdown,
 ) -> anyhow::Result<()> {
     let clock = MonotonicClock;
     let mut events = EventStream::new(maps::events(pin_dir)?)?;
-    let mut scores = maps::scores(pin_dir)?;
-    let mut references = tables::ReferenceWriter::open(pin_dir, &Plan::new(config).vips)?;
     let mut score_tick = interval(config.score_interval);
     score_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut batch = Vec::new();
@@ -188,29 +277,41 @@ async fn event_loop(
             drained = events.next_batch(&mut batch) => {
                 drained?;
                 let now = clock.now();
+                let mut ejected = false;
                 for event in batch.drain(..) {
-                    loads.apply(event, now);
+                    ejected |= runtime.apply_event(event, now);
+                }
+                if ejected {
+                    runtime.tick(now)?;
                 }
             }
-            _ = score_tick.tick() => {
-                let fresh: Vec<_> = loads.scores(clock.now()).collect();
-                for (id, score) in &fresh {
-                    scores.set(*id, score, 0).context("writing BACKEND_SCORES")?;
-                }
-                references.write(&fresh)?;
-            }
-            Some(scan) = scans.recv() => {
-                let now = clock.now();
-                for backend in scan.expired_idle.iter().copied() {
-                    loads.apply(Event::Closed { backend, reason: CloseReason::Idle }, now);
-                }
-                for backend in scan.expired_syn.iter().copied() {
-                    loads.apply(Event::Refused { backend }, now);
-                }
+            _ = score_tick.tick() => runtime.tick(clock.now())?,
+            Some(scan) = inputs.scans.recv() => {
+                runtime.after_scan(&scan, clock.now())?;
                 if !scan.expired_idle.is_empty() || !scan.expired_syn.is_empty() {
                     debug!(idle = scan.expired_idle.len(), syn = scan.expired_syn.len(), "expired flows");
                 }
             }
+            Some(result) = inputs.checks.recv() => runtime.health(result, clock.now())?,
+            Some((request, reply)) = inputs.control.recv() => {
+                let _ = reply.send(runtime.control(&request, clock.now()));
+            }
+            Some(reply) = inputs.scrapes.recv() => {
+                let _ = reply.send(metrics::render(&runtime.snapshot(clock.now())));
+            }
+            _ = inputs.hangup.recv() => match reload() {
+                Ok(new) => {
+                    // New backends' MACs first, so their first flows have a next hop.
+                    for v in &new.vips {
+                        for b in &v.backends {
+                            crate::neighbours::probe(b.addr.ip());
+                        }
+                    }
+                    sleep(STARTUP_RESOLVE_WAIT).await;
+                    runtime.reload(&new, clock.now())?;
+                }
+                Err(e) => warn!("SIGHUP: keeping the running configuration: {e:#}"),
+            },
         }
     }
 }

@@ -7,8 +7,8 @@ use std::{mem::size_of, time::Duration};
 use anyhow::Context as _;
 use aya::maps::{MapData, RingBuf};
 use lb_common::{
-    CLOSE_FIN, CLOSE_IDLE, CLOSE_RST, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED, EVENT_RESPONDED,
-    FlowEvent,
+    CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_IDLE, CLOSE_RST, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED,
+    EVENT_RESPONDED, FlowEvent,
 };
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -16,7 +16,10 @@ use tokio::io::{Interest, unix::AsyncFd};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloseReason {
     Fin,
+    /// An RST from the client (or one the kernel cannot attribute).
     Rst,
+    /// The backend reset an established connection.
+    BackendRst,
     Idle,
     /// A reason code this build does not know (newer kernel program).
     Other(u8),
@@ -53,6 +56,7 @@ impl Event {
                 reason: match raw.reason {
                     CLOSE_FIN => CloseReason::Fin,
                     CLOSE_RST => CloseReason::Rst,
+                    CLOSE_BACKEND_RST => CloseReason::BackendRst,
                     CLOSE_IDLE => CloseReason::Idle,
                     other => CloseReason::Other(other),
                 },

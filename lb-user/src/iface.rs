@@ -1,6 +1,10 @@
 //! Facts about the network interface the balancer attaches to.
 
-use std::{ffi::CString, net::Ipv4Addr, process::Command};
+use std::{
+    ffi::CString,
+    net::{Ipv4Addr, Ipv6Addr},
+    process::Command,
+};
 
 use anyhow::{Context as _, anyhow, bail};
 use nix::ifaddrs::getifaddrs;
@@ -27,6 +31,35 @@ pub fn primary_ipv4(name: &str) -> anyhow::Result<Ipv4Addr> {
                 .and_then(|s| s.as_sockaddr_in().map(|sin| sin.ip()))
         })
         .ok_or_else(|| anyhow!("interface '{name}' has no IPv4 address; give --snat-ip"))
+}
+
+/// A global-scope IPv6 address of the interface (not link-local, loopback
+/// or multicast; unique local addresses count as global, as the kernel's
+/// scope says). An address of a subnet is preferred over a /128, which is
+/// usually a VIP.
+pub fn global_ipv6(name: &str) -> anyhow::Result<Ipv6Addr> {
+    let candidates: Vec<(Ipv6Addr, bool)> = getifaddrs()
+        .context("listing interface addresses")?
+        .filter(|a| a.interface_name == name)
+        .filter_map(|a| {
+            let ip = a.address?.as_sockaddr_in6()?.ip();
+            let host_route = a
+                .netmask
+                .and_then(|m| {
+                    m.as_sockaddr_in6()
+                        .map(|m| m.ip() == Ipv6Addr::from(u128::MAX))
+                })
+                .unwrap_or(false);
+            Some((ip, host_route))
+        })
+        .filter(|(ip, _)| !ip.is_loopback() && !ip.is_multicast() && !ip.is_unicast_link_local())
+        .collect();
+    candidates
+        .iter()
+        .find(|(_, host_route)| !host_route)
+        .or(candidates.first())
+        .map(|(ip, _)| *ip)
+        .ok_or_else(|| anyhow!("interface '{name}' has no global IPv6 address; give --snat-ip6"))
 }
 
 /// Id of the XDP program attached to the interface (in this network

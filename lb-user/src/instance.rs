@@ -20,7 +20,7 @@ use nix::fcntl::{Flock, FlockArg};
 use crate::bpffs::BPFFS_ROOT;
 
 const APP_DIR: &str = "lb-user";
-const LOCK_DIR: &str = "/run/lb-user";
+pub const LOCK_DIR: &str = "/run/lb-user";
 /// Pin name of the XDP link inside an instance's pin directory.
 pub const LINK_PIN: &str = "link";
 

@@ -18,6 +18,7 @@
 use std::{
     fs,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, anyhow, bail};
@@ -27,6 +28,7 @@ use aya::{
     programs::{
         Xdp, XdpMode as AyaXdpMode,
         links::{FdLink, PinnedLink},
+        loaded_programs,
     },
 };
 use lb_common::{ALL_MAPS, FLOWS_MAP, XDP_PROGRAM};
@@ -38,12 +40,15 @@ use crate::{
     config::Config,
     iface,
     instance::{self, LINK_PIN},
+    upgrade,
 };
 
 /// A program attached to an interface, with its pins.
 #[derive(Debug)]
 pub struct Attachment {
     pub pin_dir: PathBuf,
+    /// Interface the program is attached to.
+    iface: String,
     pub program_id: u32,
     /// True when a previous instance's program and state were re-adopted.
     pub adopted: bool,
@@ -74,13 +79,20 @@ impl Attachment {
     /// Detaches the program and removes the pins: after this the kernel
     /// frees the program and its maps.
     pub fn stop(self) -> anyhow::Result<()> {
-        let Self { pin_dir, link, .. } = self;
+        let Self {
+            pin_dir,
+            iface,
+            program_id,
+            link,
+            ..
+        } = self;
         // The pinned link holds the attachment; with the pin gone, dropping
         // the last fd detaches the program.
         let result = remove_pins(&pin_dir);
         drop(link);
         // Leave /sys/fs/bpf/lb-user itself if other instances use it.
         let _ = fs::remove_dir(instance::pin_root());
+        wait_detached(&iface, program_id);
         result
     }
 }
@@ -131,6 +143,7 @@ fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result
     );
     Ok(Attachment {
         pin_dir: pin_dir.to_path_buf(),
+        iface: config.iface.clone(),
         program_id,
         adopted: false,
         link: pinned.into(),
@@ -147,7 +160,7 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
         .context("reading the pinned XDP link")?
         .program_id();
     let attached = iface::attached_xdp_program(&config.iface)?;
-    if attached != Some(program_id) {
+    if !is_our_link(attached, program_id) {
         warn!(
             pins = %pin_dir.display(), "removing stale pins: their program {program_id} is not the one \
              attached to {} ({attached:?})", config.iface
@@ -171,16 +184,60 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
             config.flow_table_size
         );
     }
+    let (link, program_id) = upgrade::upgrade_if_needed(pin_dir, link, program_id, config.upgrade)?;
     info!(
         iface = %config.iface, program_id, pins = %pin_dir.display(),
         "re-adopted the running {XDP_PROGRAM} with its flow table and counters (attach mode unchanged)"
     );
     Ok(Some(Attachment {
         pin_dir: pin_dir.to_path_buf(),
+        iface: config.iface.clone(),
         program_id,
         adopted: true,
         link,
     }))
+}
+
+/// How long [`Attachment::stop`] waits to see the program leave the interface.
+const DETACH_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits until the interface no longer runs `program_id`, so a stopped
+/// instance has really detached when it exits. A bpffs pin's reference is
+/// released only after an RCU grace period, so the last reference to the
+/// link (and the detach) can trail the unlink by a few milliseconds.
+fn wait_detached(iface: &str, program_id: u32) {
+    let deadline = Instant::now() + DETACH_WAIT;
+    loop {
+        match iface::attached_xdp_program(iface) {
+            Ok(Some(id)) if id == program_id => {}
+            // Detached, replaced by someone else, or the interface is gone.
+            _ => return,
+        }
+        if Instant::now() >= deadline {
+            warn!(
+                iface,
+                program_id,
+                "the program is still attached {DETACH_WAIT:?} after its link was released"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the interface runs the pinned link's program. After a
+/// `bpf_link_update` (see `upgrade.rs`) this kernel's netlink keeps
+/// reporting the replaced program's id, although that program is gone; a
+/// reported id that names no loaded program is therefore that stale report
+/// of an upgraded link, which is ours.
+fn is_our_link(attached: Option<u32>, link_program: u32) -> bool {
+    match attached {
+        Some(id) if id == link_program => true,
+        Some(id) => !loaded_programs()
+            .filter_map(Result::ok)
+            .any(|p| p.id() == id),
+        None => false,
+    }
 }
 
 /// Removes an instance's pins and its directory (missing entries are fine).

@@ -7,19 +7,26 @@ use anyhow::{anyhow, bail};
 use clap::{Parser, error::ErrorKind};
 use lb_user::{
     bpffs,
-    cli::{Cli, Command, RunArgs, StatusArgs},
+    cli::{BackendArgs, Cli, Command, RunArgs, StatusArgs},
     config::Config,
-    daemon, iface,
+    control, daemon, iface,
     instance::InstanceLock,
     status,
 };
+use std::io::Write as _;
+
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lb-user: error: {}", one_line(&format!("{e:#}")));
+            // Not eprintln!: it panics when stderr is gone.
+            let _ = writeln!(
+                std::io::stderr(),
+                "lb-user: error: {}",
+                one_line(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }
@@ -41,6 +48,7 @@ fn run() -> anyhow::Result<()> {
     };
     match cli.command {
         Some(Command::Status(args)) => show_status(args),
+        Some(Command::Backend(args)) => change_backend(args),
         None => run_balancer(cli.run),
     }
 }
@@ -67,19 +75,20 @@ fn init_tracing(default_level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // A closed stderr (a supervisor that went away) must not turn every
+        // later log line into a panic that would skip the clean detach.
+        .log_internal_errors(false)
         .init();
 }
 
 /// Input first (so bad flags are reported even without privileges), then
 /// privileges, then the interface; the kernel is touched only after all of it.
 fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
-    let config = Config::from_args(args)?;
+    let config = Config::from_args(args.clone())?;
+    let reload = move || Config::from_args(args.clone()).map_err(anyhow::Error::from);
     require_root()?;
     let ifindex = iface::ifindex(&config.iface)?;
-    let snat_ip = match config.snat_ip {
-        Some(ip) => ip,
-        None => iface::primary_ipv4(&config.iface)?,
-    };
+    let snat = daemon::Snat::resolve(&config)?;
     // Still single-threaded here, as joining a mount namespace requires.
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
@@ -88,7 +97,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(daemon::serve(&config, ifindex, snat_ip))
+        .block_on(daemon::serve(&config, &reload, ifindex, snat))
 }
 
 fn show_status(args: StatusArgs) -> anyhow::Result<()> {
@@ -102,4 +111,34 @@ fn show_status(args: StatusArgs) -> anyhow::Result<()> {
         print!("{}", status::render_table(&status));
     }
     Ok(())
+}
+
+/// Sends one command to the running instance's control socket.
+fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
+    require_root()?;
+    if args.action == control::Command::Weight && args.weight.is_none() {
+        bail!("backend weight needs --weight N");
+    }
+    bpffs::join_host_mount_ns_if_hidden()?;
+    let instance = status::resolve_instance(args.instance)?;
+    let request = control::Request {
+        command: args.action,
+        vip: args.vip.to_string(),
+        backend: args.backend.to_string(),
+        weight: args.weight,
+    };
+    let response = control::send(&instance, &request)?;
+    match (response.ok, response.error) {
+        (true, _) => {
+            println!(
+                "{:?} {} in {}: done (backend id {})",
+                args.action,
+                args.backend.addr,
+                args.vip,
+                response.backend_id.unwrap_or_default()
+            );
+            Ok(())
+        }
+        (false, error) => bail!("{}", error.unwrap_or_else(|| "refused".into())),
+    }
 }

@@ -7,8 +7,8 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
 use lb_common::{
     BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP, BACKENDS_MAP,
     Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, EVENTS_MAP, FLOWS_MAP,
-    FlowEntry, FlowKey, IpKey, LbConfig, MAX_BACKENDS, NEIGHBOURS_MAP, Neighbour, REASON_STATS_MAP,
-    VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
+    FlowEntry, FlowKey, IpKey, LbConfig, MAX_BACKENDS, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP,
+    Neighbour, NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
 use tracing::debug;
@@ -42,6 +42,7 @@ pub type VipTablesMap = Array<MapData, VipTables>;
 pub type VipSchedule = Array<MapData, u32>;
 pub type VipWeightPrefix = Array<MapData, u32>;
 pub type Maglev = Array<MapData, u32>;
+pub type NewFlowLimits = Array<MapData, NewFlowLimit>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -70,6 +71,7 @@ openers! {
     vip_schedule -> VipSchedule = VIP_SCHEDULE_MAP;
     vip_weight_prefix -> VipWeightPrefix = VIP_WEIGHT_PREFIX_MAP;
     maglev -> Maglev = MAGLEV_MAP;
+    new_flow_limits -> NewFlowLimits = NEW_FLOW_LIMIT_MAP;
 }
 
 /// Index of the single [`LbConfig`] entry.
@@ -136,4 +138,24 @@ pub fn write_config(pin_dir: &Path, config: &LbConfig) -> anyhow::Result<()> {
     configs(pin_dir)?
         .set(CONFIG_KEY, config, 0)
         .map_err(|e| anyhow!("writing CONFIG: {e}"))
+}
+
+/// Writes the new-flow cap: `per_second` for the whole balancer (0: none),
+/// shared out over the CPUs, each of which keeps its own token bucket with
+/// one second of depth.
+pub fn write_new_flow_limit(pin_dir: &Path, per_second: u32, cpus: u32) -> anyhow::Result<()> {
+    let rate_per_cpu = match per_second {
+        0 => 0,
+        n => n.div_ceil(cpus.max(1)),
+    };
+    new_flow_limits(pin_dir)?
+        .set(
+            0,
+            NewFlowLimit {
+                rate_per_cpu,
+                burst: rate_per_cpu.max(1),
+            },
+            0,
+        )
+        .map_err(|e| anyhow!("writing NEW_FLOW_LIMIT: {e}"))
 }

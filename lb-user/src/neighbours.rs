@@ -4,12 +4,14 @@
 //! no neighbour entry yet, because XDP cannot trigger ARP itself. So the
 //! control plane makes the kernel resolve every backend (a zero-byte UDP
 //! datagram to the discard port makes the kernel ARP without touching the
-//! backend's service) and mirrors the complete IPv4 neighbours of the
-//! interface from /proc/net/arp into the map.
+//! backend's service, and NDP likewise for IPv6) and mirrors the complete
+//! neighbours of the interface into the map: IPv4 from /proc/net/arp, IPv6
+//! from `ip -6 neigh show dev IFACE`.
 
 use std::{
     collections::HashMap as StdHashMap,
-    net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
+    process::Command,
     time::Duration,
 };
 
@@ -29,10 +31,14 @@ const DISCARD_PORT: u16 = 9;
 const ATF_COM: u32 = 0x2;
 const ARP_TABLE: &str = "/proc/net/arp";
 
-/// Makes the kernel resolve `ip` by sending it one empty datagram.
-pub fn probe(ip: Ipv4Addr) {
-    let result = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|s| s.send_to(&[], SocketAddr::new(IpAddr::V4(ip), DISCARD_PORT)));
+/// Makes the kernel resolve `ip` (ARP or NDP) by sending it one empty datagram.
+pub fn probe(ip: IpAddr) {
+    let unspecified: IpAddr = match ip {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let result = UdpSocket::bind((unspecified, 0))
+        .and_then(|s| s.send_to(&[], SocketAddr::new(ip, DISCARD_PORT)));
     if let Err(e) = result {
         debug!(%ip, "neighbour probe failed: {e}");
     }
@@ -56,6 +62,35 @@ pub fn parse_arp_table(text: &str, iface: &str) -> Vec<(Ipv4Addr, [u8; 6])> {
         .collect()
 }
 
+/// IPv6 neighbours with a link-layer address from the text of
+/// `ip -6 neigh show dev IFACE` (lines `ADDR lladdr MAC [router] STATE`);
+/// entries without one (INCOMPLETE, FAILED) are left out.
+pub fn parse_ip6_neigh(text: &str) -> Vec<(Ipv6Addr, [u8; 6])> {
+    text.lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let ip = cols.first()?.parse().ok()?;
+            let at = cols.iter().position(|c| *c == "lladdr")?;
+            Some((ip, parse_mac(cols.get(at + 1)?)?))
+        })
+        .collect()
+}
+
+/// Runs `ip -6 neigh show dev IFACE`.
+fn ip6_neighbours(iface: &str) -> anyhow::Result<Vec<(Ipv6Addr, [u8; 6])>> {
+    let output = Command::new("ip")
+        .args(["-6", "neigh", "show", "dev", iface])
+        .output()
+        .context("running `ip -6 neigh` (is iproute2 installed?)")?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "`ip -6 neigh show dev {iface}` failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(parse_ip6_neigh(&String::from_utf8_lossy(&output.stdout)))
+}
+
 fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let mut mac = [0u8; 6];
     let mut parts = text.split(':');
@@ -65,8 +100,8 @@ fn parse_mac(text: &str) -> Option<[u8; 6]> {
     (parts.next().is_none() && mac != [0; 6]).then_some(mac)
 }
 
-fn ip_key(ip: Ipv4Addr) -> IpKey {
-    let (addr, family) = wire::ip_to_words(IpAddr::V4(ip));
+fn ip_key(ip: IpAddr) -> IpKey {
+    let (addr, family) = wire::ip_to_words(ip);
     IpKey {
         addr,
         family,
@@ -79,11 +114,11 @@ pub struct NeighbourSync {
     map: Neighbours,
     iface: String,
     ifindex: u32,
-    backends: Vec<Ipv4Addr>,
+    backends: Vec<IpAddr>,
 }
 
 impl NeighbourSync {
-    pub fn new(map: Neighbours, iface: &str, ifindex: u32, backends: Vec<Ipv4Addr>) -> Self {
+    pub fn new(map: Neighbours, iface: &str, ifindex: u32, backends: Vec<IpAddr>) -> Self {
         Self {
             map,
             iface: iface.to_string(),
@@ -98,13 +133,19 @@ impl NeighbourSync {
         }
     }
 
-    /// Mirrors /proc/net/arp into the map. With `warn_unresolved`, says
+    /// Mirrors /proc/net/arp and the IPv6 neighbours into the map. With `warn_unresolved`, says
     /// which backends have no entry (at startup only: backends behind a
     /// router never get one, and repeating that every few seconds is noise).
     pub fn sync(&mut self, warn_unresolved: bool) -> anyhow::Result<()> {
         let text = std::fs::read_to_string(ARP_TABLE).context("reading /proc/net/arp")?;
-        let wanted: StdHashMap<IpKey, Neighbour> = parse_arp_table(&text, &self.iface)
+        let v4 = parse_arp_table(&text, &self.iface)
             .into_iter()
+            .map(|(ip, mac)| (IpAddr::V4(ip), mac));
+        let v6 = ip6_neighbours(&self.iface)?
+            .into_iter()
+            .map(|(ip, mac)| (IpAddr::V6(ip), mac));
+        let wanted: StdHashMap<IpKey, Neighbour> = v4
+            .chain(v6)
             .map(|(ip, mac)| {
                 let value = Neighbour {
                     mac,
@@ -164,6 +205,26 @@ IP address       HW type     Flags       HW address            Mask     Device
             ]
         );
         assert_eq!(parse_arp_table("", "veth0"), []);
+    }
+
+    #[test]
+    fn keeps_ipv6_neighbours_with_a_link_layer_address() {
+        let text = "\
+fd00:213::21 lladdr 0a:1b:2c:3d:4e:5f REACHABLE
+fd00:213::22 lladdr 01:02:03:04:05:06 router STALE
+fd00:213::23 INCOMPLETE
+fe80::1 FAILED
+";
+        assert_eq!(
+            parse_ip6_neigh(text),
+            [
+                (
+                    "fd00:213::21".parse().unwrap(),
+                    [0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f]
+                ),
+                ("fd00:213::22".parse().unwrap(), [1, 2, 3, 4, 5, 6]),
+            ]
+        );
     }
 
     #[test]

@@ -19,7 +19,13 @@
 //! be counted twice until the next pass; it can never make in-flight
 //! negative, and the next pass (about a second later) corrects it.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use lb_common::{
@@ -108,6 +114,12 @@ pub fn correction(conns: BackendConns, live: u64) -> u64 {
         .saturating_sub(live)
 }
 
+/// Flows gone from the table unclosed, beyond those this pass expired:
+/// the growth of the corrections minus this pass's own expirations.
+pub fn vanished(correction_growth: u64, scan: &Scan) -> u64 {
+    correction_growth.saturating_sub((scan.expired_idle.len() + scan.expired_syn.len()) as u64)
+}
+
 /// Outcome of scanning the flow table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scan {
@@ -119,6 +131,13 @@ pub struct Scan {
     pub expired_idle: Vec<u32>,
     /// Backend id of each flow whose SYN went unanswered.
     pub expired_syn: Vec<u32>,
+    /// Unclosed flows that left the table without this pass expiring them:
+    /// evicted by the LRU (set by [`Reconciler::pass`]). Approximate: a
+    /// flow closing during the pass can count once here and be corrected
+    /// back by the next pass.
+    pub vanished: u64,
+    /// Entries seen in the table (both directions).
+    pub entries: u64,
 }
 
 /// Classifies every forward entry; pure, so it is tested without a kernel.
@@ -133,6 +152,7 @@ pub fn scan(
         ..Scan::default()
     };
     for (key, entry) in entries {
+        out.entries += 1;
         if entry.direction != DIR_TO_BACKEND {
             continue;
         }
@@ -162,7 +182,8 @@ pub struct Reconciler<C> {
     flows: Flows,
     conns: Conns,
     corrections: Corrections,
-    backend_count: usize,
+    /// Length of the backend id space; grows when backends are added at runtime.
+    backend_count: Arc<AtomicUsize>,
     timeouts: Timeouts,
     clock: C,
 }
@@ -170,7 +191,7 @@ pub struct Reconciler<C> {
 impl<C: Clock> Reconciler<C> {
     pub fn open(
         pin_dir: &std::path::Path,
-        backend_count: usize,
+        backend_count: Arc<AtomicUsize>,
         timeouts: Timeouts,
         clock: C,
     ) -> anyhow::Result<Self> {
@@ -186,7 +207,8 @@ impl<C: Clock> Reconciler<C> {
 
     /// One pass; returns what was expired so the caller can account for it.
     pub fn pass(&mut self) -> anyhow::Result<Scan> {
-        let counters = (0..self.backend_count as u32)
+        let backend_count = self.backend_count.load(Ordering::Relaxed);
+        let counters = (0..backend_count as u32)
             .map(|id| self.conns.get(&id, 0))
             .collect::<Result<Vec<_>, _>>()
             .context("reading BACKEND_CONNS")?;
@@ -194,11 +216,13 @@ impl<C: Clock> Reconciler<C> {
         // Entries can vanish under the iterator (LRU, the kernel); a failed
         // step just ends this pass's view early.
         let entries = self.flows.iter().map_while(Result::ok);
-        let scan = scan(entries, self.backend_count, now, &self.timeouts);
+        let scan = scan(entries, backend_count, now, &self.timeouts);
         for key in &scan.delete {
             // Already gone (evicted, or a reverse entry never inserted) is fine.
             let _ = self.flows.remove(key);
         }
+        let mut scan = scan;
+        let mut grown = 0u64;
         for (id, (conns, live)) in counters.iter().zip(&scan.live).enumerate() {
             let id = id as u32;
             let value = correction(*conns, *live);
@@ -206,12 +230,14 @@ impl<C: Clock> Reconciler<C> {
                 .corrections
                 .get(&id, 0)
                 .context("reading BACKEND_CORRECTION")?;
+            grown += value.saturating_sub(old);
             if old != value
                 && let Err(e) = self.corrections.set(id, value, 0)
             {
                 warn!("writing BACKEND_CORRECTION[{id}]: {e}");
             }
         }
+        scan.vanished = vanished(grown, &scan);
         Ok(scan)
     }
 }
@@ -279,6 +305,17 @@ mod tests {
             ),
             0
         );
+    }
+
+    #[test]
+    fn vanished_flows_exclude_the_ones_expired_on_purpose() {
+        let scan = Scan {
+            expired_idle: vec![0, 1],
+            expired_syn: vec![2],
+            ..Scan::default()
+        };
+        assert_eq!(vanished(10, &scan), 7);
+        assert_eq!(vanished(2, &scan), 0);
     }
 
     #[test]

@@ -19,11 +19,11 @@
 //!     "backends": [{
 //!       "id": 0,
 //!       "address": "10.0.0.21:8080",
-//!       "weight": 1,                   // effective weight of the last score
+//!       "weight": 0.5,                 // effective weight (slow start, smoothing)
 //!       "state": "active",             // "active" | "draining" | "ejected"
 //!       "inflight": 3,                 // opened - closed - correction
 //!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
-//!       "cost": 120000000,             // ewma_ns * 100 / weight
+//!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
 //!       "opened": 10, "closed": 7, "correction": 0,
 //!       "packets_to_backend": 0, "bytes_to_backend": 0,
 //!       "packets_from_backend": 0, "bytes_from_backend": 0   // summed over CPUs
@@ -42,7 +42,7 @@ use lb_common::{
 };
 use serde::Serialize;
 
-use crate::{addr::Protocol, bpffs, instance, maps, wire};
+use crate::{addr::Protocol, bpffs, instance, lifecycle::WEIGHT_UNITS, maps, wire};
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -70,7 +70,8 @@ pub struct VipStatus {
 pub struct BackendStatus {
     pub id: u32,
     pub address: String,
-    pub weight: u32,
+    /// Effective weight (slow start and smoothing applied), in configured units.
+    pub weight: f64,
     pub state: String,
     pub inflight: u64,
     pub ewma_ms: f64,
@@ -173,9 +174,9 @@ fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
                     .map(|a| a.to_string())
                     .unwrap_or_default(),
                 weight: if score.weight != 0 {
-                    score.weight
+                    f64::from(score.weight) / f64::from(WEIGHT_UNITS)
                 } else {
-                    b.weight
+                    f64::from(b.weight)
                 },
                 state: state_name(b.state),
                 inflight: c.inflight(correction),
@@ -251,7 +252,7 @@ pub fn render_table(s: &Status) -> String {
         );
         for b in &v.backends {
             out += &format!(
-                "  {:>3} {:<22} {:>6} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
+                "  {:>3} {:<22} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
                 b.id,
                 b.address,
                 b.weight,

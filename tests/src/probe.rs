@@ -52,7 +52,12 @@ pub fn http(ns: &str, addr: SocketAddr, path: &str, body: &[u8]) -> Result<Respo
 /// Sends one datagram from a new socket in `ns` and returns the reply.
 pub fn udp(ns: &str, addr: SocketAddr, payload: &[u8]) -> Result<Vec<u8>> {
     in_netns(ns, || {
-        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        let any: std::net::IpAddr = if addr.is_ipv6() {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let socket = UdpSocket::bind((any, 0))?;
         socket.set_read_timeout(Some(PROBE_TIMEOUT))?;
         socket.connect(addr)?;
         socket.send(payload)?;

@@ -348,13 +348,13 @@ fn case_non_vip_passes(lb: &mut Lb) {
     v6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8].repeat(8)); // src + dst
     v6.extend_from_slice(&[0x9c, 0x40, 0, 53, 0, 8, 0, 0]);
     lb.expect_pass(&v6);
-    assert_eq!(lb.reason(reason::PASS_IPV6), 1);
+    assert_eq!(lb.reason(reason::PASS_NOT_VIP), 5, "IPv6 UDP to a non-VIP");
 
     // ICMP to the VIP, and a non-first fragment to the VIP port.
     let mut icmp = Pkt::udp((CLIENT, 0), (VIP, 0)).build();
     icmp[14 + 9] = 1;
     lb.expect_pass(&icmp);
-    assert_eq!(lb.reason(reason::PASS_NOT_L4), 1);
+    assert_eq!(lb.reason(reason::PASS_ICMP), 1);
     let mut frag = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).build();
     frag[14 + 6..14 + 8].copy_from_slice(&0x2000u16.to_be_bytes()); // MF
     lb.expect_pass(&frag);

@@ -104,15 +104,21 @@ fn run(cli: Cli) -> Result<()> {
             // Binaries the lab drives (lb-user, lb-backend, lb-loadgen) are built
             // first so the tests find them next to their own executables.
             cargo(&root, &["build", "--bins"])?;
-            // The eBPF object also loads in a debug build (verifier budget).
-            build_ebpf(&root, false)?;
+            // The eBPF object also loads in a debug build (verifier budget):
+            // tests/tests/verifier.rs loads it from this path.
+            let debug_object = build_ebpf(&root, false)?;
             let mut test = vec!["test".to_string(), "--no-fail-fast".to_string()];
             test.push("--".into());
             // The lab tests build namespaces and measure latency: one at a time.
             test.push("--test-threads=1".into());
             test.extend(args);
             let test: Vec<&str> = test.iter().map(String::as_str).collect();
-            cargo_env(&root, &test, privileged)?;
+            cargo_env(
+                &root,
+                &test,
+                privileged,
+                &[(DEBUG_OBJECT_ENV, &debug_object)],
+            )?;
         }
         Task::Demo => run_lab_binary(&root, "lb-demo", &[])?,
         Task::Bench { suite, args } => run_lab_binary(&root, suite.binary(), &args)?,
@@ -158,6 +164,13 @@ fn build_ebpf(root: &Path, release: bool) -> Result<PathBuf> {
         );
     if release {
         cmd.arg("--release");
+    } else {
+        // Debug assertions put panic paths into the debug object (also into
+        // the memcpy/memset that build-std compiles), ending functions in a
+        // call to the panic handler; the verifier rejects those. An env
+        // profile setting reaches the build-std crates, a manifest override
+        // does not.
+        cmd.env("CARGO_PROFILE_DEV_DEBUG_ASSERTIONS", "false");
     }
     run_cmd(&mut cmd)?;
     let profile = if release { "release" } else { "debug" };
@@ -167,15 +180,23 @@ fn build_ebpf(root: &Path, release: bool) -> Result<PathBuf> {
         .join("lb-ebpf"))
 }
 
+/// Environment variable naming the debug eBPF object for the tests.
+const DEBUG_OBJECT_ENV: &str = "LB_EBPF_DEBUG_OBJECT";
+
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
-    cargo_env(root, args, false)
+    cargo_env(root, args, false, &[])
 }
 
-/// Runs cargo on the stable toolchain; `require_privileged` makes the tests
-/// fail instead of skipping when they lack root.
-fn cargo_env(root: &Path, args: &[&str], require_privileged: bool) -> Result<()> {
+/// Runs cargo on the stable toolchain with `envs` set; `require_privileged`
+/// makes the tests fail instead of skipping when they lack root.
+fn cargo_env(
+    root: &Path,
+    args: &[&str],
+    require_privileged: bool,
+    envs: &[(&str, &Path)],
+) -> Result<()> {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).args(args);
+    cmd.current_dir(root).args(args).envs(envs.iter().copied());
     if require_privileged {
         cmd.env("LB_TESTS_REQUIRE_ROOT", "1");
     }

@@ -5,7 +5,7 @@ use core::num::NonZeroU32;
 
 use lb_common::{
     MAGLEV_TABLE_SIZE, MAX_MAGLEV_TABLES, VIP_F_SOURCE_AFFINITY, VipMeta,
-    hash::{flow_hash_v4, source_hash_v4},
+    hash::{flow_hash, source_hash},
 };
 
 use super::{Chosen, by_id, scan, tables};
@@ -14,9 +14,9 @@ use crate::{Reason, maps::MAGLEV, parse::Packet};
 #[inline(always)]
 pub fn select(vip: &VipMeta, count: NonZeroU32, pkt: &Packet) -> Result<Chosen, Reason> {
     let hash = if vip.flags & VIP_F_SOURCE_AFFINITY != 0 {
-        source_hash_v4(pkt.saddr)
+        source_hash(pkt.saddr)
     } else {
-        flow_hash_v4(pkt.saddr, pkt.daddr, pkt.sport, pkt.dport, pkt.proto)
+        flow_hash(pkt.saddr, pkt.daddr, pkt.sport, pkt.dport, pkt.proto)
     };
     let t = tables(vip.vip_id);
     if t.has_maglev != 0 && t.maglev_table < MAX_MAGLEV_TABLES {

@@ -19,7 +19,7 @@ mod wrr;
 use core::num::{NonZeroU32, NonZeroU64};
 
 use lb_common::{
-    AF_INET, Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VipMeta, VipTables, reason,
+    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VipMeta, VipTables, reason,
 };
 
 use crate::{
@@ -36,7 +36,10 @@ const SCAN_LIMIT: u32 = 16;
 /// The backend chosen for a new flow.
 pub struct Chosen {
     pub id: u32,
-    pub addr: u32,
+    /// `lb_common::AF_INET` or `AF_INET6`; the flow refuses a backend whose
+    /// family differs from the VIP's (the control plane never configures one).
+    pub family: u8,
+    pub addr: [u32; 4],
     /// Network byte order.
     pub port: u16,
 }
@@ -119,12 +122,13 @@ fn candidate(vip_id: u32, slot: u32) -> Option<Chosen> {
 #[inline(always)]
 fn by_id(id: u32) -> Option<Chosen> {
     let backend: &Backend = BACKENDS.get(id)?;
-    if backend.in_use == 0 || backend.state != BACKEND_ACTIVE || backend.family != AF_INET {
+    if backend.in_use == 0 || backend.state != BACKEND_ACTIVE {
         return None;
     }
     Some(Chosen {
         id,
-        addr: backend.addr[0],
+        family: backend.family,
+        addr: backend.addr,
         port: backend.port,
     })
 }

@@ -236,7 +236,7 @@ fn each_bad_input_has_its_message() {
             "--backend",
             "10.0.0.21:80"
         ]),
-        "VIP [::1]:80/tcp: IPv6 is not supported yet"
+        "backend 10.0.0.21:80 of VIP [::1]:80/tcp: a VIP and its backends must be of one address family"
     );
     assert_eq!(
         err_flags(&[

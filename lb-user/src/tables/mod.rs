@@ -54,7 +54,7 @@ pub struct VipTableSet {
 
 impl VipTableSet {
     pub fn build(algorithm: Algorithm, slots: &[SlotBackend]) -> Self {
-        let weights: Vec<u32> = slots.iter().map(|s| s.weight).collect();
+        let weights = table_weights(&slots.iter().map(|s| s.weight).collect::<Vec<_>>());
         match algorithm {
             Algorithm::WeightedRoundRobin => Self {
                 schedule: smooth_wrr::schedule(&weights, WRR_SCHEDULE_LEN as usize),
@@ -67,10 +67,11 @@ impl VipTableSet {
             Algorithm::Maglev => {
                 let members: Vec<_> = slots
                     .iter()
-                    .map(|s| maglev::Member {
+                    .zip(&weights)
+                    .map(|(s, &weight)| maglev::Member {
                         key: s.key,
                         value: s.id,
-                        weight: s.weight,
+                        weight,
                     })
                     .collect();
                 Self {
@@ -83,9 +84,9 @@ impl VipTableSet {
     }
 }
 
-/// Builds and writes the tables of `vip` for its current slots and the
-/// effective `weights` (indexed by backend id): table contents first, then
-/// the descriptor that makes the kernel use them.
+/// Builds and writes the tables of the planned `vip` for its slots and the
+/// `weights` (indexed by backend id): the tables a fresh start needs before
+/// the VIP is published.
 pub fn write_vip(
     pin_dir: &Path,
     vip: &PlannedVip,
@@ -101,9 +102,27 @@ pub fn write_vip(
             Some(SlotBackend::new(id, backend, weight))
         })
         .collect();
-    let algorithm = Algorithm::from_u8(vip.meta.algorithm).unwrap_or(Algorithm::P2cEwma);
-    let set = VipTableSet::build(algorithm, &slots);
-    let vip_id = vip.meta.vip_id;
+    write_tables(
+        pin_dir,
+        vip.meta.vip_id,
+        vip.meta.algorithm,
+        vip.maglev_table,
+        &slots,
+    )
+}
+
+/// Builds and writes the tables of VIP `vip_id` (whose `VipMeta::algorithm`
+/// is `algorithm`) for `slots` in slot order: table contents first, then
+/// the descriptor that makes the kernel use them.
+pub fn write_tables(
+    pin_dir: &Path,
+    vip_id: u32,
+    algorithm: u8,
+    maglev_table: Option<u32>,
+    slots: &[SlotBackend],
+) -> anyhow::Result<()> {
+    let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
+    let set = VipTableSet::build(algorithm, slots);
 
     let mut schedule = maps::vip_schedule(pin_dir)?;
     for (i, slot) in set.schedule.iter().enumerate() {
@@ -125,7 +144,7 @@ pub fn write_vip(
             .map_or(0, |t| t.reference_cost),
         ..VipTables::default()
     };
-    if let Some(table) = vip.maglev_table
+    if let Some(table) = maglev_table
         && !set.maglev.is_empty()
     {
         let mut maglev = maps::maglev(pin_dir)?;
@@ -140,6 +159,26 @@ pub fn write_vip(
     maps::vip_tables(pin_dir)?
         .set(vip_id, descriptor, 0)
         .context("writing VIP_TABLES")
+}
+
+/// Largest weight sum the tables are built from: the running sums of
+/// weighted random are `u32`s and its draw is taken modulo their total.
+const MAX_WEIGHT_SUM: u64 = 1 << 30;
+
+/// The slots' weights as the table builders take them: divided by their
+/// common divisor (effective weights come in hundredths, so equal weights
+/// become 1s), then scaled down if their sum would exceed
+/// [`MAX_WEIGHT_SUM`], every weight staying at least 1.
+pub fn table_weights(weights: &[u32]) -> Vec<u32> {
+    let divisor = weights.iter().copied().fold(0, gcd).max(1);
+    let reduced: Vec<u64> = weights.iter().map(|&w| u64::from(w / divisor)).collect();
+    let sum: u64 = reduced.iter().sum();
+    let scale = sum.div_ceil(MAX_WEIGHT_SUM).max(1);
+    reduced.iter().map(|&w| (w / scale).max(1) as u32).collect()
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// The median of the slot backends' costs (the upper median for an even
@@ -159,31 +198,28 @@ pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
 /// Keeps each VIP's `VipTables::reference_cost` current with the scores.
 pub struct ReferenceWriter {
     map: maps::VipTablesMap,
-    /// `(vip_id, slot backend ids)` of every VIP.
-    vips: Vec<(u32, Vec<u32>)>,
 }
 
 impl ReferenceWriter {
-    pub fn open(pin_dir: &Path, vips: &[PlannedVip]) -> anyhow::Result<Self> {
+    pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
         Ok(Self {
             map: maps::vip_tables(pin_dir)?,
-            vips: vips
-                .iter()
-                .map(|v| (v.meta.vip_id, v.slots.clone()))
-                .collect(),
         })
     }
 
-    /// Rewrites every VIP's reference cost from `scores` (by backend id).
-    pub fn write(&mut self, scores: &[(u32, BackendScore)]) -> anyhow::Result<()> {
-        for (vip_id, slots) in &self.vips {
-            let mut tables = self.map.get(vip_id, 0).context("reading VIP_TABLES")?;
-            tables.reference_cost = median_cost(slots, scores);
-            self.map
-                .set(*vip_id, tables, 0)
-                .context("writing VIP_TABLES")?;
-        }
-        Ok(())
+    /// Rewrites VIP `vip_id`'s reference cost from the `scores` (by
+    /// backend id) of its slot backends `slots`.
+    pub fn write(
+        &mut self,
+        vip_id: u32,
+        slots: &[u32],
+        scores: &[(u32, BackendScore)],
+    ) -> anyhow::Result<()> {
+        let mut tables = self.map.get(&vip_id, 0).context("reading VIP_TABLES")?;
+        tables.reference_cost = median_cost(slots, scores);
+        self.map
+            .set(vip_id, tables, 0)
+            .context("writing VIP_TABLES")
     }
 }
 
@@ -239,6 +275,19 @@ mod tests {
             VipTableSet::build(Algorithm::P2cEwma, &s),
             VipTableSet::default()
         );
+    }
+
+    #[test]
+    fn table_weights_are_small_integers_in_the_same_ratio() {
+        // Effective weights in hundredths: equal ones reduce to 1s.
+        assert_eq!(table_weights(&[100, 100, 300]), [1, 1, 3]);
+        // Slow start: 37 % of one against a full one keeps the ratio.
+        assert_eq!(table_weights(&[37, 100]), [37, 100]);
+        // Huge sums are scaled down, every weight still at least 1.
+        let big = table_weights(&[u32::MAX, u32::MAX - 1, 1]);
+        assert!(big.iter().map(|&w| u64::from(w)).sum::<u64>() <= MAX_WEIGHT_SUM + 3);
+        assert_eq!(big[2], 1);
+        assert!(table_weights(&[]).is_empty());
     }
 
     #[test]

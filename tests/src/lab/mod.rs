@@ -10,8 +10,10 @@
 //!     +------------------+----------------------+--- br0 (switch ns)
 //! ```
 //!
-//! Addresses exist only inside these namespaces (10.213.0.0/24). The VIP is
-//! a /32 on the balancer's interface so its kernel answers ARP for it.
+//! Addresses exist only inside these namespaces (10.213.0.0/24, and the
+//! unique local fd00:213::/64 for IPv6, added with `nodad` so they are usable
+//! at once). The VIPs are a /32 and a /128 on the balancer's interface so its
+//! kernel answers ARP and neighbour solicitations for them.
 
 mod balancer;
 mod names;
@@ -21,7 +23,7 @@ mod xdp_stub;
 
 use std::{
     ffi::OsStr,
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     process::{Command, Output},
     time::{Duration, Instant},
@@ -50,7 +52,12 @@ pub const PREFIX_LEN: u8 = 24;
 pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
 pub const BALANCER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 10);
 pub const VIP_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 100);
-/// Backend `i` (0-based) gets `.21 + i`.
+/// IPv6 prefix length of the lab subnet, and the IPv6 addresses.
+pub const PREFIX_LEN6: u8 = 64;
+pub const CLIENT_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x213, 0, 0, 0, 0, 0, 0x2);
+pub const BALANCER_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x213, 0, 0, 0, 0, 0, 0x10);
+pub const VIP_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x213, 0, 0, 0, 0, 0, 0x100);
+/// Backend `i` (0-based) gets `.21 + i` (IPv6: `::21 + i`).
 pub const FIRST_BACKEND_OCTET: u8 = 21;
 /// Backends serve HTTP on this TCP port and the echo on the same UDP port.
 pub const BACKEND_PORT: u16 = 8080;
@@ -80,6 +87,7 @@ pub struct Host {
     /// The bridge port of the veth pair, inside the switch namespace.
     pub switch_port: String,
     pub addr: Ipv4Addr,
+    pub addr6: Ipv6Addr,
 }
 
 /// How a backend server behaves.
@@ -123,6 +131,11 @@ impl Backend {
     /// The server's address (TCP and UDP).
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from((self.host.addr, BACKEND_PORT))
+    }
+
+    /// The server's IPv6 address (the same sockets, bound to `::`).
+    pub fn addr6(&self) -> SocketAddr {
+        SocketAddr::from((self.host.addr6, BACKEND_PORT))
     }
 }
 
@@ -174,14 +187,20 @@ impl LabBuilder {
             .with_context(|| format!("creating {}", log_dir.display()))?;
         let balancer_iface = format!("{id}b");
         names::check_ifname(&balancer_iface)?;
-        let host = |suffix: &str, iface: &str, port: &str, addr| Host {
+        let host = |suffix: &str, iface: &str, port: &str, (addr, addr6)| Host {
             ns: format!("{id}-{suffix}"),
             iface: iface.to_string(),
             switch_port: port.to_string(),
             addr,
+            addr6,
         };
-        let client = host("cl", HOST_IFACE, "p-client", CLIENT_ADDR);
-        let balancer = host("lb", &balancer_iface, "p-lb", BALANCER_ADDR);
+        let client = host("cl", HOST_IFACE, "p-client", (CLIENT_ADDR, CLIENT_ADDR6));
+        let balancer = host(
+            "lb",
+            &balancer_iface,
+            "p-lb",
+            (BALANCER_ADDR, BALANCER_ADDR6),
+        );
         let backend_hosts: Vec<Host> = (0..self.backends.len())
             .map(|i| {
                 let n = i + 1;
@@ -189,7 +208,7 @@ impl LabBuilder {
                     &format!("be{n}"),
                     HOST_IFACE,
                     &format!("p-be{n}"),
-                    backend_addr(i),
+                    (backend_addr(i), backend_addr6(i)),
                 )
             })
             .collect();
@@ -221,6 +240,18 @@ impl LabBuilder {
                 &lab.balancer.iface,
             ],
         )?;
+        lab.ip(
+            &lab.balancer.ns,
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{VIP_ADDR6}/128"),
+                "dev",
+                &lab.balancer.iface,
+                "nodad",
+            ],
+        )?;
         lab.xdp_stub = Some(attach_pass_stub(&lab.switch_ns, &lab.balancer.switch_port)?);
         for (i, (host, spec)) in backend_hosts.into_iter().zip(self.backends).enumerate() {
             let backend = lab.start_backend(format!("be{}", i + 1), host, spec)?;
@@ -236,6 +267,12 @@ impl LabBuilder {
 /// Address of backend `index` (0-based).
 pub fn backend_addr(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 213, 0, FIRST_BACKEND_OCTET + index as u8)
+}
+
+/// IPv6 address of backend `index` (0-based).
+pub fn backend_addr6(index: usize) -> Ipv6Addr {
+    let last = u16::from(FIRST_BACKEND_OCTET) + index as u16;
+    Ipv6Addr::new(0xfd00, 0x213, 0, 0, 0, 0, 0, last)
 }
 
 /// A running lab. Dropping it stops every process it started and deletes its
@@ -348,6 +385,11 @@ impl Lab {
         )?;
         let cidr = format!("{}/{PREFIX_LEN}", host.addr);
         self.ip(&host.ns, &["addr", "add", &cidr, "dev", &host.iface])?;
+        let cidr6 = format!("{}/{PREFIX_LEN6}", host.addr6);
+        self.ip(
+            &host.ns,
+            &["-6", "addr", "add", &cidr6, "dev", &host.iface, "nodad"],
+        )?;
         self.ip(&host.ns, &["link", "set", &host.iface, "up"])?;
         // Frames from local sockets over veth carry a partial checksum that
         // native XDP on the receiving side turns into corrupt raw frames
@@ -360,9 +402,12 @@ impl Lab {
 
     fn start_backend(&self, name: String, host: Host, spec: BackendSpec) -> Result<Backend> {
         let bin = self.binaries.lb_backend.as_os_str();
+        // `::` takes IPv4 and IPv6 on the same sockets (dual stack).
         let args: Vec<String> = vec![
             "--name".into(),
             name.clone(),
+            "--listen".into(),
+            IpAddr::from(Ipv6Addr::UNSPECIFIED).to_string(),
             "--http-port".into(),
             BACKEND_PORT.to_string(),
             "--udp-port".into(),

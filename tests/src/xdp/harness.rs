@@ -147,13 +147,14 @@ impl Lb {
         lb
     }
 
-    /// The number of instructions the verifier processed, and the program's size in bytes.
-    pub fn verifier_counts(&self) -> (Option<u32>, usize) {
-        let prog: &Xdp = self.program();
-        let info = prog.info().expect("program info");
+    /// The number of instructions the verifier processed, the program's
+    /// size in bytes after verification, and its JIT-compiled size.
+    pub fn verifier_counts(&self) -> (Option<u32>, u32, u32) {
+        let info = self.program().info().expect("program info");
         (
             info.verified_instruction_count(),
-            info.size_translated().unwrap_or(0) as usize,
+            info.size_translated().unwrap_or(0),
+            info.size_jitted(),
         )
     }
 
@@ -162,11 +163,27 @@ impl Lb {
     }
 
     fn program(&self) -> &Xdp {
+        self.named_program(lb_common::XDP_PROGRAM)
+    }
+
+    fn named_program(&self, name: &str) -> &Xdp {
         self.ebpf
-            .program(lb_common::XDP_PROGRAM)
-            .expect("lb_xdp")
+            .program(name)
+            .unwrap_or_else(|| panic!("{name} in object"))
             .try_into()
             .expect("XDP")
+    }
+
+    /// Loads another XDP program of the object (a benchmark baseline).
+    pub fn load_program(&mut self, name: &str) {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .unwrap_or_else(|| panic!("{name} in object"))
+            .try_into()
+            .expect("XDP");
+        prog.load()
+            .unwrap_or_else(|e| panic!("loading {name}: {e}"));
     }
 
     pub fn config(&mut self, ready: bool, port_min: u16, port_max: u16) {
@@ -349,12 +366,20 @@ impl Lb {
     /// Runs one frame `repeat` times in the kernel: the action, the output
     /// frame and the kernel's mean duration per run in nanoseconds.
     pub fn run_repeat(&self, frame: &[u8], repeat: u32) -> (u32, Vec<u8>, u32) {
+        self.run_program(lb_common::XDP_PROGRAM, frame, repeat)
+    }
+
+    /// [`Lb::run_repeat`] for the loaded program `name`.
+    pub fn run_program(&self, name: &str, frame: &[u8], repeat: u32) -> (u32, Vec<u8>, u32) {
         let mut out = vec![0u8; frame.len() + 64];
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
         opts.data_out = Some(&mut out);
         opts.repeat = repeat;
-        let result = self.program().test_run(opts).expect("BPF_PROG_TEST_RUN");
+        let result = self
+            .named_program(name)
+            .test_run(opts)
+            .expect("BPF_PROG_TEST_RUN");
         out.truncate(result.data_size_out as usize);
         (result.return_value, out, result.duration.as_nanos() as u32)
     }

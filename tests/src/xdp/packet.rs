@@ -480,42 +480,46 @@ pub fn parse(frame: &[u8]) -> Option<Parsed> {
     }
 }
 
+/// True when the frame parses and its checksums are valid (see [`verify_checksums`]).
+pub fn checksums_valid(frame: &[u8]) -> bool {
+    verify_checksums(frame).is_ok()
+}
+
 /// Checks, from scratch, the IPv4 header checksum and the TCP, UDP, ICMP or
 /// ICMPv6 checksum of a frame. Panics with `what` on a mismatch.
 pub fn assert_checksums_valid(frame: &[u8], what: &str) {
-    let p = parse(frame).unwrap_or_else(|| panic!("{what}: not an IP frame"));
-    if p.src.is_ipv4() {
-        assert_eq!(
-            checksum(&[&frame[p.l3..p.l4]]),
-            0,
-            "{what}: IPv4 header checksum"
-        );
+    if let Err(e) = verify_checksums(frame) {
+        panic!("{what}: {e}");
+    }
+}
+
+/// Verifies the IPv4 header checksum and the TCP, UDP (0 = none, IPv4
+/// only), ICMP or ICMPv6 checksum of a frame, computed from scratch.
+pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
+    let p = parse(frame).ok_or("not an IP frame")?;
+    if p.l3 > p.l4 || p.l4 > p.end || p.end > frame.len() {
+        return Err(format!("headers or length out of the frame: {p:?}"));
+    }
+    if p.src.is_ipv4() && checksum(&[&frame[p.l3..p.l4]]) != 0 {
+        return Err("IPv4 header checksum".into());
     }
     let segment = &frame[p.l4..p.end];
-    match p.proto {
-        IPPROTO_TCP => assert_eq!(
-            l4_checksum(p.src, p.dst, p.proto, segment),
-            0,
-            "{what}: TCP checksum"
-        ),
+    let pseudo = |proto| l4_checksum(p.src, p.dst, proto, segment);
+    let bad = match p.proto {
+        IPPROTO_TCP => pseudo(IPPROTO_TCP) != 0,
         IPPROTO_UDP => {
-            let sent = u16::from_be_bytes([segment[6], segment[7]]);
-            if !(p.src.is_ipv4() && sent == 0) {
-                assert_eq!(
-                    l4_checksum(p.src, p.dst, p.proto, segment),
-                    0,
-                    "{what}: UDP checksum"
-                );
-            }
+            let sent = segment.get(6..8).ok_or("UDP header cut")?;
+            let none = p.src.is_ipv4() && sent == [0, 0];
+            !none && pseudo(IPPROTO_UDP) != 0
         }
-        IPPROTO_ICMP => assert_eq!(checksum(&[segment]), 0, "{what}: ICMP checksum"),
-        IPPROTO_ICMPV6 => assert_eq!(
-            l4_checksum(p.src, p.dst, p.proto, segment),
-            0,
-            "{what}: ICMPv6 checksum"
-        ),
-        _ => {}
+        IPPROTO_ICMP => checksum(&[segment]) != 0,
+        IPPROTO_ICMPV6 => pseudo(IPPROTO_ICMPV6) != 0,
+        _ => false,
+    };
+    if bad {
+        return Err(format!("protocol {} checksum", p.proto));
     }
+    Ok(())
 }
 
 /// A frame of any EtherType with `body` after the Ethernet header.

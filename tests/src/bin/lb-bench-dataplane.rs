@@ -1,0 +1,227 @@
+//! `cargo xtask bench dataplane`: the cost per packet of the XDP program,
+//! measured with `BPF_PROG_TEST_RUN` against two baselines measured in the
+//! same run on the same CPU: a bare XDP_PASS program and a MAC-swap XDP_TX
+//! program. Every run uses repeat=1 (a rewritten frame must not be fed back
+//! to the program, as Katran's benchmark also does), and the per-packet
+//! cost is the median of the kernel-reported durations. A benchmark, not a
+//! test: it prints a table and asserts nothing about time.
+use std::net::Ipv4Addr;
+
+use anyhow::{Result, bail};
+use clap::Parser;
+use lb_common::{Algorithm, BACKEND_ACTIVE, IPPROTO_TCP};
+use lb_lab::xdp::{
+    harness::*,
+    isolate::run_isolated,
+    packet::{Pkt, TCP_ACK, TCP_PSH, TCP_SYN},
+};
+
+/// Baseline programs in the eBPF object.
+const PASS_PROGRAM: &str = "xdp_pass_stub";
+const MACSWAP_PROGRAM: &str = "xdp_macswap_bench";
+/// Backend counts of the new-flow cases (each its own VIP and port).
+const P2C_SIZES: [u32; 3] = [2, 64, 1024];
+const FIRST_P2C_PORT: u16 = 81;
+/// Flow table big enough that the new-flow cases never evict.
+const BENCH_FLOW_TABLE: u32 = 1 << 19;
+/// The ring buffer is drained this often, so new flows keep emitting events
+/// as in production instead of counting them lost.
+const DRAIN_EVERY: usize = 1000;
+/// New flows per P2C case, and the SNAT port range: with 2 backends each
+/// gets about half of the flows, which keeps every backend's port space at
+/// most a sixth full, so the 8 random port tries never run out.
+const NEW_FLOWS: usize = 20_000;
+const BENCH_SNAT_PORTS: (u16, u16) = (1024, 65_535);
+/// Payload of the established-flow packets (a small request or response).
+const PAYLOAD: &[u8] = &[b'x'; 64];
+
+#[derive(Parser)]
+#[command(about = "Per-packet cost of lb_xdp through BPF_PROG_TEST_RUN")]
+struct Args {
+    /// Runs per case (each a separate BPF_PROG_TEST_RUN with repeat=1).
+    #[arg(long, default_value_t = 100_000)]
+    runs: usize,
+}
+
+/// One measured case.
+struct Row {
+    name: String,
+    /// Median and mean kernel-reported ns per packet.
+    median_ns: u32,
+    mean_ns: f64,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if !lb_lab::root::is_root() {
+        bail!("BPF_PROG_TEST_RUN needs root");
+    }
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let rows = run_isolated(move || bench(args.runs));
+    print_table(&rows);
+    Ok(())
+}
+
+fn bench(runs: usize) -> Vec<Row> {
+    let mut lb = Lb::load(lb_user::EBPF_OBJECT, BENCH_FLOW_TABLE);
+    lb.load_program(PASS_PROGRAM);
+    lb.load_program(MACSWAP_PROGRAM);
+    lb.config(true, BENCH_SNAT_PORTS.0, BENCH_SNAT_PORTS.1);
+    let max = *P2C_SIZES.iter().max().expect("sizes");
+    for id in 0..max {
+        lb.backend(id, BACKEND_ACTIVE);
+        lb.set_cost(id, 1_000_000);
+    }
+    lb.vip(0, HTTP, IPPROTO_TCP, Algorithm::P2cEwma, 0, &[0]);
+    for (i, n) in P2C_SIZES.iter().enumerate() {
+        let ids: Vec<u32> = (0..*n).collect();
+        lb.vip(
+            1 + i as u32,
+            FIRST_P2C_PORT + i as u16,
+            IPPROTO_TCP,
+            Algorithm::P2cEwma,
+            0,
+            &ids,
+        );
+    }
+
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX, "open the established flow");
+    let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    let snat_port = u16::from_be(fwd.new_sport);
+    let request = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK | TCP_PSH)
+        .payload(PAYLOAD)
+        .build();
+    let response = from_backend(0, snat_port, TCP_ACK | TCP_PSH)
+        .payload(PAYLOAD)
+        .build();
+    let miss = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, 443), TCP_ACK)
+        .payload(PAYLOAD)
+        .build();
+
+    let mut rows = vec![
+        measure(
+            &mut lb,
+            "baseline: XDP_PASS",
+            PASS_PROGRAM,
+            std::slice::from_ref(&request),
+            runs,
+            XDP_PASS,
+        ),
+        measure(
+            &mut lb,
+            "baseline: MAC swap + XDP_TX",
+            MACSWAP_PROGRAM,
+            std::slice::from_ref(&request),
+            runs,
+            XDP_TX,
+        ),
+        measure(
+            &mut lb,
+            "established, client -> backend",
+            lb_common::XDP_PROGRAM,
+            &[request],
+            runs,
+            XDP_TX,
+        ),
+        measure(
+            &mut lb,
+            "established, backend -> client",
+            lb_common::XDP_PROGRAM,
+            &[response],
+            runs,
+            XDP_TX,
+        ),
+    ];
+    for (i, n) in P2C_SIZES.iter().enumerate() {
+        let port = FIRST_P2C_PORT + i as u16;
+        let flows = runs.min(NEW_FLOWS);
+        let frames = new_flow_frames(port, i, flows);
+        let name = format!("new flow, P2C over {n} backends");
+        rows.push(measure(
+            &mut lb,
+            &name,
+            lb_common::XDP_PROGRAM,
+            &frames,
+            flows,
+            XDP_TX,
+        ));
+    }
+    rows.push(measure(
+        &mut lb,
+        "miss (not VIP traffic)",
+        lb_common::XDP_PROGRAM,
+        &[miss],
+        runs,
+        XDP_PASS,
+    ));
+    rows
+}
+
+/// `runs` SYNs to the VIP on `port`, each from its own client address.
+fn new_flow_frames(port: u16, case: usize, runs: usize) -> Vec<Vec<u8>> {
+    (0..runs)
+        .map(|i| {
+            // 10.(64 + case).x.y: a distinct client per SYN, per case.
+            let client =
+                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64 + case as u8, 0, 1)) + i as u32);
+            Pkt::tcp((client, CLIENT_PORT), (VIP, port), TCP_SYN).build()
+        })
+        .collect()
+}
+
+/// Runs `frames` round-robin `runs` times through `program`, each expected to
+/// give `action`, and returns the median and mean kernel-reported cost.
+fn measure(
+    lb: &mut Lb,
+    name: &str,
+    program: &str,
+    frames: &[Vec<u8>],
+    runs: usize,
+    action: u32,
+) -> Row {
+    let mut ns: Vec<u32> = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let (got, _, duration) = lb.run_program(program, &frames[i % frames.len()], 1);
+        assert_eq!(got, action, "{name}: run {i}: {:?}", lb.reasons());
+        ns.push(duration);
+        if i % DRAIN_EVERY == 0 {
+            lb.events();
+        }
+    }
+    let mean_ns = ns.iter().map(|&n| f64::from(n)).sum::<f64>() / ns.len() as f64;
+    ns.sort_unstable();
+    Row {
+        name: name.to_string(),
+        median_ns: ns[ns.len() / 2],
+        mean_ns,
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    let (pass, macswap) = (
+        f64::from(rows[0].median_ns.max(1)),
+        f64::from(rows[1].median_ns.max(1)),
+    );
+    println!(
+        "\n{:<34} {:>10} {:>10} {:>12} {:>14}",
+        "case", "median ns", "mean ns", "x XDP_PASS", "x MAC-swap TX"
+    );
+    for r in rows {
+        let m = f64::from(r.median_ns);
+        println!(
+            "{:<34} {:>10} {:>10.1} {:>12.2} {:>14.2}",
+            r.name,
+            r.median_ns,
+            r.mean_ns,
+            m / pass,
+            m / macswap
+        );
+    }
+    println!(
+        "\nkernel-reported ns per BPF_PROG_TEST_RUN with repeat=1, one CPU, fresh netns; \
+         ratios use the medians"
+    );
+}

@@ -1,0 +1,702 @@
+//! Fault tests: each puts the balancer under steady open-loop load (a new
+//! connection per request, `lb-loadgen`), injects one fault, and asserts
+//! what was lost. Every test prints a `FAULT <name>: ...` line with its
+//! load and losses (the numbers quoted in the operations notes).
+//!
+//! Needs root. Run with
+//! `cargo test -p lb-tests --test faults -- --test-threads=1`.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    thread,
+    time::{Duration, Instant},
+};
+
+use lb_lab::{
+    Binaries, Lab,
+    lab::{Algorithm, BackendSpec, BalancerSpec, Protocol as VipProtocol, VipSpec, XdpMode},
+    loadgen::{LoadConfig, Protocol, Summary},
+    probe, require_root,
+    status::{BackendStatus, Status},
+};
+use nix::sys::signal::Signal;
+
+/// Where lb-user serves metrics by default (inside the balancer namespace).
+const METRICS_ADDR: &str = "127.0.0.1:9470";
+/// Health checks fast enough for short tests.
+const FAST_CHECKS: &[&str] = &[
+    "--health-check",
+    "tcp",
+    "--health-interval",
+    "200ms",
+    "--health-timeout",
+    "200ms",
+    "--health-fall",
+    "2",
+    "--health-rise",
+    "2",
+];
+
+fn binaries() -> Binaries {
+    Binaries::with_own(
+        env!("CARGO_BIN_EXE_lb-backend"),
+        env!("CARGO_BIN_EXE_lb-loadgen"),
+    )
+}
+
+fn load(lab: &Lab, rate: f64, duration_s: f64, timeout_ms: u64) -> LoadConfig {
+    LoadConfig {
+        target: lab.tcp_vip(),
+        protocol: Protocol::Tcp,
+        rate,
+        duration_s,
+        max_requests: 100_000,
+        timeout_ms,
+        max_outstanding: 2_000,
+        path: "/".into(),
+        payload_bytes: 0,
+    }
+}
+
+/// The TCP VIP alone over `backends`, with extra flags.
+fn spec(lab: &Lab, backends: &[usize], extra: &[&str]) -> BalancerSpec {
+    BalancerSpec {
+        vips: vec![VipSpec {
+            addr: lab.tcp_vip(),
+            protocol: VipProtocol::Tcp,
+            backends: backends
+                .iter()
+                .map(|&i| (lab.backends()[i].addr(), 1))
+                .collect(),
+        }],
+        algorithm: Algorithm::P2cEwma,
+        xdp_mode: XdpMode::Native,
+        extra_args: extra.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn backend_status(status: &Status, lab: &Lab, index: usize) -> Option<BackendStatus> {
+    let addr = lab.backends()[index].addr().to_string();
+    status
+        .vip(&lab.tcp_vip().to_string())?
+        .backends
+        .iter()
+        .find(|b| b.address == addr)
+        .cloned()
+}
+
+fn opened(lab: &Lab, index: usize) -> u64 {
+    backend_status(&lab.status().unwrap(), lab, index).map_or(0, |b| b.opened)
+}
+
+/// `lb-user backend ARGS...` against the lab's instance; panics on failure.
+fn backend_command(lab: &Lab, args: &[&str]) {
+    let instance = lab.instance();
+    let mut argv = vec!["backend"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--instance", &instance]);
+    let out = lab.run_lb_user(&argv).unwrap();
+    assert!(
+        out.status.success(),
+        "lb-user {argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `GET /metrics` from inside the balancer namespace.
+fn scrape(lab: &Lab) -> String {
+    lab.in_ns(&lab.balancer().ns, || {
+        let mut s = TcpStream::connect(METRICS_ADDR)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    })
+    .unwrap()
+}
+
+/// Value of the first sample whose line starts with `prefix`.
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
+}
+
+/// Waits until `check` holds, polling, or panics after `timeout`.
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn report(name: &str, config: &LoadConfig, summary: &Summary, extra: &str) {
+    eprintln!(
+        "FAULT {name}: load {} req/s × {} s ({} scheduled, new connection each), completed {}, failed {} {:?}; {extra}",
+        config.rate,
+        config.duration_s,
+        summary.scheduled,
+        summary.completed,
+        summary.error_count(),
+        summary.errors
+    );
+}
+
+#[test]
+fn killed_backend_loses_only_its_in_flight_requests() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let mut extra = FAST_CHECKS.to_vec();
+    extra.extend(["--outlier-consecutive", "3"]);
+    let _lb = lab.start_balancer(&spec(&lab, &[0, 1, 2], &extra)).unwrap();
+    let config = load(&lab, 200.0, 8.0, 2_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(2));
+    lab.signal(lab.backends()[2].process, Signal::SIGKILL)
+        .unwrap();
+    // Detection: 3 refused connections (passive) or 2 failed checks (active).
+    thread::sleep(Duration::from_millis(1_500));
+    let status = lab.status().unwrap();
+    let dead = backend_status(&status, &lab, 2).unwrap();
+    assert_eq!(dead.state, "ejected", "{dead:?}");
+    let opened_at_detection = dead.opened;
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let opened_after = opened(&lab, 2);
+    report(
+        "kill-backend",
+        &config,
+        &summary,
+        &format!(
+            "new connections to the dead backend after detection: {}",
+            opened_after - opened_at_detection
+        ),
+    );
+    assert_eq!(
+        opened_after, opened_at_detection,
+        "new connections went to the dead backend after it was detected"
+    );
+    // Only what the dead backend had, or was given before detection, fails:
+    // at 200/s a third of ~0.5 s is ~35; allow 2.5x for scheduling noise.
+    assert!(summary.error_count() <= 80, "{summary:?}");
+    assert!(summary.completed + summary.error_count() == summary.scheduled);
+    let metrics = scrape(&lab);
+    let dead_addr = lab.backends()[2].addr().to_string();
+    assert!(
+        metric(
+            &metrics,
+            &format!(
+                "lb_health_checks_total{{vip=\"{}/tcp\",backend=\"{dead_addr}\",result=\"fail\"}}",
+                lab.tcp_vip()
+            )
+        ) >= 2.0
+    );
+}
+
+#[test]
+fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let mut extra = FAST_CHECKS.to_vec();
+    // A short ejection base so an ejected flapper returns within the test.
+    extra.extend(["--slow-start", "0s", "--ejection-base", "2s"]);
+    // Round-robin: P2C would rightly keep avoiding a backend whose last
+    // answers came after a retransmitted SYN (Peak-EWMA remembers them).
+    let mut balancer = spec(&lab, &[0, 1, 2], &extra);
+    balancer.algorithm = Algorithm::RoundRobin;
+    let _lb = lab.start_balancer(&balancer).unwrap();
+    let config = load(&lab, 150.0, 14.0, 1_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    let port = "p-be3";
+    thread::sleep(Duration::from_secs(1));
+    // Three flaps: 1 s unreachable (frames dropped: SYNs time out), 1 s back.
+    for _ in 0..3 {
+        lab.ip(lab.switch_ns(), &["link", "set", port, "down"])
+            .unwrap();
+        thread::sleep(Duration::from_secs(1));
+        lab.ip(lab.switch_ns(), &["link", "set", port, "up"])
+            .unwrap();
+        thread::sleep(Duration::from_secs(1));
+    }
+    wait_for(
+        "the flapping backend to be back in service",
+        Duration::from_secs(6),
+        || backend_status(&lab.status().unwrap(), &lab, 2).is_some_and(|b| b.state == "active"),
+    );
+    let back = opened(&lab, 2);
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let served_after = opened(&lab, 2) - back;
+    let addr = lab.backends()[2].addr().to_string();
+    let ejections = metric(
+        &scrape(&lab),
+        &format!(
+            "lb_backend_ejections_total{{vip=\"{}/tcp\",backend=\"{addr}\"}}",
+            lab.tcp_vip()
+        ),
+    );
+    report(
+        "flap-backend",
+        &config,
+        &summary,
+        &format!(
+            "outlier ejections of the flapper: {ejections}; connections to it once back: {served_after}"
+        ),
+    );
+    // Lost: requests to it in flight or placed within the ~0.5 s detection
+    // of each down period: about 3 × 50/s × 0.6 s ≈ 90; allow 2x.
+    assert!(summary.error_count() <= 180, "{summary:?}");
+    assert!(served_after > 0, "the backend never came back");
+}
+
+#[test]
+fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let extra = ["--slow-start", "6s", "--slow-start-floor", "0.1"];
+    let _lb = lab.start_balancer(&spec(&lab, &[0, 1], &extra)).unwrap();
+    let config = load(&lab, 200.0, 10.0, 2_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    let cold = lab.backends()[2].addr().to_string();
+    let vip = lab.tcp_vip().to_string();
+    backend_command(&lab, &["add", "--vip", &vip, "--backend", &cold]);
+    thread::sleep(Duration::from_millis(500));
+    let early_weight = backend_status(&lab.status().unwrap(), &lab, 2)
+        .unwrap()
+        .weight;
+    let start = opened(&lab, 2);
+    thread::sleep(Duration::from_secs(2));
+    let early = opened(&lab, 2) - start;
+    thread::sleep(Duration::from_secs(4));
+    let late_start = opened(&lab, 2);
+    thread::sleep(Duration::from_secs(2));
+    let late = opened(&lab, 2) - late_start;
+    let late_weight = backend_status(&lab.status().unwrap(), &lab, 2)
+        .unwrap()
+        .weight;
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    report(
+        "slow-start",
+        &config,
+        &summary,
+        &format!(
+            "weight {early_weight:.2} → {late_weight:.2}; new connections in its first 2 s {early}, in 6-8 s {late}"
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert!((0.05..=0.5).contains(&early_weight), "{early_weight}");
+    assert!(late_weight > 0.99, "{late_weight}");
+    assert!(late > 0 && early * 2 < late, "early {early}, late {late}");
+}
+
+#[test]
+fn drained_backend_finishes_its_flows_and_gets_no_new_ones() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    // Round-robin, so keep-alive connections to be1 are easy to get (P2C
+    // would rightly avoid a backend that already holds one).
+    let mut balancer = spec(&lab, &[0, 1, 2], &[]);
+    balancer.algorithm = Algorithm::RoundRobin;
+    let _lb = lab.start_balancer(&balancer).unwrap();
+    let client = lab.client().ns.clone();
+    let target = lab.backends()[0].name.clone();
+    // Two keep-alive connections that landed on be1.
+    let mut kept = Vec::new();
+    for _ in 0..60 {
+        let mut stream = probe::connect(&client, lab.tcp_vip()).unwrap();
+        let response = probe::request(&mut stream, "/", b"", true).unwrap();
+        if response.backend.as_deref() == Some(target.as_str()) {
+            kept.push(stream);
+            if kept.len() == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(kept.len(), 2, "no connection landed on {target}");
+    let mut slow = kept.pop().unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let in_flight = thread::spawn(move || probe::request(&mut slow, "/sleep/2000", b"", false));
+    thread::sleep(Duration::from_millis(200));
+
+    let config = load(&lab, 200.0, 4.0, 2_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_millis(500));
+    let vip = lab.tcp_vip().to_string();
+    let drained = lab.backends()[0].addr().to_string();
+    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &drained]);
+    let at_drain = opened(&lab, 0);
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let after = opened(&lab, 0) - at_drain;
+    let status = backend_status(&lab.status().unwrap(), &lab, 0).unwrap();
+    assert_eq!(status.state, "draining");
+    let slow_answer = in_flight.join().unwrap().unwrap();
+    let kept_answer = probe::request(&mut kept[0], "/after-drain", b"", true).unwrap();
+    report(
+        "drain",
+        &config,
+        &summary,
+        &format!(
+            "new connections to the drained backend after the drain: {after}; its in-flight 2 s request: {}; its keep-alive connection answered by {:?}",
+            slow_answer.status, kept_answer.backend
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(after, 0, "new flows went to a draining backend");
+    assert_eq!(slow_answer.status, 200);
+    assert_eq!(kept_answer.backend.as_deref(), Some(target.as_str()));
+
+    backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &drained]);
+    let back = lab.run_loadgen(&load(&lab, 200.0, 1.5, 2_000)).unwrap();
+    assert_eq!(back.error_count(), 0);
+    assert!(back.per_backend.contains_key(&target), "{back:?}");
+}
+
+#[test]
+fn sighup_reload_adds_and_removes_backends_without_loss() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let path = lab.log_dir().join("reload.toml");
+    let write = |backends: &[usize]| {
+        let list: Vec<String> = backends
+            .iter()
+            .map(|&i| format!("\"{}\"", lab.backends()[i].addr()))
+            .collect();
+        let text = format!(
+            "[[vip]]\naddress = \"{}\"\nbackends = [{}]\n",
+            lab.tcp_vip(),
+            list.join(", ")
+        );
+        std::fs::write(&path, text).unwrap();
+    };
+    write(&[0, 1]);
+    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    let lb = lab.start_balancer(&base).unwrap();
+    let config = load(&lab, 200.0, 6.0, 2_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(2));
+    write(&[1, 2]);
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    thread::sleep(Duration::from_millis(500));
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let after = lab.run_loadgen(&load(&lab, 200.0, 1.5, 2_000)).unwrap();
+    report(
+        "sighup-reload",
+        &config,
+        &summary,
+        &format!("after the reload, served by {:?}", after.per_backend),
+    );
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(after.error_count(), 0, "{after:?}");
+    let names: Vec<&String> = after.per_backend.keys().collect();
+    assert_eq!(
+        names,
+        [&lab.backends()[1].name, &lab.backends()[2].name],
+        "{after:?}"
+    );
+}
+
+#[test]
+fn kill_9_and_restart_of_lb_user_loses_no_request() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let balancer = spec(&lab, &[0, 1, 2], &[]);
+    let first = lab.start_balancer(&balancer).unwrap();
+    let config = load(&lab, 200.0, 8.0, 3_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(2));
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    let down_at = Instant::now();
+    // The kernel balances alone on the last scores meanwhile.
+    thread::sleep(Duration::from_secs(2));
+    let _second = lab.start_balancer(&balancer).unwrap();
+    let downtime = down_at.elapsed();
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    report(
+        "kill-9-restart",
+        &config,
+        &summary,
+        &format!(
+            "control plane down {downtime:.1?}; served by {:?}",
+            summary.per_backend
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(summary.completed, summary.scheduled);
+    assert_eq!(summary.per_backend.len(), 3);
+}
+
+/// A connection from the client namespace with a short connect timeout.
+fn try_connect(lab: &Lab, addr: SocketAddr, timeout: Duration) -> Option<TcpStream> {
+    lab.in_ns(&lab.client().ns, || {
+        Ok(TcpStream::connect_timeout(&addr, timeout).ok())
+    })
+    .unwrap()
+}
+
+#[test]
+fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(1, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    const PORTS: usize = 8;
+    let _lb = lab
+        .start_balancer(&spec(&lab, &[0], &["--snat-ports", "20000-20007"]))
+        .unwrap();
+    // Fill the pool with keep-alive connections (random port picks may
+    // need a few attempts for the last free ports).
+    let mut kept = Vec::new();
+    for _ in 0..60 {
+        if let Some(mut s) = try_connect(&lab, lab.tcp_vip(), Duration::from_millis(700)) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            probe::request(&mut s, "/", b"", true).unwrap();
+            kept.push(s);
+            if kept.len() == PORTS {
+                break;
+            }
+        }
+    }
+    assert_eq!(kept.len(), PORTS, "could not use the whole SNAT pool");
+    let config = load(&lab, 20.0, 2.0, 1_000);
+    let summary = lab.run_loadgen(&config).unwrap();
+    let status = lab.status().unwrap();
+    let exhausted = status
+        .reasons
+        .get("drop_snat_exhausted")
+        .copied()
+        .unwrap_or(0);
+    let mut kept_ok = 0;
+    for s in &mut kept {
+        if probe::request(s, "/still-there", b"", true).is_ok() {
+            kept_ok += 1;
+        }
+    }
+    report(
+        "snat-exhaustion",
+        &config,
+        &summary,
+        &format!(
+            "pool of {PORTS} ports held by keep-alive connections; drop_snat_exhausted = {exhausted}; established connections still answering: {kept_ok}/{PORTS}"
+        ),
+    );
+    assert_eq!(summary.completed, 0, "a flow got a port from a full pool");
+    assert!(exhausted > 0);
+    assert_eq!(kept_ok, PORTS, "an established flow was harmed");
+    let metrics = scrape(&lab);
+    assert!(metric(&metrics, "lb_packets_total{reason=\"drop_snat_exhausted\"}") > 0.0);
+}
+
+#[test]
+fn full_flow_table_evicts_and_counts_the_evictions() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(2, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    // 64 entries: 32 connections, both directions each.
+    let _lb = lab
+        .start_balancer(&spec(&lab, &[0, 1], &["--flow-table-size", "64"]))
+        .unwrap();
+    let client = lab.client().ns.clone();
+    // Idle keep-alive connections: the oldest entries once the table fills.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
+        probe::request(&mut s, "/", b"", true).unwrap();
+        idle.push(s);
+    }
+    let config = load(&lab, 200.0, 4.0, 2_000);
+    let summary = lab.run_loadgen(&config).unwrap();
+    // The reconciler notices within a pass (1 s).
+    let mut evicted = 0.0;
+    wait_for("evictions to be counted", Duration::from_secs(5), || {
+        evicted = metric(&scrape(&lab), "lb_flows_evicted_total");
+        evicted >= 1.0
+    });
+    let entries = metric(&scrape(&lab), "lb_flow_table_entries");
+    let mut idle_alive = 0;
+    for s in &mut idle {
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        if probe::request(s, "/", b"", true).is_ok() {
+            idle_alive += 1;
+        }
+    }
+    report(
+        "flow-table-overflow",
+        &config,
+        &summary,
+        &format!(
+            "table of 64 entries; evicted open flows counted: {evicted}; entries {entries}; idle keep-alive connections surviving: {idle_alive}/4"
+        ),
+    );
+    // New flows are the most recently used entries, so the LRU evicts old
+    // (closed, lingering, or idle) ones: almost every request succeeds.
+    assert!(
+        summary.error_count() * 50 <= summary.scheduled,
+        "{summary:?}"
+    );
+    assert!(entries <= 64.0);
+}
+
+/// Ids of the `lb_xdp` programs that use this lab's pinned flow table
+/// (netlink's view is not used: after a link update this kernel keeps
+/// reporting the replaced program's id).
+fn programs_on_pinned_maps(lab: &Lab) -> Vec<u32> {
+    let flows = aya::maps::MapInfo::from_pin(lab.pin_dir().join("FLOWS"))
+        .unwrap()
+        .id();
+    aya::programs::loaded_programs()
+        .flatten()
+        .filter(|p| p.name_as_str() == Some("lb_xdp"))
+        .filter(|p| {
+            p.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&flows))
+        })
+        .map(|p| p.id())
+        .collect()
+}
+
+#[test]
+fn program_upgrade_swaps_the_xdp_program_without_loss() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let balancer = spec(&lab, &[0, 1, 2], &[]);
+    let old = lab.start_balancer(&balancer).unwrap();
+    let old_programs = programs_on_pinned_maps(&lab);
+    assert_eq!(old_programs.len(), 1, "{old_programs:?}");
+    let client = lab.client().ns.clone();
+    let mut kept = probe::connect(&client, lab.tcp_vip()).unwrap();
+    let first = probe::request(&mut kept, "/", b"", true).unwrap();
+    let config = load(&lab, 200.0, 8.0, 3_000);
+    let run = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(2));
+    // The old control plane goes away without detaching (as in a binary
+    // swap), and the new one replaces the program on the pinned link.
+    assert!(!lab.stop_balancer(old, Signal::SIGKILL).unwrap().success());
+    let mut upgraded = balancer.clone();
+    upgraded.extra_args.push("--upgrade".into());
+    let new = lab.start_balancer(&upgraded).unwrap();
+    // The pinned state still says ready, so wait for the swap itself.
+    let mut new_programs = Vec::new();
+    wait_for("the program swap", Duration::from_secs(10), || {
+        new_programs = programs_on_pinned_maps(&lab);
+        !new_programs.contains(&old_programs[0])
+    });
+    let after_upgrade = probe::request(&mut kept, "/after-upgrade", b"", true).unwrap();
+    // And the upgraded link is re-adopted by the next restart.
+    thread::sleep(Duration::from_secs(1));
+    assert!(!lab.stop_balancer(new, Signal::SIGKILL).unwrap().success());
+    let _third = lab.start_balancer(&balancer).unwrap();
+    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let again = probe::request(&mut kept, "/after-restart", b"", true).unwrap();
+    report(
+        "program-upgrade",
+        &config,
+        &summary,
+        &format!(
+            "XDP program {old_programs:?} → {new_programs:?} (then one more kill -9 + restart); keep-alive connection served by {:?}, {:?}, {:?}",
+            first.backend, after_upgrade.backend, again.backend
+        ),
+    );
+    assert_eq!(new_programs.len(), 1, "{new_programs:?}");
+    assert_ne!(old_programs, new_programs, "the program was not replaced");
+    assert_eq!(
+        programs_on_pinned_maps(&lab),
+        new_programs,
+        "re-adoption replaced the program"
+    );
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(
+        after_upgrade.backend, first.backend,
+        "the established flow moved"
+    );
+    assert_eq!(again.backend, first.backend, "the established flow moved");
+}
+
+#[test]
+fn syn_flood_beyond_the_new_flow_cap_is_refused_and_spares_established_flows() {
+    require_root!();
+    let lab = Lab::builder(binaries())
+        .backends(2, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    // 100 new flows/s at most; 1024 entries hold what the cap lets in
+    // during the flood (closed flows linger), but not the flood itself.
+    let _lb = lab
+        .start_balancer(&spec(
+            &lab,
+            &[0, 1],
+            &["--max-new-flows", "100", "--flow-table-size", "1024"],
+        ))
+        .unwrap();
+    let client = lab.client().ns.clone();
+    let mut kept = Vec::new();
+    for _ in 0..4 {
+        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
+        probe::request(&mut s, "/", b"", true).unwrap();
+        kept.push(s);
+    }
+    thread::sleep(Duration::from_secs(1));
+    let config = load(&lab, 1_000.0, 3.0, 500);
+    let summary = lab.run_loadgen(&config).unwrap();
+    let status = lab.status().unwrap();
+    let refused = status
+        .reasons
+        .get("drop_new_flow_rate")
+        .copied()
+        .unwrap_or(0);
+    let mut kept_ok = 0;
+    for s in &mut kept {
+        if probe::request(s, "/after-flood", b"", true).is_ok() {
+            kept_ok += 1;
+        }
+    }
+    report(
+        "syn-flood-cap",
+        &config,
+        &summary,
+        &format!(
+            "cap 100 new flows/s; refused by the cap: {refused} SYNs; established keep-alive connections still answering: {kept_ok}/4"
+        ),
+    );
+    assert!(refused > 0, "the cap refused nothing");
+    // The cap lets about 100/s (plus a second of burst) through.
+    assert!(
+        summary.completed <= 100 * 3 + 100 + 100,
+        "{} flows passed a cap of 100/s",
+        summary.completed
+    );
+    assert!(summary.completed >= 100, "{summary:?}");
+    assert_eq!(kept_ok, 4, "the flood evicted established flows");
+}
