@@ -19,6 +19,7 @@ mod maps;
 mod nat;
 mod nexthop;
 mod parse;
+mod pick;
 mod progress;
 mod rate;
 mod select;
@@ -33,13 +34,11 @@ use aya_ebpf::{
     macros::xdp,
     programs::XdpContext,
 };
-use lb_common::{
-    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, VipKey, reason,
-};
+use lb_common::{CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, reason};
 
 use crate::{
     flow::{ReturnPath, Translation},
-    maps::{CONFIG, FLOWS, VIPS},
+    maps::{CONFIG, FLOWS},
     parse::{ETH_SRC_OFF, Packet, Parsed},
     stats::Direction,
 };
@@ -58,7 +57,7 @@ impl Verdict {
         Self { action, reason }
     }
 
-    const fn pass(reason: Reason) -> Self {
+    pub const fn pass(reason: Reason) -> Self {
         Self::new(xdp_action::XDP_PASS, reason)
     }
 }
@@ -131,7 +130,13 @@ fn try_lb(ctx: &XdpContext) -> Result<u32, Reason> {
         // release the old reply entry (and its SNAT port), then re-select.
         release_reply(pkt, entry);
     }
-    let action = new_flow(ctx(), pkt, cfg);
+    let picked = pick::pick_backend(pkt);
+    if picked & pick::PICK_DONE != 0 {
+        // The pick's own (counted) verdict: not a VIP, refused, no backend.
+        return Ok(picked as u32);
+    }
+    let (vip_id, backend_id) = ((picked >> 32) as u32, picked as u32);
+    let action = new_flow(ctx(), pkt, cfg, vip_id, backend_id);
     if action != FLOW_CREATED {
         return Ok(action);
     }
@@ -153,44 +158,36 @@ fn release_reply(pkt: &Packet, fwd: *mut FlowEntry) {
 /// (not an XDP action; the packet still has to be sent).
 const FLOW_CREATED: u32 = u32::MAX;
 
-/// First packet of a connection to a VIP (or not VIP traffic at all):
-/// selects a backend and creates both flow entries, or returns the
-/// (counted) action for the packet.
+/// Creates both flow entries of a new connection to backend `backend_id`
+/// of VIP `vip_id` (as [`pick::pick_backend`] chose), or returns the (counted)
+/// action for the packet.
 #[inline(never)]
-fn new_flow(ctx: XdpContext, pkt: &Packet, cfg: &LbConfig) -> u32 {
+fn new_flow(ctx: XdpContext, pkt: &Packet, cfg: &LbConfig, vip_id: u32, backend_id: u32) -> u32 {
     parse::keep_ctx_pointer(&ctx);
-    match try_new_flow(&ctx, pkt, cfg) {
-        Ok(None) => FLOW_CREATED,
-        Ok(Some(verdict)) => finish(Ok(verdict)),
+    match try_new_flow(&ctx, pkt, cfg, vip_id, backend_id) {
+        Ok(()) => FLOW_CREATED,
         Err(reason) => finish(Err(reason)),
     }
 }
 
 #[inline(always)]
-fn try_new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig) -> Result<Option<Verdict>, Reason> {
-    let vip_key = VipKey {
-        addr: pkt.daddr,
-        port: pkt.dport,
-        proto: pkt.proto,
-        family: pkt.family,
-    };
-    // SAFETY: read-only use of a hash map value.
-    let Some(vip) = (unsafe { VIPS.get(vip_key) }) else {
-        return Ok(Some(Verdict::pass(reason::PASS_NOT_VIP)));
-    };
-    if pkt.is_tcp() && !pkt.is_syn() {
-        return Err(reason::DROP_NO_FLOW);
-    }
-    rate::admit(now())?;
-    let backend = select::select(vip, pkt)?;
+fn try_new_flow(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    cfg: &LbConfig,
+    vip_id: u32,
+    backend_id: u32,
+) -> Result<(), Reason> {
+    // Looked up again by id: it left service only if it did so since the pick.
+    let backend = select::by_id(backend_id).ok_or(reason::DROP_NO_BACKEND)?;
     let client = ReturnPath {
         mac: parse::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
         ifindex: ctx.ingress_ifindex() as u32,
     };
     let now = now();
-    flow::create(pkt, client, cfg, vip.vip_id, &backend, now)?;
-    track::opened(backend.id, vip.vip_id, now);
-    Ok(None)
+    flow::create(pkt, client, cfg, vip_id, &backend, now)?;
+    track::opened(backend.id, vip_id, now);
+    Ok(())
 }
 
 /// Client → VIP packet of a known connection.

@@ -120,7 +120,7 @@ fn candidate(vip_id: u32, slot: u32) -> Option<Chosen> {
 
 /// Backend `id`, if it may take new flows.
 #[inline(always)]
-fn by_id(id: u32) -> Option<Chosen> {
+pub fn by_id(id: u32) -> Option<Chosen> {
     let backend: &Backend = BACKENDS.get(id)?;
     if backend.in_use == 0 || backend.state != BACKEND_ACTIVE {
         return None;
