@@ -19,18 +19,19 @@ use aya::{
     programs::{Xdp, links::FdLink, loaded_programs, xdp::XdpLink},
 };
 use lb_common::{
-    ALL_MAPS, BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP,
-    BACKENDS_MAP, Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, FLOWS_MAP,
-    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_BUCKETS_MAP, NEW_FLOW_LIMIT_MAP,
-    Neighbour, NewFlowLimit, REASON_STATS_MAP, TokenBucket, VIP_BACKENDS_MAP, VIP_STATE_MAP,
-    VIPS_MAP, VipKey, VipMeta, VipState, XDP_PROGRAM, reason,
+    ALL_MAPS, BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_PROGRESS_MAP, BACKEND_SCORES_MAP,
+    BACKEND_STATS_MAP, BACKENDS_MAP, Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP,
+    FLOWS_MAP, FlowEntry, FlowKey, IpKey, LbConfig, MAGLEV_MAP, NEIGHBOURS_MAP,
+    NEW_FLOW_BUCKETS_MAP, NEW_FLOW_LIMIT_MAP, Neighbour, NewFlowLimit, REASON_STATS_MAP,
+    TokenBucket, VIP_BACKENDS_MAP, VIP_SCHEDULE_MAP, VIP_STATE_MAP, VIP_TABLES_MAP,
+    VIP_WEIGHT_PREFIX_MAP, VIPS_MAP, VipKey, VipMeta, VipState, VipTables, XDP_PROGRAM, reason,
 };
 use tracing::info;
 
 use crate::EBPF_OBJECT;
 
 /// `(map, key size, value size)` this build's program expects.
-fn expected_layout() -> [(&'static str, usize, usize); 14] {
+fn expected_layout() -> [(&'static str, usize, usize); 19] {
     [
         (VIPS_MAP, size_of::<VipKey>(), size_of::<VipMeta>()),
         (VIP_BACKENDS_MAP, 4, 4),
@@ -46,6 +47,11 @@ fn expected_layout() -> [(&'static str, usize, usize); 14] {
         (REASON_STATS_MAP, 4, 8),
         (NEW_FLOW_LIMIT_MAP, 4, size_of::<NewFlowLimit>()),
         (NEW_FLOW_BUCKETS_MAP, 4, size_of::<TokenBucket>()),
+        (VIP_TABLES_MAP, 4, size_of::<VipTables>()),
+        (VIP_SCHEDULE_MAP, 4, 4),
+        (VIP_WEIGHT_PREFIX_MAP, 4, 4),
+        (MAGLEV_MAP, 4, 4),
+        (BACKEND_PROGRESS_MAP, 4, 8),
     ]
 }
 
