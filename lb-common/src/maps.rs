@@ -33,6 +33,16 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order of their values.
+    pub const ALL: [Self; 6] = [
+        Self::P2cEwma,
+        Self::RoundRobin,
+        Self::WeightedRoundRobin,
+        Self::Random,
+        Self::LeastConn,
+        Self::Maglev,
+    ];
+
     pub const fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
             0 => Self::P2cEwma,

@@ -226,7 +226,7 @@ fn slow_backend_share(algorithm: Algorithm) -> (f64, Summary) {
     let share = share(&summary, &slow_name);
     eprintln!(
         "{}: slow backend share {:.1}% ({summary:?})",
-        algorithm.as_str(),
+        algorithm.name(),
         share * 100.0
     );
     (share, summary)

@@ -109,7 +109,7 @@ impl Row {
 
     pub fn name(self) -> String {
         match self {
-            Row::Ours(a) => format!("lb {}", a.as_str()),
+            Row::Ours(a) => format!("lb {}", a.name()),
             Row::Haproxy(a) => format!("haproxy {a}"),
             Row::Nginx("") => "nginx round-robin".into(),
             Row::Nginx(m) => format!("nginx {}", m.trim_end_matches(';')),

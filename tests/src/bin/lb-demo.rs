@@ -142,7 +142,7 @@ fn run_algorithm(
 ) -> Result<Outcome> {
     println!(
         "\n=== {}: {} new TCP connections/s for {} s through {} ===",
-        algorithm.as_str(),
+        algorithm.name(),
         args.rate,
         args.duration_s,
         lab.tcp_vip()
@@ -297,7 +297,7 @@ fn print_comparison(outcomes: &[Outcome], slow_addr: &str, backends: usize) {
         let latency = &outcome.client.latency_ms;
         println!(
             "{:<12} {:>9} {:>7} {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>10.1}% {:>9.2}×",
-            outcome.algorithm.as_str(),
+            outcome.algorithm.name(),
             outcome.client.completed,
             outcome.client.error_count(),
             latency.p50,
@@ -312,7 +312,7 @@ fn print_comparison(outcomes: &[Outcome], slow_addr: &str, backends: usize) {
     for outcome in outcomes.iter().filter(|o| o.client.error_count() > 0) {
         println!(
             "{} errors by kind: {:?}",
-            outcome.algorithm.as_str(),
+            outcome.algorithm.name(),
             outcome.client.errors
         );
     }

@@ -24,39 +24,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `lb-user` may take to detach and exit after SIGINT/SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Selection algorithm (`--algorithm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    P2cEwma,
-    RoundRobin,
-    WeightedRoundRobin,
-    Random,
-    LeastConn,
-    Maglev,
-}
-
-impl Algorithm {
-    /// Every algorithm, in the order of `lb_common::Algorithm`.
-    pub const ALL: [Self; 6] = [
-        Self::P2cEwma,
-        Self::RoundRobin,
-        Self::WeightedRoundRobin,
-        Self::Random,
-        Self::LeastConn,
-        Self::Maglev,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::P2cEwma => "p2c-ewma",
-            Self::RoundRobin => "round-robin",
-            Self::WeightedRoundRobin => "weighted-round-robin",
-            Self::Random => "random",
-            Self::LeastConn => "least-conn",
-            Self::Maglev => "maglev",
-        }
-    }
-}
+/// Selection algorithm (`--algorithm`): the data path's own enum, whose
+/// `name()` is the command-line spelling.
+pub use lb_common::Algorithm;
 
 /// XDP attach mode (`--xdp-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,10 +106,7 @@ impl BalancerSpec {
         if let Some(config) = config {
             args.extend(["--config".to_string(), config.display().to_string()]);
         }
-        args.extend([
-            "--algorithm".to_string(),
-            self.algorithm.as_str().to_string(),
-        ]);
+        args.extend(["--algorithm".to_string(), self.algorithm.name().to_string()]);
         args.extend(["--xdp-mode".to_string(), self.xdp_mode.as_str().to_string()]);
         args.extend(self.extra_args.iter().cloned());
         args
