@@ -97,6 +97,20 @@ impl Attachment {
     }
 }
 
+/// Takes `lb_xdp` out of a loaded object and loads it into the kernel
+/// (through the verifier), for a fresh attach or an in-place upgrade.
+pub fn load_program(ebpf: &mut aya::Ebpf) -> anyhow::Result<&mut Xdp> {
+    let program: &mut Xdp = ebpf
+        .program_mut(XDP_PROGRAM)
+        .ok_or_else(|| anyhow!("the eBPF object has no program {XDP_PROGRAM}"))?
+        .try_into()
+        .context("lb_xdp is not an XDP program")?;
+    program
+        .load()
+        .map_err(|e| anyhow!("loading {XDP_PROGRAM} into the kernel: {e}"))?;
+    Ok(program)
+}
+
 fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result<Attachment> {
     fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let mut ebpf = EbpfLoader::new()
@@ -110,14 +124,7 @@ fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result
         map.pin(pin_dir.join(name))
             .with_context(|| format!("pinning map {name} in {}", pin_dir.display()))?;
     }
-    let program: &mut Xdp = ebpf
-        .program_mut(XDP_PROGRAM)
-        .ok_or_else(|| anyhow!("the eBPF object has no program {XDP_PROGRAM}"))?
-        .try_into()
-        .context("lb_xdp is not an XDP program")?;
-    program
-        .load()
-        .map_err(|e| anyhow!("loading {XDP_PROGRAM} into the kernel: {e}"))?;
+    let program = load_program(&mut ebpf)?;
     let mode = match config.xdp_mode {
         XdpMode::Native => AyaXdpMode::Driver,
         XdpMode::Skb => AyaXdpMode::Skb,

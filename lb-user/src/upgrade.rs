@@ -16,7 +16,7 @@ use anyhow::{Context as _, anyhow, bail};
 use aya::{
     EbpfLoader,
     maps::MapInfo,
-    programs::{Xdp, links::FdLink, loaded_programs, xdp::XdpLink},
+    programs::{links::FdLink, loaded_programs, xdp::XdpLink},
 };
 use lb_common::{
     ALL_MAPS, BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_PROGRESS_MAP, BACKEND_SCORES_MAP,
@@ -103,14 +103,7 @@ pub fn upgrade_if_needed(
     let mut ebpf = loader
         .load(EBPF_OBJECT)
         .map_err(|e| anyhow!("loading the eBPF object against the pinned maps: {e}"))?;
-    let program: &mut Xdp = ebpf
-        .program_mut(XDP_PROGRAM)
-        .ok_or_else(|| anyhow!("the eBPF object has no program {XDP_PROGRAM}"))?
-        .try_into()
-        .context("lb_xdp is not an XDP program")?;
-    program
-        .load()
-        .map_err(|e| anyhow!("loading {XDP_PROGRAM} into the kernel: {e}"))?;
+    let program = crate::loader::load_program(&mut ebpf)?;
     let new_tag = program.info().context("reading the new program")?.tag();
     let old_tag = tag_of(program_id);
     if old_tag == Some(new_tag) && !force {
