@@ -39,6 +39,13 @@ pub const SNAT_PORT_TRIES: u32 = 8;
 pub const DEFAULT_SNAT_PORT_MIN: u16 = 20_000;
 pub const DEFAULT_SNAT_PORT_MAX: u16 = 32_767;
 
+/// Exponent `b` of P2C's in-flight term `(inflight+1)^b`: the default, and the
+/// range the CLI, the config file and the data path all accept (the data path
+/// reads 0 as "unset", meaning the default, and clamps above the maximum).
+pub const DEFAULT_INFLIGHT_BIAS: u8 = 2;
+pub const MIN_INFLIGHT_BIAS: u8 = 1;
+pub const MAX_INFLIGHT_BIAS: u8 = 3;
+
 /// Length of each VIP's smooth weighted round-robin schedule block in
 /// [`VIP_SCHEDULE_MAP`] (4 bytes a slot: 2 MiB for all VIPs). Weights whose
 /// reduced sum exceeds it are scaled down to fit.
