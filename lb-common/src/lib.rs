@@ -7,12 +7,16 @@
 //! network order, exactly as they sit in the packet: an IPv4 address uses word
 //! 0 and leaves words 1..3 zero, with `family` telling the two apart. Ports
 //! are stored in network byte order too, so the data path never swaps bytes.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
 
+pub mod arith;
 pub mod hash;
 pub mod maps;
+pub mod p2c;
+pub mod verdict;
 
 pub use maps::*;
+pub use verdict::{Reason, StageResult, Verdict};
 
 /// Address family tags used in keys and values.
 pub const AF_INET: u8 = 4;

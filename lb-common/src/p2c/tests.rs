@@ -1,0 +1,420 @@
+//! Host tests of the P2C arithmetic: examples, properties (proptest), and
+//! the decision run end to end over a simulated pool with a seeded draw.
+use core::num::NonZeroU32;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn n(count: u32) -> NonZeroU32 {
+    NonZeroU32::new(count).expect("non-zero count")
+}
+
+fn cand(id: u32, cost: u64, score: u64) -> Candidate {
+    Candidate { id, cost, score }
+}
+
+/// A small deterministic generator (SplitMix64), the tests' stand-in for
+/// `bpf_get_prandom_u32`.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) as u32
+    }
+}
+
+// ---- bias, bound, score ----
+
+#[test]
+fn bias_defaults_and_clamps() {
+    assert_eq!(inflight_bias(0), crate::DEFAULT_INFLIGHT_BIAS);
+    for b in crate::MIN_INFLIGHT_BIAS..=crate::MAX_INFLIGHT_BIAS {
+        assert_eq!(inflight_bias(b), b);
+    }
+    assert_eq!(inflight_bias(crate::MAX_INFLIGHT_BIAS + 1), crate::MAX_INFLIGHT_BIAS);
+    assert_eq!(inflight_bias(u8::MAX), crate::MAX_INFLIGHT_BIAS);
+}
+
+#[test]
+fn redraw_bound_is_three_times_the_median_and_zero_disables() {
+    assert_eq!(redraw_bound(0), 0);
+    assert_eq!(redraw_bound(1_000), 3_000);
+    assert_eq!(redraw_bound(u64::MAX / 2), u64::MAX);
+    assert!(!cand(0, u64::MAX, 0).far_above(0));
+}
+
+#[test]
+fn score_is_cost_times_inflight_plus_one_to_the_bias() {
+    assert_eq!(score(7, 0, 2), 7);
+    assert_eq!(score(7, 3, 0), 7);
+    assert_eq!(score(7, 3, 1), 28);
+    assert_eq!(score(7, 3, 2), 112);
+    assert_eq!(score(7, 3, 3), 448);
+    assert_eq!(score(u64::MAX / 2, 1, 2), u64::MAX);
+    assert_eq!(score(5, u64::MAX, 1), u64::MAX);
+}
+
+#[test]
+fn candidate_counts_an_unwritten_cost_as_one() {
+    let c = candidate(9, Load::default(), 2, 0, || unreachable!("idle backend"));
+    assert_eq!(c, cand(9, 1, 1));
+    let busy = Load {
+        cost: 0,
+        ewma_ns: 0,
+        inflight: 1,
+    };
+    assert_eq!(candidate(9, busy, 2, 0, || 0), cand(9, 1, 4));
+}
+
+#[test]
+fn candidate_reads_progress_only_with_flows_in_flight() {
+    let mut reads = 0;
+    let idle = Load {
+        cost: 100,
+        ewma_ns: 1,
+        inflight: 0,
+    };
+    let c = candidate(1, idle, 2, 1 << 40, || {
+        reads += 1;
+        1
+    });
+    assert_eq!((reads, c.cost), (0, 100));
+    let busy = Load { inflight: 1, ..idle };
+    let c = candidate(1, busy, 2, 1 << 40, || {
+        reads += 1;
+        1
+    });
+    assert_eq!(reads, 1);
+    assert!(c.cost > 100, "a long stall raises the cost");
+}
+
+// ---- stall scaling ----
+
+#[test]
+fn stall_scaling_examples() {
+    let floor = STALL_FLOOR_NS;
+    // No progress recorded: unchanged.
+    assert_eq!(stall_scaled(50, 0, 0, 100 * floor), 50);
+    // Within the floor (or the EWMA): unchanged.
+    assert_eq!(stall_scaled(50, 0, floor, 2 * floor), 50);
+    assert_eq!(stall_scaled(50, 4 * floor, floor, 4 * floor), 50);
+    // Beyond: scaled by age / threshold.
+    assert_eq!(stall_scaled(50, 0, floor, 5 * floor), 200);
+    assert_eq!(stall_scaled(50, 2 * floor, floor, 9 * floor), 200);
+    // A clock behind the progress stamp is no stall.
+    assert_eq!(stall_scaled(50, 0, 10 * floor, floor), 50);
+    // Saturates instead of wrapping.
+    assert_eq!(stall_scaled(u64::MAX, 0, 1, u64::MAX), u64::MAX / floor);
+}
+
+// ---- the pair's winner ----
+
+#[test]
+fn lower_score_wins_and_a_tie_goes_to_the_first() {
+    let (a, b) = (cand(1, 10, 40), cand(2, 10, 30));
+    assert_eq!(winner(Some(a), Some(b), 0), Some(b));
+    assert_eq!(winner(Some(b), Some(a), 0), Some(b));
+    let tie = cand(3, 10, 40);
+    assert_eq!(winner(Some(a), Some(tie), 0), Some(a));
+    assert_eq!(winner(Some(tie), Some(a), 0), Some(tie));
+    assert_eq!(winner(Some(a), None, 0), Some(a));
+    assert_eq!(winner(None, Some(b), 0), Some(b));
+    assert_eq!(winner(None, None, 0), None);
+}
+
+#[test]
+fn within_the_bound_beats_far_above_whatever_the_scores() {
+    let bound = 300;
+    let slow_idle = cand(1, 1_000, 1_000);
+    let fast_busy = cand(2, 100, 100 * 1_000);
+    assert!(fast_busy.beats(&slow_idle, bound));
+    assert!(!slow_idle.beats(&fast_busy, bound));
+    assert_eq!(winner(Some(slow_idle), Some(fast_busy), bound), Some(fast_busy));
+    // Without a bound, the scores decide.
+    assert_eq!(winner(Some(slow_idle), Some(fast_busy), 0), Some(slow_idle));
+}
+
+// ---- the draw of a pair ----
+
+#[test]
+fn a_single_slot_has_no_pair() {
+    assert_eq!(gen_pair(n(1), 0, 0), None);
+    assert_eq!(gen_pair(n(1), u32::MAX, u32::MAX), None);
+}
+
+#[test]
+fn every_ordered_pair_comes_from_exactly_one_pair_of_residues() {
+    // r1 over 0..count and r2 over 0..count-1 map one to one onto the
+    // count × (count-1) ordered pairs of distinct slots: the draw is
+    // exactly uniform before the modulo's bias.
+    for count in 2..=12u32 {
+        let mut seen = vec![0u32; (count * count) as usize];
+        for r1 in 0..count {
+            for r2 in 0..count - 1 {
+                let (a, b) = gen_pair(n(count), r1, r2).expect("two slots or more");
+                assert_ne!(a, b);
+                seen[(a * count + b) as usize] += 1;
+            }
+        }
+        for a in 0..count {
+            for b in 0..count {
+                let expected = u32::from(a != b);
+                assert_eq!(seen[(a * count + b) as usize], expected, "count {count}: ({a}, {b})");
+            }
+        }
+    }
+}
+
+/// Pearson's chi-square statistic of `observed` against equal expectations.
+fn chi_square(observed: &[u64]) -> f64 {
+    let total: u64 = observed.iter().sum();
+    let expected = total as f64 / observed.len() as f64;
+    observed
+        .iter()
+        .map(|&o| {
+            let d = o as f64 - expected;
+            d * d / expected
+        })
+        .sum()
+}
+
+#[test]
+fn random_pairs_are_uniform_over_the_slots() {
+    // Chi-square against the uniform distribution, for the ordered pairs
+    // and for each slot's share of the draws. The critical values are far
+    // in the tail (p < 1e-6); the draw is seeded, so the test is stable.
+    let mut draw = Draw(0x5eed);
+    for (count, pairs_critical, slots_critical) in
+        [(2u32, 40.0, 40.0), (3, 45.0, 45.0), (10, 180.0, 60.0), (33, 1_300.0, 100.0)]
+    {
+        let draws = 200_000u64;
+        let mut pairs = vec![0u64; (count * count) as usize];
+        let mut slots = vec![0u64; count as usize];
+        for _ in 0..draws {
+            let (a, b) = gen_pair(n(count), draw.next(), draw.next()).expect("pair");
+            pairs[(a * count + b) as usize] += 1;
+            slots[a as usize] += 1;
+            slots[b as usize] += 1;
+        }
+        let distinct: Vec<u64> = (0..count * count)
+            .filter(|i| i / count != i % count)
+            .map(|i| pairs[i as usize])
+            .collect();
+        let chi = chi_square(&distinct);
+        assert!(chi < pairs_critical, "count {count}: pairs chi-square {chi}");
+        let chi = chi_square(&slots);
+        assert!(chi < slots_critical, "count {count}: slots chi-square {chi}");
+        // And every slot within 5 % of its share.
+        let share = 2.0 * draws as f64 / f64::from(count);
+        for (slot, &hits) in slots.iter().enumerate() {
+            let off = (hits as f64 - share).abs() / share;
+            assert!(off < 0.05, "count {count}: slot {slot} drawn {hits} times, expected {share}");
+        }
+    }
+}
+
+// ---- the decision with re-draws ----
+
+/// Replays `pairs` as the successive pairs' winners, counting the draws.
+fn replay(bound: u64, pairs: &[Option<Candidate>]) -> (Option<Candidate>, usize) {
+    let mut next = 0;
+    let chosen = choose(bound, || {
+        let pair = pairs.get(next).copied().flatten();
+        next += 1;
+        pair
+    });
+    (chosen, next)
+}
+
+#[test]
+fn empty_rounds_give_up_after_the_limit() {
+    let (chosen, draws) = replay(0, &[None; 8]);
+    assert_eq!((chosen, draws), (None, ROUNDS as usize));
+    let late = [None, None, None, Some(cand(4, 1, 1))];
+    assert_eq!(replay(0, &late), (Some(cand(4, 1, 1)), 4));
+}
+
+#[test]
+fn a_winner_within_the_bound_is_kept_without_redraws() {
+    let pairs = [Some(cand(1, 100, 900)), Some(cand(2, 1, 1))];
+    assert_eq!(replay(300, &pairs), (Some(cand(1, 100, 900)), 1));
+}
+
+#[test]
+fn a_winner_far_above_is_redrawn_at_most_twice() {
+    let slow = Some(cand(1, 1_000, 1_000));
+    let slower = Some(cand(2, 2_000, 2_000));
+    let fast = Some(cand(3, 100, 10_000));
+    assert_eq!(replay(300, &[slow, fast]), (fast, 2));
+    assert_eq!(replay(300, &[slow, None, fast]), (fast, 3));
+    assert_eq!(replay(300, &[slow, slower, slower, fast]), (slow, 3));
+    // Among candidates all far above, the lower score wins.
+    let slowish = Some(cand(4, 900, 900));
+    assert_eq!(replay(300, &[slow, slowish, None]), (slowish, 3));
+}
+
+fn arb_candidate() -> impl Strategy<Value = Candidate> {
+    (any::<u32>(), 0u64..10_000, 0u64..1_000_000).prop_map(|(id, cost, score)| cand(id, cost, score))
+}
+
+proptest! {
+    #[test]
+    fn far_above_never_beats_within_bound(
+        far in arb_candidate(), near in arb_candidate(), bound in 1u64..5_000,
+    ) {
+        let far = Candidate { cost: bound.saturating_add(1 + far.cost), ..far };
+        let near = Candidate { cost: near.cost % (bound + 1), ..near };
+        prop_assert!(!far.beats(&near, bound));
+        prop_assert!(near.beats(&far, bound));
+        prop_assert_eq!(winner(Some(far), Some(near), bound), Some(near));
+        prop_assert_eq!(winner(Some(near), Some(far), bound), Some(near));
+    }
+
+    #[test]
+    fn the_winner_is_consistent(a in arb_candidate(), b in arb_candidate(), bound in 0u64..20_000) {
+        // Never both beat each other; the winner is one of the two, and
+        // does not depend on the order unless the two tie.
+        prop_assert!(!(a.beats(&b, bound) && b.beats(&a, bound)));
+        prop_assert!(!a.beats(&a, bound));
+        let w = winner(Some(a), Some(b), bound).expect("two candidates");
+        prop_assert!(w == a || w == b);
+        let tie = !a.beats(&b, bound) && !b.beats(&a, bound);
+        if !tie {
+            prop_assert_eq!(winner(Some(b), Some(a), bound), Some(w));
+        } else {
+            prop_assert_eq!(w, a);
+        }
+        // With both on the same side of the bound, the lower score wins.
+        if a.far_above(bound) == b.far_above(bound) && a.score != b.score {
+            prop_assert_eq!(w.score, a.score.min(b.score));
+        }
+    }
+
+    #[test]
+    fn pairs_are_distinct_and_in_range(count in 1u32..=4096, r1: u32, r2: u32) {
+        match gen_pair(n(count), r1, r2) {
+            None => prop_assert_eq!(count, 1),
+            Some((a, b)) => {
+                prop_assert!(a < count && b < count);
+                prop_assert_ne!(a, b);
+            }
+        }
+    }
+
+    // Where `cost × age` overflows, the saturated product divided by the
+    // threshold can fall below `cost` (the kernel's arithmetic, kept as it
+    // is by this refactor): the property holds below that edge. With ages
+    // up to 2^34 ns (17 s) and costs up to 2^29, the product fits.
+    #[test]
+    fn stall_scaling_is_monotone_in_the_age(
+        cost in 1u64..1 << 29, ewma in 0u64..1 << 36, since in 1u64..1 << 50,
+        age in 0u64..1 << 33, more in 0u64..1 << 33,
+    ) {
+        let now = since + age;
+        let scaled = stall_scaled(cost, ewma, since, now);
+        let later = stall_scaled(cost, ewma, since, now + more);
+        prop_assert!(scaled >= cost, "stalls never lower the cost");
+        prop_assert!(later >= scaled, "{} then {}", scaled, later);
+    }
+
+    #[test]
+    fn stall_scaling_is_monotone_in_the_cost(
+        cost in 1u64..1 << 29, extra in 0u64..1 << 29, ewma: u64, since: u64,
+        age in 0u64..1 << 34,
+    ) {
+        let now = since.saturating_add(age);
+        prop_assert!(stall_scaled(cost + extra, ewma, since, now) >= stall_scaled(cost, ewma, since, now));
+    }
+
+    #[test]
+    fn score_is_monotone(cost: u64, inflight in 0u64..1 << 20, bias in 0u8..=3) {
+        let s = score(cost, inflight, bias);
+        prop_assert!(s >= cost);
+        prop_assert!(score(cost, inflight + 1, bias) >= s);
+        if bias < 3 {
+            prop_assert!(score(cost, inflight, bias + 1) >= s);
+        }
+    }
+
+    #[test]
+    fn redraws_keep_a_winner_within_the_bound(
+        pairs in proptest::collection::vec(proptest::option::of(arb_candidate()), 0..10),
+        bound in 0u64..10_000,
+    ) {
+        let (chosen, draws) = replay(bound, &pairs);
+        prop_assert!(draws <= (ROUNDS + MAX_REDRAWS) as usize);
+        let drawn: Vec<Candidate> = pairs.iter().take(draws).flatten().copied().collect();
+        match chosen {
+            None => {
+                prop_assert_eq!(draws, ROUNDS as usize);
+                prop_assert!(drawn.is_empty());
+            }
+            Some(c) => {
+                prop_assert!(drawn.contains(&c));
+                // A winner far above the pool means every pair drawn was.
+                if c.far_above(bound) {
+                    prop_assert!(drawn.iter().all(|d| d.far_above(bound)));
+                }
+            }
+        }
+    }
+}
+
+/// The whole decision over a simulated pool: 10 backends, `slow` of them
+/// far above the median, all idle.
+fn simulate(slow: u32, picks: u32) -> u32 {
+    let costs: Vec<u64> = (0..10).map(|i| if i < slow { 10_000 } else { 100 }).collect();
+    let bound = redraw_bound(100);
+    let count = n(10);
+    let mut draw = Draw(42);
+    let bias = inflight_bias(0);
+    let mut slow_picks = 0;
+    for _ in 0..picks {
+        let mut draw_pair = || {
+            let (a, b) = gen_pair(count, draw.next(), draw.next())?;
+            let score_of = |slot: u32| {
+                let load = Load {
+                    cost: costs[slot as usize],
+                    ewma_ns: 0,
+                    inflight: 0,
+                };
+                Some(candidate(slot, load, bias, 0, || 0))
+            };
+            winner(score_of(a), score_of(b), bound)
+        };
+        let chosen = choose(bound, &mut draw_pair).expect("all in service");
+        slow_picks += u32::from(chosen.id < slow);
+    }
+    slow_picks
+}
+
+#[test]
+fn one_slow_backend_of_ten_is_never_picked() {
+    // Two distinct slots can never both be the one slow backend.
+    assert_eq!(simulate(1, 50_000), 0);
+}
+
+#[test]
+fn two_slow_backends_of_ten_are_picked_after_three_slow_pairs_only() {
+    // A slow pick needs three slow pairs in a row: (2/90)^3, about 1e-5.
+    let slow = simulate(2, 100_000);
+    assert!(slow <= 10, "{slow} slow picks of 100000");
+}
+
+/// Kept as it was: where `cost × age` overflows u64, the saturated product
+/// divided by the threshold can be below `cost`, so a stalled backend with
+/// a very large cost (e.g. a 1 s EWMA at weight 1, stalled past 1 s) looks
+/// cheaper than before its stall. A behaviour change, left for an issue of
+/// its own; this test pins today's value so such a fix is a visible change.
+#[test]
+fn known_edge_a_saturated_product_lowers_the_cost() {
+    let (ewma, cost) = (1_000_000_000, 100_000_000_000);
+    let scaled = stall_scaled(cost, ewma, 1, 1 + 2 * ewma);
+    assert_eq!(scaled, u64::MAX / ewma);
+    assert!(scaled < cost);
+}
