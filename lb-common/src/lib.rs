@@ -16,7 +16,7 @@ pub mod p2c;
 pub mod verdict;
 
 pub use maps::*;
-pub use verdict::{Reason, StageResult, Verdict};
+pub use verdict::{Reason, StageResult, Verdict, action};
 
 /// Address family tags used in keys and values.
 pub const AF_INET: u8 = 4;

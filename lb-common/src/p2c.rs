@@ -105,13 +105,11 @@ pub const fn stall_scaled(cost: u64, ewma_ns: u64, last_progress_ns: u64, now: u
 
 /// `cost × (inflight + 1)^bias`, saturating.
 #[inline(always)]
-pub const fn score(cost: u64, inflight: u64, bias: u8) -> u64 {
+pub fn score(cost: u64, inflight: u64, bias: u8) -> u64 {
     let factor = inflight.saturating_add(1);
     let mut total = cost;
-    let mut i = 0;
-    while i < bias {
+    for _ in 0..bias {
         total = saturating_mul(total, factor);
-        i += 1;
     }
     total
 }
@@ -177,12 +175,11 @@ pub const fn winner(
 /// ordered pair is (up to the modulo's bias, below 2^-22 for 1024 slots)
 /// equally likely. `None` with a single slot.
 #[inline(always)]
-pub const fn gen_pair(count: NonZeroU32, r1: u32, r2: u32) -> Option<(u32, u32)> {
-    let Some(others) = NonZeroU32::new(count.get().wrapping_sub(1)) else {
-        return None;
-    };
-    let first = r1 % count.get();
-    let second = r2 % others.get();
+pub fn gen_pair(count: NonZeroU32, r1: u32, r2: u32) -> Option<(u32, u32)> {
+    let others = NonZeroU32::new(count.get().wrapping_sub(1))?;
+    // Remainders by a `NonZeroU32`: no division-by-zero check to panic.
+    let first = r1 % count;
+    let second = r2 % others;
     // second < others < u32::MAX, so the increment cannot wrap.
     let second = if second >= first {
         second.wrapping_add(1)
@@ -198,27 +195,33 @@ pub const fn gen_pair(count: NonZeroU32, r1: u32, r2: u32) -> Option<(u32, u32)>
 /// candidate is [far above](Candidate::far_above) the bound, up to
 /// [`MAX_REDRAWS`] more pairs are drawn, and a pair's winner replaces it if
 /// it [beats](Candidate::beats) it. `None`: every round came back empty.
+///
+/// One loop with one call of `draw_pair`, so the kernel inlines the draw
+/// (map lookups and all) once.
 #[inline(always)]
 pub fn choose(bound: u64, mut draw_pair: impl FnMut() -> Option<Candidate>) -> Option<Candidate> {
-    let mut best = None;
-    for _ in 0..ROUNDS {
-        best = draw_pair();
-        if best.is_some() {
-            break;
+    let mut best: Option<Candidate> = None;
+    let (mut rounds, mut redraws) = (0, 0);
+    for _ in 0..ROUNDS + MAX_REDRAWS {
+        let redraw = match best {
+            None if rounds < ROUNDS => false,
+            Some(b) if b.far_above(bound) && redraws < MAX_REDRAWS => true,
+            _ => break,
+        };
+        let drawn = draw_pair();
+        if !redraw {
+            rounds += 1;
+            best = drawn;
+        } else {
+            redraws += 1;
+            if let (Some(other), Some(b)) = (drawn, best)
+                && other.beats(&b, bound)
+            {
+                best = drawn;
+            }
         }
     }
-    let mut best = best?;
-    for _ in 0..MAX_REDRAWS {
-        if !best.far_above(bound) {
-            break;
-        }
-        if let Some(other) = draw_pair()
-            && other.beats(&best, bound)
-        {
-            best = other;
-        }
-    }
-    Some(best)
+    best
 }
 
 #[cfg(test)]

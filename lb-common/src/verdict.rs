@@ -68,6 +68,20 @@ impl Verdict {
             Err(reason) => Self::drop(reason),
         }
     }
+
+    /// The integer a BPF function that always decides (the last stages)
+    /// returns: the same bits as [`StageResult::verdict`], so there is one
+    /// encoding, and a stage that never continues says so in its type.
+    #[inline(always)]
+    pub const fn into_raw(self) -> u64 {
+        StageResult::verdict(self).into_raw()
+    }
+
+    /// [`Verdict::into_raw`]'s integer, back as a verdict.
+    #[inline(always)]
+    pub const fn from_raw(raw: u64) -> Self {
+        Self::new((raw >> 32) as u32, raw as u32)
+    }
 }
 
 /// A stage's result in one `u64`: the high word is an XDP action, or
@@ -105,9 +119,18 @@ impl StageResult {
 
     /// Continue with `payload`, or drop under the `Err` reason.
     #[inline(always)]
-    pub const fn continue_or_drop(result: Result<u32, Reason>) -> Self {
+    pub const fn proceed_or_drop(result: Result<u32, Reason>) -> Self {
         match result {
             Ok(payload) => Self::proceed(payload),
+            Err(reason) => Self::verdict(Verdict::drop(reason)),
+        }
+    }
+
+    /// Continue, or drop under the `Err` reason.
+    #[inline(always)]
+    pub const fn continue_or_drop(result: Result<(), Reason>) -> Self {
+        match result {
+            Ok(()) => Self::CONTINUE,
             Err(reason) => Self::verdict(Verdict::drop(reason)),
         }
     }
@@ -134,6 +157,19 @@ impl StageResult {
     pub const fn from_raw(raw: u64) -> Self {
         Self(raw)
     }
+}
+
+/// The payload of a [`StageResult`] that continues; otherwise returns
+/// `Ok(verdict)` from the enclosing function (which returns
+/// `Result<Verdict, Reason>`). Katran's `if (action >= 0) return action;`.
+#[macro_export]
+macro_rules! proceed {
+    ($stage:expr) => {
+        match $crate::StageResult::next($stage) {
+            ::core::ops::ControlFlow::Continue(payload) => payload,
+            ::core::ops::ControlFlow::Break(verdict) => return Ok(verdict),
+        }
+    };
 }
 
 #[cfg(test)]
@@ -182,13 +218,46 @@ mod tests {
             ControlFlow::Break(drop)
         );
         assert_eq!(
-            StageResult::continue_or_drop(Err(reason::DROP_NO_BACKEND)).next(),
+            StageResult::proceed_or_drop(Err(reason::DROP_NO_BACKEND)).next(),
             ControlFlow::Break(Verdict::drop(reason::DROP_NO_BACKEND))
         );
         assert_eq!(
-            StageResult::continue_or_drop(Ok(7)).next(),
+            StageResult::proceed_or_drop(Ok(7)).next(),
             ControlFlow::Continue(7)
         );
+        assert_eq!(
+            StageResult::continue_or_drop(Err(reason::DROP_FLOW_INSERT)).next(),
+            ControlFlow::Break(Verdict::drop(reason::DROP_FLOW_INSERT))
+        );
+        assert_eq!(StageResult::continue_or_drop(Ok(())), StageResult::CONTINUE);
+    }
+
+    #[test]
+    fn a_decided_verdict_is_the_same_integer() {
+        for action in ACTIONS {
+            for reason in 0..reason::COUNT {
+                let v = Verdict::new(action, reason);
+                assert_eq!(v.into_raw(), StageResult::verdict(v).into_raw());
+                assert_eq!(Verdict::from_raw(v.into_raw()), v);
+            }
+        }
+    }
+
+    /// A two-stage pipeline written with [`proceed!`].
+    fn pipeline(first: StageResult, second: StageResult) -> Result<Verdict, Reason> {
+        let payload = proceed!(first);
+        let _ = proceed!(second);
+        Ok(Verdict::tx(payload))
+    }
+
+    #[test]
+    fn proceed_returns_the_first_verdict_or_goes_on() {
+        let pass = Verdict::pass(reason::PASS_NOT_IP);
+        let drop = Verdict::drop(reason::DROP_TRUNCATED);
+        let (go, stop) = (StageResult::proceed(6), StageResult::verdict(pass));
+        assert_eq!(pipeline(go, StageResult::CONTINUE), Ok(Verdict::tx(6)));
+        assert_eq!(pipeline(stop, StageResult::verdict(drop)), Ok(pass));
+        assert_eq!(pipeline(go, StageResult::verdict(drop)), Ok(drop));
     }
 
     #[test]

@@ -3,14 +3,13 @@
 use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use lb_common::{
     AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_SYN_SENT, FlowEntry, FlowKey,
-    LbConfig, SNAT_PORT_TRIES, reason,
+    LbConfig, Reason, SNAT_PORT_TRIES, reason,
 };
 
 use crate::{
-    Reason,
+    helpers::random,
     maps::FLOWS,
-    parse::{Mac, Packet},
-    random,
+    packet::{Mac, Packet},
     select::Chosen,
 };
 
@@ -101,11 +100,8 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 }
 
 /// Creates both entries of a new connection from the client packet `pkt`
-/// (which arrived by `client`) to `backend`, picking a free SNAT port.
-#[allow(
-    clippy::needless_borrows_for_generic_args,
-    reason = "the 96-byte entry is reused for both inserts; by value it would be copied on the 512-byte stack"
-)]
+/// (which arrived by `client`) to `backend`, picking a free SNAT port: the
+/// reply entry claims the port, then the forward entry is written.
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
@@ -115,25 +111,74 @@ pub fn create(
     backend: &Chosen,
     now: u64,
 ) -> Result<(), Reason> {
-    let (min, max) = (cfg.snat_port_min, cfg.snat_port_max);
-    if min > max {
-        return Err(reason::DROP_BAD_CONFIG);
+    let snat = Snat::of(cfg, pkt, backend)?;
+    // One 96-byte entry, filled as the reply entry and then turned into
+    // the forward one: two would not fit the 512-byte stack next to the rest.
+    let mut entry = reply_entry(pkt, client, vip_id, backend.id, now);
+    let port = claim_snat_port(pkt, backend, &snat, &entry)?;
+    into_forward_entry(&mut entry, &snat, port, backend);
+    insert_forward(pkt, &entry)
+}
+
+/// Where new flows' source addresses come from: the SNAT address of the
+/// packet's family and the port range.
+struct Snat {
+    addr: [u32; 4],
+    port_min: u16,
+    /// Ports in the range, 1..=65536.
+    span: u32,
+}
+
+impl Snat {
+    /// The configured SNAT address and range, if they can serve `pkt`'s
+    /// family towards `backend`.
+    #[inline(always)]
+    fn of(cfg: &LbConfig, pkt: &Packet, backend: &Chosen) -> Result<Self, Reason> {
+        let (min, max) = (cfg.snat_port_min, cfg.snat_port_max);
+        if min > max {
+            return Err(reason::DROP_BAD_CONFIG);
+        }
+        let addr = if pkt.family == AF_INET6 {
+            cfg.snat_v6
+        } else {
+            cfg.snat_v4
+        };
+        if addr == [0; 4] || backend.family != pkt.family {
+            return Err(reason::DROP_BAD_CONFIG);
+        }
+        Ok(Self {
+            addr,
+            port_min: min,
+            span: u32::from(max - min) + 1,
+        })
     }
-    let span = u32::from(max - min) + 1;
-    let snat = if pkt.family == AF_INET6 {
-        cfg.snat_v6
-    } else {
-        cfg.snat_v4
-    };
-    if snat == [0; 4] || backend.family != pkt.family {
-        return Err(reason::DROP_BAD_CONFIG);
+
+    /// A random port of the range, in network byte order.
+    #[inline(always)]
+    fn random_port(&self) -> u16 {
+        // span is in 1..=65536, so the remainder fits a u16 offset from min.
+        let port = (u32::from(self.port_min) + random() % self.span) as u16;
+        port.to_be()
     }
-    let mut entry = FlowEntry {
+}
+
+/// The reply (backend → client) entry of a new connection: it translates
+/// the backend's packets back to `VIP → client` and holds the client's
+/// return path.
+#[inline(always)]
+fn reply_entry(
+    pkt: &Packet,
+    client: ReturnPath,
+    vip_id: u32,
+    backend_id: u32,
+    now: u64,
+) -> FlowEntry {
+    FlowEntry {
         new_src: pkt.daddr,
         new_dst: pkt.saddr,
         new_sport: pkt.dport,
         new_dport: pkt.sport,
-        backend_id: backend.id,
+        backend_id,
         vip_id,
         direction: DIR_TO_CLIENT,
         state: if pkt.is_tcp() {
@@ -146,44 +191,72 @@ pub fn create(
         client_mac: client.mac,
         client_ifindex: client.ifindex,
         ..FlowEntry::default()
-    };
-    let mut snat_port = None;
+    }
+}
+
+/// Inserts `reply` under a free SNAT port's key (`backend → SNAT:port`),
+/// trying up to `SNAT_PORT_TRIES` random ports; returns the port (network
+/// byte order).
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
+)]
+#[inline(always)]
+fn claim_snat_port(
+    pkt: &Packet,
+    backend: &Chosen,
+    snat: &Snat,
+    reply: &FlowEntry,
+) -> Result<u16, Reason> {
     for _ in 0..SNAT_PORT_TRIES {
-        // span is in 1..=65536, so the remainder fits a u16 offset from min.
-        let port = (u32::from(min) + random() % span) as u16;
-        let port_be = port.to_be();
+        let port = snat.random_port();
         let reverse = key(
             pkt.family,
             pkt.proto,
             backend.addr,
-            snat,
+            snat.addr,
             backend.port,
-            port_be,
+            port,
         );
         // NOEXIST makes the check and the claim one step: two CPUs racing
         // for the same port cannot both win it.
-        match FLOWS.insert(reverse, &entry, u64::from(BPF_NOEXIST)) {
-            Ok(()) => {
-                snat_port = Some(port_be);
-                break;
-            }
+        match FLOWS.insert(reverse, reply, u64::from(BPF_NOEXIST)) {
+            Ok(()) => return Ok(port),
             Err(EEXIST) => {}
             Err(_) => return Err(reason::DROP_FLOW_INSERT),
         }
     }
-    let snat_port = snat_port.ok_or(reason::DROP_SNAT_EXHAUSTED)?;
+    Err(reason::DROP_SNAT_EXHAUSTED)
+}
 
-    entry.new_src = snat;
+/// Turns the reply entry into the forward (client → backend) one: it
+/// translates the client's packets to `SNAT:port → backend`.
+#[inline(always)]
+fn into_forward_entry(entry: &mut FlowEntry, snat: &Snat, port: u16, backend: &Chosen) {
+    entry.new_src = snat.addr;
     entry.new_dst = backend.addr;
-    entry.new_sport = snat_port;
+    entry.new_sport = port;
     entry.new_dport = backend.port;
     entry.direction = DIR_TO_BACKEND;
     entry.client_mac = [0; 6];
     entry.client_ifindex = 0;
-    let forward = packet_key(pkt);
+}
+
+/// Inserts the forward entry under the packet's own key; on failure, the
+/// reply entry (and its SNAT port) is released again, so no half of the
+/// connection survives alone.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
+)]
+#[inline(always)]
+fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
     // ANY: a closed connection's entry for the same client tuple is replaced.
-    if FLOWS.insert(&forward, &entry, u64::from(BPF_ANY)).is_err() {
-        let _ = FLOWS.remove(Translation::of(&entry).opposite_key(pkt));
+    if FLOWS
+        .insert(&packet_key(pkt), forward, u64::from(BPF_ANY))
+        .is_err()
+    {
+        let _ = FLOWS.remove(Translation::of(forward).opposite_key(pkt));
         return Err(reason::DROP_FLOW_INSERT);
     }
     Ok(())

@@ -3,147 +3,118 @@
 //! parse → flow lookup → (new flow: select a backend, allocate a SNAT port,
 //! insert both flow entries) → NAT rewrite with incremental checksums →
 //! next-hop MACs → XDP_TX / XDP_REDIRECT. Connection state changes become
-//! ring-buffer events; every verdict is counted under exactly one reason.
+//! ring-buffer events.
+//!
+//! Every stage is a BPF function of its own (each one's locals then stay
+//! out of the others' stack frames) and returns one integer, a
+//! `lb_common::StageResult`: continue (with a payload for the next stage),
+//! or the packet's `Verdict`. [`lb_xdp`] counts the verdict under its reason,
+//! exactly once, and returns its action.
 #![no_std]
 #![no_main]
 // Atomic RMW intrinsics; see atomic.rs. This crate only builds with nightly.
-#![feature(core_intrinsics, asm_experimental_arch)]
+// `#[inline(always)]` on a closure (select/p2c.rs) needs stmt_expr_attributes.
+#![feature(core_intrinsics, asm_experimental_arch, stmt_expr_attributes)]
 #![allow(internal_features)]
 
-mod atomic;
-mod csum;
-mod emit;
-mod flow;
-mod icmp;
-mod maps;
-mod nat;
-mod nexthop;
-mod parse;
-mod pick;
-mod progress;
-mod rate;
-mod select;
+// In the order a packet meets them:
+mod events; // the ring buffer to the control plane
+mod flow; // the flow table: lookup, translations, new connections
+mod nat; // full-NAT rewrite, checksums, ICMP error translation
+mod nexthop; // next-hop MACs, XDP_TX or redirect
+mod packet; // bounds-checked packet access, the parsed `Packet`
+mod parse; // headers → `Packet` (incl. ICMP errors' quoted packets)
+mod progress; // per-backend progress stamps (written by track, read by select)
+mod select; // admission and the backend choice (global BPF function)
 mod stats;
-mod track;
+mod track; // connection state → events, in-flight counters
+mod wire; // the wire format's offsets and codes // per-reason and per-backend counters
+// Used by every stage:
+mod atomic; // atomic read-modify-writes on map values
+mod helpers; // the clock and the random source
+mod maps; // every map of the program
 
 use core::mem::MaybeUninit;
 
-use aya_ebpf::{
-    bindings::xdp_action,
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
-    macros::xdp,
-    programs::XdpContext,
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use lb_common::{
+    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, Reason, StageResult,
+    Verdict, action, proceed, reason,
 };
-use lb_common::{CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, reason};
 
 use crate::{
     flow::{ReturnPath, Translation},
+    helpers::now,
     maps::{CONFIG, FLOWS},
-    parse::{ETH_SRC_OFF, Packet, Parsed},
+    packet::{Packet, keep_ctx_pointer},
+    parse::Parsed,
+    select::Picked,
     stats::Direction,
+    wire::ETH_SRC_OFF,
 };
 
-/// A `lb_common::reason` index.
-pub type Reason = u32;
-
-/// An XDP action and the reason it is counted under.
-pub struct Verdict {
-    pub action: xdp_action::Type,
-    pub reason: Reason,
-}
-
-impl Verdict {
-    pub const fn new(action: xdp_action::Type, reason: Reason) -> Self {
-        Self { action, reason }
-    }
-
-    pub const fn pass(reason: Reason) -> Self {
-        Self::new(xdp_action::XDP_PASS, reason)
-    }
-}
+// lb-common's action values are the kernel's.
+const _: () = assert!(
+    action::ABORTED == xdp_action::XDP_ABORTED
+        && action::DROP == xdp_action::XDP_DROP
+        && action::PASS == xdp_action::XDP_PASS
+        && action::TX == xdp_action::XDP_TX
+        && action::REDIRECT == xdp_action::XDP_REDIRECT
+);
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    match try_lb(&ctx) {
-        Ok(action) => action,
-        Err(reason) => finish(Err(reason)),
-    }
+    stats::finish(Verdict::of(try_lb(&ctx)))
 }
 
-/// Counts the verdict's reason and returns its action (errors drop).
+/// Parses and dispatches: the pipeline, one stage after the other. Inlined
+/// into one function, the stages' locals (IPv6 keys, a 96-byte flow entry,
+/// FIB parameters) would overflow the 512-byte stack.
 #[inline(always)]
-pub fn finish(result: Result<Verdict, Reason>) -> u32 {
-    match result {
-        Ok(verdict) => {
-            stats::count(verdict.reason);
-            verdict.action
-        }
-        Err(reason) => {
-            stats::count(reason);
-            xdp_action::XDP_DROP
-        }
-    }
-}
-
-/// Parses and dispatches. Parsing, flow creation and each direction's
-/// rewrite are separate BPF functions called one after the other (each
-/// counts its own verdict): inlined into one, their locals (IPv6 keys, a
-/// 96-byte flow entry, FIB parameters) overflow the 512-byte stack.
-#[inline(always)]
-fn try_lb(ctx: &XdpContext) -> Result<u32, Reason> {
+fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     let mut pkt = MaybeUninit::uninit();
-    let icmp_error = match parse::parse_into(XdpContext::new(ctx.ctx), &mut pkt).get()? {
-        Parsed::Pass(reason) => return Ok(finish(Ok(Verdict::pass(reason)))),
-        Parsed::Transport => false,
-        Parsed::IcmpError => true,
-    };
-    // SAFETY: `parse_into` wrote the packet (its outcome was not pass or drop).
+    let parsed = Parsed::from_payload(proceed!(parse::parse_into(
+        XdpContext::new(ctx.ctx),
+        &mut pkt
+    )));
+    // SAFETY: `parse_into` wrote the packet (it continued).
     let pkt = unsafe { pkt.assume_init_ref() };
-    let not_ours = if icmp_error {
-        reason::PASS_ICMP
-    } else {
-        reason::PASS_NOT_VIP
-    };
+    let not_ours = Verdict::pass(match parsed {
+        Parsed::IcmpError => reason::PASS_ICMP,
+        Parsed::Transport => reason::PASS_NOT_VIP,
+    });
     let Some(cfg) = CONFIG.get(0).filter(|c| c.flags & CONFIG_F_READY != 0) else {
-        return Ok(finish(Ok(Verdict::pass(not_ours))));
+        return Ok(not_ours);
     };
     // For an ICMP error this is the key of the quoted packet's flow in the
-    // direction the error travels (see icmp.rs).
+    // direction the error travels (see parse::icmp).
     let key = flow::packet_key(pkt);
     let ctx = || XdpContext::new(ctx.ctx);
-    if icmp_error {
+    if parsed == Parsed::IcmpError {
         return Ok(match flow::lookup(&key) {
-            Some(entry) => icmp::translate(ctx(), pkt, entry),
-            None => finish(Ok(Verdict::pass(not_ours))),
+            Some(entry) => Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)),
+            None => not_ours,
         });
     }
     if let Some(entry) = flow::lookup(&key) {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
-            return Ok(to_client(ctx(), pkt, entry));
+            return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
         }
         if !(pkt.is_tcp() && pkt.is_syn() && flags & FLOW_F_CLOSED != 0) {
-            return Ok(to_backend(ctx(), pkt, entry));
+            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }
         // A new SYN on a closed connection's tuple starts a new connection:
         // release the old reply entry (and its SNAT port), then re-select.
         release_reply(pkt, entry);
     }
-    let picked = pick::pick_backend(pkt);
-    if picked & pick::PICK_DONE != 0 {
-        // The pick's own (counted) verdict: not a VIP, refused, no backend.
-        return Ok(picked as u32);
-    }
-    let (vip_id, backend_id) = ((picked >> 32) as u32, picked as u32);
-    let action = new_flow(ctx(), pkt, cfg, vip_id, backend_id);
-    if action != FLOW_CREATED {
-        return Ok(action);
-    }
+    let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
+    proceed!(new_flow(ctx(), pkt, cfg, picked));
     // Looked up again rather than returned: a BPF function returns one
     // register, and the verifier must see a map value pointer come from a lookup.
     let fwd = flow::lookup(&key).ok_or(reason::DROP_FLOW_INSERT)?;
-    Ok(to_backend(ctx(), pkt, fwd))
+    Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd)))
 }
 
 /// Removes the reply entry of the connection whose forward entry is `fwd`.
@@ -154,20 +125,12 @@ fn release_reply(pkt: &Packet, fwd: *mut FlowEntry) {
     let _ = FLOWS.remove(Translation::of(fwd).opposite_key(pkt));
 }
 
-/// [`new_flow`]'s return value when it created the connection's entries
-/// (not an XDP action; the packet still has to be sent).
-const FLOW_CREATED: u32 = u32::MAX;
-
-/// Creates both flow entries of a new connection to backend `backend_id`
-/// of VIP `vip_id` (as [`pick::pick_backend`] chose), or returns the (counted)
-/// action for the packet.
+/// Creates both flow entries of a new connection to the backend the pick
+/// chose: continues, or drops under a reason.
 #[inline(never)]
-fn new_flow(ctx: XdpContext, pkt: &Packet, cfg: &LbConfig, vip_id: u32, backend_id: u32) -> u32 {
-    parse::keep_ctx_pointer(&ctx);
-    match try_new_flow(&ctx, pkt, cfg, vip_id, backend_id) {
-        Ok(()) => FLOW_CREATED,
-        Err(reason) => finish(Err(reason)),
-    }
+fn new_flow(ctx: XdpContext, pkt: &Packet, cfg: &LbConfig, picked: Picked) -> StageResult {
+    keep_ctx_pointer(&ctx);
+    StageResult::continue_or_drop(try_new_flow(&ctx, pkt, cfg, picked))
 }
 
 #[inline(always)]
@@ -175,77 +138,66 @@ fn try_new_flow(
     ctx: &XdpContext,
     pkt: &Packet,
     cfg: &LbConfig,
-    vip_id: u32,
-    backend_id: u32,
+    picked: Picked,
 ) -> Result<(), Reason> {
     // Looked up again by id: it left service only if it did so since the pick.
-    let backend = select::by_id(backend_id).ok_or(reason::DROP_NO_BACKEND)?;
+    let backend = select::by_id(picked.backend_id).ok_or(reason::DROP_NO_BACKEND)?;
     let client = ReturnPath {
-        mac: parse::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
+        mac: packet::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
         ifindex: ctx.ingress_ifindex() as u32,
     };
     let now = now();
-    flow::create(pkt, client, cfg, vip_id, &backend, now)?;
-    track::opened(backend.id, vip_id, now);
+    flow::create(pkt, client, cfg, picked.vip_id, &backend, now)?;
+    track::opened(backend.id, picked.vip_id, now);
     Ok(())
 }
 
-/// Client → VIP packet of a known connection.
+/// Client → VIP packet of a known connection; returns its verdict
+/// ([`Verdict::into_raw`]).
 #[inline(never)]
-fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> u32 {
-    parse::keep_ctx_pointer(&ctx);
-    finish(forward_to_backend(&ctx, pkt, fwd))
+fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> u64 {
+    keep_ctx_pointer(&ctx);
+    Verdict::of(forward_known(&ctx, pkt, fwd, Direction::ToBackend)).into_raw()
 }
 
+/// Backend → SNAT address packet of a known connection; returns its
+/// verdict ([`Verdict::into_raw`]).
+#[inline(never)]
+fn to_client(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u64 {
+    keep_ctx_pointer(&ctx);
+    Verdict::of(forward_known(&ctx, pkt, rev, Direction::FromBackend)).into_raw()
+}
+
+/// Translates and sends a packet of a known connection by its entry of the
+/// direction it travels, and tracks the connection. Each caller passes a
+/// constant `direction`, so each BPF function keeps only its own half.
 #[inline(always)]
-fn forward_to_backend(
+fn forward_known(
     ctx: &XdpContext,
     pkt: &Packet,
-    fwd: *mut FlowEntry,
+    entry: *mut FlowEntry,
+    direction: Direction,
 ) -> Result<Verdict, Reason> {
-    let to = Translation::of(fwd);
+    let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
-    let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND, None)?;
-    track::client_packet(pkt, fwd, now());
-    stats::backend_traffic(to.backend_id, Direction::ToBackend, pkt.frame_len);
-    Ok(verdict)
-}
-
-/// Backend → SNAT address packet of a known connection.
-#[inline(never)]
-fn to_client(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u32 {
-    parse::keep_ctx_pointer(&ctx);
-    finish(forward_to_client(&ctx, pkt, rev))
-}
-
-#[inline(always)]
-fn forward_to_client(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    rev: *mut FlowEntry,
-) -> Result<Verdict, Reason> {
-    let to = Translation::of(rev);
-    nat::rewrite(ctx, pkt, &to)?;
-    let client = ReturnPath::of(rev);
-    let verdict = nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?;
-    // The forward entry holds the state; it may have been evicted alone.
-    if let Some(fwd) = flow::lookup(&to.opposite_key(pkt)) {
-        track::backend_packet(pkt, fwd, now());
+    let verdict = match direction {
+        Direction::ToBackend => nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND, None)?,
+        Direction::FromBackend => {
+            let client = ReturnPath::of(entry);
+            nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?
+        }
+    };
+    match direction {
+        Direction::ToBackend => track::client_packet(pkt, entry, now()),
+        // The forward entry holds the state; it may have been evicted alone.
+        Direction::FromBackend => {
+            if let Some(fwd) = flow::lookup(&to.opposite_key(pkt)) {
+                track::backend_packet(pkt, fwd, now());
+            }
+        }
     }
-    stats::backend_traffic(to.backend_id, Direction::FromBackend, pkt.frame_len);
+    stats::backend_traffic(to.backend_id, direction, pkt.frame_len);
     Ok(verdict)
-}
-
-#[inline(always)]
-fn now() -> u64 {
-    // SAFETY: helper without arguments.
-    unsafe { bpf_ktime_get_ns() }
-}
-
-#[inline(always)]
-fn random() -> u32 {
-    // SAFETY: helper without arguments.
-    unsafe { bpf_get_prandom_u32() }
 }
 
 /// Does nothing but pass. Labs attach it to the peer of a veth that runs
@@ -262,8 +214,8 @@ pub fn xdp_pass_stub(_ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xdp_macswap_bench(ctx: XdpContext) -> u32 {
     let (Some(dst), Some(src)) = (
-        parse::ptr_at::<parse::Mac>(&ctx, parse::ETH_DST_OFF),
-        parse::ptr_at::<parse::Mac>(&ctx, parse::ETH_SRC_OFF),
+        packet::ptr_at::<packet::Mac>(&ctx, wire::ETH_DST_OFF),
+        packet::ptr_at::<packet::Mac>(&ctx, wire::ETH_SRC_OFF),
     ) else {
         return xdp_action::XDP_PASS;
     };

@@ -10,17 +10,17 @@ use core::mem::{MaybeUninit, size_of};
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_action},
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup},
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use lb_common::{IpKey, reason};
+use lb_common::{IpKey, Reason, Verdict, reason};
 
 use crate::{
-    Reason, Verdict,
     flow::{ReturnPath, Translation},
     maps::NEIGHBOURS,
-    parse::{ETH_DST_OFF, ETH_SRC_OFF, Mac, Packet, ptr_at},
+    packet::{Mac, Packet, keep_ctx_pointer, ptr_at},
+    wire::{ETH_DST_OFF, ETH_SRC_OFF},
 };
 
 /// `AF_INET` and `AF_INET6` as the kernel's FIB lookup expects them (not lb-common's tags).
@@ -66,7 +66,7 @@ pub fn forward(
         smac_ptr.write(hop.smac);
     }
     if hop.ifindex == ingress {
-        return Ok(Verdict::new(xdp_action::XDP_TX, tx_reason));
+        return Ok(Verdict::tx(tx_reason));
     }
     // SAFETY: plain helper call; it only records the target for the driver.
     let action = unsafe { bpf_redirect(hop.ifindex, 0) };
@@ -74,8 +74,8 @@ pub fn forward(
 }
 
 /// [`forward`] as a BPF function of its own, for callers whose stack frame
-/// cannot also hold the FIB lookup's parameters (ICMP translation). The
-/// verdict travels back packed in one register.
+/// cannot also hold the FIB lookup's parameters (ICMP translation): the
+/// verdict (a drop, if the frame cannot be sent).
 #[inline(always)]
 pub fn forward_out_of_line(
     ctx: &XdpContext,
@@ -83,24 +83,23 @@ pub fn forward_out_of_line(
     to: &Translation,
     tx_reason: Reason,
     learned: Option<ReturnPath>,
-) -> Result<Verdict, Reason> {
+) -> Verdict {
     // Interface 0 stands for "no learned path": a plain value crosses the
     // call more simply than an `Option` (see `ReturnPath::of`).
     let learned = learned.unwrap_or(ReturnPath {
         mac: [0; 6],
         ifindex: 0,
     });
-    let packed = forward_call(XdpContext::new(ctx.ctx), pkt, to, tx_reason, &learned);
-    if packed & SENT == 0 {
-        return Err(packed as u32);
-    }
-    Ok(Verdict::new(((packed & !SENT) >> 32) as u32, packed as u32))
+    Verdict::from_raw(forward_call(
+        XdpContext::new(ctx.ctx),
+        pkt,
+        to,
+        tx_reason,
+        &learned,
+    ))
 }
 
-/// Bit of [`forward_call`]'s result marking a verdict (action in the high
-/// word, reason in the low word) rather than a drop reason.
-const SENT: u64 = 1 << 63;
-
+/// Returns [`Verdict::into_raw`]'s integer.
 #[inline(never)]
 fn forward_call(
     ctx: XdpContext,
@@ -109,12 +108,9 @@ fn forward_call(
     tx_reason: Reason,
     learned: &ReturnPath,
 ) -> u64 {
-    crate::parse::keep_ctx_pointer(&ctx);
+    keep_ctx_pointer(&ctx);
     let learned = (learned.ifindex != 0).then_some(*learned);
-    match forward(&ctx, pkt, to, tx_reason, learned) {
-        Ok(v) => SENT | (u64::from(v.action) << 32) | u64::from(v.reason),
-        Err(reason) => u64::from(reason),
-    }
+    Verdict::of(forward(&ctx, pkt, to, tx_reason, learned)).into_raw()
 }
 
 /// A complete FIB answer (route and resolved neighbour), if any.

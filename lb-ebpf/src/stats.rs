@@ -2,12 +2,16 @@
 //!
 //! Per-CPU maps need no atomics: XDP runs with preemption disabled, so a
 //! plain read-modify-write on this CPU's copy cannot lose an update.
-use lb_common::BackendStats;
+use lb_common::{BackendStats, Reason, Verdict};
 
-use crate::{
-    Reason,
-    maps::{BACKEND_STATS, REASON_STATS},
-};
+use crate::maps::{BACKEND_STATS, REASON_STATS};
+
+/// Counts the packet's verdict under its reason, and returns its action.
+#[inline(always)]
+pub fn finish(verdict: Verdict) -> u32 {
+    count(verdict.reason);
+    verdict.action
+}
 
 /// Counts one event under `reason` (a `lb_common::reason` index).
 #[inline(always)]

@@ -12,10 +12,11 @@ use lb_common::{
 
 use crate::{
     atomic::{add_u64, fetch_add_u64, fetch_and_u64, fetch_or_u64},
-    emit::emit,
+    events::emit,
     maps::BACKEND_CONNS,
-    parse::{Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    packet::Packet,
     progress,
+    wire::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
 /// `last_seen_ns` is refreshed at most this often, to avoid a store (and a

@@ -36,7 +36,10 @@ fn bias_defaults_and_clamps() {
     for b in crate::MIN_INFLIGHT_BIAS..=crate::MAX_INFLIGHT_BIAS {
         assert_eq!(inflight_bias(b), b);
     }
-    assert_eq!(inflight_bias(crate::MAX_INFLIGHT_BIAS + 1), crate::MAX_INFLIGHT_BIAS);
+    assert_eq!(
+        inflight_bias(crate::MAX_INFLIGHT_BIAS + 1),
+        crate::MAX_INFLIGHT_BIAS
+    );
     assert_eq!(inflight_bias(u8::MAX), crate::MAX_INFLIGHT_BIAS);
 }
 
@@ -84,7 +87,10 @@ fn candidate_reads_progress_only_with_flows_in_flight() {
         1
     });
     assert_eq!((reads, c.cost), (0, 100));
-    let busy = Load { inflight: 1, ..idle };
+    let busy = Load {
+        inflight: 1,
+        ..idle
+    };
     let c = candidate(1, busy, 2, 1 << 40, || {
         reads += 1;
         1
@@ -134,7 +140,10 @@ fn within_the_bound_beats_far_above_whatever_the_scores() {
     let fast_busy = cand(2, 100, 100 * 1_000);
     assert!(fast_busy.beats(&slow_idle, bound));
     assert!(!slow_idle.beats(&fast_busy, bound));
-    assert_eq!(winner(Some(slow_idle), Some(fast_busy), bound), Some(fast_busy));
+    assert_eq!(
+        winner(Some(slow_idle), Some(fast_busy), bound),
+        Some(fast_busy)
+    );
     // Without a bound, the scores decide.
     assert_eq!(winner(Some(slow_idle), Some(fast_busy), 0), Some(slow_idle));
 }
@@ -164,7 +173,11 @@ fn every_ordered_pair_comes_from_exactly_one_pair_of_residues() {
         for a in 0..count {
             for b in 0..count {
                 let expected = u32::from(a != b);
-                assert_eq!(seen[(a * count + b) as usize], expected, "count {count}: ({a}, {b})");
+                assert_eq!(
+                    seen[(a * count + b) as usize],
+                    expected,
+                    "count {count}: ({a}, {b})"
+                );
             }
         }
     }
@@ -189,9 +202,12 @@ fn random_pairs_are_uniform_over_the_slots() {
     // and for each slot's share of the draws. The critical values are far
     // in the tail (p < 1e-6); the draw is seeded, so the test is stable.
     let mut draw = Draw(0x5eed);
-    for (count, pairs_critical, slots_critical) in
-        [(2u32, 40.0, 40.0), (3, 45.0, 45.0), (10, 180.0, 60.0), (33, 1_300.0, 100.0)]
-    {
+    for (count, pairs_critical, slots_critical) in [
+        (2u32, 40.0, 40.0),
+        (3, 45.0, 45.0),
+        (10, 180.0, 60.0),
+        (33, 1_300.0, 100.0),
+    ] {
         let draws = 200_000u64;
         let mut pairs = vec![0u64; (count * count) as usize];
         let mut slots = vec![0u64; count as usize];
@@ -206,14 +222,23 @@ fn random_pairs_are_uniform_over_the_slots() {
             .map(|i| pairs[i as usize])
             .collect();
         let chi = chi_square(&distinct);
-        assert!(chi < pairs_critical, "count {count}: pairs chi-square {chi}");
+        assert!(
+            chi < pairs_critical,
+            "count {count}: pairs chi-square {chi}"
+        );
         let chi = chi_square(&slots);
-        assert!(chi < slots_critical, "count {count}: slots chi-square {chi}");
+        assert!(
+            chi < slots_critical,
+            "count {count}: slots chi-square {chi}"
+        );
         // And every slot within 5 % of its share.
         let share = 2.0 * draws as f64 / f64::from(count);
         for (slot, &hits) in slots.iter().enumerate() {
             let off = (hits as f64 - share).abs() / share;
-            assert!(off < 0.05, "count {count}: slot {slot} drawn {hits} times, expected {share}");
+            assert!(
+                off < 0.05,
+                "count {count}: slot {slot} drawn {hits} times, expected {share}"
+            );
         }
     }
 }
@@ -258,8 +283,36 @@ fn a_winner_far_above_is_redrawn_at_most_twice() {
     assert_eq!(replay(300, &[slow, slowish, None]), (slowish, 3));
 }
 
+/// The decision as two loops (first rounds, then re-draws): the shape the
+/// kernel had before [`choose`] became one loop, kept as the oracle.
+fn choose_two_loops(
+    bound: u64,
+    mut draw_pair: impl FnMut() -> Option<Candidate>,
+) -> Option<Candidate> {
+    let mut best = None;
+    for _ in 0..ROUNDS {
+        best = draw_pair();
+        if best.is_some() {
+            break;
+        }
+    }
+    let mut best = best?;
+    for _ in 0..MAX_REDRAWS {
+        if !best.far_above(bound) {
+            break;
+        }
+        if let Some(other) = draw_pair()
+            && other.beats(&best, bound)
+        {
+            best = other;
+        }
+    }
+    Some(best)
+}
+
 fn arb_candidate() -> impl Strategy<Value = Candidate> {
-    (any::<u32>(), 0u64..10_000, 0u64..1_000_000).prop_map(|(id, cost, score)| cand(id, cost, score))
+    (any::<u32>(), 0u64..10_000, 0u64..1_000_000)
+        .prop_map(|(id, cost, score)| cand(id, cost, score))
 }
 
 proptest! {
@@ -342,6 +395,19 @@ proptest! {
     }
 
     #[test]
+    fn one_loop_decides_like_two(
+        pairs in proptest::collection::vec(proptest::option::of(arb_candidate()), 0..10),
+        bound in 0u64..10_000,
+    ) {
+        let mut i = 0;
+        let oracle = choose_two_loops(bound, || {
+            i += 1;
+            pairs.get(i - 1).copied().flatten()
+        });
+        prop_assert_eq!(replay(bound, &pairs), (oracle, i));
+    }
+
+    #[test]
     fn redraws_keep_a_winner_within_the_bound(
         pairs in proptest::collection::vec(proptest::option::of(arb_candidate()), 0..10),
         bound in 0u64..10_000,
@@ -368,7 +434,9 @@ proptest! {
 /// The whole decision over a simulated pool: 10 backends, `slow` of them
 /// far above the median, all idle.
 fn simulate(slow: u32, picks: u32) -> u32 {
-    let costs: Vec<u64> = (0..10).map(|i| if i < slow { 10_000 } else { 100 }).collect();
+    let costs: Vec<u64> = (0..10)
+        .map(|i| if i < slow { 10_000 } else { 100 })
+        .collect();
     let bound = redraw_bound(100);
     let count = n(10);
     let mut draw = Draw(42);

@@ -9,14 +9,13 @@
 use core::{ffi::c_void, num::NonZeroU32};
 
 use aya_ebpf::helpers::generated::bpf_loop;
-use lb_common::MAX_BACKENDS_PER_VIP;
+use lb_common::{MAX_BACKENDS_PER_VIP, Reason, arith::saturating_mul};
 
 use super::{
-    Chosen, candidate,
-    load::{inflight, saturating_mul, weight},
-    scan,
+    load::{inflight, weight},
+    slots::{Chosen, candidate, scan},
 };
-use crate::{Reason, random};
+use crate::helpers::random;
 
 /// The scan's state, shared with the `bpf_loop` callback.
 #[repr(C)]

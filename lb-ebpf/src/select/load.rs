@@ -25,17 +25,3 @@ pub fn score(id: u32) -> BackendScore {
 pub fn weight(id: u32) -> u64 {
     u64::from(BACKEND_SCORES.get(id).map_or(0, |s| s.weight).max(1))
 }
-
-/// `a × b`, or `u64::MAX` on overflow. `u64::saturating_mul` needs a 128-bit
-/// multiply (`__multi3`), which BPF cannot call, and LLVM turns the usual
-/// `b > u64::MAX / a` test back into one. Testing against `u64::MAX - 1`
-/// is exact too (`a × b ≥ MAX` exactly when `b > (MAX - 1) / a`) and stays a
-/// plain division.
-#[inline(always)]
-pub fn saturating_mul(a: u64, b: u64) -> u64 {
-    if a != 0 && b > (u64::MAX - 1) / a {
-        u64::MAX
-    } else {
-        a * b
-    }
-}

@@ -4,12 +4,12 @@
 use core::num::NonZeroU32;
 
 use lb_common::{
-    MAGLEV_TABLE_SIZE, MAX_MAGLEV_TABLES, VIP_F_SOURCE_AFFINITY, VipMeta,
+    MAGLEV_TABLE_SIZE, MAX_MAGLEV_TABLES, Reason, VIP_F_SOURCE_AFFINITY, VipMeta,
     hash::{flow_hash, source_hash},
 };
 
-use super::{Chosen, by_id, scan, tables};
-use crate::{Reason, maps::MAGLEV, parse::Packet};
+use super::slots::{Chosen, by_id, scan, tables};
+use crate::{maps::MAGLEV, packet::Packet};
 
 #[inline(always)]
 pub fn select(vip: &VipMeta, count: NonZeroU32, pkt: &Packet) -> Result<Chosen, Reason> {

@@ -1,52 +1,160 @@
-//! Backend selection for a new flow.
+//! Selection: admission and the choice of a backend for the first packet of
+//! a connection, in a *global* BPF function ([`lb_pick_backend`]:
+//! `#[no_mangle]`, so bpf-linker gives it global BTF linkage). The verifier
+//! checks a global function once, on its own, instead of once for every
+//! distinct state `lb_xdp` reaches the call in; inlined, the parse paths
+//! times the algorithms' paths exceeded the one-million-instruction limit.
 //!
-//! `select` dispatches on the VIP's algorithm; every algorithm sees the VIP's
-//! slot block `VIP_BACKENDS[vip_id * MAX_BACKENDS_PER_VIP ..][..backend_count]`,
-//! whose values are backend ids, plus the weight-derived tables the control
-//! plane writes next to it (`lb_common::VipTables`). The control plane keeps
-//! only selectable backends in the block; the state check here guards the
-//! window between a backend leaving service and the slots being rewritten.
-//! An algorithm whose table is missing or points at an out-of-service
-//! backend falls back to a scan, so a new flow is never refused while any
-//! backend of the VIP can take it.
+//! A global function may take and return only scalars (or pointers the
+//! verifier then treats as clobbered memory), so the packet's 5-tuple
+//! travels as five `u64`s and is unpacked into a [`Packet`] of the
+//! function's own, and the result is a [`StageResult`]'s integer. It runs
+//! next to `new_flow`, not inside it, so the algorithms' locals stay out of
+//! the deepest stack frame.
+//!
+//! Admission ([`admit`]) caps the new-flow rate; [`select`] dispatches on
+//! the VIP's algorithm over its slot block ([`slots`]). An algorithm whose
+//! table is missing or points at an out-of-service backend falls back to a
+//! scan, so a new flow is never refused while any backend of the VIP can
+//! take it.
+mod admit;
 mod least_conn;
 mod load;
 mod maglev;
 mod p2c;
 mod random;
+mod slots;
 mod wrr;
 
-use core::num::{NonZeroU32, NonZeroU64};
+use core::num::NonZeroU32;
 
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VipMeta, VipTables, reason,
+    Algorithm, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_VIPS, Reason, StageResult, Verdict, VipKey,
+    VipMeta, reason,
 };
+pub use slots::{Chosen, by_id};
 
-use crate::{
-    Reason,
-    atomic::fetch_add_u64,
-    maps::{BACKENDS, VIP_BACKENDS, VIP_STATE, VIP_TABLES},
-    parse::Packet,
-};
+use crate::{helpers::now, maps::VIPS, packet::Packet};
 
-/// Slots a scan visits looking for an in-service backend (round-robin
-/// stepping past out-of-service ones, or a fallback after unlucky draws).
-const SCAN_LIMIT: u32 = 16;
+/// The VIP and backend of a new flow: [`pick_backend`]'s payload, 16 bits
+/// each (ids index maps of at most 2^16 entries).
+pub struct Picked {
+    pub vip_id: u32,
+    pub backend_id: u32,
+}
 
-/// The backend chosen for a new flow.
-pub struct Chosen {
-    pub id: u32,
-    /// `lb_common::AF_INET` or `AF_INET6`; the flow refuses a backend whose
-    /// family differs from the VIP's (the control plane never configures one).
-    pub family: u8,
-    pub addr: [u32; 4],
-    /// Network byte order.
-    pub port: u16,
+const _: () = assert!(MAX_VIPS <= 1 << 16 && MAX_BACKENDS <= 1 << 16);
+
+impl Picked {
+    #[inline(always)]
+    fn into_payload(self) -> Result<u32, Reason> {
+        if self.vip_id > 0xffff || self.backend_id > 0xffff {
+            // A successful pick looked both up in maps of fewer entries.
+            return Err(reason::DROP_BAD_CONFIG);
+        }
+        Ok((self.vip_id << 16) | self.backend_id)
+    }
+
+    #[inline(always)]
+    pub const fn from_payload(payload: u32) -> Self {
+        Self {
+            vip_id: payload >> 16,
+            backend_id: payload & 0xffff,
+        }
+    }
+}
+
+/// Admits the new flow `pkt` and selects its backend: continues with a
+/// [`Picked`] payload, or the verdict (not a VIP, refused, no backend).
+#[inline(always)]
+pub fn pick_backend(pkt: &Packet) -> StageResult {
+    let (s, d) = (pkt.saddr, pkt.daddr);
+    StageResult::from_raw(lb_pick_backend(
+        words(s[0], s[1]),
+        words(s[2], s[3]),
+        words(d[0], d[1]),
+        words(d[2], d[3]),
+        pack_rest(pkt),
+    ))
+}
+
+#[inline(always)]
+fn words(low: u32, high: u32) -> u64 {
+    u64::from(low) | (u64::from(high) << 32)
+}
+
+/// Ports, protocol, family and TCP flags in one `u64`.
+#[inline(always)]
+fn pack_rest(pkt: &Packet) -> u64 {
+    u64::from(pkt.sport)
+        | (u64::from(pkt.dport) << 16)
+        | (u64::from(pkt.proto) << 32)
+        | (u64::from(pkt.family) << 40)
+        | (u64::from(pkt.tcp_flags) << 48)
+}
+
+/// The global function; see the module documentation.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub fn lb_pick_backend(s01: u64, s23: u64, d01: u64, d23: u64, rest: u64) -> u64 {
+    let pkt = Packet {
+        l3: 0,
+        l4: 0,
+        proto: (rest >> 32) as u8,
+        family: (rest >> 40) as u8,
+        saddr: [
+            s01 as u32,
+            (s01 >> 32) as u32,
+            s23 as u32,
+            (s23 >> 32) as u32,
+        ],
+        daddr: [
+            d01 as u32,
+            (d01 >> 32) as u32,
+            d23 as u32,
+            (d23 >> 32) as u32,
+        ],
+        sport: rest as u16,
+        dport: (rest >> 16) as u16,
+        tcp_flags: (rest >> 48) as u8,
+        payload_len: 0,
+        frame_len: 0,
+    };
+    pick(&pkt).into_raw()
+}
+
+#[inline(always)]
+fn pick(pkt: &Packet) -> StageResult {
+    let vip_key = VipKey {
+        addr: pkt.daddr,
+        port: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+    };
+    // SAFETY: read-only use of a hash map value.
+    let Some(vip) = (unsafe { VIPS.get(vip_key) }) else {
+        return StageResult::verdict(Verdict::pass(reason::PASS_NOT_VIP));
+    };
+    StageResult::proceed_or_drop(admit_and_select(vip, pkt))
+}
+
+#[inline(always)]
+fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
+    if pkt.is_tcp() && !pkt.is_syn() {
+        return Err(reason::DROP_NO_FLOW);
+    }
+    admit::admit(now())?;
+    let backend = select(vip, pkt)?;
+    Picked {
+        vip_id: vip.vip_id,
+        backend_id: backend.id,
+    }
+    .into_payload()
 }
 
 /// Picks a backend for the new flow `pkt` to the VIP described by `vip`.
 #[inline(always)]
-pub fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
+fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
     if vip.backend_count > MAX_BACKENDS_PER_VIP {
         return Err(reason::DROP_BAD_CONFIG);
     }
@@ -67,68 +175,6 @@ pub fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
 /// Round-robin over the slots with a shared atomic cursor.
 #[inline(always)]
 fn round_robin(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let start = next_cursor(vip_id)?;
-    scan(vip_id, start, count)
-}
-
-/// Advances the VIP's shared cursor (round-robin and weighted round-robin;
-/// a VIP runs one algorithm, so they never share it), returning the old value.
-#[inline(always)]
-fn next_cursor(vip_id: u32) -> Result<u64, Reason> {
-    let state = VIP_STATE
-        .get_ptr_mut(vip_id)
-        .ok_or(reason::DROP_BAD_CONFIG)?;
-    // SAFETY: `state` points at a live, 8-byte aligned array value.
-    Ok(unsafe { fetch_add_u64(&raw mut (*state).rr_cursor, 1) })
-}
-
-/// The VIP's table descriptor (all zero until the control plane writes one).
-#[inline(always)]
-fn tables(vip_id: u32) -> VipTables {
-    VIP_TABLES.get(vip_id).copied().unwrap_or_default()
-}
-
-/// The first in-service backend from slot `start % count` on, looking at
-/// no more than `SCAN_LIMIT` slots.
-#[inline(always)]
-fn scan(vip_id: u32, start: u64, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let count = NonZeroU64::from(count);
-    for step in 0..SCAN_LIMIT {
-        // The remainder is below count ≤ MAX_BACKENDS_PER_VIP: fits a u32.
-        let slot = (start.wrapping_add(u64::from(step)) % count) as u32;
-        if let Some(chosen) = candidate(vip_id, slot) {
-            return Ok(chosen);
-        }
-    }
-    Err(reason::DROP_NO_BACKEND)
-}
-
-/// The backend id in `slot` of the VIP's slot block.
-#[inline(always)]
-fn slot_backend(vip_id: u32, slot: u32) -> Option<u32> {
-    let index = vip_id
-        .checked_mul(MAX_BACKENDS_PER_VIP)?
-        .checked_add(slot)?;
-    VIP_BACKENDS.get(index).copied()
-}
-
-/// The backend in `slot` of the VIP, if it may take new flows.
-#[inline(always)]
-fn candidate(vip_id: u32, slot: u32) -> Option<Chosen> {
-    by_id(slot_backend(vip_id, slot)?)
-}
-
-/// Backend `id`, if it may take new flows.
-#[inline(always)]
-pub fn by_id(id: u32) -> Option<Chosen> {
-    let backend: &Backend = BACKENDS.get(id)?;
-    if backend.in_use == 0 || backend.state != BACKEND_ACTIVE {
-        return None;
-    }
-    Some(Chosen {
-        id,
-        family: backend.family,
-        addr: backend.addr,
-        port: backend.port,
-    })
+    let start = slots::next_cursor(vip_id)?;
+    slots::scan(vip_id, start, count)
 }

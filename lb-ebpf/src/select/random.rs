@@ -3,10 +3,10 @@
 //! VIP's slots. O(log n) per flow, no copy of a backend per unit of weight.
 use core::num::NonZeroU32;
 
-use lb_common::MAX_BACKENDS_PER_VIP;
+use lb_common::{MAX_BACKENDS_PER_VIP, Reason};
 
-use super::{Chosen, candidate, scan};
-use crate::{Reason, maps::VIP_WEIGHT_PREFIX, random};
+use super::slots::{Chosen, candidate, scan};
+use crate::{helpers::random, maps::VIP_WEIGHT_PREFIX};
 
 /// Halvings that narrow `MAX_BACKENDS_PER_VIP` (1024) slots down to one.
 const SEARCH_STEPS: u32 = 11;

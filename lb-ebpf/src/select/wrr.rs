@@ -4,10 +4,10 @@
 //! weight arithmetic, and no backend is hit in bursts.
 use core::num::NonZeroU32;
 
-use lb_common::{WRR_SCHEDULE_LEN, reason};
+use lb_common::{Reason, WRR_SCHEDULE_LEN, reason};
 
-use super::{Chosen, candidate, next_cursor, scan, tables};
-use crate::{Reason, maps::VIP_SCHEDULE};
+use super::slots::{Chosen, candidate, next_cursor, scan, tables};
+use crate::maps::VIP_SCHEDULE;
 
 #[inline(always)]
 pub fn select(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {

@@ -2,12 +2,9 @@
 //! inserts). Flows beyond the cap are refused before they touch the flow
 //! table, so a SYN flood cannot evict established flows faster than the
 //! configured rate.
-use lb_common::reason;
+use lb_common::{Reason, reason};
 
-use crate::{
-    Reason,
-    maps::{NEW_FLOW_BUCKETS, NEW_FLOW_LIMIT},
-};
+use crate::maps::{NEW_FLOW_BUCKETS, NEW_FLOW_LIMIT};
 
 /// One flow's worth of tokens (tokens are kept × 10^9).
 const TOKEN: u64 = 1_000_000_000;

@@ -1,4 +1,5 @@
-//! Flow events on the `EVENTS` ring buffer, emitted only on state changes.
+//! The `EVENTS` ring buffer: flow events for the control plane, sent only
+//! on state changes (see `track`).
 use lb_common::{FlowEvent, reason};
 
 use crate::{maps::EVENTS, stats};

@@ -1,213 +1,80 @@
 //! Header parsing: Ethernet, up to two VLAN tags, IPv4 (with options) or
-//! IPv6 (with up to [`MAX_IPV6_EXT_HEADERS`] extension headers), TCP and UDP.
-//!
-//! Every read goes through [`ptr_at`], which checks the whole object against
-//! `data_end` first; the verifier rejects any packet access it cannot prove
-//! in bounds, and a failed check here is also how truncated frames are found.
-use core::mem::{MaybeUninit, size_of};
+//! IPv6 (with up to [`MAX_IPV6_EXT_HEADERS`] extension headers), TCP and
+//! UDP; and ICMP errors, described by the packet they quote ([`icmp`]).
+mod icmp;
+
+use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, reason};
+use lb_common::{
+    AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, Reason, StageResult, Verdict, reason,
+};
 use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
-use crate::{Reason, icmp};
+use crate::{
+    packet::{Packet, keep_ctx_pointer, load},
+    wire::*,
+};
 
-/// Ethernet header length (no FCS in XDP), and offsets of its MAC addresses.
-const ETH_LEN: usize = 14;
-pub const ETH_DST_OFF: usize = 0;
-pub const ETH_SRC_OFF: usize = 6;
-/// Offset of the EtherType in the Ethernet header.
-const ETH_TYPE_OFF: usize = 12;
-/// One 802.1Q / 802.1ad tag: TCI (2) + inner EtherType (2).
-const VLAN_LEN: usize = 4;
 /// Stacked tags we look through (802.1ad outer + 802.1Q inner).
 const MAX_VLAN_TAGS: usize = 2;
-
-const ETH_P_IPV4: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88a8;
-
-const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_ICMPV6: u8 = 58;
-
-/// IHL bounds in 32-bit words: 5 is the bare header, 15 the maximum with options.
-const IHL_MIN: u8 = 5;
-const IHL_MAX: u8 = 15;
-/// TCP header without options, and the offsets of its data-offset and flags bytes.
-const TCP_MIN_LEN: usize = 20;
-const TCP_DOFF_OFF: usize = 12;
-const TCP_FLAGS_OFF: usize = 13;
-/// Minimum TCP data offset in 32-bit words.
-const DOFF_MIN: u8 = 5;
-/// More-fragments flag and fragment offset mask of the (host order) `frags` field.
-const IP_MF: u16 = 0x2000;
-const IP_OFFSET_MASK: u16 = 0x1fff;
-
-/// IPv6 fixed header length, and offsets of its fields.
-const IPV6_LEN: usize = 40;
-const IPV6_PLEN_OFF: usize = 4;
-const IPV6_NEXT_OFF: usize = 6;
-const IPV6_SADDR_OFF: usize = 8;
-const IPV6_DADDR_OFF: usize = 24;
 /// Extension headers walked before giving up (hop-by-hop, routing,
 /// destination options, fragment: one of each is the common worst case).
 /// A longer chain is passed to the kernel, counted as `PASS_IPV6_EXT_LIMIT`.
 pub const MAX_IPV6_EXT_HEADERS: usize = 4;
-const IPV6_HOP_BY_HOP: u8 = 0;
-const IPV6_ROUTING: u8 = 43;
-const IPV6_FRAGMENT: u8 = 44;
-const IPV6_DEST_OPTS: u8 = 60;
-/// Generic extension headers are `8 * (1 + len)` bytes; the fragment header is 8.
-const IPV6_EXT_UNIT: usize = 8;
-/// Fragment header: offset (13 bits) and M flag in the 16-bit word at byte 2.
-const IPV6_FRAG_OFFSET_MASK: u16 = 0xfff8;
-const IPV6_FRAG_MORE: u16 = 0x0001;
 
-pub type Mac = [u8; 6];
-
-/// TCP flag bits, as in byte 13 of the TCP header ([`Packet::tcp_flags`]).
-pub const TCP_FIN: u8 = 0x01;
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_RST: u8 = 0x04;
-pub const TCP_ACK: u8 = 0x10;
-
-/// Call first in every `#[inline(never)]` function that takes the context.
-/// A volatile load through the context pointer stops LLVM's argument
-/// promotion from passing the loaded `data`/`data_end` fields instead of the
-/// pointer: the verifier sees such values as 32-bit scalars after the call
-/// and rejects using them as packet pointers.
-#[inline(always)]
-pub fn keep_ctx_pointer(ctx: &XdpContext) {
-    // SAFETY: the context pointer the kernel passed is valid for the whole run.
-    let _ = unsafe { core::ptr::read_volatile(&raw const (*ctx.ctx).ingress_ifindex) };
-}
-
-/// Returns a pointer to a `T` at `offset` from the start of the frame, or
-/// `None` if any byte of it lies beyond `data_end`.
-#[inline(always)]
-pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + offset + size_of::<T>() > end {
-        return None;
-    }
-    Some((start + offset) as *mut T)
-}
-
-/// Reads a `T` (any alignment) at `offset`, bounds-checked.
-#[inline(always)]
-pub fn load<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
-    // SAFETY: `ptr_at` proved the `size_of::<T>()` bytes are inside the frame.
-    ptr_at::<T>(ctx, offset).map(|p| unsafe { p.read_unaligned() })
-}
-
-/// A parsed IPv4 or IPv6 TCP or UDP packet, with its 5-tuple in wire byte order.
-#[derive(Clone, Copy)]
-pub struct Packet {
-    /// Offset of the IP header.
-    pub l3: usize,
-    /// Offset of the TCP/UDP header.
-    pub l4: usize,
-    pub proto: u8,
-    /// `AF_INET` or `AF_INET6`.
-    pub family: u8,
-    /// Addresses as the `u32` words whose memory bytes are the address bytes
-    /// (IPv4: word 0, the rest zero).
-    pub saddr: [u32; 4],
-    pub daddr: [u32; 4],
-    /// Ports in network byte order.
-    pub sport: u16,
-    pub dport: u16,
-    /// `TCP_*` bits; 0 for UDP.
-    pub tcp_flags: u8,
-    /// L4 payload bytes according to the IP length field. For an ICMP
-    /// error ([`Frame::Icmp`]): the length of the quoted IP header.
-    pub payload_len: u32,
-    /// Whole frame length, for byte counters.
-    pub frame_len: u32,
-}
-
-impl Packet {
-    pub const fn is_v6(&self) -> bool {
-        self.family == AF_INET6
-    }
-
-    pub const fn is_tcp(&self) -> bool {
-        self.proto == IPPROTO_TCP
-    }
-
-    pub const fn has(&self, flag: u8) -> bool {
-        self.tcp_flags & flag != 0
-    }
-
-    /// A connection opener: SYN without ACK.
-    pub const fn is_syn(&self) -> bool {
-        self.has(TCP_SYN) && !self.has(TCP_ACK)
-    }
-}
-
-/// What the parser found.
-pub enum Frame {
-    /// IPv4 or IPv6 TCP/UDP, candidate for balancing.
-    Ip(Packet),
-    /// An ICMP error quoting a TCP/UDP packet (see `icmp::parse_error`).
-    Icmp(Packet),
-    /// Not ours: pass it to the stack under this reason.
-    Pass(Reason),
-}
-
-/// [`parse_into`]'s result in one register (a BPF function returns one
-/// 64-bit value): a packet was parsed, or pass / drop under a reason.
-#[repr(transparent)]
-pub struct Outcome(u64);
-
-const OUTCOME_PACKET: u64 = 1 << 32;
-const OUTCOME_DROP: u64 = 2 << 32;
-const OUTCOME_ICMP: u64 = 3 << 32;
-
-/// [`Outcome`] unpacked.
+/// What the parser wrote out: [`parse_into`]'s payload when it continues.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Parsed {
-    /// A TCP/UDP packet was written out.
-    Transport,
-    /// An ICMP error about a TCP/UDP packet was written out.
-    IcmpError,
-    /// Pass under the reason.
-    Pass(Reason),
+    /// A TCP/UDP packet, candidate for balancing.
+    Transport = 0,
+    /// An ICMP error quoting a TCP/UDP packet, described by the quote's
+    /// reverse 5-tuple.
+    IcmpError = 1,
 }
 
-impl Outcome {
-    /// What was parsed; `Err(r)`: drop under `r`.
+impl Parsed {
     #[inline(always)]
-    pub fn get(&self) -> Result<Parsed, Reason> {
-        let reason = self.0 as u32;
-        match self.0 & !u64::from(u32::MAX) {
-            OUTCOME_PACKET => Ok(Parsed::Transport),
-            OUTCOME_ICMP => Ok(Parsed::IcmpError),
-            OUTCOME_DROP => Err(reason),
-            _ => Ok(Parsed::Pass(reason)),
+    pub const fn from_payload(payload: u32) -> Self {
+        if payload == Self::IcmpError as u32 {
+            Self::IcmpError
+        } else {
+            Self::Transport
         }
     }
 }
 
 /// Parses the frame into `out`, as a BPF function of its own: the header
-/// temporaries then live in its stack frame, not in the caller's. `out` is
-/// fully written exactly when the outcome is a packet.
+/// temporaries then live in its stack frame, not in the caller's. Continues
+/// with a [`Parsed`] payload exactly when `out` was written; otherwise the
+/// verdict is pass (not ours) or drop (malformed).
 #[inline(never)]
-pub fn parse_into(ctx: XdpContext, out: &mut MaybeUninit<Packet>) -> Outcome {
+pub fn parse_into(ctx: XdpContext, out: &mut MaybeUninit<Packet>) -> StageResult {
     keep_ctx_pointer(&ctx);
-    Outcome(match parse(&ctx) {
+    let kind = match parse(&ctx) {
         Ok(Frame::Ip(pkt)) => {
             out.write(pkt);
-            OUTCOME_PACKET
+            Parsed::Transport
         }
         Ok(Frame::Icmp(pkt)) => {
             out.write(pkt);
-            OUTCOME_ICMP
+            Parsed::IcmpError
         }
-        Ok(Frame::Pass(reason)) => u64::from(reason),
-        Err(reason) => OUTCOME_DROP | u64::from(reason),
-    })
+        Ok(Frame::Pass(reason)) => return StageResult::verdict(Verdict::pass(reason)),
+        Err(reason) => return StageResult::verdict(Verdict::drop(reason)),
+    };
+    StageResult::proceed(kind as u32)
+}
+
+/// What the parser found.
+enum Frame {
+    /// IPv4 or IPv6 TCP/UDP, candidate for balancing.
+    Ip(Packet),
+    /// An ICMP error quoting a TCP/UDP packet (see [`icmp::parse_error`]).
+    Icmp(Packet),
+    /// Not ours: pass it to the stack under this reason.
+    Pass(Reason),
 }
 
 /// Parses the frame. Malformed or truncated IP is an `Err` (dropped); the
@@ -224,7 +91,7 @@ fn parse(ctx: &XdpContext) -> Result<Frame, Reason> {
             break;
         }
         // A frame cut inside a tag cannot be shown to be IP: leave it to the stack.
-        let Some(inner) = load::<[u8; 2]>(ctx, l3 + 2).map(u16::from_be_bytes) else {
+        let Some(inner) = load::<[u8; 2]>(ctx, l3 + VLAN_TYPE_OFF).map(u16::from_be_bytes) else {
             return Ok(Frame::Pass(reason::PASS_NOT_IP));
         };
         ether_type = inner;
@@ -386,8 +253,8 @@ fn parse_l4(
                 return Err(reason::DROP_TRUNCATED);
             }
             Ok(Some(L4Header {
-                sport: u16::from_ne_bytes([tcp[0], tcp[1]]),
-                dport: u16::from_ne_bytes([tcp[2], tcp[3]]),
+                sport: u16::from_ne_bytes([tcp[L4_SPORT_OFF], tcp[L4_SPORT_OFF + 1]]),
+                dport: u16::from_ne_bytes([tcp[L4_DPORT_OFF], tcp[L4_DPORT_OFF + 1]]),
                 tcp_flags: tcp[TCP_FLAGS_OFF],
                 len,
             }))

@@ -1,35 +1,27 @@
 //! Full-NAT rewrite of addresses and ports (IPv4 and IPv6), with incremental
-//! checksum updates.
+//! checksum updates ([`csum`]); ICMP errors about a flow are translated
+//! like the flow itself ([`icmp`]).
 //!
 //! The TTL (IPv4) and hop limit (IPv6) are left alone on purpose, so a
 //! packet arriving with 1 is balanced like any other: the balancer terminates the client's
 //! path like a host-level proxy (the backend sees the SNAT address as its
 //! peer), it does not forward as a router would.
+mod csum;
+pub mod icmp;
+
 use aya_ebpf::programs::XdpContext;
-use lb_common::{IPPROTO_TCP, reason};
+use lb_common::{IPPROTO_TCP, Reason, reason};
 
+use self::csum::CsumDelta;
 use crate::{
-    Reason,
-    csum::CsumDelta,
     flow::Translation,
-    parse::{Packet, ptr_at},
+    packet::{Packet, ptr_at},
+    wire::{
+        IPV4_CHECK_OFF, IPV4_DADDR_OFF, IPV4_SADDR_OFF, IPV6_DADDR_OFF, IPV6_SADDR_OFF,
+        L4_DPORT_OFF, L4_SPORT_OFF, TCP_CHECK_OFF, UDP_CHECK_OFF, UDP_CHECKSUM_ZERO,
+        UDP_NO_CHECKSUM,
+    },
 };
-
-/// Offsets inside the IPv4 header.
-const IP_CHECK_OFF: usize = 10;
-const IP_SADDR_OFF: usize = 12;
-const IP_DADDR_OFF: usize = 16;
-/// Offsets inside the IPv6 header.
-const IP6_SADDR_OFF: usize = 8;
-const IP6_DADDR_OFF: usize = 24;
-/// Offsets inside the TCP/UDP header (ports at 0 and 2 for both).
-const L4_SPORT_OFF: usize = 0;
-const L4_DPORT_OFF: usize = 2;
-const TCP_CHECK_OFF: usize = 16;
-const UDP_CHECK_OFF: usize = 6;
-/// UDP: 0 means "no checksum" (IPv4 only), so a computed 0 is sent as 0xffff.
-const UDP_NO_CHECKSUM: u16 = 0;
-const UDP_CHECKSUM_ZERO: u16 = 0xffff;
 
 /// Rewrites `pkt` to `to.src:sport -> to.dst:dport`.
 #[inline(always)]
@@ -81,9 +73,9 @@ fn rewrite_ipv4_addrs(
     pkt: &Packet,
     to: &Translation,
 ) -> Result<CsumDelta, Reason> {
-    let ip_check = ptr_at::<u16>(ctx, pkt.l3 + IP_CHECK_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let saddr = ptr_at::<u32>(ctx, pkt.l3 + IP_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let daddr = ptr_at::<u32>(ctx, pkt.l3 + IP_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let ip_check = ptr_at::<u16>(ctx, pkt.l3 + IPV4_CHECK_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let saddr = ptr_at::<u32>(ctx, pkt.l3 + IPV4_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let daddr = ptr_at::<u32>(ctx, pkt.l3 + IPV4_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let (new_src, new_dst) = (to.src[0], to.dst[0]);
     let addrs = CsumDelta::default()
         .u32(pkt.saddr[0], new_src)
@@ -105,8 +97,8 @@ fn rewrite_ipv6_addrs(
     pkt: &Packet,
     to: &Translation,
 ) -> Result<CsumDelta, Reason> {
-    let saddr = ptr_at::<[u32; 4]>(ctx, pkt.l3 + IP6_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let daddr = ptr_at::<[u32; 4]>(ctx, pkt.l3 + IP6_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let saddr = ptr_at::<[u32; 4]>(ctx, pkt.l3 + IPV6_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let daddr = ptr_at::<[u32; 4]>(ctx, pkt.l3 + IPV6_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let addrs = CsumDelta::default()
         .addr6(&pkt.saddr, &to.src)
         .addr6(&pkt.daddr, &to.dst);

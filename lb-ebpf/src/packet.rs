@@ -1,0 +1,92 @@
+//! Packet access: bounds-checked pointers into the frame, and the parsed
+//! packet ([`Packet`]) every later stage works from.
+//!
+//! Every read and write of packet memory goes through [`ptr_at`], which
+//! checks the whole object against `data_end` first: the verifier rejects
+//! any packet access it cannot prove in bounds (and slicing, aya #100), and
+//! a failed check is also how truncated frames are found.
+use core::mem::size_of;
+
+use aya_ebpf::programs::XdpContext;
+use lb_common::{AF_INET6, IPPROTO_TCP};
+
+use crate::wire::{TCP_ACK, TCP_SYN};
+
+pub type Mac = [u8; 6];
+
+/// Call first in every `#[inline(never)]` function that takes the context.
+/// A volatile load through the context pointer stops LLVM's argument
+/// promotion from passing the loaded `data`/`data_end` fields instead of the
+/// pointer: the verifier sees such values as 32-bit scalars after the call
+/// and rejects using them as packet pointers.
+#[inline(always)]
+pub fn keep_ctx_pointer(ctx: &XdpContext) {
+    // SAFETY: the context pointer the kernel passed is valid for the whole run.
+    let _ = unsafe { core::ptr::read_volatile(&raw const (*ctx.ctx).ingress_ifindex) };
+}
+
+/// Returns a pointer to a `T` at `offset` from the start of the frame, or
+/// `None` if any byte of it lies beyond `data_end`.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
+
+/// Reads a `T` (any alignment) at `offset`, bounds-checked.
+#[inline(always)]
+pub fn load<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
+    // SAFETY: `ptr_at` proved the `size_of::<T>()` bytes are inside the frame.
+    ptr_at::<T>(ctx, offset).map(|p| unsafe { p.read_unaligned() })
+}
+
+/// A parsed IPv4 or IPv6 TCP or UDP packet, with its 5-tuple in wire byte
+/// order. For an ICMP error about a flow, the quoted packet's reverse
+/// 5-tuple (see `parse::icmp`).
+#[derive(Clone, Copy)]
+pub struct Packet {
+    /// Offset of the IP header.
+    pub l3: usize,
+    /// Offset of the TCP/UDP (or ICMP) header.
+    pub l4: usize,
+    pub proto: u8,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    /// Addresses as the `u32` words whose memory bytes are the address bytes
+    /// (IPv4: word 0, the rest zero).
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    /// Ports in network byte order.
+    pub sport: u16,
+    pub dport: u16,
+    /// `wire::TCP_*` bits; 0 for UDP.
+    pub tcp_flags: u8,
+    /// L4 payload bytes according to the IP length field. For an ICMP
+    /// error: the length of the quoted IP header.
+    pub payload_len: u32,
+    /// Whole frame length, for byte counters.
+    pub frame_len: u32,
+}
+
+impl Packet {
+    pub const fn is_v6(&self) -> bool {
+        self.family == AF_INET6
+    }
+
+    pub const fn is_tcp(&self) -> bool {
+        self.proto == IPPROTO_TCP
+    }
+
+    pub const fn has(&self, flag: u8) -> bool {
+        self.tcp_flags & flag != 0
+    }
+
+    /// A connection opener: SYN without ACK.
+    pub const fn is_syn(&self) -> bool {
+        self.has(TCP_SYN) && !self.has(TCP_ACK)
+    }
+}
