@@ -169,34 +169,10 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     if end > frame_len {
         return Err(reason::DROP_TRUNCATED);
     }
-    let mut next = fixed[IPV6_NEXT_OFF];
-    let mut l4 = l3 + IPV6_LEN;
-    // Unrolled by LLVM: a constant bound keeps the verifier's path count small.
-    for _ in 0..MAX_IPV6_EXT_HEADERS {
-        match next {
-            IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS => {
-                let h: [u8; 2] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
-                next = h[0];
-                l4 += IPV6_EXT_UNIT * (1 + usize::from(h[1]));
-            }
-            IPV6_FRAGMENT => {
-                let h: [u8; IPV6_EXT_UNIT] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
-                if u16::from_be_bytes([h[2], h[3]]) & (IPV6_FRAG_OFFSET_MASK | IPV6_FRAG_MORE) != 0
-                {
-                    return Ok(Frame::Pass(reason::PASS_FRAGMENT));
-                }
-                next = h[0];
-                l4 += IPV6_EXT_UNIT;
-            }
-            _ => break,
-        }
-    }
-    if matches!(
-        next,
-        IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_FRAGMENT
-    ) {
-        return Ok(Frame::Pass(reason::PASS_IPV6_EXT_LIMIT));
-    }
+    let (next, l4) = match skip_ipv6_extensions(ctx, fixed[IPV6_NEXT_OFF], l3 + IPV6_LEN)? {
+        Upper::Header(next, l4) => (next, l4),
+        Upper::Pass(reason) => return Ok(Frame::Pass(reason)),
+    };
     if l4 > end {
         return Err(reason::DROP_TRUNCATED);
     }
@@ -220,6 +196,47 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         payload_len: (end - l4 - l4hdr.len) as u32,
         frame_len: frame_len as u32,
     }))
+}
+
+/// Where the IPv6 extension headers end.
+enum Upper {
+    /// The upper-layer protocol and its header's offset.
+    Header(u8, usize),
+    /// Not ours to parse: a fragment, or a longer chain than we walk.
+    Pass(Reason),
+}
+
+/// Walks the extension headers from `l4`, whose type is `next`, up to
+/// [`MAX_IPV6_EXT_HEADERS`] of them.
+#[inline(always)]
+fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result<Upper, Reason> {
+    // Unrolled by LLVM: a constant bound keeps the verifier's path count small.
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        match next {
+            IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS => {
+                let h: [u8; 2] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
+                next = h[0];
+                l4 += IPV6_EXT_UNIT * (1 + usize::from(h[1]));
+            }
+            IPV6_FRAGMENT => {
+                let h: [u8; IPV6_EXT_UNIT] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
+                if u16::from_be_bytes([h[2], h[3]]) & (IPV6_FRAG_OFFSET_MASK | IPV6_FRAG_MORE) != 0
+                {
+                    return Ok(Upper::Pass(reason::PASS_FRAGMENT));
+                }
+                next = h[0];
+                l4 += IPV6_EXT_UNIT;
+            }
+            _ => break,
+        }
+    }
+    if matches!(
+        next,
+        IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_FRAGMENT
+    ) {
+        return Ok(Upper::Pass(reason::PASS_IPV6_EXT_LIMIT));
+    }
+    Ok(Upper::Header(next, l4))
 }
 
 /// The fields of a TCP or UDP header the data path uses.
