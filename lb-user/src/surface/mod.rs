@@ -1,0 +1,10 @@
+//! What operators see and say: the [`control`] socket (runtime backend
+//! changes), Prometheus [`metrics`] and `lb-user status` ([`status`]).
+//!
+//! May use: settings, kernel, ingest, estimate, pool, publish (order
+//! settings → kernel → ingest → estimate → pool → publish → surface →
+//! daemon).
+
+pub mod control;
+pub mod metrics;
+pub mod status;
