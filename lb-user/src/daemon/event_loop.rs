@@ -125,7 +125,10 @@ impl<C: Clock, H: Handlers> EventLoop<C, H> {
 
     /// SIGHUP: the new configuration's backends are probed first, so their
     /// first flows have a next hop.
-    async fn on_reload(&mut self, reload: &dyn Fn() -> anyhow::Result<Config>) -> anyhow::Result<()> {
+    async fn on_reload(
+        &mut self,
+        reload: &dyn Fn() -> anyhow::Result<Config>,
+    ) -> anyhow::Result<()> {
         match reload() {
             Ok(new) => {
                 for v in &new.vips {
@@ -235,7 +238,9 @@ mod tests {
     #[test]
     fn a_batch_is_handled_at_one_time_and_an_ejection_ticks_at_once() {
         let mut event_loop = EventLoop::new(ManualClock::starting_at(1_000), Recorder::default());
-        event_loop.on_events(&mut vec![closed(1), closed(2)]).unwrap();
+        event_loop
+            .on_events(&mut vec![closed(1), closed(2)])
+            .unwrap();
         event_loop.clock.advance(Duration::from_millis(50));
         event_loop.on_tick().unwrap();
         event_loop.clock.advance(Duration::from_nanos(5));
@@ -278,7 +283,11 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap(), Response::done(7));
         let (tx, mut rx) = oneshot::channel();
         event_loop.on_scrape(tx);
-        assert!(rx.try_recv().unwrap().contains("lb_ring_buffer_events_total 3\n"));
+        assert!(
+            rx.try_recv()
+                .unwrap()
+                .contains("lb_ring_buffer_events_total 3\n")
+        );
         let times: HashMap<_, _> = event_loop.handlers.calls.iter().copied().collect();
         assert_eq!(times.len(), 3);
         assert!(times.values().all(|&t| t == 42));

@@ -123,7 +123,10 @@ impl Started<'_> {
 
     /// The metrics listener, if configured; a taken port must not stop the
     /// balancer (metrics are secondary).
-    async fn serve_metrics(&self, scrapes: mpsc::Sender<metrics::Scrape>) -> Option<JoinHandle<()>> {
+    async fn serve_metrics(
+        &self,
+        scrapes: mpsc::Sender<metrics::Scrape>,
+    ) -> Option<JoinHandle<()>> {
         let addr = self.config.ops.metrics_addr?;
         match metrics::serve(addr, scrapes).await {
             Ok(task) => Some(task),

@@ -15,7 +15,12 @@ impl Runtime {
     /// The metrics of this moment.
     pub fn snapshot(&self, now: Nanos) -> Snapshot {
         let reasons: Vec<(&'static str, u64)> = (0..reason::COUNT)
-            .map(|r| (reason::NAMES[r as usize], self.kernel.counters.reason_total(r)))
+            .map(|r| {
+                (
+                    reason::NAMES[r as usize],
+                    self.kernel.counters.reason_total(r),
+                )
+            })
             .collect();
         let events_lost = reasons[reason::EVENT_LOST as usize].1;
         Snapshot {

@@ -182,4 +182,3 @@ fn log_ready(config: &Config, snat_ip: Snat, attachment: &Attachment) {
         );
     }
 }
-

@@ -11,10 +11,10 @@ use std::time::Duration;
 use lb_common::{BackendScore, WEIGHT_SCALE};
 
 use crate::{
-    settings::addr::Weight,
-    kernel::clock::Nanos,
-    ingest::events::{CloseReason, Event},
     estimate::peak_ewma::PeakEwma,
+    ingest::events::{CloseReason, Event},
+    kernel::clock::Nanos,
+    settings::addr::Weight,
 };
 
 /// Effective weights are published in hundredths of a configured weight

@@ -35,14 +35,14 @@ use lb_common::{ALL_MAPS, FLOWS_MAP, XDP_PROGRAM};
 use tracing::{info, warn};
 
 use crate::{
-    settings::cli::XdpMode,
-    settings::config::Config,
     kernel::iface,
     kernel::instance::{self, LINK_PIN},
     kernel::{
         object::{EBPF_OBJECT, load_program},
         upgrade,
     },
+    settings::cli::XdpMode,
+    settings::config::Config,
 };
 
 /// A program attached to an interface, with its pins.

@@ -9,8 +9,8 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
 use lb_common::{
     BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP, BACKENDS_MAP,
     Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, EVENTS_MAP, FLOWS_MAP,
-    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP,
-    Neighbour, NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
+    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP, Neighbour,
+    NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
 

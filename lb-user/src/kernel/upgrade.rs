@@ -144,7 +144,10 @@ mod tests {
         };
         assert_eq!(sizes(VIPS_MAP), (size_of::<VipKey>(), size_of::<VipMeta>()));
         assert_eq!(sizes(BACKENDS_MAP), (4, size_of::<Backend>()));
-        assert_eq!(sizes(FLOWS_MAP), (size_of::<FlowKey>(), size_of::<FlowEntry>()));
+        assert_eq!(
+            sizes(FLOWS_MAP),
+            (size_of::<FlowKey>(), size_of::<FlowEntry>())
+        );
         assert_eq!(layouts[REASON_STATS_MAP].max_entries, reason::COUNT);
     }
 

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use lb_common::{AF_INET, AF_INET6};
+use lb_common::{AF_INET, AF_INET6, Backend};
 
 /// `(words, family)` for an address.
 pub fn ip_to_words(ip: IpAddr) -> ([u32; 4], u8) {
@@ -44,6 +44,21 @@ pub const fn port_from_wire(port: u16) -> u16 {
 /// Decodes an address and wire port; `None` for an unknown family.
 pub fn socket_addr(words: [u32; 4], family: u8, wire_port: u16) -> Option<SocketAddr> {
     words_to_ip(words, family).map(|ip| SocketAddr::new(ip, port_from_wire(wire_port)))
+}
+
+/// The BACKENDS entry of the backend at `addr` in VIP `vip_id`, with its
+/// `weight` and kernel `state` (`lb_common::BACKEND_*`).
+pub fn backend_entry(addr: SocketAddr, vip_id: u32, weight: u32, state: u8) -> Backend {
+    let (words, family) = ip_to_words(addr.ip());
+    Backend {
+        addr: words,
+        port: port_to_wire(addr.port()),
+        family,
+        state,
+        vip_id,
+        weight,
+        in_use: 1,
+    }
 }
 
 #[cfg(test)]

@@ -17,15 +17,15 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::{
-    settings::addr::{BackendAddr, VipAddr},
-    kernel::clock::Nanos,
-    settings::config::{Config, VipConfig},
     ingest::events::{CloseReason, Event},
+    kernel::clock::Nanos,
+    kernel::wire,
     pool::lifecycle::{Admin, Lifecycle, State},
-    settings::ops::{HealthCheck, LifecycleParams, OutlierParams},
     pool::outlier::{Detector, Finding, ejection_cap, latency_outliers},
     pool::plan::Plan,
-    kernel::wire,
+    settings::addr::{BackendAddr, VipAddr},
+    settings::config::{Config, VipConfig},
+    settings::ops::{HealthCheck, LifecycleParams, OutlierParams},
 };
 
 /// A runtime change that cannot be applied, as the operator sees it.
@@ -468,16 +468,12 @@ impl Fleet {
     /// The BACKENDS entry of member `id`.
     pub fn backend_entry(&self, id: u32, state: u8) -> Option<Backend> {
         let m = self.member(id)?;
-        let (addr, family) = wire::ip_to_words(m.addr.ip());
-        Some(Backend {
-            addr,
-            port: wire::port_to_wire(m.addr.port()),
-            family,
+        Some(wire::backend_entry(
+            m.addr,
+            self.vips[m.vip].meta.vip_id,
+            m.life.weight(),
             state,
-            vip_id: self.vips[m.vip].meta.vip_id,
-            weight: m.life.weight(),
-            in_use: 1,
-        })
+        ))
     }
 
     /// Every backend id that may be in use (the length of the id space).

@@ -10,7 +10,6 @@
 //! outlier too. Ejection itself (and its cap) is the pool's business, see
 //! `fleet.rs`.
 
-
 use crate::{kernel::clock::Nanos, settings::ops::OutlierParams};
 
 /// Why a backend was found to be an outlier.

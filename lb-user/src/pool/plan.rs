@@ -10,7 +10,7 @@ use lb_common::{
     VipMeta,
 };
 
-use crate::{settings::addr::Weight, settings::config::Config, kernel::wire};
+use crate::{kernel::wire, settings::addr::Weight, settings::config::Config};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannedVip {
@@ -49,18 +49,14 @@ impl Plan {
             let (addr, family) = wire::ip_to_words(v.vip.addr.ip());
             let mut slots = Vec::with_capacity(v.backends.len());
             for b in &v.backends {
-                let (baddr, bfamily) = wire::ip_to_words(b.addr.ip());
                 slots.push(backends.len() as u32);
                 weights.push(b.weight);
-                backends.push(Backend {
-                    addr: baddr,
-                    port: wire::port_to_wire(b.addr.port()),
-                    family: bfamily,
-                    state: BACKEND_ACTIVE,
+                backends.push(wire::backend_entry(
+                    b.addr,
                     vip_id,
-                    weight: b.weight.get(),
-                    in_use: 1,
-                });
+                    b.weight.get(),
+                    BACKEND_ACTIVE,
+                ));
             }
             vips.push(PlannedVip {
                 key: VipKey {

@@ -59,7 +59,11 @@ impl Publisher {
     /// then slot blocks and their weight-derived tables, then VIPs; VIPs and
     /// backends that are no longer configured (a re-adopted instance with a
     /// changed config) are removed last.
-    pub fn write_plan(&mut self, plan: &Plan, initial_scores: &[BackendScore]) -> anyhow::Result<()> {
+    pub fn write_plan(
+        &mut self,
+        plan: &Plan,
+        initial_scores: &[BackendScore],
+    ) -> anyhow::Result<()> {
         for (id, (backend, score)) in plan.backends.iter().zip(initial_scores).enumerate() {
             let id = id as u32;
             self.scores.set(id, score)?;
@@ -77,8 +81,12 @@ impl Publisher {
         let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
         for vip in &plan.vips {
             let slots = planned_slots(vip, &plan.backends, &weights);
-            self.tables
-                .write(vip.meta.vip_id, vip.meta.algorithm, vip.maglev_table, &slots)?;
+            self.tables.write(
+                vip.meta.vip_id,
+                vip.meta.algorithm,
+                vip.maglev_table,
+                &slots,
+            )?;
         }
         for vip in &plan.vips {
             self.vips

@@ -50,17 +50,17 @@ use std::{
 };
 
 use lb_common::{
-    Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, MAX_INFLIGHT_BIAS, MIN_INFLIGHT_BIAS, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
-    MAX_VIPS,
+    Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, MAX_BACKENDS, MAX_BACKENDS_PER_VIP,
+    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_VIPS, MIN_INFLIGHT_BIAS,
 };
 use serde::Deserialize;
 
 use crate::{
     settings::addr::{BackendAddr, Protocol, VipAddr},
-    settings::error::{ConfigError, one_line},
     settings::algorithm::parse_algorithm,
     settings::cli::{RunArgs, XdpMode},
     settings::duration::{self, format_duration},
+    settings::error::{ConfigError, one_line},
     settings::ops::{HealthCheck, HealthSettings, Ops, OpsSettings},
     settings::ports::PortRange,
 };

@@ -129,11 +129,19 @@ pub struct HealthSettings {
     pub health_status: Option<u16>,
     /// Time between checks of one backend (default 1s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    #[serde(default, alias = "interval", deserialize_with = "duration::deserialize_opt")]
+    #[serde(
+        default,
+        alias = "interval",
+        deserialize_with = "duration::deserialize_opt"
+    )]
     pub health_interval: Option<Duration>,
     /// A check not done in this time fails (default 500ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    #[serde(default, alias = "timeout", deserialize_with = "duration::deserialize_opt")]
+    #[serde(
+        default,
+        alias = "timeout",
+        deserialize_with = "duration::deserialize_opt"
+    )]
     pub health_timeout: Option<Duration>,
     /// Passed checks in a row that bring a failed backend back (default 2).
     #[arg(long, value_name = "N")]
@@ -392,7 +400,6 @@ impl Ops {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

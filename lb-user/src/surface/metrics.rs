@@ -97,217 +97,274 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// A per-backend family: `value` picks the number.
-fn per_backend(
-    out: &mut Exposition,
-    s: &Snapshot,
-    name: &str,
-    kind: &str,
-    help: &str,
+/// A family with one sample per backend: `value` picks the number.
+struct BackendFamily {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
     value: fn(&BackendMetrics) -> f64,
-) {
-    out.family(name, kind, help);
-    for b in &s.backends {
-        out.sample(name, &[("vip", &b.vip), ("backend", &b.backend)], value(b));
+}
+
+const CONNECTION_FAMILIES: [BackendFamily; 4] = [
+    BackendFamily {
+        name: "lb_backend_connections_opened_total",
+        kind: "counter",
+        help: "Connections the kernel opened to the backend.",
+        value: |b| b.opened as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_connections_closed_total",
+        kind: "counter",
+        help: "Connections the kernel saw end (FIN or RST).",
+        value: |b| b.closed as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_connections_active",
+        kind: "gauge",
+        help: "Connections open now (opened - closed - correction).",
+        value: |b| b.active as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_connections_refused_total",
+        kind: "counter",
+        help: "Connections refused by the backend or unanswered SYNs, seen by this process.",
+        value: |b| b.refused as f64,
+    },
+];
+
+const ESTIMATE_FAMILIES: [BackendFamily; 3] = [
+    BackendFamily {
+        name: "lb_backend_latency_ewma_seconds",
+        kind: "gauge",
+        help: "Peak-EWMA latency estimate (client payload to first backend payload).",
+        value: |b| b.ewma_seconds,
+    },
+    BackendFamily {
+        name: "lb_backend_score",
+        kind: "gauge",
+        help: "Cost the kernel's P2C multiplies by (inflight+1)^bias (lower is better).",
+        value: |b| b.score as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_effective_weight",
+        kind: "gauge",
+        help: "Weight used for selection after slow start and smoothing, in configured units.",
+        value: |b| b.effective_weight,
+    },
+];
+
+const OUTLIER_FAMILIES: [BackendFamily; 2] = [
+    BackendFamily {
+        name: "lb_backend_ejections_total",
+        kind: "counter",
+        help: "Outlier ejections of the backend.",
+        value: |b| b.ejections as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_outlier_failures_total",
+        kind: "counter",
+        help: "Failures counted by outlier detection (refused, SYN timeout, reset by the backend).",
+        value: |b| b.outlier_failures as f64,
+    },
+];
+
+impl Exposition {
+    fn per_backend(&mut self, s: &Snapshot, families: &[BackendFamily]) {
+        for f in families {
+            self.family(f.name, f.kind, f.help);
+            for b in &s.backends {
+                self.sample(
+                    f.name,
+                    &[("vip", &b.vip), ("backend", &b.backend)],
+                    (f.value)(b),
+                );
+            }
+        }
+    }
+
+    /// A per-backend family split by one more label: `split` gives each
+    /// backend's `(label value, number)` pairs.
+    fn per_backend_split(
+        &mut self,
+        s: &Snapshot,
+        (name, kind, help): (&str, &str, &str),
+        label: &str,
+        split: impl Fn(&BackendMetrics) -> Vec<(&'static str, f64)>,
+    ) {
+        self.family(name, kind, help);
+        for b in &s.backends {
+            for (value_label, v) in split(b) {
+                let labels = [
+                    ("vip", b.vip.as_str()),
+                    ("backend", &b.backend),
+                    (label, value_label),
+                ];
+                self.sample(name, &labels, v);
+            }
+        }
+    }
+
+    /// A family of one unlabelled sample.
+    fn single(&mut self, (name, kind, help): (&str, &str, &str), value: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
     }
 }
 
 pub fn render(s: &Snapshot) -> String {
     let mut out = Exposition(String::new());
-    let o = &mut out;
-    per_backend(
-        o,
+    out.per_backend(s, &CONNECTION_FAMILIES);
+    render_backend_splits(&mut out, s);
+    render_kernel_counters(&mut out, s);
+    render_map_updates(&mut out, s);
+    render_pool_and_flows(&mut out, s);
+    out.0
+}
+
+/// Bytes by direction, estimates, states, outlier counts and health checks.
+fn render_backend_splits(out: &mut Exposition, s: &Snapshot) {
+    out.per_backend_split(
         s,
-        "lb_backend_connections_opened_total",
-        "counter",
-        "Connections the kernel opened to the backend.",
-        |b| b.opened as f64,
+        (
+            "lb_backend_bytes_total",
+            "counter",
+            "Bytes of balanced traffic, by direction.",
+        ),
+        "direction",
+        |b| {
+            vec![
+                ("to_backend", b.bytes_to_backend as f64),
+                ("from_backend", b.bytes_from_backend as f64),
+            ]
+        },
     );
-    per_backend(
-        o,
+    out.per_backend(s, &ESTIMATE_FAMILIES);
+    out.per_backend_split(
         s,
-        "lb_backend_connections_closed_total",
-        "counter",
-        "Connections the kernel saw end (FIN or RST).",
-        |b| b.closed as f64,
+        (
+            "lb_backend_state",
+            "gauge",
+            "1 for the backend's current state, 0 for the others.",
+        ),
+        "state",
+        |b| {
+            let current = |state| if b.state == Some(state) { 1.0 } else { 0.0 };
+            State::ALL
+                .iter()
+                .map(|&state| (state.name(), current(state)))
+                .collect()
+        },
     );
-    per_backend(
-        o,
+    out.per_backend(s, &OUTLIER_FAMILIES);
+    out.per_backend_split(
         s,
-        "lb_backend_connections_active",
-        "gauge",
-        "Connections open now (opened - closed - correction).",
-        |b| b.active as f64,
+        (
+            "lb_health_checks_total",
+            "counter",
+            "Active health-check results.",
+        ),
+        "result",
+        |b| {
+            vec![
+                ("pass", b.health_passed as f64),
+                ("fail", b.health_failed as f64),
+            ]
+        },
     );
-    per_backend(
-        o,
-        s,
-        "lb_backend_connections_refused_total",
-        "counter",
-        "Connections refused by the backend or unanswered SYNs, seen by this process.",
-        |b| b.refused as f64,
-    );
-    o.family(
-        "lb_backend_bytes_total",
-        "counter",
-        "Bytes of balanced traffic, by direction.",
-    );
-    for b in &s.backends {
-        for (dir, v) in [
-            ("to_backend", b.bytes_to_backend),
-            ("from_backend", b.bytes_from_backend),
-        ] {
-            o.sample(
-                "lb_backend_bytes_total",
-                &[("vip", &b.vip), ("backend", &b.backend), ("direction", dir)],
-                v as f64,
-            );
-        }
-    }
-    per_backend(
-        o,
-        s,
-        "lb_backend_latency_ewma_seconds",
-        "gauge",
-        "Peak-EWMA latency estimate (client payload to first backend payload).",
-        |b| b.ewma_seconds,
-    );
-    per_backend(
-        o,
-        s,
-        "lb_backend_score",
-        "gauge",
-        "Cost the kernel's P2C multiplies by (inflight+1)^bias (lower is better).",
-        |b| b.score as f64,
-    );
-    per_backend(
-        o,
-        s,
-        "lb_backend_effective_weight",
-        "gauge",
-        "Weight used for selection after slow start and smoothing, in configured units.",
-        |b| b.effective_weight,
-    );
-    o.family(
-        "lb_backend_state",
-        "gauge",
-        "1 for the backend's current state, 0 for the others.",
-    );
-    for b in &s.backends {
-        for state in State::ALL {
-            let v = if b.state == Some(state) { 1.0 } else { 0.0 };
-            o.sample(
-                "lb_backend_state",
-                &[
-                    ("vip", &b.vip),
-                    ("backend", &b.backend),
-                    ("state", state.name()),
-                ],
-                v,
-            );
-        }
-    }
-    per_backend(
-        o,
-        s,
-        "lb_backend_ejections_total",
-        "counter",
-        "Outlier ejections of the backend.",
-        |b| b.ejections as f64,
-    );
-    per_backend(
-        o,
-        s,
-        "lb_backend_outlier_failures_total",
-        "counter",
-        "Failures counted by outlier detection (refused, SYN timeout, reset by the backend).",
-        |b| b.outlier_failures as f64,
-    );
-    o.family(
-        "lb_health_checks_total",
-        "counter",
-        "Active health-check results.",
-    );
-    for b in &s.backends {
-        for (result, v) in [("pass", b.health_passed), ("fail", b.health_failed)] {
-            o.sample(
-                "lb_health_checks_total",
-                &[("vip", &b.vip), ("backend", &b.backend), ("result", result)],
-                v as f64,
-            );
-        }
-    }
-    o.family(
+}
+
+/// Packets by reason and the ring buffer's events.
+fn render_kernel_counters(out: &mut Exposition, s: &Snapshot) {
+    out.family(
         "lb_packets_total",
         "counter",
         "Packets by the verdict reason the XDP program counted.",
     );
     for (reason, v) in &s.reasons {
-        o.sample("lb_packets_total", &[("reason", reason)], *v as f64);
+        out.sample("lb_packets_total", &[("reason", reason)], *v as f64);
     }
-    o.family(
-        "lb_ring_buffer_events_lost_total",
-        "counter",
-        "Flow events the kernel could not queue (ring buffer full).",
-    );
-    o.sample(
-        "lb_ring_buffer_events_lost_total",
-        &[],
+    out.single(
+        (
+            "lb_ring_buffer_events_lost_total",
+            "counter",
+            "Flow events the kernel could not queue (ring buffer full).",
+        ),
         s.events_lost as f64,
     );
-    o.family(
-        "lb_ring_buffer_events_total",
-        "counter",
-        "Flow events this process received.",
+    out.single(
+        (
+            "lb_ring_buffer_events_total",
+            "counter",
+            "Flow events this process received.",
+        ),
+        s.events_received as f64,
     );
-    o.sample("lb_ring_buffer_events_total", &[], s.events_received as f64);
-    o.family(
+}
+
+/// How long the writes of selections and scores take.
+fn render_map_updates(out: &mut Exposition, s: &Snapshot) {
+    let kinds = [("publish", s.publish_times), ("scores", s.score_times)];
+    out.family(
         "lb_map_update_seconds",
         "summary",
         "Time to write map updates: a VIP's backends and slots (publish) or all scores (scores).",
     );
-    for (kind, t) in [("publish", s.publish_times), ("scores", s.score_times)] {
-        o.sample(
+    for (kind, t) in kinds {
+        out.sample(
             "lb_map_update_seconds_sum",
             &[("kind", kind)],
             t.sum_seconds,
         );
-        o.sample(
+        out.sample(
             "lb_map_update_seconds_count",
             &[("kind", kind)],
             t.count as f64,
         );
     }
-    o.family(
+    out.family(
         "lb_map_update_max_seconds",
         "gauge",
         "Slowest map update so far.",
     );
-    for (kind, t) in [("publish", s.publish_times), ("scores", s.score_times)] {
-        o.sample(
+    for (kind, t) in kinds {
+        out.sample(
             "lb_map_update_max_seconds",
             &[("kind", kind)],
             t.max_seconds,
         );
     }
-    o.family(
-        "lb_vips_in_panic",
-        "gauge",
-        "VIPs serving backends that fail their checks because none passes.",
+}
+
+/// VIPs in panic mode and the flow table's fill.
+fn render_pool_and_flows(out: &mut Exposition, s: &Snapshot) {
+    out.single(
+        (
+            "lb_vips_in_panic",
+            "gauge",
+            "VIPs serving backends that fail their checks because none passes.",
+        ),
+        s.vips_in_panic as f64,
     );
-    o.sample("lb_vips_in_panic", &[], s.vips_in_panic as f64);
-    o.family("lb_flows_evicted_total", "counter",
-        "Open flows that left the full flow table without a close (LRU eviction), seen by this process.");
-    o.sample("lb_flows_evicted_total", &[], s.flows_evicted as f64);
-    o.family(
-        "lb_flow_table_entries",
-        "gauge",
-        "Flow-table entries (two per connection) at the last reconciliation pass.",
+    out.single(
+        (
+            "lb_flows_evicted_total",
+            "counter",
+            "Open flows that left the full flow table without a close (LRU eviction), seen by this process.",
+        ),
+        s.flows_evicted as f64,
     );
-    o.sample("lb_flow_table_entries", &[], s.flow_entries as f64);
-    o.family("lb_flow_table_capacity", "gauge", "Flow-table size.");
-    o.sample("lb_flow_table_capacity", &[], s.flow_table_size as f64);
-    out.0
+    out.single(
+        (
+            "lb_flow_table_entries",
+            "gauge",
+            "Flow-table entries (two per connection) at the last reconciliation pass.",
+        ),
+        s.flow_entries as f64,
+    );
+    out.single(
+        ("lb_flow_table_capacity", "gauge", "Flow-table size."),
+        s.flow_table_size as f64,
+    );
 }
 
 /// A scrape waiting for the event loop's snapshot.

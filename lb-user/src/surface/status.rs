@@ -42,7 +42,10 @@ use lb_common::{
 };
 use serde::Serialize;
 
-use crate::{settings::addr::Protocol, kernel::bpffs, kernel::instance, estimate::WEIGHT_UNITS, kernel::maps, kernel::wire};
+use crate::{
+    estimate::WEIGHT_UNITS, kernel::bpffs, kernel::instance, kernel::maps, kernel::wire,
+    settings::addr::Protocol,
+};
 
 #[derive(Debug, Serialize)]
 pub struct Status {
