@@ -198,6 +198,63 @@ impl FileConfig {
     }
 }
 
+/// What a VIP that does not say otherwise gets: the flag, else the file's
+/// global, else the default.
+struct VipDefaults {
+    algorithm: Algorithm,
+    inflight_bias: u8,
+    maglev_source_affinity: bool,
+}
+
+impl VipDefaults {
+    fn pick(args: &RunArgs, file: &FileConfig) -> Self {
+        Self {
+            algorithm: args
+                .algorithm
+                .or(file.algorithm)
+                .unwrap_or(Algorithm::P2cEwma),
+            inflight_bias: args
+                .inflight_bias
+                .or(file.inflight_bias)
+                .unwrap_or(DEFAULT_INFLIGHT_BIAS),
+            maglev_source_affinity: args.maglev_source_affinity
+                || file.maglev_source_affinity.unwrap_or(false),
+        }
+    }
+}
+
+impl FileVip {
+    /// This `[[vip]]` with the `defaults` filled in, and its health check
+    /// from its own keys over `[operations.health]`.
+    fn resolve(
+        self,
+        defaults: &VipDefaults,
+        health: &HealthSettings,
+    ) -> Result<VipConfig, ConfigError> {
+        let mut vip: VipAddr = self.address.parse().map_err(ConfigError::FileAddress)?;
+        if let Some(protocol) = self.protocol {
+            let said_in_address = self.address.contains('/');
+            if said_in_address && vip.protocol != protocol {
+                return Err(ConfigError::ProtocolConflict {
+                    vip: vip.to_string(),
+                    protocol: protocol.name().to_string(),
+                });
+            }
+            vip.protocol = protocol;
+        }
+        Ok(VipConfig {
+            vip,
+            algorithm: self.algorithm.unwrap_or(defaults.algorithm),
+            inflight_bias: self.inflight_bias.unwrap_or(defaults.inflight_bias),
+            maglev_source_affinity: self
+                .maglev_source_affinity
+                .unwrap_or(defaults.maglev_source_affinity),
+            backends: self.backends,
+            health: self.health.or(health).resolve()?,
+        })
+    }
+}
+
 impl Config {
     /// Reads `--config` (if any) and merges it with the flags.
     pub fn from_args(args: RunArgs) -> Result<Self, ConfigError> {
@@ -209,61 +266,48 @@ impl Config {
     }
 
     /// Flags override the file's globals; `--vip` adds a VIP after the file's.
-    pub fn merge(args: RunArgs, file: FileConfig) -> Result<Self, ConfigError> {
-        let iface = args.iface.or(file.iface).ok_or(ConfigError::NoIface)?;
-        let algorithm = args
-            .algorithm
-            .or(file.algorithm)
-            .unwrap_or(Algorithm::P2cEwma);
-        let inflight_bias = args
-            .inflight_bias
-            .or(file.inflight_bias)
-            .unwrap_or(DEFAULT_INFLIGHT_BIAS);
-        let maglev_source_affinity =
-            args.maglev_source_affinity || file.maglev_source_affinity.unwrap_or(false);
-
-        let ops_settings = args.ops.clone().or(file.operations);
+    pub fn merge(mut args: RunArgs, mut file: FileConfig) -> Result<Self, ConfigError> {
+        let iface = args
+            .iface
+            .take()
+            .or(file.iface.take())
+            .ok_or(ConfigError::NoIface)?;
+        let defaults = VipDefaults::pick(&args, &file);
+        let ops_settings = args.ops.clone().or(std::mem::take(&mut file.operations));
         let ops = ops_settings.resolve()?;
         let mut vips = Vec::with_capacity(file.vip.len() + 1);
-        for v in file.vip {
-            let mut vip: VipAddr = v.address.parse().map_err(ConfigError::FileAddress)?;
-            if let Some(protocol) = v.protocol {
-                let said_in_address = v.address.contains('/');
-                if said_in_address && vip.protocol != protocol {
-                    return Err(ConfigError::ProtocolConflict {
-                        vip: vip.to_string(),
-                        protocol: protocol.name().to_string(),
-                    });
-                }
-                vip.protocol = protocol;
-            }
-            vips.push(VipConfig {
-                vip,
-                algorithm: v.algorithm.unwrap_or(algorithm),
-                inflight_bias: v.inflight_bias.unwrap_or(inflight_bias),
-                maglev_source_affinity: v.maglev_source_affinity.unwrap_or(maglev_source_affinity),
-                backends: v.backends,
-                health: v.health.or(&ops_settings.health).resolve()?,
-            });
+        for v in std::mem::take(&mut file.vip) {
+            vips.push(v.resolve(&defaults, &ops_settings.health)?);
         }
-        match args.vip {
+        match args.vip.take() {
             Some(vip) => vips.push(VipConfig {
                 vip,
-                algorithm,
-                inflight_bias,
-                maglev_source_affinity,
-                backends: args.backends,
+                algorithm: defaults.algorithm,
+                inflight_bias: defaults.inflight_bias,
+                maglev_source_affinity: defaults.maglev_source_affinity,
+                backends: std::mem::take(&mut args.backends),
                 health: ops_settings.health.resolve()?,
             }),
             None if !args.backends.is_empty() => return Err(ConfigError::BackendWithoutVip),
             None => {}
         }
+        let config = Self::from_globals(args, file, iface, ops, vips);
+        config.validate()?;
+        Ok(config)
+    }
 
-        let instance = args
-            .instance
-            .or(file.instance)
-            .unwrap_or_else(|| format!("lb-{iface}"));
-        let config = Self {
+    /// The global settings: a flag, else the file's key, else the default.
+    fn from_globals(
+        args: RunArgs,
+        file: FileConfig,
+        iface: String,
+        ops: Ops,
+        vips: Vec<VipConfig>,
+    ) -> Self {
+        let pick = |flag: Option<Duration>, key: Option<Duration>, default| {
+            flag.or(key).unwrap_or(default)
+        };
+        Self {
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
             snat_ip: args.snat_ip.or(file.snat_ip),
             snat_ip6: args.snat_ip6.or(file.snat_ip6),
@@ -272,39 +316,41 @@ impl Config {
                 .flow_table_size
                 .or(file.flow_table_size)
                 .unwrap_or(DEFAULT_FLOW_TABLE_SIZE),
-            ewma_tau: args.ewma_tau.or(file.ewma_tau).unwrap_or(DEFAULT_EWMA_TAU),
-            ewma_cold_start: args
-                .ewma_cold_start
-                .or(file.ewma_cold_start)
-                .unwrap_or(DEFAULT_EWMA_COLD_START),
-            score_interval: args
-                .score_interval
-                .or(file.score_interval)
-                .unwrap_or(DEFAULT_SCORE_INTERVAL),
-            udp_idle_timeout: args
-                .udp_idle_timeout
-                .or(file.udp_idle_timeout)
-                .unwrap_or(DEFAULT_UDP_IDLE_TIMEOUT),
-            tcp_idle_timeout: args
-                .tcp_idle_timeout
-                .or(file.tcp_idle_timeout)
-                .unwrap_or(DEFAULT_TCP_IDLE_TIMEOUT),
-            syn_timeout: args
-                .syn_timeout
-                .or(file.syn_timeout)
-                .unwrap_or(DEFAULT_SYN_TIMEOUT),
+            ewma_tau: pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
+            ewma_cold_start: pick(
+                args.ewma_cold_start,
+                file.ewma_cold_start,
+                DEFAULT_EWMA_COLD_START,
+            ),
+            score_interval: pick(
+                args.score_interval,
+                file.score_interval,
+                DEFAULT_SCORE_INTERVAL,
+            ),
+            udp_idle_timeout: pick(
+                args.udp_idle_timeout,
+                file.udp_idle_timeout,
+                DEFAULT_UDP_IDLE_TIMEOUT,
+            ),
+            tcp_idle_timeout: pick(
+                args.tcp_idle_timeout,
+                file.tcp_idle_timeout,
+                DEFAULT_TCP_IDLE_TIMEOUT,
+            ),
+            syn_timeout: pick(args.syn_timeout, file.syn_timeout, DEFAULT_SYN_TIMEOUT),
             log_level: args
                 .log_level
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".to_string()),
             upgrade: args.upgrade,
+            instance: args
+                .instance
+                .or(file.instance)
+                .unwrap_or_else(|| format!("lb-{iface}")),
             iface,
-            instance,
             ops,
             vips,
-        };
-        config.validate()?;
-        Ok(config)
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
