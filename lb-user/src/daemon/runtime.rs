@@ -16,32 +16,21 @@ use std::{
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::startup::KernelHandles;
 use crate::{
     estimate::backend_load::{BackendLoad, LoadTable},
     ingest::{
         events::{CloseReason, Event},
         reconcile::Scan,
     },
-    kernel::{clock::Nanos, maps::Counters, neighbours::NeighbourSync},
+    kernel::clock::Nanos,
     pool::{
         fleet::Fleet,
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
-    publish::publisher::Publisher,
     settings::{addr::Weight, config::Config},
 };
-
-/// The kernel handles the running state writes and reads, all opened at
-/// startup.
-pub struct KernelHandles {
-    /// Selections, tables and scores.
-    pub publisher: Publisher,
-    /// Per-backend and per-reason counters (metrics).
-    pub counters: Counters,
-    /// Mirrors the ARP table into NEIGHBOURS when backends join at runtime.
-    pub neighbours: NeighbourSync,
-}
 
 pub struct Runtime {
     pub(super) fleet: Fleet,

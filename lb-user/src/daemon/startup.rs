@@ -8,7 +8,6 @@ use lb_common::{CONFIG_F_READY, LbConfig};
 use tokio::time::sleep;
 use tracing::info;
 
-use super::runtime::KernelHandles;
 use crate::{
     estimate::backend_load::LoadTable,
     kernel::{
@@ -65,6 +64,17 @@ impl std::fmt::Display for Snat {
             show(self.v6.map(IpAddr::V6))
         )
     }
+}
+
+/// The kernel handles the running state writes and reads, all opened at
+/// startup.
+pub struct KernelHandles {
+    /// Selections, tables and scores.
+    pub publisher: Publisher,
+    /// Per-backend and per-reason counters (metrics).
+    pub counters: Counters,
+    /// Mirrors the ARP table into NEIGHBOURS when backends join at runtime.
+    pub neighbours: NeighbourSync,
 }
 
 /// Step 1: writes the configuration's [`Plan`] (backends with their cold

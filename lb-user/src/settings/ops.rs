@@ -304,16 +304,9 @@ impl OpsSettings {
         }
     }
 
-    /// Validated values with defaults filled in. Rise and fall of the
-    /// lifecycle come from the VIP's health check (see [`Ops::lifecycle_for`]).
-    pub fn resolve(&self) -> Result<Ops, ConfigError> {
-        let share = |name: &str, v: Option<f64>, default: f64| match v.unwrap_or(default) {
-            v if (0.0..=1.0).contains(&v) => Ok(v),
-            v => Err(ConfigError::Ops(format!(
-                "{name} {v} out of range (expected 0..=1)"
-            ))),
-        };
-        let lifecycle = LifecycleParams {
+    /// The lifecycle's parameters, with the default health rise and fall.
+    fn lifecycle(&self) -> Result<LifecycleParams, ConfigError> {
+        Ok(LifecycleParams {
             slow_start: self.slow_start.unwrap_or(DEFAULT_SLOW_START),
             slow_start_floor: share(
                 "slow start floor",
@@ -325,7 +318,10 @@ impl OpsSettings {
             fall: DEFAULT_HEALTH_FALL,
             ejection_base: self.ejection_base.unwrap_or(DEFAULT_EJECTION_BASE),
             ejection_max: self.ejection_max.unwrap_or(DEFAULT_EJECTION_MAX),
-        };
+        })
+    }
+
+    fn outlier(&self) -> Result<OutlierParams, ConfigError> {
         let latency_factor = self.outlier_latency_factor.unwrap_or(0.0);
         if !(latency_factor == 0.0 || latency_factor >= 1.0) {
             return Err(ConfigError::Ops(format!(
@@ -352,6 +348,14 @@ impl OpsSettings {
                 "outlier interval must be greater than zero".into(),
             ));
         }
+        Ok(outlier)
+    }
+
+    /// Validated values with defaults filled in. Rise and fall of the
+    /// lifecycle come from the VIP's health check (see [`Ops::lifecycle_for`]).
+    pub fn resolve(&self) -> Result<Ops, ConfigError> {
+        let lifecycle = self.lifecycle()?;
+        let outlier = self.outlier()?;
         let max_ejection_percent = self
             .max_ejection_percent
             .unwrap_or(DEFAULT_MAX_EJECTION_PERCENT);
@@ -373,6 +377,16 @@ impl OpsSettings {
             max_new_flows: self.max_new_flows.unwrap_or(0),
             metrics_addr,
         })
+    }
+}
+
+/// A share in 0..=1 (`default` when not given).
+fn share(name: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match v.unwrap_or(default) {
+        v if (0.0..=1.0).contains(&v) => Ok(v),
+        v => Err(ConfigError::Ops(format!(
+            "{name} {v} out of range (expected 0..=1)"
+        ))),
     }
 }
 

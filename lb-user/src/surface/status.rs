@@ -147,6 +147,40 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
     })
 }
 
+/// One backend's line of the status, from its BACKENDS entry and counters.
+fn backend_status(
+    id: u32,
+    b: &lb_common::Backend,
+    score: lb_common::BackendScore,
+    c: lb_common::BackendConns,
+    correction: u64,
+    per_cpu: &[lb_common::BackendStats],
+) -> BackendStatus {
+    let sum = |f: fn(&lb_common::BackendStats) -> u64| per_cpu.iter().map(f).sum::<u64>();
+    BackendStatus {
+        id,
+        address: wire::socket_addr(b.addr, b.family, b.port)
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        weight: if score.weight != 0 {
+            f64::from(score.weight) / f64::from(WEIGHT_UNITS)
+        } else {
+            f64::from(b.weight)
+        },
+        state: state_name(b.state),
+        inflight: c.inflight(correction),
+        ewma_ms: score.ewma_ns as f64 / 1e6,
+        cost: score.cost,
+        opened: c.opened,
+        closed: c.closed,
+        correction,
+        packets_to_backend: sum(|s| s.packets_to_backend),
+        bytes_to_backend: sum(|s| s.bytes_to_backend),
+        packets_from_backend: sum(|s| s.packets_from_backend),
+        bytes_from_backend: sum(|s| s.bytes_from_backend),
+    }
+}
+
 fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
     let backends = maps::backends(dir)?;
     let scores = maps::scores(dir)?;
@@ -170,29 +204,7 @@ fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
                 .get(&id, 0)
                 .context("reading BACKEND_CORRECTION")?;
             let per_cpu = stats.get(&id, 0).context("reading BACKEND_STATS")?;
-            let sum = |f: fn(&lb_common::BackendStats) -> u64| per_cpu.iter().map(f).sum::<u64>();
-            list.push(BackendStatus {
-                id,
-                address: wire::socket_addr(b.addr, b.family, b.port)
-                    .map(|a| a.to_string())
-                    .unwrap_or_default(),
-                weight: if score.weight != 0 {
-                    f64::from(score.weight) / f64::from(WEIGHT_UNITS)
-                } else {
-                    f64::from(b.weight)
-                },
-                state: state_name(b.state),
-                inflight: c.inflight(correction),
-                ewma_ms: score.ewma_ns as f64 / 1e6,
-                cost: score.cost,
-                opened: c.opened,
-                closed: c.closed,
-                correction,
-                packets_to_backend: sum(|s| s.packets_to_backend),
-                bytes_to_backend: sum(|s| s.bytes_to_backend),
-                packets_from_backend: sum(|s| s.packets_from_backend),
-                bytes_from_backend: sum(|s| s.bytes_from_backend),
-            });
+            list.push(backend_status(id, &b, score, c, correction, &per_cpu));
         }
         vips.push(VipStatus {
             id: meta.vip_id,
