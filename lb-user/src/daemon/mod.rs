@@ -2,8 +2,8 @@
 //! ([`startup`]), run the [`event_loop`] that routes every input to the
 //! [`runtime`]'s handlers until SIGINT/SIGTERM, and clean up.
 //!
-//! May use every other folder (last in the order settings → kernel →
-//! ingest → estimate → pool → publish → surface → daemon).
+//! May use: every other folder (it comes last).
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod command;
 pub mod event_loop;

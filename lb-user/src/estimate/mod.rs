@@ -2,8 +2,8 @@
 //! backend's load (in-flight, latency, effective weight) and the score the
 //! kernel's P2C reads.
 //!
-//! May use: settings, kernel, ingest (order settings → kernel → ingest →
-//! estimate → pool → publish → surface → daemon).
+//! May use: settings, kernel, ingest.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod backend_load;
 pub mod peak_ewma;

@@ -2,8 +2,8 @@
 //! buffer ([`events`]) and the periodic flow-table scan that expires idle
 //! flows and corrects in-flight counts ([`reconcile`]).
 //!
-//! May use: settings, kernel (order settings → kernel → ingest → estimate →
-//! pool → publish → surface → daemon).
+//! May use: settings, kernel.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod events;
 pub mod reconcile;

@@ -4,8 +4,8 @@
 //! table, typed handles to the pinned maps, the wire layout of addresses,
 //! and the kernel's clock.
 //!
-//! May use: settings (order settings → kernel → ingest → estimate → pool →
-//! publish → surface → daemon).
+//! May use: settings.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod attach;
 pub mod bpffs;

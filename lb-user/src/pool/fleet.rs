@@ -153,6 +153,16 @@ impl Fleet {
             })
     }
 
+    /// [`Self::find`], with the lifecycle parameters of the VIP.
+    fn find_with_params(
+        &self,
+        vip: &VipAddr,
+        backend: SocketAddr,
+    ) -> Result<(u32, LifecycleParams), FleetError> {
+        let id = self.find(vip, backend)?;
+        Ok((id, self.vips[self.vip_index(vip)?].params))
+    }
+
     /// Adds a backend (or brings back a removed one that is still draining).
     pub fn add(
         &mut self,
@@ -204,8 +214,7 @@ impl Fleet {
         admin: Admin,
         now: Nanos,
     ) -> Result<u32, FleetError> {
-        let id = self.find(vip, backend)?;
-        let params = self.vips[self.vip_index(vip)?].params;
+        let (id, params) = self.find_with_params(vip, backend)?;
         let m = self.member_mut(id).expect("found");
         if m.life.admin() == Admin::Removed && admin != Admin::Removed {
             return Err(FleetError::NoBackend {
@@ -224,8 +233,7 @@ impl Fleet {
         weight: u32,
         now: Nanos,
     ) -> Result<u32, FleetError> {
-        let id = self.find(vip, backend)?;
-        let params = self.vips[self.vip_index(vip)?].params;
+        let (id, params) = self.find_with_params(vip, backend)?;
         self.member_mut(id)
             .expect("found")
             .life

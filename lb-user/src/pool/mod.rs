@@ -3,8 +3,8 @@
 //! (admin state, health, ejection, slow start), passive [`outlier`]
 //! detection and active [`health`] checks.
 //!
-//! May use: settings, kernel, ingest, estimate (order settings → kernel →
-//! ingest → estimate → pool → publish → surface → daemon).
+//! May use: settings, kernel, ingest, estimate.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod fleet;
 pub mod health;

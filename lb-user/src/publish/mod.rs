@@ -4,8 +4,8 @@
 //! hold their map handles open from startup and write plans, selections,
 //! tables and scores in an order the running program can always read.
 //!
-//! May use: settings, kernel, ingest, estimate, pool (order settings →
-//! kernel → ingest → estimate → pool → publish → surface → daemon).
+//! May use: settings, kernel, ingest, estimate, pool.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod maglev;
 pub mod prefix;

@@ -4,8 +4,8 @@
 //! ranges, durations, algorithm names). Errors here are one-line
 //! [`ConfigError`]s reported before the kernel is touched.
 //!
-//! Uses no other folder (first in the order settings → kernel → ingest →
-//! estimate → pool → publish → surface → daemon).
+//! May use: no other folder (it comes first).
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod addr;
 pub mod algorithm;
