@@ -1,39 +1,25 @@
 //! The control plane of the balancer, as a library: the `lb-user` binary is a
 //! thin CLI over it, and the lab tests load the same embedded object.
+//!
+//! The folders follow the data's path, and each may use only the folders
+//! before it in this list (checked by `tests/layering.rs`):
+//!
+//! 1. [`settings`]: flags, the config file, operations settings, defaults;
+//! 2. [`kernel`]: the XDP object, its attachment and pins, typed maps, clock;
+//! 3. [`ingest`]: what the kernel reports (ring-buffer events, flow-table scans);
+//! 4. [`estimate`]: Peak-EWMA latency and each backend's load and score;
+//! 5. [`pool`]: the backends' fleet, lifecycles, outlier detection, health checks;
+//! 6. [`publish`]: the tables the kernel selects from, and the writers of them;
+//! 7. [`surface`]: what operators see and say (control socket, metrics, status);
+//! 8. [`daemon`]: startup in named steps and the event loop that routes to handlers.
 
-pub mod addr;
-pub mod algorithm;
-pub mod backend_load;
-pub mod bpffs;
-pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod control;
 pub mod daemon;
-pub mod duration;
-pub mod events;
-pub mod fleet;
-pub mod health;
-pub mod iface;
-pub mod instance;
-pub mod lifecycle;
-pub mod loader;
-pub mod maps;
-pub mod metrics;
-pub mod neighbours;
-pub mod ops_config;
-pub mod outlier;
-pub mod peak_ewma;
-pub mod plan;
-pub mod ports;
+pub mod estimate;
+pub mod ingest;
+pub mod kernel;
+pub mod pool;
 pub mod publish;
-pub mod reconcile;
-pub mod runtime;
-pub mod status;
-pub mod tables;
-pub mod upgrade;
-pub mod wire;
+pub mod settings;
+pub mod surface;
 
-/// The compiled XDP object (built by `build.rs`), embedded so the one binary is
-/// all a server needs.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"));
+pub use kernel::object::EBPF_OBJECT;

@@ -6,12 +6,14 @@ use std::{io::IsTerminal as _, process::ExitCode};
 use anyhow::{anyhow, bail};
 use clap::{Parser, error::ErrorKind};
 use lb_user::{
-    bpffs,
-    cli::{BackendArgs, Cli, Command, RunArgs, StatusArgs},
-    config::Config,
-    control, daemon, iface,
-    instance::InstanceLock,
-    status,
+    daemon,
+    kernel::{bpffs, iface, instance::InstanceLock},
+    settings::{
+        cli::{BackendArgs, BackendCommand, Cli, Command, RunArgs, StatusArgs},
+        config::Config,
+        one_line,
+    },
+    surface::{control, status},
 };
 use std::io::Write as _;
 
@@ -30,11 +32,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Multi-line messages (verifier logs, clap usage) folded into one line.
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn run() -> anyhow::Result<()> {
@@ -88,7 +85,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let reload = move || Config::from_args(args.clone()).map_err(anyhow::Error::from);
     require_root()?;
     let ifindex = iface::ifindex(&config.iface)?;
-    let snat = daemon::Snat::resolve(&config)?;
+    let snat = daemon::startup::Snat::resolve(&config)?;
     // Still single-threaded here, as joining a mount namespace requires.
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
@@ -116,7 +113,7 @@ fn show_status(args: StatusArgs) -> anyhow::Result<()> {
 /// Sends one command to the running instance's control socket.
 fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
     require_root()?;
-    if args.action == control::Command::Weight && args.weight.is_none() {
+    if args.action == BackendCommand::Weight && args.weight.is_none() {
         bail!("backend weight needs --weight N");
     }
     bpffs::join_host_mount_ns_if_hidden()?;

@@ -23,7 +23,7 @@ use lb_lab::xdp::{
     isolate::isolate_thread,
     packet::{Pkt, TCP_SYN},
 };
-use lb_user::tables::{SlotBackend, VipTableSet};
+use lb_user::publish::tables::{SlotBackend, VipTableSet};
 
 /// New flows per distribution run.
 const FLOWS: u32 = 4000;
@@ -250,7 +250,7 @@ fn maglev_source_affinity_keeps_a_client_on_one_backend() {
 }
 
 fn out_of_service_backends_are_never_chosen() {
-    for algorithm in lb_user::algorithm::ALL {
+    for algorithm in lb_user::settings::algorithm::ALL {
         let mut lb = setup(algorithm, &WEIGHTS, 0, 0);
         // Ejected while still in the slots and tables (the window before the
         // control plane rewrites them).
@@ -375,7 +375,7 @@ fn time_per_new_flow() {
         total / u64::from(RUNS)
     };
     let mut rows = Vec::new();
-    for algorithm in lb_user::algorithm::ALL {
+    for algorithm in lb_user::settings::algorithm::ALL {
         let lb = setup(algorithm, &[1; 10], 0, 0);
         rows.push((algorithm.name().to_string(), mean_ns(&lb)));
     }

@@ -1,0 +1,295 @@
+//! The event loop: waits on kernel events, the score timer, reconciliation
+//! scans, health checks, operator commands, scrapes and SIGHUP, and routes
+//! each to its handler, reading the time from a [`Clock`] so the routing
+//! runs under a test clock too.
+
+use anyhow::Context as _;
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::mpsc,
+    time::{Duration, MissedTickBehavior, interval, sleep},
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    ingest::{
+        events::{Event, EventStream},
+        reconcile::Scan,
+    },
+    kernel::{
+        clock::{Clock, Nanos},
+        neighbours::{self, STARTUP_RESOLVE_WAIT},
+    },
+    pool::health::CheckResult,
+    settings::config::Config,
+    surface::{
+        control::{Pending, Request, Response},
+        metrics::{self, Scrape, Snapshot},
+    },
+};
+
+/// The running state, as the event loop sees it: one handler per input.
+pub trait Handlers {
+    /// Returns true if the event ejected a backend (publish at once).
+    fn on_event(&mut self, event: Event, now: Nanos) -> bool;
+    fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()>;
+    fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()>;
+    fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()>;
+    fn on_command(&mut self, request: &Request, now: Nanos) -> Response;
+    fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()>;
+    fn snapshot(&self, now: Nanos) -> Snapshot;
+}
+
+/// Signals that end the daemon cleanly.
+pub struct Shutdown {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Shutdown {
+    pub fn install() -> anyhow::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        })
+    }
+
+    async fn wait(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// Everything besides kernel events that the event loop waits on.
+pub struct Inputs {
+    pub scans: mpsc::Receiver<Scan>,
+    pub checks: mpsc::Receiver<CheckResult>,
+    pub control: mpsc::Receiver<Pending>,
+    pub scrapes: mpsc::Receiver<Scrape>,
+    pub hangup: Signal,
+}
+
+/// Routes inputs to the handlers `H`, each at the time `C` reads.
+pub struct EventLoop<C, H> {
+    clock: C,
+    pub handlers: H,
+}
+
+impl<C: Clock, H: Handlers> EventLoop<C, H> {
+    pub fn new(clock: C, handlers: H) -> Self {
+        Self { clock, handlers }
+    }
+
+    /// A batch of kernel events; an ejection publishes at once.
+    pub fn on_events(&mut self, batch: &mut Vec<Event>) -> anyhow::Result<()> {
+        let now = self.clock.now();
+        let mut ejected = false;
+        for event in batch.drain(..) {
+            ejected |= self.handlers.on_event(event, now);
+        }
+        if ejected {
+            self.handlers.on_tick(now)?;
+        }
+        Ok(())
+    }
+
+    pub fn on_tick(&mut self) -> anyhow::Result<()> {
+        self.handlers.on_tick(self.clock.now())
+    }
+
+    pub fn on_scan(&mut self, scan: &Scan) -> anyhow::Result<()> {
+        self.handlers.on_scan(scan, self.clock.now())?;
+        if !scan.expired_idle.is_empty() || !scan.expired_syn.is_empty() {
+            debug!(
+                idle = scan.expired_idle.len(),
+                syn = scan.expired_syn.len(),
+                "expired flows"
+            );
+        }
+        Ok(())
+    }
+
+    pub fn on_check(&mut self, result: CheckResult) -> anyhow::Result<()> {
+        self.handlers.on_check(result, self.clock.now())
+    }
+
+    pub fn on_command(&mut self, (request, reply): Pending) {
+        let _ = reply.send(self.handlers.on_command(&request, self.clock.now()));
+    }
+
+    pub fn on_scrape(&mut self, reply: Scrape) {
+        let _ = reply.send(metrics::render(&self.handlers.snapshot(self.clock.now())));
+    }
+
+    /// SIGHUP: the new configuration's backends are probed first, so their
+    /// first flows have a next hop.
+    async fn on_reload(
+        &mut self,
+        reload: &dyn Fn() -> anyhow::Result<Config>,
+    ) -> anyhow::Result<()> {
+        match reload() {
+            Ok(new) => {
+                for v in &new.vips {
+                    for b in &v.backends {
+                        neighbours::probe(b.addr.ip());
+                    }
+                }
+                sleep(STARTUP_RESOLVE_WAIT).await;
+                self.handlers.on_reload(&new, self.clock.now())
+            }
+            Err(e) => {
+                warn!("SIGHUP: keeping the running configuration: {e:#}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Drains events, ticks every `score_interval`, and routes the other
+    /// inputs, until a shutdown signal.
+    pub async fn run(
+        &mut self,
+        mut events: EventStream,
+        mut inputs: Inputs,
+        score_interval: Duration,
+        reload: &dyn Fn() -> anyhow::Result<Config>,
+        shutdown: &mut Shutdown,
+    ) -> anyhow::Result<()> {
+        let mut score_tick = interval(score_interval);
+        score_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut batch = Vec::new();
+        loop {
+            tokio::select! {
+                signal = shutdown.wait() => {
+                    info!("{signal} received, shutting down");
+                    return Ok(());
+                }
+                drained = events.next_batch(&mut batch) => {
+                    drained?;
+                    self.on_events(&mut batch)?;
+                }
+                _ = score_tick.tick() => self.on_tick()?,
+                Some(scan) = inputs.scans.recv() => self.on_scan(&scan)?,
+                Some(result) = inputs.checks.recv() => self.on_check(result)?,
+                Some(pending) = inputs.control.recv() => self.on_command(pending),
+                Some(reply) = inputs.scrapes.recv() => self.on_scrape(reply),
+                _ = inputs.hangup.recv() => self.on_reload(reload).await?,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::HashMap, time::Duration};
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::{ingest::events::CloseReason, kernel::clock::ManualClock};
+
+    /// Records which handler ran at what time; backend 9's events eject.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Vec<(&'static str, u64)>,
+    }
+
+    impl Handlers for Recorder {
+        fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+            self.calls.push(("event", now.0));
+            matches!(event, Event::Refused { backend: 9 })
+        }
+        fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+            self.calls.push(("tick", now.0));
+            Ok(())
+        }
+        fn on_scan(&mut self, _: &Scan, now: Nanos) -> anyhow::Result<()> {
+            self.calls.push(("scan", now.0));
+            Ok(())
+        }
+        fn on_check(&mut self, _: CheckResult, now: Nanos) -> anyhow::Result<()> {
+            self.calls.push(("check", now.0));
+            Ok(())
+        }
+        fn on_command(&mut self, _: &Request, now: Nanos) -> Response {
+            self.calls.push(("command", now.0));
+            Response::done(7)
+        }
+        fn on_reload(&mut self, _: &Config, now: Nanos) -> anyhow::Result<()> {
+            self.calls.push(("reload", now.0));
+            Ok(())
+        }
+        fn snapshot(&self, _: Nanos) -> Snapshot {
+            Snapshot {
+                events_received: self.calls.len() as u64,
+                ..Snapshot::default()
+            }
+        }
+    }
+
+    fn closed(backend: u32) -> Event {
+        Event::Closed {
+            backend,
+            reason: CloseReason::Idle,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_handled_at_one_time_and_an_ejection_ticks_at_once() {
+        let mut event_loop = EventLoop::new(ManualClock::starting_at(1_000), Recorder::default());
+        event_loop
+            .on_events(&mut vec![closed(1), closed(2)])
+            .unwrap();
+        event_loop.clock.advance(Duration::from_millis(50));
+        event_loop.on_tick().unwrap();
+        event_loop.clock.advance(Duration::from_nanos(5));
+        let mut batch = vec![closed(1), Event::Refused { backend: 9 }];
+        event_loop.on_events(&mut batch).unwrap();
+        assert!(batch.is_empty());
+        let t = 1_000 + 50_000_000;
+        assert_eq!(
+            event_loop.handlers.calls,
+            [
+                ("event", 1_000),
+                ("event", 1_000),
+                ("tick", t),
+                ("event", t + 5),
+                ("event", t + 5),
+                ("tick", t + 5),
+            ]
+        );
+    }
+
+    #[test]
+    fn scans_checks_commands_and_scrapes_reach_their_handlers_at_the_clocks_time() {
+        let mut event_loop = EventLoop::new(ManualClock::starting_at(42), Recorder::default());
+        event_loop.on_scan(&Scan::default()).unwrap();
+        event_loop
+            .on_check(CheckResult {
+                backend: 0,
+                addr: "10.0.0.21:80".parse().unwrap(),
+                passed: true,
+            })
+            .unwrap();
+        let (tx, mut rx) = oneshot::channel();
+        let request = Request {
+            command: crate::settings::cli::BackendCommand::Drain,
+            vip: "10.0.0.100:80".into(),
+            backend: "10.0.0.21:80".into(),
+            weight: None,
+        };
+        event_loop.on_command((request, tx));
+        assert_eq!(rx.try_recv().unwrap(), Response::done(7));
+        let (tx, mut rx) = oneshot::channel();
+        event_loop.on_scrape(tx);
+        assert!(
+            rx.try_recv()
+                .unwrap()
+                .contains("lb_ring_buffer_events_total 3\n")
+        );
+        let times: HashMap<_, _> = event_loop.handlers.calls.iter().copied().collect();
+        assert_eq!(times.len(), 3);
+        assert!(times.values().all(|&t| t == 42));
+    }
+}

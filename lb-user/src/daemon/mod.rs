@@ -1,0 +1,195 @@
+//! The running balancer: attach (or re-adopt), then start in named steps
+//! ([`startup`]), run the [`event_loop`] that routes every input to the
+//! [`runtime`]'s handlers until SIGINT/SIGTERM, and clean up.
+//!
+//! May use: every other folder (it comes last).
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+
+pub mod command;
+pub mod event_loop;
+pub mod runtime;
+pub mod snapshot;
+pub mod startup;
+pub mod tasks;
+
+use anyhow::Context as _;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+    task::JoinHandle,
+};
+use tracing::{info, warn};
+
+use self::{
+    event_loop::{EventLoop, Handlers, Inputs, Shutdown},
+    runtime::Runtime,
+    startup::Snat,
+};
+use crate::{
+    ingest::{
+        events::{Event, EventStream},
+        reconcile::{Reconciler, Scan, Timeouts},
+    },
+    kernel::{
+        attach::Attachment,
+        clock::{Clock, MonotonicClock, Nanos},
+        maps,
+    },
+    pool::health::CheckResult,
+    settings::config::Config,
+    surface::{
+        control::{self, Request, Response},
+        metrics::{self, Snapshot},
+    },
+};
+
+/// Queue depth of the channels into the event loop.
+const CHANNEL_DEPTH: usize = 64;
+
+/// Runs until a signal; always detaches and removes the pins on the way out.
+/// `reload` re-reads the configuration on SIGHUP.
+pub async fn serve(
+    config: &Config,
+    reload: &dyn Fn() -> anyhow::Result<Config>,
+    ifindex: u32,
+    snat_ip: Snat,
+) -> anyhow::Result<()> {
+    // Installed before attaching, so a signal during startup still cleans up.
+    let mut shutdown = Shutdown::install()?;
+    let attachment = Attachment::start(config, ifindex)?;
+    let started = Started {
+        config,
+        ifindex,
+        attachment: &attachment,
+    };
+    let result = started
+        .configure_and_run(MonotonicClock, snat_ip, reload, &mut shutdown)
+        .await;
+    let stopped = attachment.stop();
+    result?;
+    stopped.context("removing the pins")?;
+    info!("detached and removed the pins");
+    Ok(())
+}
+
+/// What every step after the attach works with.
+struct Started<'a> {
+    config: &'a Config,
+    ifindex: u32,
+    attachment: &'a Attachment,
+}
+
+impl Started<'_> {
+    /// The startup steps, the event loop, and the cleanup of what they started.
+    async fn configure_and_run<C: Clock + Clone + Send + 'static>(
+        &self,
+        clock: C,
+        snat_ip: Snat,
+        reload: &dyn Fn() -> anyhow::Result<Config>,
+        shutdown: &mut Shutdown,
+    ) -> anyhow::Result<()> {
+        let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
+        let (plan, publisher) = startup::write_plan(config, pin_dir, &clock)?;
+        let neighbours = startup::resolve_neighbours(config, pin_dir, self.ifindex).await?;
+        startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
+        let kernel = startup::open_kernel_handles(config, pin_dir, self.ifindex, publisher)?;
+        let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
+        let runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx);
+        let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
+        let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
+        let mut tasks = vec![
+            tasks::spawn_neighbour_refresh(neighbours),
+            control::serve(&config.instance, control_tx)?,
+        ];
+        tasks.extend(self.serve_metrics(scrape_tx).await);
+        tasks.extend(tasks::spawn_ebpf_log_drain(self.attachment.program_id));
+        let (reconcile_task, scan_rx) = self.start_reconciler(&runtime, clock.clone())?;
+        tasks.push(reconcile_task);
+        let inputs = Inputs {
+            scans: scan_rx,
+            checks: check_rx,
+            control: control_rx,
+            scrapes: scrape_rx,
+            hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+        };
+        let events = EventStream::new(maps::events(pin_dir)?)?;
+        let mut event_loop = EventLoop::new(clock, runtime);
+        let result = event_loop
+            .run(events, inputs, config.score_interval, reload, shutdown)
+            .await;
+        self.stop(tasks, &event_loop.handlers);
+        result
+    }
+
+    /// The metrics listener, if configured; a taken port must not stop the
+    /// balancer (metrics are secondary).
+    async fn serve_metrics(
+        &self,
+        scrapes: mpsc::Sender<metrics::Scrape>,
+    ) -> Option<JoinHandle<()>> {
+        let addr = self.config.ops.metrics_addr?;
+        match metrics::serve(addr, scrapes).await {
+            Ok(task) => Some(task),
+            Err(e) => {
+                warn!("metrics disabled: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// Reconciliation passes on their own task, sharing the id space's
+    /// length with the runtime.
+    fn start_reconciler<C: Clock + Send + 'static>(
+        &self,
+        runtime: &Runtime,
+        clock: C,
+    ) -> anyhow::Result<(JoinHandle<()>, mpsc::Receiver<Scan>)> {
+        let config = self.config;
+        let (scan_tx, scan_rx) = mpsc::channel(1);
+        let reconciler = Reconciler::open(
+            &self.attachment.pin_dir,
+            runtime.id_limit.clone(),
+            Timeouts {
+                tcp_idle: config.tcp_idle_timeout,
+                udp_idle: config.udp_idle_timeout,
+                syn: config.syn_timeout,
+            },
+            clock,
+        )?;
+        Ok((tasks::spawn_reconciler(reconciler, scan_tx), scan_rx))
+    }
+
+    fn stop(&self, tasks: Vec<JoinHandle<()>>, runtime: &Runtime) {
+        for task in tasks {
+            task.abort();
+        }
+        control::remove_socket(&self.config.instance);
+        for (id, tally) in runtime.loads().tallies() {
+            info!(backend = id, ?tally, "events seen by this process");
+        }
+    }
+}
+
+impl Handlers for Runtime {
+    fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+        Runtime::on_event(self, event, now)
+    }
+    fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        Runtime::on_tick(self, now)
+    }
+    fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()> {
+        Runtime::on_scan(self, scan, now)
+    }
+    fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()> {
+        Runtime::on_check(self, result, now)
+    }
+    fn on_command(&mut self, request: &Request, now: Nanos) -> Response {
+        Runtime::on_command(self, request, now)
+    }
+    fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()> {
+        Runtime::on_reload(self, config, now)
+    }
+    fn snapshot(&self, now: Nanos) -> Snapshot {
+        Runtime::snapshot(self, now)
+    }
+}

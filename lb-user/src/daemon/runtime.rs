@@ -1,0 +1,206 @@
+//! The running control plane's state, and what each input does to it:
+//! kernel events, timer ticks (publish selections and scores),
+//! reconciliation scans, health-check results and config reloads here;
+//! operator commands in `command.rs` and metric snapshots in `snapshot.rs`.
+//! The event loop only routes inputs to these handlers (see
+//! [`super::event_loop::Handlers`]).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::startup::KernelHandles;
+use crate::{
+    estimate::backend_load::{BackendLoad, LoadTable},
+    ingest::{
+        events::{CloseReason, Event},
+        reconcile::Scan,
+    },
+    kernel::clock::Nanos,
+    pool::{
+        fleet::Fleet,
+        health::{CheckResult, HealthChecker},
+        plan::Plan,
+    },
+    settings::{addr::Weight, config::Config},
+};
+
+pub struct Runtime {
+    pub(super) fleet: Fleet,
+    pub(super) loads: LoadTable,
+    /// What a backend that joins at runtime starts with.
+    pub(super) fresh_load: BackendLoad,
+    pub(super) kernel: KernelHandles,
+    pub(super) checker: HealthChecker,
+    /// Passed and failed health checks per backend id.
+    pub(super) checks: HashMap<u32, (u64, u64)>,
+    /// Shared with the reconciler: the length of the id space.
+    pub id_limit: Arc<AtomicUsize>,
+    pub(super) events_received: u64,
+    /// Flows the LRU evicted, as the reconciler saw them vanish.
+    pub(super) flows_evicted: u64,
+    /// Entries in the flow table at the last reconciliation pass.
+    pub(super) flow_entries: u64,
+    pub(super) flow_table_size: u32,
+}
+
+impl Runtime {
+    pub fn new(
+        config: &Config,
+        plan: &Plan,
+        kernel: KernelHandles,
+        now: Nanos,
+        check_results: mpsc::Sender<CheckResult>,
+    ) -> Self {
+        let fleet = Fleet::new(config, plan, now);
+        let mut runtime = Self {
+            loads: LoadTable::new(&plan.weights, config.ewma_cold_start, config.ewma_tau, now),
+            fresh_load: BackendLoad::new(
+                Weight::DEFAULT,
+                config.ewma_cold_start,
+                config.ewma_tau,
+                now,
+            ),
+            kernel,
+            checker: HealthChecker::new(check_results),
+            checks: HashMap::new(),
+            id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
+            events_received: 0,
+            flows_evicted: 0,
+            flow_entries: 0,
+            flow_table_size: config.flow_table_size,
+            fleet,
+        };
+        runtime.checker.sync(runtime.fleet.checks());
+        runtime
+    }
+
+    pub fn loads(&self) -> &LoadTable {
+        &self.loads
+    }
+
+    /// Returns true if the event ejected a backend (publish at once).
+    pub fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+        self.events_received += 1;
+        self.loads.apply(event, now);
+        self.fleet.on_event(event, now)
+    }
+
+    /// Applies a check result; a backend whose health flips leaves (or
+    /// rejoins) the kernel's slots at once.
+    pub fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()> {
+        if self.fleet.member(result.backend).map(|m| m.addr) != Some(result.addr) {
+            return Ok(());
+        }
+        let counts = self.checks.entry(result.backend).or_default();
+        if result.passed {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+        if self.fleet.health_result(result.backend, result.passed, now) {
+            self.on_tick(now)?;
+        }
+        Ok(())
+    }
+
+    /// Advances lifecycles, writes scores with effective weights, then
+    /// publishes every VIP's selection (scores first, so a backend that
+    /// becomes selectable already has one).
+    pub fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        let loads = &self.loads;
+        self.fleet.tick(now, |id| loads.ewma_ns(id, now));
+        let selections: Vec<_> = (0..self.fleet.vips.len())
+            .map(|i| self.fleet.selection(i, now))
+            .collect();
+        for s in &selections {
+            for (id, w) in s.slots.iter().zip(&s.weights) {
+                self.loads.set_weight(*id, *w, &self.fresh_load);
+            }
+        }
+        let fresh: Vec<_> = self
+            .loads
+            .scores(now)
+            .filter(|(id, _)| self.fleet.member(*id).is_some())
+            .collect();
+        let vips = self.fleet.vips.iter().zip(&selections);
+        self.kernel.publisher.scores.write(
+            &fresh,
+            vips.map(|(vip, selection)| (vip.meta.vip_id, selection.slots.as_slice())),
+        )?;
+        for (index, selection) in selections.iter().enumerate() {
+            let entries: Vec<_> = selection
+                .states
+                .iter()
+                .filter_map(|&(id, state)| Some((id, self.fleet.backend_entry(id, state)?)))
+                .collect();
+            self.kernel.publisher.publish_vip(
+                index,
+                &self.fleet.vips[index],
+                selection,
+                &entries,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Accounts for what a reconciliation pass expired, and frees the ids
+    /// of removed backends whose last flow is gone.
+    pub fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()> {
+        if scan.vanished > 0 {
+            self.flows_evicted += scan.vanished;
+            debug!(evicted = scan.vanished, "flows left the full flow table");
+        }
+        self.flow_entries = scan.entries;
+        for backend in scan.expired_idle.iter().copied() {
+            self.on_event(
+                Event::Closed {
+                    backend,
+                    reason: CloseReason::Idle,
+                },
+                now,
+            );
+        }
+        for backend in scan.expired_syn.iter().copied() {
+            self.on_event(Event::Refused { backend }, now);
+        }
+        for id in self.fleet.free_drained(&scan.live) {
+            self.kernel.publisher.clear_backend(id)?;
+            self.checks.remove(&id);
+        }
+        self.checker.sync(self.fleet.checks());
+        Ok(())
+    }
+
+    pub(super) fn after_membership_change(&mut self) {
+        // New backends were probed before they got here (control socket,
+        // SIGHUP): their MACs are in the ARP table now.
+        if let Err(e) = self.kernel.neighbours.sync(false) {
+            warn!("updating neighbours: {e:#}");
+        }
+        self.id_limit
+            .store(self.fleet.id_limit(), Ordering::Relaxed);
+        self.checker.sync(self.fleet.checks());
+    }
+
+    /// Applies a reloaded configuration (see [`Fleet::reload`]).
+    pub fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()> {
+        let before = self.fleet.id_limit();
+        for note in self.fleet.reload(config, now) {
+            warn!("reload: {note}");
+        }
+        for id in before..self.fleet.id_limit() {
+            self.loads.reset(id as u32, self.fresh_load.clone());
+        }
+        self.after_membership_change();
+        info!("configuration reloaded");
+        self.on_tick(now)
+    }
+}

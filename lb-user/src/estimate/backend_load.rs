@@ -1,0 +1,242 @@
+//! What the control plane knows about each backend's load, and the
+//! [`BackendScore`] it derives for the kernel.
+//!
+//! The kernel's P2C compares `cost × (inflight+1)^bias` where `inflight` comes
+//! from its own atomic counters (fresh at packet time, which is what keeps a
+//! burst of SYNs inside one refresh interval from herding), and `cost` is the
+//! slower-moving part written here: the Peak-EWMA latency divided by weight.
+
+use std::time::Duration;
+
+use lb_common::{BackendScore, WEIGHT_SCALE};
+
+use crate::{
+    estimate::peak_ewma::PeakEwma,
+    ingest::events::{CloseReason, Event},
+    kernel::clock::Nanos,
+    settings::addr::Weight,
+};
+
+/// Effective weights are published in hundredths of a configured weight
+/// unit, so slow start can give a weight-1 backend 0.5 without rounding it
+/// away. [`lb_common::BackendScore::weight`] holds this unit.
+pub const WEIGHT_UNITS: u32 = 100;
+
+/// Latency-per-weight in the kernel's fixed point (see [`BackendScore::cost`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cost(pub u64);
+
+impl Cost {
+    /// `max(1, ewma_ns × WEIGHT_SCALE ÷ weight)`, `weight` in
+    /// [`WEIGHT_UNITS`]: never 0, so that even an unmeasured-fast backend's
+    /// in-flight term still counts.
+    pub fn new(ewma_ns: u64, weight_units: u32) -> Self {
+        Self((ewma_ns.saturating_mul(WEIGHT_SCALE) / u64::from(weight_units.max(1))).max(1))
+    }
+}
+
+/// Event tallies per backend since this process started (for logs; the
+/// kernel's counters in BACKEND_CONNS are the source of truth for in-flight).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub opened: u64,
+    pub responded: u64,
+    pub closed: u64,
+    pub refused: u64,
+    /// Flows the control plane expired (idle or SYN timeout), also in `closed`/`refused`.
+    pub expired: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct BackendLoad {
+    /// Effective weight in [`WEIGHT_UNITS`] (slow start, smoothing applied).
+    weight_units: u32,
+    ewma: PeakEwma,
+    pub tally: Tally,
+}
+
+impl BackendLoad {
+    pub fn new(weight: Weight, cold_start: Duration, tau: Duration, now: Nanos) -> Self {
+        Self {
+            weight_units: weight.get() * WEIGHT_UNITS,
+            ewma: PeakEwma::new(cold_start, tau, now),
+            tally: Tally::default(),
+        }
+    }
+
+    pub fn apply(&mut self, event: Event, now: Nanos) {
+        match event {
+            Event::Opened { .. } => self.tally.opened += 1,
+            Event::Responded { latency, .. } => {
+                self.tally.responded += 1;
+                self.ewma.observe(latency, now);
+            }
+            Event::Closed { reason, .. } => {
+                self.tally.closed += 1;
+                if reason == CloseReason::Idle {
+                    self.tally.expired += 1;
+                }
+            }
+            Event::Refused { .. } => self.tally.refused += 1,
+        }
+    }
+
+    pub fn score(&self, now: Nanos) -> BackendScore {
+        let ewma_ns = self.ewma.estimate_ns(now).round() as u64;
+        BackendScore {
+            ewma_ns,
+            cost: Cost::new(ewma_ns, self.weight_units).0,
+            weight: self.weight_units,
+            _pad: 0,
+            updated_ns: now.0,
+        }
+    }
+}
+
+/// Loads of every configured backend, indexed by backend id.
+#[derive(Debug)]
+pub struct LoadTable {
+    loads: Vec<BackendLoad>,
+}
+
+impl LoadTable {
+    pub fn new(weights: &[Weight], cold_start: Duration, tau: Duration, now: Nanos) -> Self {
+        Self {
+            loads: weights
+                .iter()
+                .map(|w| BackendLoad::new(*w, cold_start, tau, now))
+                .collect(),
+        }
+    }
+
+    /// Applies an event; events for unknown ids (a flow that outlived a
+    /// reconfiguration) are ignored.
+    pub fn apply(&mut self, event: Event, now: Nanos) {
+        let backend = match event {
+            Event::Opened { backend }
+            | Event::Responded { backend, .. }
+            | Event::Closed { backend, .. }
+            | Event::Refused { backend } => backend,
+        };
+        if let Some(load) = self.loads.get_mut(backend as usize) {
+            load.apply(event, now);
+        }
+    }
+
+    /// Sets the effective weight (in [`WEIGHT_UNITS`]) of backend `id`,
+    /// growing the table for a backend added at runtime.
+    pub fn set_weight(&mut self, id: u32, weight_units: u32, template: &BackendLoad) {
+        let id = id as usize;
+        if self.loads.len() <= id {
+            self.loads.resize(id + 1, template.clone());
+        }
+        self.loads[id].weight_units = weight_units;
+    }
+
+    /// Starts backend `id` afresh (a new backend reusing a freed id).
+    pub fn reset(&mut self, id: u32, fresh: BackendLoad) {
+        let id = id as usize;
+        if self.loads.len() <= id {
+            self.loads.resize(id + 1, fresh.clone());
+        }
+        self.loads[id] = fresh;
+    }
+
+    /// The Peak-EWMA estimate of backend `id` (0 if unknown).
+    pub fn ewma_ns(&self, id: u32, now: Nanos) -> u64 {
+        self.loads
+            .get(id as usize)
+            .map_or(0, |l| l.ewma.estimate_ns(now).round() as u64)
+    }
+
+    /// `(backend id, score)` for every backend.
+    pub fn scores(&self, now: Nanos) -> impl Iterator<Item = (u32, BackendScore)> + '_ {
+        self.loads
+            .iter()
+            .enumerate()
+            .map(move |(id, load)| (id as u32, load.score(now)))
+    }
+
+    pub fn tallies(&self) -> impl Iterator<Item = (u32, Tally)> + '_ {
+        self.loads
+            .iter()
+            .enumerate()
+            .map(|(id, load)| (id as u32, load.tally))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::clock::{Clock, ManualClock};
+
+    const TAU: Duration = Duration::from_secs(10);
+    const COLD: Duration = Duration::from_millis(1);
+
+    fn weight(w: u64) -> Weight {
+        Weight::new(w).unwrap()
+    }
+
+    #[test]
+    fn cost_divides_latency_by_weight_in_fixed_point() {
+        assert_eq!(Cost::new(1_000_000, 100), Cost(1_000_000));
+        assert_eq!(Cost::new(1_000_000, 400), Cost(250_000));
+        assert_eq!(Cost::new(1_000_000, 50), Cost(2_000_000));
+        assert_eq!(Cost::new(0, 100), Cost(1));
+        assert_eq!(Cost::new(1, 6_553_500), Cost(1));
+        assert_eq!(Cost::new(u64::MAX, 100), Cost(u64::MAX / 100));
+    }
+
+    #[test]
+    fn score_reflects_samples_weight_and_time() {
+        let clock = ManualClock::starting_at(5);
+        let mut table = LoadTable::new(&[weight(1), weight(2)], COLD, TAU, clock.now());
+        table.apply(
+            Event::Responded {
+                backend: 1,
+                latency: Duration::from_millis(4),
+            },
+            clock.now(),
+        );
+        let scores: Vec<_> = table.scores(clock.now()).collect();
+        assert_eq!(scores[0].1.ewma_ns, 1_000_000);
+        assert_eq!(scores[0].1.cost, 1_000_000);
+        assert_eq!(scores[1].1.ewma_ns, 4_000_000);
+        assert_eq!(scores[1].1.cost, 2_000_000);
+        assert_eq!(scores[1].1.weight, 200);
+        assert_eq!(scores[1].1.updated_ns, 5);
+    }
+
+    #[test]
+    fn tallies_count_events_and_ignore_unknown_backends() {
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[weight(1)], COLD, TAU, clock.now());
+        for event in [
+            Event::Opened { backend: 0 },
+            Event::Opened { backend: 0 },
+            Event::Closed {
+                backend: 0,
+                reason: CloseReason::Fin,
+            },
+            Event::Closed {
+                backend: 0,
+                reason: CloseReason::Idle,
+            },
+            Event::Refused { backend: 0 },
+            Event::Opened { backend: 9 },
+        ] {
+            table.apply(event, clock.now());
+        }
+        let (_, tally) = table.tallies().next().unwrap();
+        assert_eq!(
+            tally,
+            Tally {
+                opened: 2,
+                responded: 0,
+                closed: 2,
+                refused: 1,
+                expired: 1
+            }
+        );
+    }
+}

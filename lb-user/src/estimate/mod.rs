@@ -1,0 +1,11 @@
+//! From events to numbers: the Peak-EWMA latency estimator and each
+//! backend's load (in-flight, latency, effective weight) and the score the
+//! kernel's P2C reads.
+//!
+//! May use: settings, kernel, ingest.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+
+pub mod backend_load;
+pub mod peak_ewma;
+
+pub use backend_load::WEIGHT_UNITS;

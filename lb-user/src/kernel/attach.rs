@@ -1,0 +1,250 @@
+//! Loading, attaching and pinning the XDP program, re-adopting a pinned one
+//! after a crash, and taking it all down again.
+//!
+//! Fresh start: load [`crate::EBPF_OBJECT`] with FLOWS sized from the config,
+//! pin every map under the instance's pin directory, attach `lb_xdp` with a
+//! bpf_link and pin the link. From then on every user of the maps (runtime
+//! tasks, `status`) opens them from their pins.
+//!
+//! Re-adoption: if the pin directory already holds a link (the previous
+//! process died without cleaning up, e.g. SIGKILL) and that link's program
+//! is the one attached to the interface here, nothing is loaded or
+//! re-attached: the program keeps running with its flow table, counters and
+//! SNAT state, so established flows never notice; the control plane just
+//! rewrites VIPs, backends and config. A link that is no longer attached to
+//! this interface (the interface was deleted, the pins came from another
+//! network namespace) is stale: its pins are removed and the start is fresh.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::{
+    EbpfLoader,
+    maps::MapInfo,
+    programs::{
+        XdpMode as AyaXdpMode,
+        links::{FdLink, PinnedLink},
+        loaded_programs,
+    },
+};
+use lb_common::{ALL_MAPS, FLOWS_MAP, XDP_PROGRAM};
+use tracing::{info, warn};
+
+use crate::{
+    kernel::iface,
+    kernel::instance::{self, LINK_PIN},
+    kernel::{
+        object::{EBPF_OBJECT, load_program},
+        upgrade,
+    },
+    settings::cli::XdpMode,
+    settings::config::Config,
+};
+
+/// A program attached to an interface, with its pins.
+#[derive(Debug)]
+pub struct Attachment {
+    pub pin_dir: PathBuf,
+    /// Interface the program is attached to.
+    iface: String,
+    pub program_id: u32,
+    /// True when a previous instance's program and state were re-adopted.
+    pub adopted: bool,
+    link: FdLink,
+}
+
+impl Attachment {
+    /// Re-adopts the instance's pinned program, or loads and attaches a new one.
+    pub fn start(config: &Config, ifindex: u32) -> anyhow::Result<Self> {
+        let pin_dir = instance::pin_dir(&config.instance);
+        if pin_dir.join(LINK_PIN).exists() {
+            match adopt(&pin_dir, config)? {
+                Some(attachment) => return Ok(attachment),
+                None => remove_pins(&pin_dir)?,
+            }
+        } else if pin_dir.exists() {
+            // A start that died between creating the directory and pinning
+            // the link: nothing is attached, so leftovers are just removed.
+            remove_pins(&pin_dir)?;
+        }
+        attach_fresh(&pin_dir, config, ifindex).inspect_err(|_| {
+            // Dropping the partially built state already closed every fd (so
+            // nothing stays attached); the pins are what remains.
+            let _ = remove_pins(&pin_dir);
+        })
+    }
+
+    /// Detaches the program and removes the pins: after this the kernel
+    /// frees the program and its maps.
+    pub fn stop(self) -> anyhow::Result<()> {
+        let Self {
+            pin_dir,
+            iface,
+            program_id,
+            link,
+            ..
+        } = self;
+        // The pinned link holds the attachment; with the pin gone, dropping
+        // the last fd detaches the program.
+        let result = remove_pins(&pin_dir);
+        drop(link);
+        // Leave /sys/fs/bpf/lb-user itself if other instances use it.
+        let _ = fs::remove_dir(instance::pin_root());
+        wait_detached(&iface, program_id);
+        result
+    }
+}
+
+fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result<Attachment> {
+    fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(FLOWS_MAP, config.flow_table_size)
+        .load(EBPF_OBJECT)
+        .map_err(|e| anyhow!("loading the eBPF object: {e}"))?;
+    for name in ALL_MAPS {
+        let map = ebpf
+            .map(name)
+            .ok_or_else(|| anyhow!("the eBPF object has no map {name}"))?;
+        map.pin(pin_dir.join(name))
+            .with_context(|| format!("pinning map {name} in {}", pin_dir.display()))?;
+    }
+    let program = load_program(&mut ebpf)?;
+    let mode = match config.xdp_mode {
+        XdpMode::Native => AyaXdpMode::Driver,
+        XdpMode::Skb => AyaXdpMode::Skb,
+    };
+    let link_id = program.attach_to_if_index(ifindex, mode).map_err(|e| {
+        anyhow!(
+            "attaching to {} in {} mode: {e}",
+            config.iface,
+            config.xdp_mode.name()
+        )
+    })?;
+    let link: FdLink = program
+        .take_link(link_id)?
+        .try_into()
+        .context("this kernel attached XDP without a bpf_link, which cannot be pinned")?;
+    let program_id = link.info().context("reading the XDP link")?.program_id();
+    let pinned = link
+        .pin(pin_dir.join(LINK_PIN))
+        .context("pinning the XDP link")?;
+    info!(
+        iface = %config.iface, mode = config.xdp_mode.name(), program_id,
+        pins = %pin_dir.display(), "attached {XDP_PROGRAM}"
+    );
+    Ok(Attachment {
+        pin_dir: pin_dir.to_path_buf(),
+        iface: config.iface.clone(),
+        program_id,
+        adopted: false,
+        link: pinned.into(),
+    })
+}
+
+/// `Some` if the pinned link is the program attached to the interface here.
+fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> {
+    let link: FdLink = PinnedLink::from_pin(pin_dir.join(LINK_PIN))
+        .context("opening the pinned XDP link")?
+        .into();
+    let program_id = link
+        .info()
+        .context("reading the pinned XDP link")?
+        .program_id();
+    let attached = iface::attached_xdp_program(&config.iface)?;
+    if !is_our_link(attached, program_id) {
+        warn!(
+            pins = %pin_dir.display(), "removing stale pins: their program {program_id} is not the one \
+             attached to {} ({attached:?})", config.iface
+        );
+        return Ok(None);
+    }
+    for name in ALL_MAPS {
+        if !pin_dir.join(name).exists() {
+            bail!(
+                "{} has a pinned link but no map {name}; stop the old instance or remove the directory",
+                pin_dir.display()
+            );
+        }
+    }
+    let flows =
+        MapInfo::from_pin(pin_dir.join(FLOWS_MAP)).context("opening the pinned flow table")?;
+    if flows.max_entries() != config.flow_table_size {
+        warn!(
+            "keeping the pinned flow table of {} entries; --flow-table-size {} applies after a clean stop",
+            flows.max_entries(),
+            config.flow_table_size
+        );
+    }
+    let (link, program_id) = upgrade::upgrade_if_needed(pin_dir, link, program_id, config.upgrade)?;
+    info!(
+        iface = %config.iface, program_id, pins = %pin_dir.display(),
+        "re-adopted the running {XDP_PROGRAM} with its flow table and counters (attach mode unchanged)"
+    );
+    Ok(Some(Attachment {
+        pin_dir: pin_dir.to_path_buf(),
+        iface: config.iface.clone(),
+        program_id,
+        adopted: true,
+        link,
+    }))
+}
+
+/// How long [`Attachment::stop`] waits to see the program leave the interface.
+const DETACH_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits until the interface no longer runs `program_id`, so a stopped
+/// instance has really detached when it exits. A bpffs pin's reference is
+/// released only after an RCU grace period, so the last reference to the
+/// link (and the detach) can trail the unlink by a few milliseconds.
+fn wait_detached(iface: &str, program_id: u32) {
+    let deadline = Instant::now() + DETACH_WAIT;
+    loop {
+        match iface::attached_xdp_program(iface) {
+            Ok(Some(id)) if id == program_id => {}
+            // Detached, replaced by someone else, or the interface is gone.
+            _ => return,
+        }
+        if Instant::now() >= deadline {
+            warn!(
+                iface,
+                program_id,
+                "the program is still attached {DETACH_WAIT:?} after its link was released"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the interface runs the pinned link's program. After a
+/// `bpf_link_update` (see `upgrade.rs`) this kernel's netlink keeps
+/// reporting the replaced program's id, although that program is gone; a
+/// reported id that names no loaded program is therefore that stale report
+/// of an upgraded link, which is ours.
+fn is_our_link(attached: Option<u32>, link_program: u32) -> bool {
+    match attached {
+        Some(id) if id == link_program => true,
+        Some(id) => !loaded_programs()
+            .filter_map(Result::ok)
+            .any(|p| p.id() == id),
+        None => false,
+    }
+}
+
+/// Removes an instance's pins and its directory (missing entries are fine).
+fn remove_pins(pin_dir: &Path) -> anyhow::Result<()> {
+    let entries = match fs::read_dir(pin_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", pin_dir.display())),
+    };
+    for entry in entries.flatten() {
+        fs::remove_file(entry.path())
+            .with_context(|| format!("removing pin {}", entry.path().display()))?;
+    }
+    fs::remove_dir(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))
+}

@@ -1,0 +1,163 @@
+//! Typed access to the pinned maps: one type per map, an opener per map,
+//! the kernel's counters read as one group, and the one-shot writes of
+//! startup (global config, new-flow cap).
+
+use std::path::Path;
+
+use anyhow::{Context as _, anyhow};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
+use lb_common::{
+    BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP, BACKENDS_MAP,
+    Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, EVENTS_MAP, FLOWS_MAP,
+    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP, Neighbour,
+    NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
+};
+use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
+
+/// Opens a pinned map as the typed handle `T`.
+pub fn open<T>(pin_dir: &Path, name: &str) -> anyhow::Result<T>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    let path = pin_dir.join(name);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    let map = Map::from_map_data(data).with_context(|| format!("map {name}"))?;
+    T::try_from(map).with_context(|| format!("map {name} has an unexpected type or layout"))
+}
+
+pub type Vips = HashMap<MapData, VipKey, VipMeta>;
+pub type VipBackends = Array<MapData, u32>;
+pub type Backends = Array<MapData, Backend>;
+pub type Scores = Array<MapData, BackendScore>;
+pub type Conns = Array<MapData, BackendConns>;
+pub type Corrections = Array<MapData, u64>;
+pub type Stats = PerCpuArray<MapData, BackendStats>;
+pub type Flows = HashMap<MapData, FlowKey, FlowEntry>;
+pub type Neighbours = HashMap<MapData, IpKey, Neighbour>;
+pub type Configs = Array<MapData, LbConfig>;
+pub type Reasons = PerCpuArray<MapData, u64>;
+pub type Events = RingBuf<MapData>;
+pub type VipTablesMap = Array<MapData, VipTables>;
+pub type VipSchedule = Array<MapData, u32>;
+pub type VipWeightPrefix = Array<MapData, u32>;
+pub type Maglev = Array<MapData, u32>;
+pub type NewFlowLimits = Array<MapData, NewFlowLimit>;
+
+macro_rules! openers {
+    ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
+        $(
+            pub fn $fn_name(pin_dir: &Path) -> anyhow::Result<$ty> {
+                open(pin_dir, $map)
+            }
+        )+
+    };
+}
+
+openers! {
+    vips -> Vips = VIPS_MAP;
+    vip_backends -> VipBackends = VIP_BACKENDS_MAP;
+    backends -> Backends = BACKENDS_MAP;
+    scores -> Scores = BACKEND_SCORES_MAP;
+    conns -> Conns = BACKEND_CONNS_MAP;
+    corrections -> Corrections = BACKEND_CORRECTION_MAP;
+    stats -> Stats = BACKEND_STATS_MAP;
+    flows -> Flows = FLOWS_MAP;
+    neighbours -> Neighbours = NEIGHBOURS_MAP;
+    configs -> Configs = CONFIG_MAP;
+    reasons -> Reasons = REASON_STATS_MAP;
+    events -> Events = EVENTS_MAP;
+    vip_tables -> VipTablesMap = VIP_TABLES_MAP;
+    vip_schedule -> VipSchedule = VIP_SCHEDULE_MAP;
+    vip_weight_prefix -> VipWeightPrefix = VIP_WEIGHT_PREFIX_MAP;
+    maglev -> Maglev = MAGLEV_MAP;
+    new_flow_limits -> NewFlowLimits = NEW_FLOW_LIMIT_MAP;
+}
+
+/// One backend's kernel counters.
+#[derive(Clone, Debug, Default)]
+pub struct BackendCounters {
+    pub conns: BackendConns,
+    /// What the reconciler subtracts from `opened - closed`.
+    pub correction: u64,
+    /// Traffic counters, one per CPU.
+    pub per_cpu: Vec<BackendStats>,
+}
+
+impl BackendCounters {
+    /// A traffic counter summed over the CPUs.
+    pub fn sum(&self, field: fn(&BackendStats) -> u64) -> u64 {
+        self.per_cpu.iter().map(field).sum()
+    }
+}
+
+/// The counters the kernel keeps (per backend, and per verdict reason),
+/// opened once and read on every scrape.
+pub struct Counters {
+    conns: Conns,
+    corrections: Corrections,
+    stats: Stats,
+    reasons: Reasons,
+}
+
+impl Counters {
+    pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            conns: conns(pin_dir)?,
+            corrections: corrections(pin_dir)?,
+            stats: stats(pin_dir)?,
+            reasons: reasons(pin_dir)?,
+        })
+    }
+
+    /// Backend `id`'s counters (zero where unreadable).
+    pub fn backend(&self, id: u32) -> BackendCounters {
+        BackendCounters {
+            conns: self.conns.get(&id, 0).unwrap_or_default(),
+            correction: self.corrections.get(&id, 0).unwrap_or_default(),
+            per_cpu: self
+                .stats
+                .get(&id, 0)
+                .map(|v| v.iter().copied().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Packets counted under verdict reason `reason`, over all CPUs.
+    pub fn reason_total(&self, reason: u32) -> u64 {
+        self.reasons
+            .get(&reason, 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    }
+}
+
+/// Index of the single [`LbConfig`] entry.
+pub const CONFIG_KEY: u32 = 0;
+
+/// Writes the global config; with [`lb_common::CONFIG_F_READY`] in `config.flags`
+/// this is what lets the program start balancing, so it goes last.
+pub fn write_config(pin_dir: &Path, config: &LbConfig) -> anyhow::Result<()> {
+    configs(pin_dir)?
+        .set(CONFIG_KEY, config, 0)
+        .map_err(|e| anyhow!("writing CONFIG: {e}"))
+}
+
+/// Writes the new-flow cap: `per_second` for the whole balancer (0: none),
+/// shared out over the CPUs, each of which keeps its own token bucket with
+/// one second of depth.
+pub fn write_new_flow_limit(pin_dir: &Path, per_second: u32, cpus: u32) -> anyhow::Result<()> {
+    let rate_per_cpu = match per_second {
+        0 => 0,
+        n => n.div_ceil(cpus.max(1)),
+    };
+    new_flow_limits(pin_dir)?
+        .set(
+            0,
+            NewFlowLimit {
+                rate_per_cpu,
+                burst: rate_per_cpu.max(1),
+            },
+            0,
+        )
+        .map_err(|e| anyhow!("writing NEW_FLOW_LIMIT: {e}"))
+}

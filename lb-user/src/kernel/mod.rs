@@ -1,0 +1,19 @@
+//! The kernel side as the control plane holds it: the embedded XDP object
+//! and loading its program, attaching (or re-adopting) and upgrading it in
+//! place, bpffs pins and the instance lock, the interface, the neighbour
+//! table, typed handles to the pinned maps, the wire layout of addresses,
+//! and the kernel's clock.
+//!
+//! May use: settings.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+
+pub mod attach;
+pub mod bpffs;
+pub mod clock;
+pub mod iface;
+pub mod instance;
+pub mod maps;
+pub mod neighbours;
+pub mod object;
+pub mod upgrade;
+pub mod wire;

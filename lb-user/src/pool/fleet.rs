@@ -1,0 +1,662 @@
+//! The control plane's live model of every VIP and backend: the ids, each
+//! backend's [`Lifecycle`] and outlier [`Detector`], and the rules that
+//! turn them into what the kernel may select (with the ejection cap and the
+//! panic fallback). Runtime changes (socket commands, SIGHUP) go through
+//! here. Pure: no maps, time passed in.
+//!
+//! Ids: the configured backends get the ids of [`Plan`]. A backend added at
+//! runtime gets the lowest free id. A removed backend keeps its id, as
+//! draining, until the reconciler finds no live flow to it; only then is
+//! the id freed for reuse, so events and counters of old flows never land
+//! on a new backend.
+
+use std::net::SocketAddr;
+
+use lb_common::{BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta};
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::{
+    ingest::events::{CloseReason, Event},
+    kernel::clock::Nanos,
+    kernel::wire,
+    pool::lifecycle::{Admin, Lifecycle, State},
+    pool::outlier::{Detector, Finding, ejection_cap, latency_outliers},
+    pool::plan::Plan,
+    settings::addr::{BackendAddr, VipAddr},
+    settings::config::{Config, VipConfig},
+    settings::ops::{HealthCheck, LifecycleParams, OutlierParams},
+};
+
+/// A runtime change that cannot be applied, as the operator sees it.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FleetError {
+    #[error("no VIP {0}")]
+    NoVip(String),
+    #[error("VIP {vip} has no backend {backend}")]
+    NoBackend { vip: String, backend: String },
+    #[error("VIP {vip} already has backend {backend}")]
+    Exists { vip: String, backend: String },
+    #[error("no free backend id (at most {MAX_BACKENDS}, including removed ones still draining)")]
+    Full,
+    #[error("VIP {0} is full ({MAX_BACKENDS_PER_VIP} backends)")]
+    VipFull(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub addr: SocketAddr,
+    pub vip: usize,
+    pub life: Lifecycle,
+    pub outlier: Detector,
+}
+
+#[derive(Clone, Debug)]
+pub struct FleetVip {
+    pub addr: VipAddr,
+    pub key: VipKey,
+    /// `backend_count` is filled in at publish time.
+    pub meta: VipMeta,
+    pub health: Option<HealthCheck>,
+    pub params: LifecycleParams,
+    /// Member ids (including removed ones still draining), in order.
+    pub members: Vec<u32>,
+    /// True while no backend is selectable and all are served anyway.
+    pub panic: bool,
+    /// Index of the VIP's Maglev table (maglev VIPs only).
+    pub maglev_table: Option<u32>,
+}
+
+/// What the kernel should see of one VIP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selection {
+    /// Selectable backend ids, in slot order.
+    pub slots: Vec<u32>,
+    /// Effective weight of each slot, in [`crate::estimate::WEIGHT_UNITS`].
+    pub weights: Vec<u32>,
+    /// `(id, kernel state)` of every member.
+    pub states: Vec<(u32, u8)>,
+}
+
+#[derive(Debug)]
+pub struct Fleet {
+    pub vips: Vec<FleetVip>,
+    /// Indexed by backend id.
+    pub members: Vec<Option<Member>>,
+    outlier: OutlierParams,
+    max_ejection_percent: u32,
+}
+
+impl Fleet {
+    pub fn new(config: &Config, plan: &Plan, now: Nanos) -> Self {
+        let mut members = Vec::new();
+        let vips = config
+            .vips
+            .iter()
+            .zip(&plan.vips)
+            .enumerate()
+            .map(|(index, (v, p))| {
+                for (&id, b) in p.slots.iter().zip(&v.backends) {
+                    members.push(Some(Member {
+                        addr: b.addr,
+                        vip: index,
+                        life: Lifecycle::new(id, b.weight.get(), now),
+                        outlier: Detector::default(),
+                    }));
+                }
+                FleetVip {
+                    addr: v.vip,
+                    key: p.key,
+                    meta: p.meta,
+                    health: v.health.clone(),
+                    params: config.ops.lifecycle_for(v.health.as_ref()),
+                    members: p.slots.clone(),
+                    panic: false,
+                    maglev_table: p.maglev_table,
+                }
+            })
+            .collect();
+        Self {
+            vips,
+            members,
+            outlier: config.ops.outlier,
+            max_ejection_percent: config.ops.max_ejection_percent,
+        }
+    }
+
+    pub fn member(&self, id: u32) -> Option<&Member> {
+        self.members.get(id as usize)?.as_ref()
+    }
+
+    fn member_mut(&mut self, id: u32) -> Option<&mut Member> {
+        self.members.get_mut(id as usize)?.as_mut()
+    }
+
+    pub fn vip_index(&self, vip: &VipAddr) -> Result<usize, FleetError> {
+        self.vips
+            .iter()
+            .position(|v| v.addr == *vip)
+            .ok_or_else(|| FleetError::NoVip(vip.to_string()))
+    }
+
+    /// The id of `backend` in `vip` (removed ones included).
+    pub fn find(&self, vip: &VipAddr, backend: SocketAddr) -> Result<u32, FleetError> {
+        let index = self.vip_index(vip)?;
+        self.vips[index]
+            .members
+            .iter()
+            .copied()
+            .find(|&id| self.member(id).is_some_and(|m| m.addr == backend))
+            .ok_or_else(|| FleetError::NoBackend {
+                vip: vip.to_string(),
+                backend: backend.to_string(),
+            })
+    }
+
+    /// [`Self::find`], with the lifecycle parameters of the VIP.
+    fn find_with_params(
+        &self,
+        vip: &VipAddr,
+        backend: SocketAddr,
+    ) -> Result<(u32, LifecycleParams), FleetError> {
+        let id = self.find(vip, backend)?;
+        Ok((id, self.vips[self.vip_index(vip)?].params))
+    }
+
+    /// Adds a backend (or brings back a removed one that is still draining).
+    pub fn add(
+        &mut self,
+        vip: &VipAddr,
+        backend: BackendAddr,
+        now: Nanos,
+    ) -> Result<u32, FleetError> {
+        let index = self.vip_index(vip)?;
+        let params = self.vips[index].params;
+        if let Ok(id) = self.find(vip, backend.addr) {
+            let m = self.member_mut(id).expect("found above");
+            if m.life.admin() != Admin::Removed {
+                return Err(FleetError::Exists {
+                    vip: vip.to_string(),
+                    backend: backend.addr.to_string(),
+                });
+            }
+            m.life.set_weight(backend.weight.get(), now, &params);
+            m.life.set_admin(Admin::Active, now, &params);
+            return Ok(id);
+        }
+        if self.vips[index].members.len() >= MAX_BACKENDS_PER_VIP as usize {
+            return Err(FleetError::VipFull(vip.to_string()));
+        }
+        let id = match self.members.iter().position(Option::is_none) {
+            Some(free) => free,
+            None if self.members.len() < MAX_BACKENDS as usize => {
+                self.members.push(None);
+                self.members.len() - 1
+            }
+            None => return Err(FleetError::Full),
+        } as u32;
+        self.members[id as usize] = Some(Member {
+            addr: backend.addr,
+            vip: index,
+            life: Lifecycle::added(id, backend.weight.get(), now),
+            outlier: Detector::default(),
+        });
+        self.vips[index].members.push(id);
+        info!(backend = id, address = %backend.addr, vip = %vip, "backend added");
+        Ok(id)
+    }
+
+    /// Sets the administrative state of `backend` in `vip`.
+    pub fn set_admin(
+        &mut self,
+        vip: &VipAddr,
+        backend: SocketAddr,
+        admin: Admin,
+        now: Nanos,
+    ) -> Result<u32, FleetError> {
+        let (id, params) = self.find_with_params(vip, backend)?;
+        let m = self.member_mut(id).expect("found");
+        if m.life.admin() == Admin::Removed && admin != Admin::Removed {
+            return Err(FleetError::NoBackend {
+                vip: vip.to_string(),
+                backend: backend.to_string(),
+            });
+        }
+        m.life.set_admin(admin, now, &params);
+        Ok(id)
+    }
+
+    pub fn set_weight(
+        &mut self,
+        vip: &VipAddr,
+        backend: SocketAddr,
+        weight: u32,
+        now: Nanos,
+    ) -> Result<u32, FleetError> {
+        let (id, params) = self.find_with_params(vip, backend)?;
+        self.member_mut(id)
+            .expect("found")
+            .life
+            .set_weight(weight, now, &params);
+        Ok(id)
+    }
+
+    /// Applies a reloaded configuration to the VIPs that exist in both:
+    /// adds, removes and re-weights backends. VIPs added or removed in the
+    /// file need a restart; they are reported, not applied.
+    pub fn reload(&mut self, config: &Config, now: Nanos) -> Vec<String> {
+        let mut notes = Vec::new();
+        for v in &config.vips {
+            let Ok(index) = self.vip_index(&v.vip) else {
+                notes.push(format!("new VIP {} needs a restart", v.vip));
+                continue;
+            };
+            self.reload_vip(index, v, now, &mut notes);
+        }
+        for fv in &self.vips {
+            if !config.vips.iter().any(|v| v.vip == fv.addr) {
+                notes.push(format!(
+                    "VIP {} left the config but stays until a restart",
+                    fv.addr
+                ));
+            }
+        }
+        notes
+    }
+
+    fn reload_vip(&mut self, index: usize, v: &VipConfig, now: Nanos, notes: &mut Vec<String>) {
+        let vip = v.vip;
+        for b in &v.backends {
+            match self.find(&vip, b.addr) {
+                Ok(id) => {
+                    let m = self.member(id).expect("found");
+                    if m.life.admin() == Admin::Removed {
+                        let _ = self.add(&vip, *b, now);
+                    } else if m.life.weight() != b.weight.get() {
+                        let _ = self.set_weight(&vip, b.addr, b.weight.get(), now);
+                    }
+                }
+                Err(_) => {
+                    if let Err(e) = self.add(&vip, *b, now) {
+                        notes.push(e.to_string());
+                    }
+                }
+            }
+        }
+        let gone: Vec<SocketAddr> = self.vips[index]
+            .members
+            .iter()
+            .filter_map(|&id| self.member(id))
+            .filter(|m| m.life.admin() != Admin::Removed)
+            .map(|m| m.addr)
+            .filter(|addr| !v.backends.iter().any(|b| b.addr == *addr))
+            .collect();
+        for addr in gone {
+            let _ = self.set_admin(&vip, addr, Admin::Removed, now);
+            info!(address = %addr, vip = %vip, "backend removed by reload");
+        }
+    }
+
+    /// Frees the ids of removed backends without live flows; returns them.
+    pub fn free_drained(&mut self, live: &[u64]) -> Vec<u32> {
+        let freed: Vec<u32> = (0..self.members.len() as u32)
+            .filter(|&id| {
+                self.member(id)
+                    .is_some_and(|m| m.life.admin() == Admin::Removed)
+                    && live.get(id as usize).copied().unwrap_or(0) == 0
+            })
+            .collect();
+        for &id in &freed {
+            if let Some(m) = self.members[id as usize].take() {
+                self.vips[m.vip].members.retain(|&x| x != id);
+                info!(backend = id, address = %m.addr, "removed backend has no flows left; id freed");
+            }
+        }
+        freed
+    }
+
+    /// Feeds a kernel event to outlier detection (ejecting within the
+    /// cap); true if it ejected the backend.
+    pub fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+        let p = self.outlier;
+        let (id, failed) = match event {
+            Event::Responded { backend, .. } => (backend, false),
+            Event::Refused { backend } => (backend, true),
+            Event::Closed {
+                backend,
+                reason: CloseReason::BackendRst,
+            } => (backend, true),
+            _ => return false,
+        };
+        let Some(m) = self.member_mut(id) else {
+            return false;
+        };
+        if !failed {
+            m.outlier.success(now, &p);
+            return false;
+        }
+        match m.outlier.failure(now, &p) {
+            Some(finding) => self.try_eject(id, finding, now),
+            None => false,
+        }
+    }
+
+    /// Ejects `id` unless that would pass the VIP's ejection cap; true if
+    /// it did.
+    fn try_eject(&mut self, id: u32, finding: Finding, now: Nanos) -> bool {
+        let Some(m) = self.member(id) else {
+            return false;
+        };
+        if m.life.state(now) != State::Active {
+            return false;
+        }
+        let vip = m.vip;
+        let pool: Vec<u32> = self.vips[vip]
+            .members
+            .iter()
+            .copied()
+            .filter(|&i| {
+                self.member(i)
+                    .is_some_and(|m| m.life.admin() == Admin::Active)
+            })
+            .collect();
+        let ejected = pool
+            .iter()
+            .filter(|&&i| self.member(i).is_some_and(|m| m.life.is_ejected(now)))
+            .count();
+        let cap = ejection_cap(pool.len(), self.max_ejection_percent);
+        let params = self.vips[vip].params;
+        let m = self.member_mut(id).expect("checked");
+        if ejected >= cap {
+            warn!(
+                backend = id,
+                why = finding.name(),
+                ejected,
+                cap,
+                "outlier not ejected: the VIP is at its ejection cap"
+            );
+            m.outlier.reset(now);
+            return false;
+        }
+        m.life.eject(now, &params, finding.name());
+        m.outlier.reset(now);
+        true
+    }
+
+    /// Advances timers, and ejects latency outliers (`ewma_ns` by id).
+    pub fn tick(&mut self, now: Nanos, ewma_ns: impl Fn(u32) -> u64) {
+        for vip in 0..self.vips.len() {
+            let params = self.vips[vip].params;
+            for &id in &self.vips[vip].members.clone() {
+                if let Some(m) = self.member_mut(id) {
+                    m.life.tick(now, &params);
+                }
+            }
+            if self.outlier.latency_factor > 0.0 {
+                let active: Vec<u32> = self.vips[vip]
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        self.member(i)
+                            .is_some_and(|m| m.life.state(now) == State::Active)
+                    })
+                    .collect();
+                let ewmas: Vec<u64> = active.iter().map(|&i| ewma_ns(i)).collect();
+                for i in latency_outliers(&ewmas, self.outlier.latency_factor) {
+                    // Published by the tick that called this.
+                    let _ = self.try_eject(active[i], Finding::Latency, now);
+                }
+            }
+        }
+    }
+
+    /// An active health-check result for backend `id`; true if its
+    /// health flipped.
+    pub fn health_result(&mut self, id: u32, passed: bool, now: Nanos) -> bool {
+        let Some(vip) = self.member(id).map(|m| m.vip) else {
+            return false;
+        };
+        let params = self.vips[vip].params;
+        self.member_mut(id)
+            .is_some_and(|m| m.life.check_result(passed, now, &params))
+    }
+
+    /// What the kernel should see of VIP `index` now. With no backend
+    /// selectable, every administratively active one is (the panic mode
+    /// of Envoy's panic threshold): a pool whose checks all fail, e.g.
+    /// because the checks themselves are broken, keeps being served.
+    pub fn selection(&mut self, index: usize, now: Nanos) -> Selection {
+        let vip = &self.vips[index];
+        let members: Vec<&Member> = vip
+            .members
+            .iter()
+            .filter_map(|&id| self.member(id))
+            .collect();
+        let selectable = |m: &Member| m.life.state(now) == State::Active;
+        let any = members.iter().any(|m| selectable(m));
+        let panic = !any && members.iter().any(|m| m.life.admin() == Admin::Active);
+        let chosen = |m: &Member| {
+            if panic {
+                m.life.admin() == Admin::Active
+            } else {
+                selectable(m)
+            }
+        };
+        let mut out = Selection {
+            slots: Vec::new(),
+            weights: Vec::new(),
+            states: Vec::new(),
+        };
+        for (&id, m) in vip
+            .members
+            .iter()
+            .filter(|&&id| self.member(id).is_some())
+            .zip(&members)
+        {
+            if chosen(m) {
+                out.slots.push(id);
+                out.weights.push(m.life.effective_weight(now, &vip.params));
+                out.states.push((id, BACKEND_ACTIVE));
+            } else {
+                out.states.push((id, m.life.kernel_state(now)));
+            }
+        }
+        if panic != vip.panic {
+            if panic {
+                warn!(vip = %vip.addr, "no backend passes its checks: serving all of them (panic mode)");
+            } else {
+                info!(vip = %vip.addr, "backends pass their checks again: panic mode over");
+            }
+            self.vips[index].panic = panic;
+        }
+        out
+    }
+
+    /// The BACKENDS entry of member `id`.
+    pub fn backend_entry(&self, id: u32, state: u8) -> Option<Backend> {
+        let m = self.member(id)?;
+        Some(wire::backend_entry(
+            m.addr,
+            self.vips[m.vip].meta.vip_id,
+            m.life.weight(),
+            state,
+        ))
+    }
+
+    /// Every backend id that may be in use (the length of the id space).
+    pub fn id_limit(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Backends with an active health check: `(id, address, check)`.
+    pub fn checks(&self) -> Vec<(u32, SocketAddr, HealthCheck)> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter_map(|(id, m)| {
+                let m = m.as_ref()?;
+                let check = self.vips[m.vip].health.clone()?;
+                Some((id as u32, m.addr, check))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::{settings::cli::Cli, settings::config::FileConfig};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn fleet(extra: &[&str]) -> (Fleet, VipAddr) {
+        let mut argv = vec![
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--backend",
+            "10.0.0.22:80",
+            "--backend",
+            "10.0.0.23:80",
+            "--backend",
+            "10.0.0.24:80",
+            "--outlier-consecutive",
+            "3",
+            "--slow-start",
+            "0s",
+        ];
+        argv.extend_from_slice(extra);
+        let config = Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap();
+        let plan = Plan::new(&config);
+        (
+            Fleet::new(&config, &plan, Nanos(SEC)),
+            "10.0.0.100:80".parse().unwrap(),
+        )
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn refuse(f: &mut Fleet, id: u32, times: u32, now: Nanos) {
+        for _ in 0..times {
+            f.on_event(Event::Refused { backend: id }, now);
+        }
+    }
+
+    #[test]
+    fn consecutive_refusals_eject_until_the_cap() {
+        let (mut f, _) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        refuse(&mut f, 0, 3, now);
+        assert_eq!(f.selection(0, now).slots, [1, 2, 3]);
+        refuse(&mut f, 1, 3, now);
+        assert_eq!(f.selection(0, now).slots, [2, 3]);
+        // 50% of 4 is 2: the third outlier stays in.
+        refuse(&mut f, 2, 3, now);
+        assert_eq!(f.selection(0, now).slots, [2, 3]);
+        // After the base ejection time (30s) the first two return.
+        let later = Nanos(33 * SEC);
+        f.tick(later, |_| 0);
+        assert_eq!(f.selection(0, later).slots, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn drained_and_down_backends_leave_the_slots_and_panic_serves_all() {
+        let (mut f, vip) = fleet(&["--health-check", "tcp", "--health-fall", "1"]);
+        let now = Nanos(2 * SEC);
+        f.set_admin(&vip, addr("10.0.0.21:80"), Admin::Draining, now)
+            .unwrap();
+        let s = f.selection(0, now);
+        assert_eq!(s.slots, [1, 2, 3]);
+        assert!(s.states.contains(&(0, lb_common::BACKEND_DRAINING)));
+        for id in 1..4 {
+            f.health_result(id, false, now);
+        }
+        // Every active backend is down: serve them anyway, not the drained one.
+        let s = f.selection(0, now);
+        assert_eq!(s.slots, [1, 2, 3]);
+        assert!(f.vips[0].panic);
+        f.health_result(2, true, now);
+        f.health_result(2, true, now);
+        assert_eq!(f.selection(0, now).slots, [2]);
+    }
+
+    #[test]
+    fn removed_ids_are_kept_until_their_flows_end() {
+        let (mut f, vip) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        f.set_admin(&vip, addr("10.0.0.21:80"), Admin::Removed, now)
+            .unwrap();
+        assert_eq!(f.selection(0, now).slots, [1, 2, 3]);
+        let new = f.add(&vip, "10.0.0.25:80@2".parse().unwrap(), now).unwrap();
+        assert_eq!(new, 4, "id 0 still has flows, so it is not reused");
+        assert_eq!(f.free_drained(&[3, 0, 0, 0, 0]), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[0, 0, 0, 0, 0]), [0]);
+        assert_eq!(
+            f.add(&vip, "10.0.0.26:80".parse().unwrap(), now).unwrap(),
+            0
+        );
+        assert_eq!(
+            f.add(&vip, "10.0.0.26:80".parse().unwrap(), now),
+            Err(FleetError::Exists {
+                vip: vip.to_string(),
+                backend: "10.0.0.26:80".into()
+            })
+        );
+        assert!(matches!(
+            f.set_admin(&vip, addr("10.9.9.9:1"), Admin::Draining, now),
+            Err(FleetError::NoBackend { .. })
+        ));
+    }
+
+    #[test]
+    fn reload_adds_removes_and_reweights() {
+        let (mut f, _) = fleet(&[]);
+        let argv = [
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80@3",
+            "--backend",
+            "10.0.0.22:80",
+            "--backend",
+            "10.0.0.30:80",
+            "--weight-smoothing",
+            "0s",
+        ];
+        let config = Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap();
+        let now = Nanos(2 * SEC);
+        assert!(f.reload(&config, now).is_empty());
+        let s = f.selection(0, now + Duration::from_secs(20));
+        assert_eq!(s.slots, [0, 1, 4]);
+        assert_eq!(s.weights[0], 300);
+    }
+
+    impl std::ops::Add<Duration> for Nanos {
+        type Output = Nanos;
+        fn add(self, d: Duration) -> Nanos {
+            Nanos(self.0 + d.as_nanos() as u64)
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Passive outlier detection from the kernel's own flow events.
+//!
+//! Failures are what a client would see go wrong: a refused connection (RST
+//! to the SYN), a SYN with no SYN-ACK in time (from the reconciler), and a
+//! reset by the backend in the middle of a connection. Successes are
+//! responses. A backend is an outlier after `consecutive` failures in a
+//! row, or when, within one `interval`, at least `min_volume` outcomes were
+//! seen and the failure share exceeds `failure_rate`. Optionally a backend
+//! whose latency estimate is `latency_factor` times the pool's median is an
+//! outlier too. Ejection itself (and its cap) is the pool's business, see
+//! `fleet.rs`.
+
+use crate::{kernel::clock::Nanos, settings::ops::OutlierParams};
+
+/// Why a backend was found to be an outlier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finding {
+    Consecutive,
+    FailureRate,
+    Latency,
+}
+
+impl Finding {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Finding::Consecutive => "consecutive failures",
+            Finding::FailureRate => "failure rate",
+            Finding::Latency => "latency",
+        }
+    }
+}
+
+/// Per-backend outcome counters.
+#[derive(Clone, Debug, Default)]
+pub struct Detector {
+    consecutive: u32,
+    window_start: Nanos,
+    failures: u32,
+    successes: u32,
+    /// Failures ever seen (for metrics).
+    pub failures_total: u64,
+}
+
+impl Detector {
+    pub fn success(&mut self, now: Nanos, p: &OutlierParams) {
+        self.roll(now, p);
+        self.consecutive = 0;
+        self.successes += 1;
+    }
+
+    /// Records a failure; `Some` when it makes the backend an outlier.
+    pub fn failure(&mut self, now: Nanos, p: &OutlierParams) -> Option<Finding> {
+        self.roll(now, p);
+        self.consecutive += 1;
+        self.failures += 1;
+        self.failures_total += 1;
+        if p.consecutive > 0 && self.consecutive >= p.consecutive {
+            return Some(Finding::Consecutive);
+        }
+        let volume = self.failures + self.successes;
+        if p.failure_rate > 0.0
+            && volume >= p.min_volume.max(1)
+            && f64::from(self.failures) / f64::from(volume) > p.failure_rate
+        {
+            return Some(Finding::FailureRate);
+        }
+        None
+    }
+
+    /// Forgets the evidence (after an ejection, so the backend returns clean).
+    pub fn reset(&mut self, now: Nanos) {
+        self.consecutive = 0;
+        self.failures = 0;
+        self.successes = 0;
+        self.window_start = now;
+    }
+
+    fn roll(&mut self, now: Nanos, p: &OutlierParams) {
+        if now.since(self.window_start) >= p.interval {
+            self.failures = 0;
+            self.successes = 0;
+            self.window_start = now;
+        }
+    }
+}
+
+/// Indexes (into `ewma_ns`) of backends whose latency is `factor` times
+/// the pool's median or more. Needs at least three backends, so that one
+/// slow backend cannot drag the median up to itself.
+pub fn latency_outliers(ewma_ns: &[u64], factor: f64) -> Vec<usize> {
+    if factor <= 0.0 || ewma_ns.len() < 3 {
+        return Vec::new();
+    }
+    let mut sorted = ewma_ns.to_vec();
+    sorted.sort_unstable();
+    let median = sorted[sorted.len() / 2] as f64;
+    ewma_ns
+        .iter()
+        .enumerate()
+        .filter(|&(_, &e)| median > 0.0 && e as f64 >= median * factor)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// How many of `pool` backends may be ejected at once: `max_percent` of
+/// the pool, but never all of it (the panic threshold).
+pub fn ejection_cap(pool: usize, max_percent: u32) -> usize {
+    let cap = pool * max_percent.min(100) as usize / 100;
+    cap.min(pool.saturating_sub(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const P: OutlierParams = OutlierParams {
+        consecutive: 3,
+        failure_rate: 0.5,
+        min_volume: 10,
+        interval: Duration::from_secs(10),
+        latency_factor: 10.0,
+    };
+
+    #[test]
+    fn consecutive_failures_make_an_outlier_and_a_success_resets_them() {
+        let mut d = Detector::default();
+        assert_eq!(d.failure(Nanos(1), &P), None);
+        assert_eq!(d.failure(Nanos(2), &P), None);
+        d.success(Nanos(3), &P);
+        assert_eq!(d.failure(Nanos(4), &P), None);
+        assert_eq!(d.failure(Nanos(5), &P), None);
+        assert_eq!(d.failure(Nanos(6), &P), Some(Finding::Consecutive));
+        assert_eq!(d.failures_total, 5);
+    }
+
+    #[test]
+    fn failure_rate_needs_volume_within_one_interval() {
+        let p = OutlierParams {
+            consecutive: 0,
+            ..P
+        };
+        let mut d = Detector::default();
+        // 4 successes, then failures alternating: 6 of 10 fail at the 10th.
+        for _ in 0..4 {
+            d.success(Nanos(SEC), &p);
+        }
+        let mut found = None;
+        for i in 0..6 {
+            found = d.failure(Nanos(SEC + i), &p);
+        }
+        assert_eq!(found, Some(Finding::FailureRate));
+        // A new interval starts from zero.
+        d.reset(Nanos(SEC));
+        assert_eq!(d.failure(Nanos(20 * SEC), &p), None);
+    }
+
+    #[test]
+    fn latency_outliers_are_far_above_the_median() {
+        assert_eq!(latency_outliers(&[1, 1, 1, 50], 10.0), vec![3]);
+        assert!(latency_outliers(&[1, 1, 1, 5], 10.0).is_empty());
+        assert!(latency_outliers(&[1, 50], 10.0).is_empty());
+        assert!(latency_outliers(&[1, 1, 50], 0.0).is_empty());
+    }
+
+    #[test]
+    fn the_cap_never_ejects_a_whole_pool() {
+        assert_eq!(ejection_cap(10, 50), 5);
+        assert_eq!(ejection_cap(3, 50), 1);
+        assert_eq!(ejection_cap(2, 100), 1);
+        assert_eq!(ejection_cap(1, 100), 0);
+        assert_eq!(ejection_cap(4, 10), 0);
+    }
+}

@@ -1,0 +1,15 @@
+//! Handing the pool's decisions to the kernel. Pure table builders
+//! ([`tables`], with [`maglev`], [`smooth_wrr`] and [`prefix`]) compute a
+//! VIP's weight-derived tables; the writers ([`writers`], [`publisher`])
+//! hold their map handles open from startup and write plans, selections,
+//! tables and scores in an order the running program can always read.
+//!
+//! May use: settings, kernel, ingest, estimate, pool.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+
+pub mod maglev;
+pub mod prefix;
+pub mod publisher;
+pub mod smooth_wrr;
+pub mod tables;
+pub mod writers;

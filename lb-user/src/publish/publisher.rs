@@ -1,0 +1,190 @@
+//! Publishing a VIP's selectable backends and effective weights to the
+//! kernel: [`Publisher::publish_vip`] is the one place that rewrites a
+//! VIP's slot block, and it rebuilds the VIP's weight-derived tables
+//! (smooth-WRR schedule, weighted-random sums, Maglev table; see
+//! [`crate::publish::tables`]) from the slot ids and effective weights with it.
+//!
+//! Order matters, because the program reads the maps while they change:
+//! backend states first (a backend leaving service is refused by the
+//! program's state check at once, even while its id is still in a slot),
+//! then the slot block and its tables, then the VIP's backend count.
+
+use std::{collections::HashSet, path::Path, time::Instant};
+
+use anyhow::Context as _;
+use lb_common::{Backend, BackendScore, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta};
+use tracing::debug;
+
+use crate::{
+    kernel::maps::{self, Backends, VipBackends, Vips},
+    pool::{
+        fleet::{FleetVip, Selection},
+        plan::Plan,
+    },
+    publish::{
+        tables::{SlotBackend, planned_slots},
+        writers::{ScoreWriter, TableWriter, UpdateTimes},
+    },
+};
+
+/// Every write the control plane makes while it runs, through handles
+/// opened once at startup: the initial plan, each VIP's selection and
+/// tables, and the scores.
+pub struct Publisher {
+    vips: Vips,
+    slots: VipBackends,
+    backends: Backends,
+    tables: TableWriter,
+    pub scores: ScoreWriter,
+    /// What each VIP last got, so unchanged VIPs cost nothing.
+    last: Vec<Option<(Selection, Vec<Backend>)>>,
+    pub times: UpdateTimes,
+}
+
+impl Publisher {
+    pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            vips: maps::vips(pin_dir)?,
+            slots: maps::vip_backends(pin_dir)?,
+            backends: maps::backends(pin_dir)?,
+            tables: TableWriter::open(pin_dir)?,
+            scores: ScoreWriter::open(pin_dir)?,
+            last: Vec::new(),
+            times: UpdateTimes::default(),
+        })
+    }
+
+    /// Writes the plan in an order that never shows the program a
+    /// reference to something unwritten: backends and their initial scores,
+    /// then slot blocks and their weight-derived tables, then VIPs; VIPs and
+    /// backends that are no longer configured (a re-adopted instance with a
+    /// changed config) are removed last.
+    pub fn write_plan(
+        &mut self,
+        plan: &Plan,
+        initial_scores: &[BackendScore],
+    ) -> anyhow::Result<()> {
+        for (id, (backend, score)) in plan.backends.iter().zip(initial_scores).enumerate() {
+            let id = id as u32;
+            self.scores.set(id, score)?;
+            self.backends
+                .set(id, backend, 0)
+                .context("writing BACKENDS")?;
+        }
+        for vip in &plan.vips {
+            for (i, backend_id) in vip.slots.iter().enumerate() {
+                self.slots
+                    .set(vip.first_slot() + i as u32, backend_id, 0)
+                    .context("writing VIP_BACKENDS")?;
+            }
+        }
+        let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
+        for vip in &plan.vips {
+            let slots = planned_slots(vip, &plan.backends, &weights);
+            self.tables.write(
+                vip.meta.vip_id,
+                vip.meta.algorithm,
+                vip.maglev_table,
+                &slots,
+            )?;
+        }
+        for vip in &plan.vips {
+            self.vips
+                .insert(vip.key, vip.meta, 0)
+                .context("writing VIPS")?;
+        }
+        self.remove_unplanned(plan)
+    }
+
+    /// Removes the VIPs and clears the backends a previous instance wrote
+    /// that `plan` no longer has.
+    fn remove_unplanned(&mut self, plan: &Plan) -> anyhow::Result<()> {
+        let wanted: HashSet<VipKey> = plan.vips.iter().map(|v| v.key).collect();
+        let stale: Vec<VipKey> = self
+            .vips
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !wanted.contains(k))
+            .collect();
+        for key in stale {
+            self.vips
+                .remove(&key)
+                .context("removing a VIP no longer configured")?;
+            debug!(?key, "removed a VIP that is no longer configured");
+        }
+        for id in plan.backends.len() as u32..MAX_BACKENDS {
+            let old = self.backends.get(&id, 0).context("reading BACKENDS")?;
+            if old.in_use != 0 {
+                self.backends
+                    .set(id, Backend::default(), 0)
+                    .context("clearing a backend no longer configured")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes VIP `index`'s backends (`entries`: the BACKENDS value of
+    /// every member), slot block and count, if anything changed since the
+    /// last call (weights included: P2C reads them from the scores, the
+    /// per-VIP tables of other algorithms are rebuilt from them here).
+    pub fn publish_vip(
+        &mut self,
+        index: usize,
+        vip: &FleetVip,
+        selection: &Selection,
+        entries: &[(u32, Backend)],
+    ) -> anyhow::Result<()> {
+        if self.last.len() <= index {
+            self.last.resize(index + 1, None);
+        }
+        let values: Vec<Backend> = entries.iter().map(|(_, b)| *b).collect();
+        if let Some((s, b)) = &self.last[index]
+            && s == selection
+            && *b == values
+        {
+            return Ok(());
+        }
+        let started = Instant::now();
+        for (id, backend) in entries {
+            self.backends
+                .set(*id, backend, 0)
+                .context("writing BACKENDS")?;
+        }
+        let first = vip.meta.vip_id * MAX_BACKENDS_PER_VIP;
+        for (i, id) in selection.slots.iter().enumerate() {
+            self.slots
+                .set(first + i as u32, id, 0)
+                .context("writing VIP_BACKENDS")?;
+        }
+        let table_slots: Vec<SlotBackend> = selection
+            .slots
+            .iter()
+            .zip(&selection.weights)
+            .filter_map(|(&id, &weight)| {
+                let (_, backend) = entries.iter().find(|(e, _)| *e == id)?;
+                Some(SlotBackend::new(id, backend, weight))
+            })
+            .collect();
+        self.tables.write(
+            vip.meta.vip_id,
+            vip.meta.algorithm,
+            vip.maglev_table,
+            &table_slots,
+        )?;
+        let meta = VipMeta {
+            backend_count: selection.slots.len() as u32,
+            ..vip.meta
+        };
+        self.vips.insert(vip.key, meta, 0).context("writing VIPS")?;
+        self.times.record(started);
+        self.last[index] = Some((selection.clone(), values));
+        Ok(())
+    }
+
+    /// Clears the BACKENDS entry of a freed id.
+    pub fn clear_backend(&mut self, id: u32) -> anyhow::Result<()> {
+        self.backends
+            .set(id, Backend::default(), 0)
+            .context("clearing BACKENDS")
+    }
+}

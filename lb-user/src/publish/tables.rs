@@ -1,0 +1,204 @@
+//! The weight-derived tables some algorithms need next to a VIP's slot
+//! block (see `lb_common::VipTables`): the smooth-WRR schedule, the running
+//! weight sums of weighted random, and the Maglev lookup table.
+//!
+//! Each is a pure function of the VIP's slot backends and their effective
+//! weights, so whoever changes either (reconfiguration, slow start, drain)
+//! builds them again with the new values and gets the same tables a fresh
+//! start would; `publish::writers::TableWriter` writes them.
+
+use lb_common::{Algorithm, Backend, BackendScore, MAGLEV_TABLE_SIZE, WRR_SCHEDULE_LEN};
+
+use super::{maglev, prefix, smooth_wrr};
+use crate::pool::plan::PlannedVip;
+
+/// One slot of a VIP as the table builders see it.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotBackend {
+    pub id: u32,
+    pub weight: u32,
+    /// The backend's address words and port, its identity for Maglev.
+    pub key: [u8; 18],
+}
+
+impl SlotBackend {
+    pub fn new(id: u32, backend: &Backend, weight: u32) -> Self {
+        let mut key = [0u8; 18];
+        for (chunk, word) in key.chunks_exact_mut(4).zip(backend.addr) {
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+        key[16..].copy_from_slice(&backend.port.to_ne_bytes());
+        Self { id, weight, key }
+    }
+}
+
+/// The tables of one VIP; only its algorithm's table is non-empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VipTableSet {
+    /// Slot indexes in smooth-WRR order.
+    pub schedule: Vec<u32>,
+    /// Running weight sums, one per slot.
+    pub prefix: Vec<u32>,
+    /// `MAGLEV_TABLE_SIZE` backend ids.
+    pub maglev: Vec<u32>,
+}
+
+impl VipTableSet {
+    pub fn build(algorithm: Algorithm, slots: &[SlotBackend]) -> Self {
+        let weights = table_weights(&slots.iter().map(|s| s.weight).collect::<Vec<_>>());
+        match algorithm {
+            Algorithm::WeightedRoundRobin => Self {
+                schedule: smooth_wrr::schedule(&weights, WRR_SCHEDULE_LEN as usize),
+                ..Self::default()
+            },
+            Algorithm::Random => Self {
+                prefix: prefix::running_sums(&weights),
+                ..Self::default()
+            },
+            Algorithm::Maglev => {
+                let members: Vec<_> = slots
+                    .iter()
+                    .zip(&weights)
+                    .map(|(s, &weight)| maglev::Member {
+                        key: s.key,
+                        value: s.id,
+                        weight,
+                    })
+                    .collect();
+                Self {
+                    maglev: maglev::build(&members, MAGLEV_TABLE_SIZE),
+                    ..Self::default()
+                }
+            }
+            Algorithm::P2cEwma | Algorithm::RoundRobin | Algorithm::LeastConn => Self::default(),
+        }
+    }
+}
+
+/// The slots of the planned `vip` as the table builders see them, with the
+/// `weights` indexed by backend id: the tables a fresh start needs before
+/// the VIP is published.
+pub fn planned_slots(vip: &PlannedVip, backends: &[Backend], weights: &[u32]) -> Vec<SlotBackend> {
+    vip.slots
+        .iter()
+        .filter_map(|&id| {
+            let backend = backends.get(id as usize)?;
+            let weight = *weights.get(id as usize)?;
+            Some(SlotBackend::new(id, backend, weight))
+        })
+        .collect()
+}
+
+/// Largest weight sum the tables are built from: the running sums of
+/// weighted random are `u32`s and its draw is taken modulo their total.
+const MAX_WEIGHT_SUM: u64 = 1 << 30;
+
+/// The slots' weights as the table builders take them: divided by their
+/// common divisor (effective weights come in hundredths, so equal weights
+/// become 1s), then scaled down if their sum would exceed
+/// [`MAX_WEIGHT_SUM`], every weight staying at least 1.
+pub fn table_weights(weights: &[u32]) -> Vec<u32> {
+    let divisor = weights.iter().copied().fold(0, gcd).max(1);
+    let reduced: Vec<u64> = weights.iter().map(|&w| u64::from(w / divisor)).collect();
+    let sum: u64 = reduced.iter().sum();
+    let scale = sum.div_ceil(MAX_WEIGHT_SUM).max(1);
+    reduced.iter().map(|&w| (w / scale).max(1) as u32).collect()
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The median of the slot backends' costs (the upper median for an even
+/// count), or 0 when none is known: P2C's yardstick for "far above the pool".
+pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
+    let mut costs: Vec<u64> = slots
+        .iter()
+        .filter_map(|id| scores.iter().find(|(i, _)| i == id).map(|(_, s)| s.cost))
+        .collect();
+    if costs.is_empty() {
+        return 0;
+    }
+    costs.sort_unstable();
+    costs[costs.len() / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_reference_is_the_median_cost_of_the_vips_backends() {
+        let score = |cost| BackendScore {
+            cost,
+            ..BackendScore::default()
+        };
+        let scores: Vec<_> = [5, 50, 7, 6, 500]
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (i as u32, score(c)))
+            .collect();
+        // Two slow of five: the median stays with the fast ones.
+        assert_eq!(median_cost(&[0, 1, 2, 3, 4], &scores), 7);
+        assert_eq!(median_cost(&[1, 4], &scores), 500);
+        assert_eq!(median_cost(&[9], &scores), 0);
+    }
+
+    use super::*;
+
+    fn slots(weights: &[u32]) -> Vec<SlotBackend> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                let backend = Backend {
+                    addr: [u32::from_ne_bytes([10, 0, 0, 21 + i as u8]), 0, 0, 0],
+                    port: 8080u16.to_be(),
+                    ..Backend::default()
+                };
+                SlotBackend::new(100 + i as u32, &backend, w)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_algorithm_gets_only_its_own_table() {
+        let s = slots(&[2, 1]);
+        let wrr = VipTableSet::build(Algorithm::WeightedRoundRobin, &s);
+        assert_eq!(wrr.schedule, [0, 1, 0]);
+        assert!(wrr.prefix.is_empty() && wrr.maglev.is_empty());
+        let random = VipTableSet::build(Algorithm::Random, &s);
+        assert_eq!(random.prefix, [2, 3]);
+        let maglev = VipTableSet::build(Algorithm::Maglev, &s);
+        assert_eq!(maglev.maglev.len(), MAGLEV_TABLE_SIZE as usize);
+        // Maglev stores backend ids, not slot indexes.
+        assert!(maglev.maglev.iter().all(|&id| id == 100 || id == 101));
+        assert_eq!(
+            VipTableSet::build(Algorithm::P2cEwma, &s),
+            VipTableSet::default()
+        );
+    }
+
+    #[test]
+    fn table_weights_are_small_integers_in_the_same_ratio() {
+        // Effective weights in hundredths: equal ones reduce to 1s.
+        assert_eq!(table_weights(&[100, 100, 300]), [1, 1, 3]);
+        // Slow start: 37 % of one against a full one keeps the ratio.
+        assert_eq!(table_weights(&[37, 100]), [37, 100]);
+        // Huge sums are scaled down, every weight still at least 1.
+        let big = table_weights(&[u32::MAX, u32::MAX - 1, 1]);
+        assert!(big.iter().map(|&w| u64::from(w)).sum::<u64>() <= MAX_WEIGHT_SUM + 3);
+        assert_eq!(big[2], 1);
+        assert!(table_weights(&[]).is_empty());
+    }
+
+    #[test]
+    fn maglev_identity_is_the_address_not_the_id() {
+        let a = slots(&[1, 1, 1]);
+        let mut b = a.clone();
+        for s in &mut b {
+            s.id += 7;
+        }
+        let ta = VipTableSet::build(Algorithm::Maglev, &a).maglev;
+        let tb = VipTableSet::build(Algorithm::Maglev, &b).maglev;
+        assert!(ta.iter().zip(&tb).all(|(x, y)| x + 7 == *y));
+    }
+}

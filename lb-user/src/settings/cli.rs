@@ -1,0 +1,174 @@
+//! Command-line interface (clap). Every run flag is optional here so that
+//! [`crate::settings::config`] can tell "not given" from "given", which is what lets flags
+//! override a config file's globals; defaults live in `config`, once.
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    time::Duration,
+};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use lb_common::{Algorithm, MAX_INFLIGHT_BIAS, MIN_INFLIGHT_BIAS};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    settings::addr::{BackendAddr, VipAddr},
+    settings::algorithm::parse_algorithm,
+    settings::duration::parse_duration,
+    settings::ops::OpsSettings,
+    settings::ports::PortRange,
+};
+
+/// An XDP load balancer: P2C over Peak-EWMA latency with full NAT.
+#[derive(Debug, Parser)]
+#[command(name = "lb-user", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the VIPs, backends and counters of a running instance.
+    Status(StatusArgs),
+    /// Change a running instance's backends: add, remove, weight, drain, undrain.
+    Backend(BackendArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// What to do with the backend.
+    #[arg(value_enum)]
+    pub action: BackendCommand,
+    /// Instance to change; may be omitted when exactly one is running.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// The VIP, IP:PORT[/tcp|/udp].
+    #[arg(long, value_name = "IP:PORT[/PROTO]")]
+    pub vip: VipAddr,
+    /// The backend, IP:PORT (add also takes IP:PORT@WEIGHT).
+    #[arg(long, value_name = "IP:PORT[@WEIGHT]")]
+    pub backend: BackendAddr,
+    /// New weight (weight only), 1..=65535.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub weight: Option<u32>,
+}
+
+/// What `lb-user backend` asks of a running instance; also the `command`
+/// of the control socket's protocol (see `surface::control`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendCommand {
+    Add,
+    Remove,
+    Weight,
+    Drain,
+    Undrain,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Instance to inspect; may be omitted when exactly one is running.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Print JSON (schema documented in `status.rs`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// XDP attach mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// In the driver (XDP_FLAGS_DRV_MODE); fails if the driver lacks XDP.
+    #[default]
+    Native,
+    /// Generic XDP in the kernel stack (XDP_FLAGS_SKB_MODE); works everywhere, slower.
+    Skb,
+}
+
+impl XdpMode {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Skb => "skb",
+        }
+    }
+}
+
+/// Flags of the balancer itself. See `config.rs` for defaults and the TOML
+/// file that can say the same things.
+#[derive(Clone, Debug, Default, Args)]
+pub struct RunArgs {
+    /// TOML file with global settings and any number of [[vip]] sections.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Interface to attach to.
+    #[arg(long, value_name = "IFACE")]
+    pub iface: Option<String>,
+    /// Virtual service, IP:PORT[/tcp|/udp] (tcp by default).
+    #[arg(long, value_name = "IP:PORT[/PROTO]")]
+    pub vip: Option<VipAddr>,
+    /// Backend of --vip, IP:PORT[@WEIGHT] (weight 1..=65535, default 1); repeat for each.
+    #[arg(long = "backend", value_name = "IP:PORT[@WEIGHT]")]
+    pub backends: Vec<BackendAddr>,
+    /// p2c-ewma (default), round-robin, weighted-round-robin, random, least-conn or maglev.
+    #[arg(long, value_name = "NAME", value_parser = parse_algorithm)]
+    pub algorithm: Option<Algorithm>,
+    /// Exponent b of the in-flight term (inflight+1)^b in P2C's cost, 1..=3 (default 2).
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(MIN_INFLIGHT_BIAS as i64..=MAX_INFLIGHT_BIAS as i64))]
+    pub inflight_bias: Option<u8>,
+    /// With maglev: hash only the client address, so a client keeps its backend.
+    #[arg(long)]
+    pub maglev_source_affinity: bool,
+    /// XDP attach mode.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub xdp_mode: Option<XdpMode>,
+    /// Source address of balanced flows (default: the interface's primary IPv4 address).
+    #[arg(long, value_name = "IPV4")]
+    pub snat_ip: Option<Ipv4Addr>,
+    /// Source address of balanced IPv6 flows (default: the interface's first global IPv6 address).
+    #[arg(long, value_name = "IPV6")]
+    pub snat_ip6: Option<Ipv6Addr>,
+    /// SNAT source-port range, MIN-MAX inclusive.
+    #[arg(long, value_name = "MIN-MAX")]
+    pub snat_ports: Option<PortRange>,
+    /// Flow-table entries (both directions of a flow use one each).
+    #[arg(long, value_name = "N")]
+    pub flow_table_size: Option<u32>,
+    /// Time constant τ of the Peak-EWMA decay (e.g. 10s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ewma_tau: Option<Duration>,
+    /// Latency assumed for a backend with no samples, and the value an idle backend decays to.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ewma_cold_start: Option<Duration>,
+    /// How often scores are rewritten (at most 100ms).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub score_interval: Option<Duration>,
+    /// UDP flows idle this long are removed.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub udp_idle_timeout: Option<Duration>,
+    /// TCP flows idle this long are removed.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub tcp_idle_timeout: Option<Duration>,
+    /// A SYN without SYN-ACK for this long counts as refused and is removed.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub syn_timeout: Option<Duration>,
+    /// Instance name (default lb-<iface>); pins live in /sys/fs/bpf/lb-user/<NAME>/.
+    #[arg(long, value_name = "NAME")]
+    pub instance: Option<String>,
+    /// Log level when RUST_LOG is unset: error, warn, info, debug or trace.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// When re-adopting a running instance, replace its XDP program with
+    /// this binary's even if they look the same (it is replaced anyway when
+    /// they differ).
+    #[arg(long)]
+    pub upgrade: bool,
+    /// Health checks, ejection, slow start, metrics.
+    #[command(flatten)]
+    pub ops: OpsSettings,
+}

@@ -1,0 +1,501 @@
+//! One validated [`Config`] from flags and an optional TOML file.
+//!
+//! # Config file schema
+//!
+//! Every key is optional and means exactly what the flag of the same name
+//! (with `-` for `_`) means; unknown keys are an error.
+//!
+//! ```toml
+//! iface = "eth0"
+//! xdp_mode = "native"            # or "skb"
+//! snat_ip = "10.0.0.1"           # default: the interface's primary IPv4 address
+//! snat_ip6 = "2001:db8::1"       # default: the interface's first global IPv6 address
+//! snat_ports = "20000-32767"
+//! flow_table_size = 262144
+//! algorithm = "p2c-ewma"         # default for VIPs that do not name one
+//! inflight_bias = 2              # default for VIPs that do not set one
+//! maglev_source_affinity = false # default for VIPs that do not set one
+//! ewma_tau = "10s"
+//! ewma_cold_start = "1ms"
+//! score_interval = "50ms"
+//! udp_idle_timeout = "30s"
+//! tcp_idle_timeout = "300s"
+//! syn_timeout = "3s"
+//! instance = "lb-eth0"
+//! log_level = "info"
+//!
+//! [[vip]]
+//! address = "10.0.0.100:80"      # same syntax as --vip: IP:PORT[/tcp|/udp]
+//! protocol = "tcp"               # optional alternative to the /tcp suffix
+//! algorithm = "round-robin"      # optional, overrides the global one
+//! inflight_bias = 1              # optional
+//! maglev_source_affinity = true  # optional: maglev hashes only the client address
+//! backends = ["10.0.0.21:8080", "10.0.0.22:8080@2"]   # same syntax as --backend
+//! ```
+//!
+//! # Flags and file together
+//!
+//! A flag overrides the file's global of the same name (`--algorithm` and
+//! `--inflight-bias` override the global defaults, so they apply to file VIPs
+//! that do not set their own). `--vip` with its `--backend`s adds one more VIP
+//! after the file's VIPs. VIPs and backends get their ids in that order, so the
+//! same configuration always yields the same ids (which is what lets a
+//! restarted instance keep its pinned flow table meaningful).
+
+use std::{
+    collections::HashSet,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+    time::Duration,
+};
+
+use lb_common::{
+    Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, MAX_BACKENDS, MAX_BACKENDS_PER_VIP,
+    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_VIPS, MIN_INFLIGHT_BIAS,
+};
+use serde::Deserialize;
+
+use crate::{
+    settings::addr::{BackendAddr, Protocol, VipAddr},
+    settings::algorithm::parse_algorithm,
+    settings::cli::{RunArgs, XdpMode},
+    settings::duration::{self, format_duration},
+    settings::error::{ConfigError, one_line},
+    settings::ops::{HealthCheck, HealthSettings, Ops, OpsSettings},
+    settings::ports::PortRange,
+};
+
+/// Peak-EWMA time constant, as in linkerd and Finagle.
+pub const DEFAULT_EWMA_TAU: Duration = Duration::from_secs(10);
+/// Latency assumed before the first sample and the value an idle backend
+/// drifts back to. A LAN-scale 1 ms is deliberately optimistic for most
+/// services: Peak-EWMA corrects an optimistic guess with the first slow
+/// sample (peaks replace the estimate at once), whereas a pessimistic guess
+/// would starve a new or recovered backend until it decayed over τ.
+pub const DEFAULT_EWMA_COLD_START: Duration = Duration::from_millis(1);
+pub const DEFAULT_SCORE_INTERVAL: Duration = Duration::from_millis(50);
+/// The kernel must see fresh scores at least this often (issue contract).
+pub const MAX_SCORE_INTERVAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_SYN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Each flow uses two entries (one per direction).
+pub const MIN_FLOW_TABLE_SIZE: u32 = 2;
+/// Linux's IFNAMSIZ minus the terminating NUL.
+const MAX_IFACE_NAME: usize = 15;
+const MAX_INSTANCE_NAME: usize = 64;
+const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+
+/// The validated configuration of a running balancer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub iface: String,
+    pub xdp_mode: XdpMode,
+    /// `None`: use the interface's primary IPv4 address (resolved at startup).
+    pub snat_ip: Option<Ipv4Addr>,
+    /// `None`: use the interface's first global IPv6 address (resolved at
+    /// startup, needed only when a VIP is IPv6).
+    pub snat_ip6: Option<Ipv6Addr>,
+    pub snat_ports: PortRange,
+    pub flow_table_size: u32,
+    pub ewma_tau: Duration,
+    pub ewma_cold_start: Duration,
+    pub score_interval: Duration,
+    pub udp_idle_timeout: Duration,
+    pub tcp_idle_timeout: Duration,
+    pub syn_timeout: Duration,
+    pub instance: String,
+    pub log_level: String,
+    /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
+    pub ops: Ops,
+    /// Replace a re-adopted program even when its tag matches (`--upgrade`).
+    pub upgrade: bool,
+    /// In id order: `vips[i]` gets vip id `i`.
+    pub vips: Vec<VipConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VipConfig {
+    pub vip: VipAddr,
+    pub algorithm: Algorithm,
+    pub inflight_bias: u8,
+    /// Maglev hashes only the client address (one client, one backend).
+    pub maglev_source_affinity: bool,
+    /// In config order (backend ids follow it).
+    pub backends: Vec<BackendAddr>,
+    /// Active health check of this VIP's backends, if any.
+    pub health: Option<HealthCheck>,
+}
+
+/// The TOML file as written (see the module docs).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    iface: Option<String>,
+    xdp_mode: Option<XdpMode>,
+    snat_ip: Option<Ipv4Addr>,
+    snat_ip6: Option<Ipv6Addr>,
+    #[serde(default, deserialize_with = "de::from_str_opt")]
+    snat_ports: Option<PortRange>,
+    flow_table_size: Option<u32>,
+    #[serde(default, deserialize_with = "de::algorithm_opt")]
+    algorithm: Option<Algorithm>,
+    inflight_bias: Option<u8>,
+    maglev_source_affinity: Option<bool>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    ewma_tau: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    ewma_cold_start: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    score_interval: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    udp_idle_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    tcp_idle_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    syn_timeout: Option<Duration>,
+    instance: Option<String>,
+    log_level: Option<String>,
+    #[serde(default)]
+    operations: OpsSettings,
+    #[serde(default)]
+    vip: Vec<FileVip>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileVip {
+    /// Parsed in [`Config::merge`], which must know whether a `/proto`
+    /// suffix was written to detect a conflict with `protocol`.
+    address: String,
+    protocol: Option<Protocol>,
+    #[serde(default, deserialize_with = "de::algorithm_opt")]
+    algorithm: Option<Algorithm>,
+    inflight_bias: Option<u8>,
+    maglev_source_affinity: Option<bool>,
+    #[serde(default, deserialize_with = "de::from_str_vec")]
+    backends: Vec<BackendAddr>,
+    /// Overrides `[operations.health]` key by key.
+    #[serde(default)]
+    health: HealthSettings,
+}
+
+impl FileConfig {
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: path.display().to_string(),
+            // toml's messages span lines (with a caret excerpt); keep the gist.
+            reason: one_line(e.message()),
+        })
+    }
+
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Unreadable {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::parse(&text, path)
+    }
+}
+
+/// What a VIP that does not say otherwise gets: the flag, else the file's
+/// global, else the default.
+struct VipDefaults {
+    algorithm: Algorithm,
+    inflight_bias: u8,
+    maglev_source_affinity: bool,
+}
+
+impl VipDefaults {
+    fn pick(args: &RunArgs, file: &FileConfig) -> Self {
+        Self {
+            algorithm: args
+                .algorithm
+                .or(file.algorithm)
+                .unwrap_or(Algorithm::P2cEwma),
+            inflight_bias: args
+                .inflight_bias
+                .or(file.inflight_bias)
+                .unwrap_or(DEFAULT_INFLIGHT_BIAS),
+            maglev_source_affinity: args.maglev_source_affinity
+                || file.maglev_source_affinity.unwrap_or(false),
+        }
+    }
+}
+
+impl FileVip {
+    /// This `[[vip]]` with the `defaults` filled in, and its health check
+    /// from its own keys over `[operations.health]`.
+    fn resolve(
+        self,
+        defaults: &VipDefaults,
+        health: &HealthSettings,
+    ) -> Result<VipConfig, ConfigError> {
+        let mut vip: VipAddr = self.address.parse().map_err(ConfigError::FileAddress)?;
+        if let Some(protocol) = self.protocol {
+            let said_in_address = self.address.contains('/');
+            if said_in_address && vip.protocol != protocol {
+                return Err(ConfigError::ProtocolConflict {
+                    vip: vip.to_string(),
+                    protocol: protocol.name().to_string(),
+                });
+            }
+            vip.protocol = protocol;
+        }
+        Ok(VipConfig {
+            vip,
+            algorithm: self.algorithm.unwrap_or(defaults.algorithm),
+            inflight_bias: self.inflight_bias.unwrap_or(defaults.inflight_bias),
+            maglev_source_affinity: self
+                .maglev_source_affinity
+                .unwrap_or(defaults.maglev_source_affinity),
+            backends: self.backends,
+            health: self.health.or(health).resolve()?,
+        })
+    }
+}
+
+impl Config {
+    /// Reads `--config` (if any) and merges it with the flags.
+    pub fn from_args(args: RunArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => FileConfig::read(path)?,
+            None => FileConfig::default(),
+        };
+        Self::merge(args, file)
+    }
+
+    /// Flags override the file's globals; `--vip` adds a VIP after the file's.
+    pub fn merge(mut args: RunArgs, mut file: FileConfig) -> Result<Self, ConfigError> {
+        let iface = args
+            .iface
+            .take()
+            .or(file.iface.take())
+            .ok_or(ConfigError::NoIface)?;
+        let defaults = VipDefaults::pick(&args, &file);
+        let ops_settings = args.ops.clone().or(std::mem::take(&mut file.operations));
+        let ops = ops_settings.resolve()?;
+        let mut vips = Vec::with_capacity(file.vip.len() + 1);
+        for v in std::mem::take(&mut file.vip) {
+            vips.push(v.resolve(&defaults, &ops_settings.health)?);
+        }
+        match args.vip.take() {
+            Some(vip) => vips.push(VipConfig {
+                vip,
+                algorithm: defaults.algorithm,
+                inflight_bias: defaults.inflight_bias,
+                maglev_source_affinity: defaults.maglev_source_affinity,
+                backends: std::mem::take(&mut args.backends),
+                health: ops_settings.health.resolve()?,
+            }),
+            None if !args.backends.is_empty() => return Err(ConfigError::BackendWithoutVip),
+            None => {}
+        }
+        let config = Self::from_globals(args, file, iface, ops, vips);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The global settings: a flag, else the file's key, else the default.
+    fn from_globals(
+        args: RunArgs,
+        file: FileConfig,
+        iface: String,
+        ops: Ops,
+        vips: Vec<VipConfig>,
+    ) -> Self {
+        let pick = |flag: Option<Duration>, key: Option<Duration>, default| {
+            flag.or(key).unwrap_or(default)
+        };
+        Self {
+            xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
+            snat_ip: args.snat_ip.or(file.snat_ip),
+            snat_ip6: args.snat_ip6.or(file.snat_ip6),
+            snat_ports: args.snat_ports.or(file.snat_ports).unwrap_or_default(),
+            flow_table_size: args
+                .flow_table_size
+                .or(file.flow_table_size)
+                .unwrap_or(DEFAULT_FLOW_TABLE_SIZE),
+            ewma_tau: pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
+            ewma_cold_start: pick(
+                args.ewma_cold_start,
+                file.ewma_cold_start,
+                DEFAULT_EWMA_COLD_START,
+            ),
+            score_interval: pick(
+                args.score_interval,
+                file.score_interval,
+                DEFAULT_SCORE_INTERVAL,
+            ),
+            udp_idle_timeout: pick(
+                args.udp_idle_timeout,
+                file.udp_idle_timeout,
+                DEFAULT_UDP_IDLE_TIMEOUT,
+            ),
+            tcp_idle_timeout: pick(
+                args.tcp_idle_timeout,
+                file.tcp_idle_timeout,
+                DEFAULT_TCP_IDLE_TIMEOUT,
+            ),
+            syn_timeout: pick(args.syn_timeout, file.syn_timeout, DEFAULT_SYN_TIMEOUT),
+            log_level: args
+                .log_level
+                .or(file.log_level)
+                .unwrap_or_else(|| "info".to_string()),
+            upgrade: args.upgrade,
+            instance: args
+                .instance
+                .or(file.instance)
+                .unwrap_or_else(|| format!("lb-{iface}")),
+            iface,
+            ops,
+            vips,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.iface.is_empty()
+            || self.iface.len() > MAX_IFACE_NAME
+            || self
+                .iface
+                .chars()
+                .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+        {
+            return Err(ConfigError::BadIface(self.iface.clone()));
+        }
+        let instance_ok = (1..=MAX_INSTANCE_NAME).contains(&self.instance.len())
+            && self.instance != "."
+            && self.instance != ".."
+            && self
+                .instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !instance_ok {
+            return Err(ConfigError::BadInstance(self.instance.clone()));
+        }
+        if !LOG_LEVELS.contains(&self.log_level.as_str()) {
+            return Err(ConfigError::LogLevel(self.log_level.clone()));
+        }
+        for (name, d) in [
+            ("ewma tau", self.ewma_tau),
+            ("ewma cold start", self.ewma_cold_start),
+            ("score interval", self.score_interval),
+            ("udp idle timeout", self.udp_idle_timeout),
+            ("tcp idle timeout", self.tcp_idle_timeout),
+            ("syn timeout", self.syn_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { name });
+            }
+        }
+        if self.score_interval > MAX_SCORE_INTERVAL {
+            return Err(ConfigError::ScoreInterval(format_duration(
+                self.score_interval,
+            )));
+        }
+        if self.flow_table_size < MIN_FLOW_TABLE_SIZE {
+            return Err(ConfigError::FlowTableSize(self.flow_table_size));
+        }
+        self.validate_vips()
+    }
+
+    fn validate_vips(&self) -> Result<(), ConfigError> {
+        if self.vips.is_empty() {
+            return Err(ConfigError::NoVip);
+        }
+        check_count("VIPs", self.vips.len(), MAX_VIPS)?;
+        let total: usize = self.vips.iter().map(|v| v.backends.len()).sum();
+        check_count("backends in total", total, MAX_BACKENDS)?;
+        let maglev = self
+            .vips
+            .iter()
+            .filter(|v| v.algorithm == Algorithm::Maglev)
+            .count();
+        check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)?;
+        let mut seen_vips = HashSet::new();
+        for v in &self.vips {
+            let name = v.vip.to_string();
+            if !seen_vips.insert(v.vip) {
+                return Err(ConfigError::DuplicateVip(name));
+            }
+            if v.backends.is_empty() {
+                return Err(ConfigError::NoBackends(name));
+            }
+            check_count(
+                "backends in one VIP",
+                v.backends.len(),
+                MAX_BACKENDS_PER_VIP,
+            )?;
+            if !(MIN_INFLIGHT_BIAS..=MAX_INFLIGHT_BIAS).contains(&v.inflight_bias) {
+                return Err(ConfigError::InflightBias(v.inflight_bias));
+            }
+            let mut seen_backends = HashSet::new();
+            for b in &v.backends {
+                if b.addr.is_ipv6() != v.vip.addr.is_ipv6() {
+                    return Err(ConfigError::MixedFamily {
+                        vip: name,
+                        backend: b.addr.to_string(),
+                    });
+                }
+                if !seen_backends.insert(b.addr) {
+                    return Err(ConfigError::DuplicateBackend {
+                        vip: name,
+                        backend: b.addr.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_count(what: &'static str, count: usize, max: u32) -> Result<(), ConfigError> {
+    if count > max as usize {
+        return Err(ConfigError::TooMany { what, count, max });
+    }
+    Ok(())
+}
+
+/// serde adapters that reuse the flag parsers, so file and flags accept the
+/// same text and report the same errors.
+mod de {
+    use std::{fmt::Display, str::FromStr};
+
+    use lb_common::Algorithm;
+    use serde::{Deserialize, Deserializer, de::Error};
+
+    use super::parse_algorithm;
+
+    pub fn from_str_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
+        String::deserialize(d)?
+            .parse()
+            .map(Some)
+            .map_err(D::Error::custom)
+    }
+
+    pub fn from_str_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|s| s.parse().map_err(D::Error::custom))
+            .collect()
+    }
+
+    pub fn algorithm_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Algorithm>, D::Error> {
+        parse_algorithm(&String::deserialize(d)?)
+            .map(Some)
+            .map_err(D::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests;

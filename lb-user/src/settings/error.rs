@@ -1,0 +1,62 @@
+//! The one error type of bad input, and the one-line form every reported
+//! error takes.
+
+use lb_common::{MAX_INFLIGHT_BIAS, MIN_INFLIGHT_BIAS};
+use thiserror::Error;
+
+use crate::settings::addr::AddrError;
+
+/// Bad input, reported as one line before the kernel is touched.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error("invalid config file {path}: {reason}")]
+    Invalid { path: String, reason: String },
+    #[error("no interface given (use --iface or iface in the config file)")]
+    NoIface,
+    #[error("invalid interface name '{0}'")]
+    BadIface(String),
+    #[error("no VIP configured (use --vip with --backend, or [[vip]] in the config file)")]
+    NoVip,
+    #[error("--backend given without --vip")]
+    BackendWithoutVip,
+    #[error("VIP {0} has no backends")]
+    NoBackends(String),
+    #[error("duplicate VIP {0}")]
+    DuplicateVip(String),
+    #[error("duplicate backend {backend} in VIP {vip}")]
+    DuplicateBackend { vip: String, backend: String },
+    #[error("in config file: {0}")]
+    FileAddress(AddrError),
+    #[error("VIP {vip} says protocol {protocol} but its address says otherwise")]
+    ProtocolConflict { vip: String, protocol: String },
+    #[error("backend {backend} of VIP {vip}: a VIP and its backends must be of one address family")]
+    MixedFamily { vip: String, backend: String },
+    #[error("inflight bias {0} out of range (expected {MIN_INFLIGHT_BIAS}..={MAX_INFLIGHT_BIAS})")]
+    InflightBias(u8),
+    #[error("{name} must be greater than zero")]
+    ZeroDuration { name: &'static str },
+    #[error("score interval {0} is too long (at most 100ms)")]
+    ScoreInterval(String),
+    #[error("flow table size {0} is too small (at least 2)")]
+    FlowTableSize(u32),
+    #[error("too many {what}: {count} (at most {max})")]
+    TooMany {
+        what: &'static str,
+        count: usize,
+        max: u32,
+    },
+    #[error("invalid instance name '{0}' (use 1-64 letters, digits, '-', '_' or '.')")]
+    BadInstance(String),
+    #[error("invalid log level '{0}' (expected error, warn, info, debug or trace)")]
+    LogLevel(String),
+    #[error("{0}")]
+    Ops(String),
+}
+
+/// Multi-line messages (verifier logs, clap usage, toml excerpts) folded
+/// into one line.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}

@@ -1,0 +1,19 @@
+//! What the balancer is asked to do: command-line flags, the TOML file,
+//! the operations settings (health, ejection, slow start, metrics), their
+//! defaults and validation, and the text forms they share (addresses, port
+//! ranges, durations, algorithm names). Errors here are one-line
+//! [`ConfigError`]s reported before the kernel is touched.
+//!
+//! May use: no other folder (it comes first).
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+
+pub mod addr;
+pub mod algorithm;
+pub mod cli;
+pub mod config;
+pub mod duration;
+pub mod error;
+pub mod ops;
+pub mod ports;
+
+pub use error::{ConfigError, one_line};

@@ -1,0 +1,475 @@
+//! Operations settings: health checks, outlier ejection, slow start, weight
+//! smoothing, metrics. The same struct is a clap flag group (`--health-*`,
+//! `--outlier-*`, ...) and the `[operations]` table of the config file, so
+//! flags and file accept the same text; flags win field by field.
+//!
+//! ```toml
+//! [operations]
+//! slow_start = "10s"
+//! slow_start_floor = 0.5
+//! weight_smoothing = "0s"
+//! outlier_consecutive = 5
+//! outlier_failure_rate = 0.5
+//! outlier_min_volume = 20
+//! outlier_interval = "10s"
+//! outlier_latency_factor = 0     # 0: off
+//! ejection_base = "30s"
+//! ejection_max = "300s"
+//! max_ejection_percent = 50
+//! max_new_flows = 0              # new connections per second, 0: no cap
+//! metrics_addr = "127.0.0.1:9470"   # or "off"
+//!
+//! [operations.health]            # default check of every VIP
+//! check = "http"                 # none (default) | tcp | http
+//! path = "/health"               # http only
+//! status = 200                   # http only: expected status
+//! interval = "1s"
+//! timeout = "500ms"
+//! rise = 2
+//! fall = 2
+//!
+//! [[vip]]
+//! address = "10.0.0.100:80"
+//! backends = ["10.0.0.21:8080"]
+//! [vip.health]                   # overrides [operations.health] key by key
+//! check = "tcp"
+//! ```
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+use crate::settings::{
+    duration::{self, parse_duration},
+    error::ConfigError,
+};
+
+pub const DEFAULT_HEALTH_PATH: &str = "/";
+pub const DEFAULT_HEALTH_STATUS: u16 = 200;
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
+pub const DEFAULT_HEALTH_RISE: u32 = 2;
+pub const DEFAULT_HEALTH_FALL: u32 = 2;
+pub const DEFAULT_SLOW_START: Duration = Duration::from_secs(10);
+pub const DEFAULT_SLOW_START_FLOOR: f64 = 0.5;
+pub const DEFAULT_OUTLIER_CONSECUTIVE: u32 = 5;
+pub const DEFAULT_OUTLIER_FAILURE_RATE: f64 = 0.5;
+pub const DEFAULT_OUTLIER_MIN_VOLUME: u32 = 20;
+pub const DEFAULT_OUTLIER_INTERVAL: Duration = Duration::from_secs(10);
+pub const DEFAULT_EJECTION_BASE: Duration = Duration::from_secs(30);
+pub const DEFAULT_EJECTION_MAX: Duration = Duration::from_secs(300);
+pub const DEFAULT_MAX_EJECTION_PERCENT: u32 = 50;
+/// Loopback only: metrics are not for the world unless asked.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9470";
+
+/// Tunables of the lifecycle (defaults above).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LifecycleParams {
+    /// Window over which a new or recovered backend ramps to full weight
+    /// (zero: no slow start).
+    pub slow_start: Duration,
+    /// Share of the weight a ramping backend never goes below (0..=1).
+    pub slow_start_floor: f64,
+    /// Time over which a weight change is applied linearly (zero: at once).
+    pub weight_smoothing: Duration,
+    /// Consecutive passed checks that bring a down backend back.
+    pub rise: u32,
+    /// Consecutive failed checks that take a backend down.
+    pub fall: u32,
+    /// Ejection time of the first ejection; the n-th lasts n times this.
+    pub ejection_base: Duration,
+    /// Upper bound on one ejection.
+    pub ejection_max: Duration,
+}
+
+/// Tunables of outlier detection (defaults above).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OutlierParams {
+    /// Failures in a row that make an outlier (0: off).
+    pub consecutive: u32,
+    /// Failure share in one interval that makes an outlier (0: off).
+    pub failure_rate: f64,
+    /// Outcomes needed in an interval before the rate counts.
+    pub min_volume: u32,
+    /// Length of the failure-rate window.
+    pub interval: Duration,
+    /// Latency estimate above this multiple of the pool median is an
+    /// outlier (0: off).
+    pub latency_factor: f64,
+}
+
+/// Kind of active health check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckKind {
+    #[default]
+    None,
+    /// A TCP connect to the backend address.
+    Tcp,
+    /// `GET path` over HTTP/1.1, passing on the expected status.
+    Http,
+}
+
+/// Health-check settings, all optional (flags, `[operations]`, `[vip.health]`).
+#[derive(Clone, Debug, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSettings {
+    /// Active health check: none (default), tcp or http.
+    #[arg(long = "health-check", value_enum, value_name = "KIND")]
+    #[serde(alias = "check")]
+    pub health_check: Option<CheckKind>,
+    /// HTTP path of the check (default /).
+    #[arg(long, value_name = "PATH")]
+    #[serde(alias = "path")]
+    pub health_path: Option<String>,
+    /// HTTP status that passes (default 200).
+    #[arg(long, value_name = "CODE")]
+    #[serde(alias = "status")]
+    pub health_status: Option<u16>,
+    /// Time between checks of one backend (default 1s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(
+        default,
+        alias = "interval",
+        deserialize_with = "duration::deserialize_opt"
+    )]
+    pub health_interval: Option<Duration>,
+    /// A check not done in this time fails (default 500ms).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(
+        default,
+        alias = "timeout",
+        deserialize_with = "duration::deserialize_opt"
+    )]
+    pub health_timeout: Option<Duration>,
+    /// Passed checks in a row that bring a failed backend back (default 2).
+    #[arg(long, value_name = "N")]
+    #[serde(alias = "rise")]
+    pub health_rise: Option<u32>,
+    /// Failed checks in a row that take a backend out (default 2).
+    #[arg(long, value_name = "N")]
+    #[serde(alias = "fall")]
+    pub health_fall: Option<u32>,
+}
+
+impl HealthSettings {
+    /// `self` where set, else `fallback`.
+    pub fn or(self, fallback: &HealthSettings) -> HealthSettings {
+        let f = fallback.clone();
+        HealthSettings {
+            health_check: self.health_check.or(f.health_check),
+            health_path: self.health_path.or(f.health_path),
+            health_status: self.health_status.or(f.health_status),
+            health_interval: self.health_interval.or(f.health_interval),
+            health_timeout: self.health_timeout.or(f.health_timeout),
+            health_rise: self.health_rise.or(f.health_rise),
+            health_fall: self.health_fall.or(f.health_fall),
+        }
+    }
+
+    /// The check these settings describe (`None`: no active checks).
+    pub fn resolve(&self) -> Result<Option<HealthCheck>, ConfigError> {
+        let kind = self.health_check.unwrap_or_default();
+        let check = HealthCheck {
+            http: match kind {
+                CheckKind::None => return Ok(None),
+                CheckKind::Tcp => None,
+                CheckKind::Http => Some(HttpCheck {
+                    path: self
+                        .health_path
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_HEALTH_PATH.into()),
+                    status: self.health_status.unwrap_or(DEFAULT_HEALTH_STATUS),
+                }),
+            },
+            interval: self.health_interval.unwrap_or(DEFAULT_HEALTH_INTERVAL),
+            timeout: self.health_timeout.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
+            rise: self.health_rise.unwrap_or(DEFAULT_HEALTH_RISE),
+            fall: self.health_fall.unwrap_or(DEFAULT_HEALTH_FALL),
+        };
+        if let Some(http) = &check.http
+            && (!http.path.starts_with('/') || http.path.contains(char::is_whitespace))
+        {
+            return Err(ConfigError::Ops(format!(
+                "health path '{}' must start with / and contain no spaces",
+                http.path
+            )));
+        }
+        if check.interval.is_zero() || check.timeout.is_zero() {
+            return Err(ConfigError::Ops(
+                "health interval and timeout must be greater than zero".into(),
+            ));
+        }
+        if check.rise == 0 || check.fall == 0 {
+            return Err(ConfigError::Ops(
+                "health rise and fall must be at least 1".into(),
+            ));
+        }
+        Ok(Some(check))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpCheck {
+    pub path: String,
+    pub status: u16,
+}
+
+/// A resolved active health check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `None`: a TCP connect check.
+    pub http: Option<HttpCheck>,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+}
+
+/// Every operations setting, all optional (flags and `[operations]`).
+#[derive(Clone, Debug, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpsSettings {
+    /// The `[operations.health]` table in a file.
+    #[command(flatten)]
+    #[serde(default)]
+    pub health: HealthSettings,
+    /// Window over which a new or recovered backend ramps up (default 10s; 0s: off).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    pub slow_start: Option<Duration>,
+    /// Share of its weight a ramping backend never goes below, 0..=1 (default 0.5).
+    #[arg(long, value_name = "SHARE")]
+    pub slow_start_floor: Option<f64>,
+    /// Time over which a weight change takes effect (default 0s: at once).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    pub weight_smoothing: Option<Duration>,
+    /// Failures in a row (refused, SYN timeout, reset by the backend) that eject (default 5; 0: off).
+    #[arg(long, value_name = "N")]
+    pub outlier_consecutive: Option<u32>,
+    /// Failure share within one interval that ejects, 0..=1 (default 0.5; 0: off).
+    #[arg(long, value_name = "SHARE")]
+    pub outlier_failure_rate: Option<f64>,
+    /// Outcomes needed in an interval before the failure rate counts (default 20).
+    #[arg(long, value_name = "N")]
+    pub outlier_min_volume: Option<u32>,
+    /// Window of the failure rate (default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    pub outlier_interval: Option<Duration>,
+    /// Eject a backend whose latency is this multiple of the pool median (default 0: off).
+    #[arg(long, value_name = "FACTOR")]
+    pub outlier_latency_factor: Option<f64>,
+    /// First ejection time; the n-th ejection lasts n times this (default 30s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    pub ejection_base: Option<Duration>,
+    /// Longest ejection (default 300s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    pub ejection_max: Option<Duration>,
+    /// Largest share of a VIP's backends ejected at once, in percent (default 50; never all).
+    #[arg(long, value_name = "PERCENT")]
+    pub max_ejection_percent: Option<u32>,
+    /// Most new connections per second the balancer accepts, shared out
+    /// over the CPUs (default 0: no cap); beyond it new flows are refused
+    /// before they touch the flow table.
+    #[arg(long, value_name = "PER_SECOND")]
+    pub max_new_flows: Option<u32>,
+    /// Prometheus metrics listener, IP:PORT or "off" (default 127.0.0.1:9470).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+}
+
+impl OpsSettings {
+    /// Flags (`self`) over the file's `[operations]`.
+    pub fn or(self, file: OpsSettings) -> OpsSettings {
+        OpsSettings {
+            health: self.health.or(&file.health),
+            slow_start: self.slow_start.or(file.slow_start),
+            slow_start_floor: self.slow_start_floor.or(file.slow_start_floor),
+            weight_smoothing: self.weight_smoothing.or(file.weight_smoothing),
+            outlier_consecutive: self.outlier_consecutive.or(file.outlier_consecutive),
+            outlier_failure_rate: self.outlier_failure_rate.or(file.outlier_failure_rate),
+            outlier_min_volume: self.outlier_min_volume.or(file.outlier_min_volume),
+            outlier_interval: self.outlier_interval.or(file.outlier_interval),
+            outlier_latency_factor: self.outlier_latency_factor.or(file.outlier_latency_factor),
+            ejection_base: self.ejection_base.or(file.ejection_base),
+            ejection_max: self.ejection_max.or(file.ejection_max),
+            max_ejection_percent: self.max_ejection_percent.or(file.max_ejection_percent),
+            max_new_flows: self.max_new_flows.or(file.max_new_flows),
+            metrics_addr: self.metrics_addr.or(file.metrics_addr),
+        }
+    }
+
+    /// The lifecycle's parameters, with the default health rise and fall.
+    fn lifecycle(&self) -> Result<LifecycleParams, ConfigError> {
+        Ok(LifecycleParams {
+            slow_start: self.slow_start.unwrap_or(DEFAULT_SLOW_START),
+            slow_start_floor: share(
+                "slow start floor",
+                self.slow_start_floor,
+                DEFAULT_SLOW_START_FLOOR,
+            )?,
+            weight_smoothing: self.weight_smoothing.unwrap_or_default(),
+            rise: DEFAULT_HEALTH_RISE,
+            fall: DEFAULT_HEALTH_FALL,
+            ejection_base: self.ejection_base.unwrap_or(DEFAULT_EJECTION_BASE),
+            ejection_max: self.ejection_max.unwrap_or(DEFAULT_EJECTION_MAX),
+        })
+    }
+
+    fn outlier(&self) -> Result<OutlierParams, ConfigError> {
+        let latency_factor = self.outlier_latency_factor.unwrap_or(0.0);
+        if !(latency_factor == 0.0 || latency_factor >= 1.0) {
+            return Err(ConfigError::Ops(format!(
+                "outlier latency factor {latency_factor} must be 0 (off) or at least 1"
+            )));
+        }
+        let outlier = OutlierParams {
+            consecutive: self
+                .outlier_consecutive
+                .unwrap_or(DEFAULT_OUTLIER_CONSECUTIVE),
+            failure_rate: share(
+                "outlier failure rate",
+                self.outlier_failure_rate,
+                DEFAULT_OUTLIER_FAILURE_RATE,
+            )?,
+            min_volume: self
+                .outlier_min_volume
+                .unwrap_or(DEFAULT_OUTLIER_MIN_VOLUME),
+            interval: self.outlier_interval.unwrap_or(DEFAULT_OUTLIER_INTERVAL),
+            latency_factor,
+        };
+        if outlier.interval.is_zero() {
+            return Err(ConfigError::Ops(
+                "outlier interval must be greater than zero".into(),
+            ));
+        }
+        Ok(outlier)
+    }
+
+    /// Validated values with defaults filled in. Rise and fall of the
+    /// lifecycle come from the VIP's health check (see [`Ops::lifecycle_for`]).
+    pub fn resolve(&self) -> Result<Ops, ConfigError> {
+        let lifecycle = self.lifecycle()?;
+        let outlier = self.outlier()?;
+        let max_ejection_percent = self
+            .max_ejection_percent
+            .unwrap_or(DEFAULT_MAX_EJECTION_PERCENT);
+        if max_ejection_percent > 100 {
+            return Err(ConfigError::Ops(format!(
+                "max ejection percent {max_ejection_percent} out of range (0..=100)"
+            )));
+        }
+        let metrics_addr = match self.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
+            "off" => None,
+            text => Some(text.parse::<SocketAddr>().map_err(|_| {
+                ConfigError::Ops(format!("metrics address '{text}' is not IP:PORT or off"))
+            })?),
+        };
+        Ok(Ops {
+            lifecycle,
+            outlier,
+            max_ejection_percent,
+            max_new_flows: self.max_new_flows.unwrap_or(0),
+            metrics_addr,
+        })
+    }
+}
+
+/// A share in 0..=1 (`default` when not given).
+fn share(name: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match v.unwrap_or(default) {
+        v if (0.0..=1.0).contains(&v) => Ok(v),
+        v => Err(ConfigError::Ops(format!(
+            "{name} {v} out of range (expected 0..=1)"
+        ))),
+    }
+}
+
+/// Resolved operations settings shared by every VIP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ops {
+    pub lifecycle: LifecycleParams,
+    pub outlier: OutlierParams,
+    pub max_ejection_percent: u32,
+    /// New flows per second for the whole balancer (0: no cap).
+    pub max_new_flows: u32,
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl Ops {
+    /// Lifecycle parameters of a VIP: rise and fall from its health check.
+    pub fn lifecycle_for(&self, check: Option<&HealthCheck>) -> LifecycleParams {
+        match check {
+            Some(c) => LifecycleParams {
+                rise: c.rise,
+                fall: c.fall,
+                ..self.lifecycle
+            },
+            None => self.lifecycle,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> OpsSettings {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let ops = OpsSettings::default().resolve().unwrap();
+        assert_eq!(ops.lifecycle.slow_start, DEFAULT_SLOW_START);
+        assert_eq!(ops.outlier.consecutive, 5);
+        assert_eq!(
+            ops.metrics_addr,
+            Some(DEFAULT_METRICS_ADDR.parse().unwrap())
+        );
+        assert_eq!(OpsSettings::default().health.resolve().unwrap(), None);
+    }
+
+    #[test]
+    fn file_health_and_overrides() {
+        let global =
+            parse("metrics_addr = \"off\"\n[health]\ncheck = \"http\"\npath = \"/h\"\nrise = 3");
+        let vip: HealthSettings = toml::from_str("check = \"tcp\"\nfall = 4").unwrap();
+        let check = vip.or(&global.health).resolve().unwrap().unwrap();
+        assert_eq!(check.http, None);
+        assert_eq!((check.rise, check.fall), (3, 4));
+        let http = global.health.resolve().unwrap().unwrap();
+        assert_eq!(http.http.unwrap().path, "/h");
+        assert_eq!(global.resolve().unwrap().metrics_addr, None);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for text in [
+            "slow_start_floor = 1.5",
+            "max_ejection_percent = 101",
+            "metrics_addr = \"nowhere\"",
+            "outlier_latency_factor = 0.5",
+        ] {
+            assert!(parse(text).resolve().is_err(), "{text}");
+        }
+        assert!(
+            parse("[health]\ncheck = \"http\"\npath = \"x\"")
+                .health
+                .resolve()
+                .is_err()
+        );
+        assert!(
+            parse("[health]\ncheck = \"tcp\"\nrise = 0")
+                .health
+                .resolve()
+                .is_err()
+        );
+        assert!(toml::from_str::<OpsSettings>("bogus = 1").is_err());
+    }
+}

@@ -1,0 +1,491 @@
+//! Prometheus metrics on `--metrics-addr` (default 127.0.0.1:9470), in the
+//! text exposition format 0.0.4, at `GET /metrics`.
+//!
+//! The values are snapshots: kernel counters read from the maps and the
+//! control plane's own state, taken by the event loop when a scrape
+//! arrives. That makes a registry of live metric objects unnecessary, so
+//! the exposition is written directly (a dozen families, no dependency).
+//! Names follow Prometheus conventions: `lb_` prefix, `_total` counters,
+//! base units (`_seconds`, `_bytes`). The reference is in the README.
+
+use std::{fmt::Write as _, net::SocketAddr, time::Duration};
+
+use anyhow::Context as _;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+    time::timeout,
+};
+use tracing::{info, warn};
+
+use crate::{pool::lifecycle::State, publish::writers::UpdateTimes};
+
+/// Largest request head read.
+const MAX_REQUEST: usize = 8 * 1024;
+/// A client that does not send its request in this time is dropped.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// One backend's values.
+#[derive(Clone, Debug, Default)]
+pub struct BackendMetrics {
+    pub vip: String,
+    pub backend: String,
+    pub opened: u64,
+    pub closed: u64,
+    pub active: u64,
+    pub refused: u64,
+    pub bytes_to_backend: u64,
+    pub bytes_from_backend: u64,
+    pub ewma_seconds: f64,
+    pub score: u64,
+    pub effective_weight: f64,
+    pub state: Option<State>,
+    pub ejections: u64,
+    pub outlier_failures: u64,
+    pub health_passed: u64,
+    pub health_failed: u64,
+}
+
+/// Everything one scrape shows.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub backends: Vec<BackendMetrics>,
+    /// Packets per pass/drop reason.
+    pub reasons: Vec<(&'static str, u64)>,
+    pub events_lost: u64,
+    pub events_received: u64,
+    pub publish_times: UpdateTimes,
+    pub score_times: UpdateTimes,
+    /// VIPs currently in panic mode (serving backends that fail checks).
+    pub vips_in_panic: u64,
+    pub flows_evicted: u64,
+    pub flow_entries: u64,
+    pub flow_table_size: u64,
+}
+
+/// Writes families in the text format.
+struct Exposition(String);
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let _ = write!(self.0, "{k}=\"{}\"", escape(v));
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A family with one sample per backend: `value` picks the number.
+struct BackendFamily {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: fn(&BackendMetrics) -> f64,
+}
+
+const CONNECTION_FAMILIES: [BackendFamily; 4] = [
+    BackendFamily {
+        name: "lb_backend_connections_opened_total",
+        kind: "counter",
+        help: "Connections the kernel opened to the backend.",
+        value: |b| b.opened as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_connections_closed_total",
+        kind: "counter",
+        help: "Connections the kernel saw end (FIN or RST).",
+        value: |b| b.closed as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_connections_active",
+        kind: "gauge",
+        help: "Connections open now (opened - closed - correction).",
+        value: |b| b.active as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_connections_refused_total",
+        kind: "counter",
+        help: "Connections refused by the backend or unanswered SYNs, seen by this process.",
+        value: |b| b.refused as f64,
+    },
+];
+
+const ESTIMATE_FAMILIES: [BackendFamily; 3] = [
+    BackendFamily {
+        name: "lb_backend_latency_ewma_seconds",
+        kind: "gauge",
+        help: "Peak-EWMA latency estimate (client payload to first backend payload).",
+        value: |b| b.ewma_seconds,
+    },
+    BackendFamily {
+        name: "lb_backend_score",
+        kind: "gauge",
+        help: "Cost the kernel's P2C multiplies by (inflight+1)^bias (lower is better).",
+        value: |b| b.score as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_effective_weight",
+        kind: "gauge",
+        help: "Weight used for selection after slow start and smoothing, in configured units.",
+        value: |b| b.effective_weight,
+    },
+];
+
+const OUTLIER_FAMILIES: [BackendFamily; 2] = [
+    BackendFamily {
+        name: "lb_backend_ejections_total",
+        kind: "counter",
+        help: "Outlier ejections of the backend.",
+        value: |b| b.ejections as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_outlier_failures_total",
+        kind: "counter",
+        help: "Failures counted by outlier detection (refused, SYN timeout, reset by the backend).",
+        value: |b| b.outlier_failures as f64,
+    },
+];
+
+impl Exposition {
+    fn per_backend(&mut self, s: &Snapshot, families: &[BackendFamily]) {
+        for f in families {
+            self.family(f.name, f.kind, f.help);
+            for b in &s.backends {
+                self.sample(
+                    f.name,
+                    &[("vip", &b.vip), ("backend", &b.backend)],
+                    (f.value)(b),
+                );
+            }
+        }
+    }
+
+    /// A per-backend family split by one more label: `split` gives each
+    /// backend's `(label value, number)` pairs.
+    fn per_backend_split(
+        &mut self,
+        s: &Snapshot,
+        (name, kind, help): (&str, &str, &str),
+        label: &str,
+        split: impl Fn(&BackendMetrics) -> Vec<(&'static str, f64)>,
+    ) {
+        self.family(name, kind, help);
+        for b in &s.backends {
+            for (value_label, v) in split(b) {
+                let labels = [
+                    ("vip", b.vip.as_str()),
+                    ("backend", &b.backend),
+                    (label, value_label),
+                ];
+                self.sample(name, &labels, v);
+            }
+        }
+    }
+
+    /// A family of one unlabelled sample.
+    fn single(&mut self, (name, kind, help): (&str, &str, &str), value: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+}
+
+pub fn render(s: &Snapshot) -> String {
+    let mut out = Exposition(String::new());
+    out.per_backend(s, &CONNECTION_FAMILIES);
+    render_backend_splits(&mut out, s);
+    render_kernel_counters(&mut out, s);
+    render_map_updates(&mut out, s);
+    render_pool_and_flows(&mut out, s);
+    out.0
+}
+
+/// Bytes by direction, estimates, states, outlier counts and health checks.
+fn render_backend_splits(out: &mut Exposition, s: &Snapshot) {
+    out.per_backend_split(
+        s,
+        (
+            "lb_backend_bytes_total",
+            "counter",
+            "Bytes of balanced traffic, by direction.",
+        ),
+        "direction",
+        |b| {
+            vec![
+                ("to_backend", b.bytes_to_backend as f64),
+                ("from_backend", b.bytes_from_backend as f64),
+            ]
+        },
+    );
+    out.per_backend(s, &ESTIMATE_FAMILIES);
+    out.per_backend_split(
+        s,
+        (
+            "lb_backend_state",
+            "gauge",
+            "1 for the backend's current state, 0 for the others.",
+        ),
+        "state",
+        |b| {
+            let current = |state| if b.state == Some(state) { 1.0 } else { 0.0 };
+            State::ALL
+                .iter()
+                .map(|&state| (state.name(), current(state)))
+                .collect()
+        },
+    );
+    out.per_backend(s, &OUTLIER_FAMILIES);
+    out.per_backend_split(
+        s,
+        (
+            "lb_health_checks_total",
+            "counter",
+            "Active health-check results.",
+        ),
+        "result",
+        |b| {
+            vec![
+                ("pass", b.health_passed as f64),
+                ("fail", b.health_failed as f64),
+            ]
+        },
+    );
+}
+
+/// Packets by reason and the ring buffer's events.
+fn render_kernel_counters(out: &mut Exposition, s: &Snapshot) {
+    out.family(
+        "lb_packets_total",
+        "counter",
+        "Packets by the verdict reason the XDP program counted.",
+    );
+    for (reason, v) in &s.reasons {
+        out.sample("lb_packets_total", &[("reason", reason)], *v as f64);
+    }
+    out.single(
+        (
+            "lb_ring_buffer_events_lost_total",
+            "counter",
+            "Flow events the kernel could not queue (ring buffer full).",
+        ),
+        s.events_lost as f64,
+    );
+    out.single(
+        (
+            "lb_ring_buffer_events_total",
+            "counter",
+            "Flow events this process received.",
+        ),
+        s.events_received as f64,
+    );
+}
+
+/// How long the writes of selections and scores take.
+fn render_map_updates(out: &mut Exposition, s: &Snapshot) {
+    let kinds = [("publish", s.publish_times), ("scores", s.score_times)];
+    out.family(
+        "lb_map_update_seconds",
+        "summary",
+        "Time to write map updates: a VIP's backends and slots (publish) or all scores (scores).",
+    );
+    for (kind, t) in kinds {
+        out.sample(
+            "lb_map_update_seconds_sum",
+            &[("kind", kind)],
+            t.sum_seconds,
+        );
+        out.sample(
+            "lb_map_update_seconds_count",
+            &[("kind", kind)],
+            t.count as f64,
+        );
+    }
+    out.family(
+        "lb_map_update_max_seconds",
+        "gauge",
+        "Slowest map update so far.",
+    );
+    for (kind, t) in kinds {
+        out.sample(
+            "lb_map_update_max_seconds",
+            &[("kind", kind)],
+            t.max_seconds,
+        );
+    }
+}
+
+/// VIPs in panic mode and the flow table's fill.
+fn render_pool_and_flows(out: &mut Exposition, s: &Snapshot) {
+    out.single(
+        (
+            "lb_vips_in_panic",
+            "gauge",
+            "VIPs serving backends that fail their checks because none passes.",
+        ),
+        s.vips_in_panic as f64,
+    );
+    out.single(
+        (
+            "lb_flows_evicted_total",
+            "counter",
+            "Open flows that left the full flow table without a close (LRU eviction), seen by this process.",
+        ),
+        s.flows_evicted as f64,
+    );
+    out.single(
+        (
+            "lb_flow_table_entries",
+            "gauge",
+            "Flow-table entries (two per connection) at the last reconciliation pass.",
+        ),
+        s.flow_entries as f64,
+    );
+    out.single(
+        ("lb_flow_table_capacity", "gauge", "Flow-table size."),
+        s.flow_table_size as f64,
+    );
+}
+
+/// A scrape waiting for the event loop's snapshot.
+pub type Scrape = oneshot::Sender<String>;
+
+/// Serves `GET /metrics`; each scrape asks the event loop for the text.
+pub async fn serve(
+    addr: SocketAddr,
+    scrapes: mpsc::Sender<Scrape>,
+) -> anyhow::Result<JoinHandle<()>> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener {addr}"))?;
+    info!(%addr, "metrics at http://{addr}/metrics");
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let scrapes = scrapes.clone();
+            tokio::spawn(async move {
+                if let Err(e) = answer(stream, scrapes).await {
+                    warn!("metrics request: {e:#}");
+                }
+            });
+        }
+    }))
+}
+
+async fn answer(mut stream: TcpStream, scrapes: mpsc::Sender<Scrape>) -> anyhow::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let n = timeout(REQUEST_TIMEOUT, stream.read(&mut buf)).await??;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
+        let (tx, rx) = oneshot::channel();
+        scrapes.send(tx).await.ok();
+        match rx.await {
+            Ok(text) => ("200 OK", text),
+            Err(_) => ("503 Service Unavailable", "shutting down\n".to_string()),
+        }
+    } else {
+        ("404 Not Found", "metrics are at /metrics\n".to_string())
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_families_with_labels_and_conventions() {
+        let s = Snapshot {
+            backends: vec![BackendMetrics {
+                vip: "10.0.0.100:80/tcp".into(),
+                backend: "10.0.0.21:8080".into(),
+                opened: 5,
+                state: Some(State::Ejected),
+                effective_weight: 0.5,
+                ..Default::default()
+            }],
+            reasons: vec![("drop_snat_exhausted", 3)],
+            events_lost: 2,
+            ..Default::default()
+        };
+        let text = render(&s);
+        assert!(text.contains(
+            "lb_backend_connections_opened_total{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 5\n"
+        ));
+        assert!(text.contains("state=\"ejected\"} 1\n"));
+        assert!(text.contains("state=\"active\"} 0\n"));
+        assert!(text.contains("lb_backend_effective_weight{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 0.5\n"));
+        assert!(text.contains("lb_packets_total{reason=\"drop_snat_exhausted\"} 3\n"));
+        assert!(text.contains("lb_ring_buffer_events_lost_total 2\n"));
+        assert!(text.contains("# TYPE lb_map_update_seconds summary\n"));
+        // Every sample belongs to a declared family.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let base = name.trim_end_matches("_sum").trim_end_matches("_count");
+            assert!(text.contains(&format!("# TYPE {base} ")), "{line}");
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        let (tx, mut rx) = mpsc::channel::<Scrape>(1);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let server = serve(addr, tx).await.unwrap();
+        tokio::spawn(async move {
+            while let Some(reply) = rx.recv().await {
+                let _ = reply.send("lb_x 1\n".into());
+            }
+        });
+        for (path, want) in [("/metrics", "200 OK"), ("/", "404")] {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).await.unwrap();
+            assert!(text.contains(want), "{text}");
+            if path == "/metrics" {
+                assert!(text.ends_with("lb_x 1\n"));
+            }
+        }
+        server.abort();
+    }
+}

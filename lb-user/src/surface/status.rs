@@ -1,0 +1,293 @@
+//! `lb-user status`: what a running instance is doing, read from its pins.
+//!
+//! # JSON schema (`--json`; stable, parsed by the lab and the demo)
+//!
+//! ```json
+//! {
+//!   "instance": "lb-eth0",
+//!   "ifindex": 2,
+//!   "ready": true,                     // CONFIG_F_READY is set
+//!   "snat_ip": "10.0.0.1",
+//!   "snat_ports": "20000-32767",
+//!   "flow_entries": 4,                 // FLOWS entries (two per connection)
+//!   "vips": [{
+//!     "id": 0,
+//!     "address": "10.0.0.100:80",
+//!     "protocol": "tcp",               // or "udp"
+//!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
+//!     "inflight_bias": 2,
+//!     "backends": [{
+//!       "id": 0,
+//!       "address": "10.0.0.21:8080",
+//!       "weight": 0.5,                 // effective weight (slow start, smoothing)
+//!       "state": "active",             // "active" | "draining" | "ejected"
+//!       "inflight": 3,                 // opened - closed - correction
+//!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
+//!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
+//!       "opened": 10, "closed": 7, "correction": 0,
+//!       "packets_to_backend": 0, "bytes_to_backend": 0,
+//!       "packets_from_backend": 0, "bytes_from_backend": 0   // summed over CPUs
+//!     }]
+//!   }],
+//!   "reasons": { "pass_not_ip": 0, "tx_to_backend": 0, ... }   // lb_common::reason::NAMES
+//! }
+//! ```
+
+use std::path::Path;
+
+use anyhow::{Context as _, anyhow, bail};
+use lb_common::{
+    Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
+    reason,
+};
+use serde::Serialize;
+
+use crate::{
+    estimate::WEIGHT_UNITS, kernel::bpffs, kernel::instance, kernel::maps, kernel::wire,
+    settings::addr::Protocol,
+};
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub instance: String,
+    pub ifindex: u32,
+    pub ready: bool,
+    pub snat_ip: String,
+    pub snat_ports: String,
+    pub flow_entries: u64,
+    pub vips: Vec<VipStatus>,
+    pub reasons: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VipStatus {
+    pub id: u32,
+    pub address: String,
+    pub protocol: String,
+    pub algorithm: String,
+    pub inflight_bias: u8,
+    pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BackendStatus {
+    pub id: u32,
+    pub address: String,
+    /// Effective weight (slow start and smoothing applied), in configured units.
+    pub weight: f64,
+    pub state: String,
+    pub inflight: u64,
+    pub ewma_ms: f64,
+    pub cost: u64,
+    pub opened: u64,
+    pub closed: u64,
+    pub correction: u64,
+    pub packets_to_backend: u64,
+    pub bytes_to_backend: u64,
+    pub packets_from_backend: u64,
+    pub bytes_from_backend: u64,
+}
+
+/// The instance to show: the one named, or the only one running.
+pub fn resolve_instance(requested: Option<String>) -> anyhow::Result<String> {
+    if let Some(name) = requested {
+        return Ok(name);
+    }
+    let running = if bpffs::is_mounted() {
+        instance::list()
+    } else {
+        Vec::new()
+    };
+    match running.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!(
+            "no running instance (nothing under {})",
+            instance::pin_root().display()
+        ),
+        many => bail!(
+            "several instances are running ({}); pick one with --instance",
+            many.join(", ")
+        ),
+    }
+}
+
+fn state_name(state: u8) -> String {
+    match state {
+        BACKEND_ACTIVE => "active",
+        BACKEND_DRAINING => "draining",
+        BACKEND_EJECTED => "ejected",
+        _ => "unknown",
+    }
+    .to_string()
+}
+
+pub fn read(instance: &str) -> anyhow::Result<Status> {
+    let dir = instance::pin_dir(instance);
+    if !dir.is_dir() {
+        bail!(
+            "instance '{instance}' is not running (no {})",
+            dir.display()
+        );
+    }
+    let config = maps::configs(&dir)?
+        .get(&maps::CONFIG_KEY, 0)
+        .context("reading CONFIG")?;
+    let snat_ip = wire::words_to_ip(config.snat_v4, lb_common::AF_INET)
+        .map(|ip| ip.to_string())
+        .unwrap_or_default();
+    Ok(Status {
+        instance: instance.to_string(),
+        ifindex: config.ifindex,
+        ready: config.flags & CONFIG_F_READY != 0,
+        snat_ip,
+        snat_ports: format!("{}-{}", config.snat_port_min, config.snat_port_max),
+        flow_entries: maps::flows(&dir)?.keys().filter(Result::is_ok).count() as u64,
+        vips: read_vips(&dir)?,
+        reasons: read_reasons(&dir)?,
+    })
+}
+
+/// One backend's line of the status, from its BACKENDS entry and counters.
+fn backend_status(
+    id: u32,
+    b: &lb_common::Backend,
+    score: lb_common::BackendScore,
+    c: lb_common::BackendConns,
+    correction: u64,
+    per_cpu: &[lb_common::BackendStats],
+) -> BackendStatus {
+    let sum = |f: fn(&lb_common::BackendStats) -> u64| per_cpu.iter().map(f).sum::<u64>();
+    BackendStatus {
+        id,
+        address: wire::socket_addr(b.addr, b.family, b.port)
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        weight: if score.weight != 0 {
+            f64::from(score.weight) / f64::from(WEIGHT_UNITS)
+        } else {
+            f64::from(b.weight)
+        },
+        state: state_name(b.state),
+        inflight: c.inflight(correction),
+        ewma_ms: score.ewma_ns as f64 / 1e6,
+        cost: score.cost,
+        opened: c.opened,
+        closed: c.closed,
+        correction,
+        packets_to_backend: sum(|s| s.packets_to_backend),
+        bytes_to_backend: sum(|s| s.bytes_to_backend),
+        packets_from_backend: sum(|s| s.packets_from_backend),
+        bytes_from_backend: sum(|s| s.bytes_from_backend),
+    }
+}
+
+fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
+    let backends = maps::backends(dir)?;
+    let scores = maps::scores(dir)?;
+    let conns = maps::conns(dir)?;
+    let corrections = maps::corrections(dir)?;
+    let stats = maps::stats(dir)?;
+    let mut vips = Vec::new();
+    for entry in maps::vips(dir)?.iter() {
+        let (key, meta) = entry.context("reading VIPS")?;
+        let address = wire::socket_addr(key.addr, key.family, key.port)
+            .ok_or_else(|| anyhow!("VIPS has an entry of unknown family {}", key.family))?;
+        let mut list = Vec::new();
+        for id in 0..MAX_BACKENDS {
+            let b = backends.get(&id, 0).context("reading BACKENDS")?;
+            if b.in_use == 0 || b.vip_id != meta.vip_id {
+                continue;
+            }
+            let score = scores.get(&id, 0).context("reading BACKEND_SCORES")?;
+            let c = conns.get(&id, 0).context("reading BACKEND_CONNS")?;
+            let correction = corrections
+                .get(&id, 0)
+                .context("reading BACKEND_CORRECTION")?;
+            let per_cpu = stats.get(&id, 0).context("reading BACKEND_STATS")?;
+            list.push(backend_status(id, &b, score, c, correction, &per_cpu));
+        }
+        vips.push(VipStatus {
+            id: meta.vip_id,
+            address: address.to_string(),
+            protocol: Protocol::from_ip_proto(key.proto)
+                .map(|p| p.name().to_string())
+                .unwrap_or_else(|| key.proto.to_string()),
+            algorithm: Algorithm::from_u8(meta.algorithm)
+                .map(|a| a.name().to_string())
+                .unwrap_or_else(|| format!("unknown({})", meta.algorithm)),
+            inflight_bias: meta.inflight_bias,
+            backends: list,
+        });
+    }
+    vips.sort_by_key(|v| v.id);
+    Ok(vips)
+}
+
+fn read_reasons(dir: &Path) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let reasons = maps::reasons(dir)?;
+    let mut out = serde_json::Map::new();
+    for (i, name) in reason::NAMES.iter().enumerate() {
+        let per_cpu = reasons
+            .get(&(i as u32), 0)
+            .context("reading REASON_STATS")?;
+        out.insert(name.to_string(), per_cpu.iter().sum::<u64>().into());
+    }
+    Ok(out)
+}
+
+/// The human-readable form.
+pub fn render_table(s: &Status) -> String {
+    let mut out = format!(
+        "instance {} (ifindex {}, {}), snat {} ports {}, {} flow entries\n",
+        s.instance,
+        s.ifindex,
+        if s.ready { "ready" } else { "NOT READY" },
+        s.snat_ip,
+        s.snat_ports,
+        s.flow_entries
+    );
+    for v in &s.vips {
+        out += &format!(
+            "\nVIP {}/{}  algorithm {}  inflight bias {}\n",
+            v.address, v.protocol, v.algorithm, v.inflight_bias
+        );
+        out += &format!(
+            "  {:>3} {:<22} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
+            "id",
+            "backend",
+            "weight",
+            "state",
+            "inflight",
+            "ewma_ms",
+            "cost",
+            "opened",
+            "closed",
+            "bytes_to",
+            "bytes_from"
+        );
+        for b in &v.backends {
+            out += &format!(
+                "  {:>3} {:<22} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
+                b.id,
+                b.address,
+                b.weight,
+                b.state,
+                b.inflight,
+                b.ewma_ms,
+                b.cost,
+                b.opened,
+                b.closed,
+                b.bytes_to_backend,
+                b.bytes_from_backend
+            );
+        }
+    }
+    out += "\nreasons:";
+    for (name, count) in &s.reasons {
+        if count.as_u64() != Some(0) {
+            out += &format!(" {name}={count}");
+        }
+    }
+    out.push('\n');
+    out
+}
