@@ -61,6 +61,10 @@ pub struct Load {
     pub ewma_ns: u64,
     /// Connections open to the backend ([`crate::BackendConns::inflight`]).
     pub inflight: u64,
+    /// The backend's last progress (`BACKEND_PROGRESS_MAP`), 0 for none. Only
+    /// read while flows are in flight: the caller may leave it 0 otherwise
+    /// (the kernel then skips a map lookup).
+    pub last_progress_ns: u64,
 }
 
 /// The exponent of the in-flight term for a VIP's configured value: 0 means
@@ -114,19 +118,13 @@ pub fn score(cost: u64, inflight: u64, bias: u8) -> u64 {
     total
 }
 
-/// Scores backend `id`. `last_progress` is read only while the backend has
-/// flows in flight (it is a map lookup in the kernel).
+/// Scores backend `id`: its cost (at least 1, stall-scaled while it has
+/// flows in flight) times the in-flight term.
 #[inline(always)]
-pub fn candidate(
-    id: u32,
-    load: Load,
-    bias: u8,
-    now: u64,
-    last_progress: impl FnOnce() -> u64,
-) -> Candidate {
+pub fn candidate(id: u32, load: Load, bias: u8, now: u64) -> Candidate {
     let mut cost = if load.cost == 0 { 1 } else { load.cost };
     if load.inflight > 0 {
-        cost = stall_scaled(cost, load.ewma_ns, last_progress(), now);
+        cost = stall_scaled(cost, load.ewma_ns, load.last_progress_ns, now);
     }
     Candidate {
         id,
@@ -169,24 +167,42 @@ pub const fn winner(
     }
 }
 
-/// Two distinct slots of `count` from two random values: the first is
-/// `r1 mod count`, the second is drawn among the other `count - 1` slots and
-/// skips over the first, so the two differ without a retry loop and each
-/// ordered pair is (up to the modulo's bias, below 2^-22 for 1024 slots)
-/// equally likely. `None` with a single slot.
-#[inline(always)]
-pub fn gen_pair(count: NonZeroU32, r1: u32, r2: u32) -> Option<(u32, u32)> {
-    let others = NonZeroU32::new(count.get().wrapping_sub(1))?;
-    // Remainders by a `NonZeroU32`: no division-by-zero check to panic.
-    let first = r1 % count;
-    let second = r2 % others;
-    // second < others < u32::MAX, so the increment cannot wrap.
-    let second = if second >= first {
-        second.wrapping_add(1)
-    } else {
-        second
-    };
-    Some((first, second))
+/// The slots a pair is drawn from: at least two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    count: NonZeroU32,
+    /// `count - 1`, the slots left for the second draw.
+    others: NonZeroU32,
+}
+
+impl Slots {
+    /// `None` with a single slot (no pair to draw).
+    #[inline(always)]
+    pub const fn new(count: NonZeroU32) -> Option<Self> {
+        match NonZeroU32::new(count.get().wrapping_sub(1)) {
+            Some(others) => Some(Self { count, others }),
+            None => None,
+        }
+    }
+
+    /// Two distinct slots from two random values: the first is
+    /// `r1 mod count`, the second is drawn among the other `count - 1`
+    /// slots and skips over the first, so the two differ without a retry
+    /// loop and each ordered pair is (up to the modulo's bias, below 2^-22
+    /// for 1024 slots) equally likely. Linkerd's `gen_pair`.
+    #[inline(always)]
+    pub fn gen_pair(&self, r1: u32, r2: u32) -> (u32, u32) {
+        // Remainders by a `NonZeroU32`: no division-by-zero check to panic.
+        let first = r1 % self.count;
+        let second = r2 % self.others;
+        // second < others < u32::MAX, so the increment cannot wrap.
+        let second = if second >= first {
+            second.wrapping_add(1)
+        } else {
+            second
+        };
+        (first, second)
+    }
 }
 
 /// The P2C decision with re-draws. `draw_pair` draws a fresh pair and
@@ -195,33 +211,27 @@ pub fn gen_pair(count: NonZeroU32, r1: u32, r2: u32) -> Option<(u32, u32)> {
 /// candidate is [far above](Candidate::far_above) the bound, up to
 /// [`MAX_REDRAWS`] more pairs are drawn, and a pair's winner replaces it if
 /// it [beats](Candidate::beats) it. `None`: every round came back empty.
-///
-/// One loop with one call of `draw_pair`, so the kernel inlines the draw
-/// (map lookups and all) once.
 #[inline(always)]
 pub fn choose(bound: u64, mut draw_pair: impl FnMut() -> Option<Candidate>) -> Option<Candidate> {
-    let mut best: Option<Candidate> = None;
-    let (mut rounds, mut redraws) = (0, 0);
-    for _ in 0..ROUNDS + MAX_REDRAWS {
-        let redraw = match best {
-            None if rounds < ROUNDS => false,
-            Some(b) if b.far_above(bound) && redraws < MAX_REDRAWS => true,
-            _ => break,
-        };
-        let drawn = draw_pair();
-        if !redraw {
-            rounds += 1;
-            best = drawn;
-        } else {
-            redraws += 1;
-            if let (Some(other), Some(b)) = (drawn, best)
-                && other.beats(&b, bound)
-            {
-                best = drawn;
-            }
+    let mut best = None;
+    for _ in 0..ROUNDS {
+        best = draw_pair();
+        if best.is_some() {
+            break;
         }
     }
-    best
+    let mut best = best?;
+    for _ in 0..MAX_REDRAWS {
+        if !best.far_above(bound) {
+            break;
+        }
+        if let Some(other) = draw_pair()
+            && other.beats(&best, bound)
+        {
+            best = other;
+        }
+    }
+    Some(best)
 }
 
 #[cfg(test)]

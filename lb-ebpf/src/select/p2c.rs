@@ -23,15 +23,15 @@ use crate::{
 #[inline(always)]
 pub fn select(vip: &VipMeta, count: NonZeroU32) -> Result<Chosen, Reason> {
     let bias = p2c::inflight_bias(vip.inflight_bias);
-    if count.get() == 1 {
+    let Some(slots) = p2c::Slots::new(count) else {
         return candidate(vip.vip_id, 0).ok_or(reason::DROP_NO_BACKEND);
-    }
+    };
     let now = now();
     let bound = p2c::redraw_bound(tables(vip.vip_id).reference_cost);
     // Inlined like the rest of the pick (an outlined closure would be a
     // BPF call taking a pointer to this stack frame).
     let draw_pair = #[inline(always)]
-    || pair(vip.vip_id, count, bias, now, bound);
+    || pair(vip.vip_id, slots, bias, now, bound);
     let best = p2c::choose(bound, draw_pair);
     // None: every draw hit an out-of-service backend. Scan from a random
     // slot, so a VIP with few backends in service among many is still served.
@@ -43,8 +43,8 @@ pub fn select(vip: &VipMeta, count: NonZeroU32) -> Result<Chosen, Reason> {
 
 /// The winner of two distinct random slots, `None` if both are out of service.
 #[inline(always)]
-fn pair(vip_id: u32, count: NonZeroU32, bias: u8, now: u64, bound: u64) -> Option<Candidate> {
-    let (first, second) = p2c::gen_pair(count, random(), random())?;
+fn pair(vip_id: u32, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Option<Candidate> {
+    let (first, second) = slots.gen_pair(random(), random());
     let a = candidate(vip_id, first).map(|c| scored(c.id, bias, now));
     let b = candidate(vip_id, second).map(|c| scored(c.id, bias, now));
     p2c::winner(a, b, bound)
@@ -54,10 +54,13 @@ fn pair(vip_id: u32, count: NonZeroU32, bias: u8, now: u64, bound: u64) -> Optio
 #[inline(always)]
 fn scored(id: u32, bias: u8, now: u64) -> Candidate {
     let s = score(id);
+    let inflight = inflight(id);
     let load = Load {
         cost: s.cost,
         ewma_ns: s.ewma_ns,
-        inflight: inflight(id),
+        inflight,
+        // Only counts while flows are in flight: no lookup otherwise.
+        last_progress_ns: if inflight > 0 { progress::last(id) } else { 0 },
     };
-    p2c::candidate(id, load, bias, now, || progress::last(id))
+    p2c::candidate(id, load, bias, now)
 }
