@@ -71,7 +71,7 @@ pub fn plain_case(name: impl Into<String>, body: impl FnOnce() + Send + 'static)
 /// Runs `trials` under the command line's arguments (filters, `--list`,
 /// `--exact`, `--test-threads`, ...) and exits with the outcome.
 pub fn run(suite: &str, trials: Vec<Trial>) -> ! {
-    let args = Arguments::from_args();
+    let (args, trials) = arguments(trials);
     if !args.list && matches!(privilege(), Privilege::Skipped) {
         eprintln!();
         eprintln!("************************************************************");
@@ -80,6 +80,54 @@ pub fn run(suite: &str, trials: Vec<Trial>) -> ! {
         eprintln!("************************************************************");
     }
     libtest_mimic::run(&args, trials).exit()
+}
+
+/// Options of the standard harness that take a value (`--option VALUE`).
+const VALUE_OPTIONS: [&str; 6] = [
+    "--test-threads",
+    "--logfile",
+    "--skip",
+    "--color",
+    "--format",
+    "-Z",
+];
+
+/// The command line, and the trials it selects. libtest-mimic takes one
+/// name filter, the standard harness several (`cargo test -- a b` runs the
+/// tests that match either): with more than one, the trials are selected
+/// here.
+fn arguments(trials: Vec<Trial>) -> (Arguments, Vec<Trial>) {
+    let mut argv = std::env::args();
+    let mut rest: Vec<String> = argv.next().into_iter().collect();
+    let mut filters = Vec::new();
+    while let Some(arg) = argv.next() {
+        if VALUE_OPTIONS.contains(&arg.as_str()) {
+            rest.push(arg);
+            rest.extend(argv.next());
+        } else if arg.starts_with('-') {
+            rest.push(arg);
+        } else {
+            filters.push(arg);
+        }
+    }
+    if filters.len() <= 1 {
+        rest.extend(filters);
+        return (Arguments::from_iter(rest), trials);
+    }
+    let args = Arguments::from_iter(rest);
+    let selected = trials
+        .into_iter()
+        .filter(|trial| {
+            filters.iter().any(|filter| {
+                if args.exact {
+                    trial.name() == filter
+                } else {
+                    trial.name().contains(filter.as_str())
+                }
+            })
+        })
+        .collect();
+    (args, selected)
 }
 
 /// `text` as a test-name segment: lower case, words joined by `_`

@@ -192,6 +192,34 @@ fn metric(text: &str, prefix: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
 }
 
+/// `n` keep-alive connections through the TCP VIP, each with one answered
+/// request.
+fn keep_alive(lab: &Lab, n: usize) -> Vec<TcpStream> {
+    let client = lab.client().ns.clone();
+    (0..n)
+        .map(|_| {
+            let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
+            probe::request(&mut s, "/", b"", true).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// How many of `streams` still answer a request for `path`.
+fn still_answering(streams: &mut [TcpStream], path: &str) -> usize {
+    streams
+        .iter_mut()
+        .map(|s| probe::request(s, path, b"", true).is_ok())
+        .filter(|&answered| answered)
+        .count()
+}
+
+/// A reason counter as `lb-user status` reports it (0 when absent).
+fn reason_count(lab: &Lab, name: &str) -> u64 {
+    let status = lab.status().unwrap();
+    status.reasons.get(name).copied().unwrap_or(0)
+}
+
 /// Waits until `check` holds, polling, or panics after `timeout`.
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -502,18 +530,8 @@ fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
     }
     assert_eq!(kept.len(), PORTS, "could not use the whole SNAT pool");
     let run = lab.measure(lab.load(20.0, 2.0, 1_000));
-    let status = lab.status().unwrap();
-    let exhausted = status
-        .reasons
-        .get("drop_snat_exhausted")
-        .copied()
-        .unwrap_or(0);
-    let mut kept_ok = 0;
-    for s in &mut kept {
-        if probe::request(s, "/still-there", b"", true).is_ok() {
-            kept_ok += 1;
-        }
-    }
+    let exhausted = reason_count(&lab, "drop_snat_exhausted");
+    let kept_ok = still_answering(&mut kept, "/still-there");
     lab.report(
         &run,
         &format!(
@@ -536,14 +554,8 @@ fn full_flow_table_evicts_and_counts_the_evictions() {
     let lab = Fault::new("flow-table-overflow", 2);
     // 64 entries: 32 connections, both directions each.
     let _lb = lab.start(&[0, 1], &["--flow-table-size", "64"]);
-    let client = lab.client().ns.clone();
     // Idle keep-alive connections: the oldest entries once the table fills.
-    let mut idle = Vec::new();
-    for _ in 0..4 {
-        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
-        probe::request(&mut s, "/", b"", true).unwrap();
-        idle.push(s);
-    }
+    let mut idle = keep_alive(&lab, 4);
     let run = lab.measure(lab.load(200.0, 4.0, 2_000));
     // The reconciler notices within a pass (1 s).
     let mut evicted = 0.0;
@@ -552,14 +564,11 @@ fn full_flow_table_evicts_and_counts_the_evictions() {
         evicted >= 1.0
     });
     let entries = metric(&scrape(&lab), "lb_flow_table_entries");
-    let mut idle_alive = 0;
-    for s in &mut idle {
+    for s in &idle {
         s.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
-        if probe::request(s, "/", b"", true).is_ok() {
-            idle_alive += 1;
-        }
     }
+    let idle_alive = still_answering(&mut idle, "/");
     lab.report(
         &run,
         &format!(
@@ -662,27 +671,11 @@ fn syn_flood_beyond_the_new_flow_cap_is_refused_and_spares_established_flows() {
         &[0, 1],
         &["--max-new-flows", "100", "--flow-table-size", "1024"],
     );
-    let client = lab.client().ns.clone();
-    let mut kept = Vec::new();
-    for _ in 0..4 {
-        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
-        probe::request(&mut s, "/", b"", true).unwrap();
-        kept.push(s);
-    }
+    let mut kept = keep_alive(&lab, 4);
     thread::sleep(Duration::from_secs(1));
     let run = lab.measure(lab.load(1_000.0, 3.0, 500));
-    let status = lab.status().unwrap();
-    let refused = status
-        .reasons
-        .get("drop_new_flow_rate")
-        .copied()
-        .unwrap_or(0);
-    let mut kept_ok = 0;
-    for s in &mut kept {
-        if probe::request(s, "/after-flood", b"", true).is_ok() {
-            kept_ok += 1;
-        }
-    }
+    let refused = reason_count(&lab, "drop_new_flow_rate");
+    let kept_ok = still_answering(&mut kept, "/after-flood");
     lab.report(
         &run,
         &format!(
