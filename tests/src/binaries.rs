@@ -30,14 +30,10 @@ impl Binaries {
         })
     }
 
-    /// For integration tests of this crate: cargo hands them the paths of the
-    /// crate's own binaries, so only `lb-user` needs looking up.
-    pub fn with_own(lb_backend: &str, lb_loadgen: &str) -> Self {
-        Self {
-            lb_user: find_lb_user(),
-            lb_backend: lb_backend.into(),
-            lb_loadgen: lb_loadgen.into(),
-        }
+    /// For the lab's tests: [`Binaries::locate`], or a panic that says what
+    /// is missing (cargo builds this crate's binaries before its tests).
+    pub fn for_tests() -> Self {
+        Self::locate().unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// The `lb-user` binary, or an error saying how to build it.

@@ -11,9 +11,11 @@ pub mod http;
 pub mod lab;
 pub mod loadgen;
 pub mod probe;
+pub mod production;
 pub mod root;
 pub mod server;
 pub mod status;
+pub mod trials;
 pub mod xdp;
 
 pub use binaries::Binaries;

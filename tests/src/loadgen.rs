@@ -81,6 +81,39 @@ pub struct LoadConfig {
 }
 
 impl LoadConfig {
+    /// `rate` requests per second for `duration_s` seconds to `target`, the
+    /// way the lab's tests load it: `GET /` without a body, at most 100 000
+    /// requests and 2 000 in flight, each with a 5 s timeout.
+    pub fn open_loop(target: SocketAddr, protocol: Protocol, rate: f64, duration_s: f64) -> Self {
+        Self {
+            target,
+            protocol,
+            rate,
+            duration_s,
+            max_requests: 100_000,
+            timeout_ms: 5_000,
+            max_outstanding: 2_000,
+            path: "/".into(),
+            payload_bytes: 0,
+        }
+    }
+
+    /// The same load with `bytes` of request payload.
+    pub fn with_payload(self, bytes: usize) -> Self {
+        Self {
+            payload_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// The same load with a per-request timeout of `ms` milliseconds.
+    pub fn with_timeout_ms(self, ms: u64) -> Self {
+        Self {
+            timeout_ms: ms,
+            ..self
+        }
+    }
+
     /// The command-line arguments that reproduce this configuration.
     pub fn to_args(&self) -> Vec<String> {
         let protocol = match self.protocol {

@@ -112,21 +112,9 @@ fn echo_request(id: u16, seq: u16) -> Vec<u8> {
     packet.extend_from_slice(&id.to_be_bytes());
     packet.extend_from_slice(&seq.to_be_bytes());
     packet.extend_from_slice(b"lb-lab ping payload");
-    let checksum = internet_checksum(&packet);
+    let checksum = crate::xdp::packet::checksum(&[&packet]);
     packet[2..4].copy_from_slice(&checksum.to_be_bytes());
     packet
-}
-
-/// RFC 1071 one's-complement sum.
-fn internet_checksum(bytes: &[u8]) -> u16 {
-    let mut sum: u32 = bytes
-        .chunks(2)
-        .map(|pair| u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Reads ICMP packets (raw sockets see every one in the namespace) until the
@@ -157,6 +145,6 @@ mod tests {
     #[test]
     fn checksum_of_a_request_verifies_to_zero() {
         let packet = echo_request(0x1234, 7);
-        assert_eq!(internet_checksum(&packet), 0);
+        assert_eq!(crate::xdp::packet::checksum(&[&packet]), 0);
     }
 }

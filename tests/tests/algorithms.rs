@@ -1,8 +1,13 @@
 //! Packet-level tests of every balancing algorithm in the XDP program, run
 //! with `BPF_PROG_TEST_RUN` on the verified object: the tables come from the
-//! control plane's own builders (`lb_user::tables`), the SYNs from the
-//! shared frame builder, and each test checks which backend the program
-//! wrote into the new flow's entry.
+//! control plane's own builders and writer (`lb_lab::production`), the SYNs
+//! from the shared frame builder, and each test checks which backend the
+//! program wrote into the new flow's entry, against expectations computed
+//! here from the weights alone.
+//!
+//! Each case is its own test (`cargo test --test algorithms -- --list`);
+//! the distribution and out-of-service cases are one test per algorithm.
+//! Root only; each case runs pinned to one CPU in a fresh network namespace.
 //!
 //! Distribution tolerances (absolute share difference from the weight's
 //! share, over `FLOWS` new flows to weights 1:2:3:4):
@@ -14,16 +19,20 @@
 use std::net::Ipv4Addr;
 
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, BACKEND_EJECTED, Backend, BackendScore, IPPROTO_TCP,
-    MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VIP_F_SOURCE_AFFINITY, VipKey, VipMeta, VipTables,
-    WRR_SCHEDULE_LEN, hash::flow_hash_v4,
+    Algorithm, BACKEND_ACTIVE, BACKEND_EJECTED, Backend, BackendScore, IPPROTO_TCP, MAGLEV_MAP,
+    MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VIP_F_SOURCE_AFFINITY, VIP_SCHEDULE_MAP,
+    VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipKey, VipMeta, VipTables, WRR_SCHEDULE_LEN,
+    hash::flow_hash_v4,
 };
-use lb_lab::xdp::{
-    harness::*,
-    isolate::isolate_thread,
-    packet::{Pkt, TCP_SYN},
+use lb_lab::{
+    production::{self, ALGORITHMS, EBPF_OBJECT, SlotBackend, VipTableSet},
+    trials::{self, packet_case, plain_case, slug},
+    xdp::{
+        harness::*,
+        isolate::private_bpffs,
+        packet::{Pkt, TCP_SYN},
+    },
 };
-use lb_user::publish::tables::{SlotBackend, VipTableSet};
 
 /// New flows per distribution run.
 const FLOWS: u32 = 4000;
@@ -36,7 +45,7 @@ const WEIGHTS: [u32; 4] = [1, 2, 3, 4];
 /// VIP over all of them running `algorithm`, and the VIP's tables as the
 /// control plane would write them.
 fn setup(algorithm: Algorithm, weights: &[u32], flags: u16, bias: u8) -> Lb {
-    let mut lb = Lb::load(lb_user::EBPF_OBJECT, TABLE_SIZE);
+    let mut lb = Lb::load(EBPF_OBJECT, TABLE_SIZE);
     lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MAX);
     let ids: Vec<u32> = (0..weights.len() as u32).collect();
     let mut slots = Vec::new();
@@ -52,13 +61,11 @@ fn setup(algorithm: Algorithm, weights: &[u32], flags: u16, bias: u8) -> Lb {
             weight,
             ..BackendScore::default()
         };
-        lb.array::<BackendScore>(lb_common::BACKEND_SCORES_MAP)
-            .set(id, score, 0)
-            .expect("set score");
+        lb.set_score(id, score);
         slots.push(SlotBackend::new(id, &backend, weight));
     }
     lb.vip(0, HTTP, IPPROTO_TCP, algorithm, bias, &ids);
-    write_tables(&mut lb, &VipTableSet::build(algorithm, &slots));
+    write_tables(&mut lb, algorithm, &slots);
     if flags != 0 {
         let key = VipKey {
             addr: words(VIP.into()).0,
@@ -75,30 +82,29 @@ fn setup(algorithm: Algorithm, weights: &[u32], flags: u16, bias: u8) -> Lb {
     lb
 }
 
-/// VIP 0's tables, written the way `lb_user::tables::write_vip` does.
-fn write_tables(lb: &mut Lb, set: &VipTableSet) {
-    let mut schedule = lb.array::<u32>(lb_common::VIP_SCHEDULE_MAP);
-    for (i, slot) in set.schedule.iter().enumerate() {
-        schedule.set(i as u32, slot, 0).expect("schedule");
+/// The maps the control plane's table writer fills.
+const TABLE_MAPS: [&str; 4] = [
+    VIP_SCHEDULE_MAP,
+    VIP_WEIGHT_PREFIX_MAP,
+    MAGLEV_MAP,
+    VIP_TABLES_MAP,
+];
+
+/// VIP 0's tables for `slots`, built and written by the control plane's own
+/// writer, through pins of this program's table maps in the thread's
+/// private BPF filesystem.
+fn write_tables(lb: &mut Lb, algorithm: Algorithm, slots: &[SlotBackend]) {
+    let dir = private_bpffs();
+    for name in TABLE_MAPS {
+        lb.map_mut(name)
+            .pin(dir.join(name))
+            .unwrap_or_else(|e| panic!("pinning {name}: {e}"));
     }
-    let mut prefix = lb.array::<u32>(lb_common::VIP_WEIGHT_PREFIX_MAP);
-    for (i, sum) in set.prefix.iter().enumerate() {
-        prefix.set(i as u32, sum, 0).expect("prefix");
+    let written = production::write_tables(&dir, 0, algorithm as u8, Some(0), slots);
+    for name in TABLE_MAPS {
+        std::fs::remove_file(dir.join(name)).unwrap_or_else(|e| panic!("unpinning {name}: {e}"));
     }
-    let mut maglev = lb.array::<u32>(lb_common::MAGLEV_MAP);
-    for (i, id) in set.maglev.iter().enumerate() {
-        maglev.set(i as u32, id, 0).expect("maglev");
-    }
-    let tables = VipTables {
-        schedule_len: set.schedule.len() as u32,
-        maglev_table: 0,
-        has_maglev: u32::from(!set.maglev.is_empty()),
-        _pad: 0,
-        reference_cost: 0,
-    };
-    lb.array::<VipTables>(lb_common::VIP_TABLES_MAP)
-        .set(0, tables, 0)
-        .expect("tables");
+    written.expect("writing VIP 0's tables");
 }
 
 /// A SYN from `client:port` to the VIP; returns the backend it went to.
@@ -160,22 +166,26 @@ fn wrr_follows_the_smooth_schedule() {
     assert_eq!(got, [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
 }
 
-fn weighted_distributions() {
-    for (algorithm, tolerance, bias) in [
-        (Algorithm::WeightedRoundRobin, 0.01, 0),
-        (Algorithm::LeastConn, 0.01, 0),
-        (Algorithm::Random, 0.03, 0),
-        (Algorithm::Maglev, 0.03, 0),
-        // With bias 1 P2C equalises cost × (inflight + 1) = inflight/weight
-        // (up to the +1), so long-lived flows spread by weight. With the
-        // default bias 2 they spread by √weight: the in-flight term is
-        // deliberately stronger than the weight.
-        (Algorithm::P2cEwma, 0.03, 1),
-    ] {
-        let lb = setup(algorithm, &WEIGHTS, 0, bias);
-        let got = shares(&choices(&lb, FLOWS), WEIGHTS.len());
-        assert_shares_follow(algorithm.name(), &got, &WEIGHTS, tolerance);
-    }
+/// The weighted algorithms: their tolerance and in-flight bias.
+const WEIGHTED: [(Algorithm, f64, u8); 5] = [
+    (Algorithm::WeightedRoundRobin, 0.01, 0),
+    (Algorithm::LeastConn, 0.01, 0),
+    (Algorithm::Random, 0.03, 0),
+    (Algorithm::Maglev, 0.03, 0),
+    // With bias 1 P2C equalises cost × (inflight + 1) = inflight/weight
+    // (up to the +1), so long-lived flows spread by weight. With the
+    // default bias 2 they spread by √weight: the in-flight term is
+    // deliberately stronger than the weight.
+    (Algorithm::P2cEwma, 0.03, 1),
+];
+
+fn weighted_distribution(algorithm: Algorithm, tolerance: f64, bias: u8) {
+    let lb = setup(algorithm, &WEIGHTS, 0, bias);
+    let got = shares(&choices(&lb, FLOWS), WEIGHTS.len());
+    assert_shares_follow(algorithm.name(), &got, &WEIGHTS, tolerance);
+}
+
+fn round_robin_ignores_weights() {
     let lb = setup(Algorithm::RoundRobin, &WEIGHTS, 0, 0);
     let got = shares(&choices(&lb, FLOWS), WEIGHTS.len());
     assert_shares_follow("round-robin (ignores weights)", &got, &[1, 1, 1, 1], 0.001);
@@ -249,20 +259,18 @@ fn maglev_source_affinity_keeps_a_client_on_one_backend() {
     );
 }
 
-fn out_of_service_backends_are_never_chosen() {
-    for algorithm in lb_user::settings::algorithm::ALL {
-        let mut lb = setup(algorithm, &WEIGHTS, 0, 0);
-        // Ejected while still in the slots and tables (the window before the
-        // control plane rewrites them).
-        lb.backend(3, BACKEND_EJECTED);
-        let got = choices(&lb, 400);
-        assert!(
-            !got.contains(&3),
-            "{}: an ejected backend got a flow",
-            algorithm.name()
-        );
-        assert!(got.contains(&0) && got.contains(&2), "{}", algorithm.name());
-    }
+fn out_of_service_backends_are_never_chosen(algorithm: Algorithm) {
+    let mut lb = setup(algorithm, &WEIGHTS, 0, 0);
+    // Ejected while still in the slots and tables (the window before the
+    // control plane rewrites them).
+    lb.backend(3, BACKEND_EJECTED);
+    let got = choices(&lb, 400);
+    assert!(
+        !got.contains(&3),
+        "{}: an ejected backend got a flow",
+        algorithm.name()
+    );
+    assert!(got.contains(&0) && got.contains(&2), "{}", algorithm.name());
 }
 
 fn tables_cover_the_limits() {
@@ -315,9 +323,7 @@ fn hetero_p2c() -> Lb {
             weight: 1,
             ..BackendScore::default()
         };
-        lb.array::<BackendScore>(lb_common::BACKEND_SCORES_MAP)
-            .set(id, score, 0)
-            .expect("score");
+        lb.set_score(id, score);
     }
     lb
 }
@@ -375,7 +381,7 @@ fn time_per_new_flow() {
         total / u64::from(RUNS)
     };
     let mut rows = Vec::new();
-    for algorithm in lb_user::settings::algorithm::ALL {
+    for algorithm in ALGORITHMS {
         let lb = setup(algorithm, &[1; 10], 0, 0);
         rows.push((algorithm.name().to_string(), mean_ns(&lb)));
     }
@@ -393,14 +399,13 @@ fn time_per_new_flow() {
     }
 }
 
-type Case = (&'static str, fn());
-
-const CASES: &[Case] = &[
+/// The cases that need nothing but one program, by name.
+const CASES: &[(&str, fn())] = &[
     (
         "wrr_follows_the_smooth_schedule",
         wrr_follows_the_smooth_schedule,
     ),
-    ("weighted_distributions", weighted_distributions),
+    ("round_robin_ignores_weights", round_robin_ignores_weights),
     (
         "least_conn_picks_the_fewest_per_weight",
         least_conn_picks_the_fewest_per_weight,
@@ -414,11 +419,6 @@ const CASES: &[Case] = &[
         maglev_source_affinity_keeps_a_client_on_one_backend,
     ),
     (
-        "out_of_service_backends_are_never_chosen",
-        out_of_service_backends_are_never_chosen,
-    ),
-    ("tables_cover_the_limits", tables_cover_the_limits),
-    (
         "p2c_redraws_when_both_draws_are_far_above_the_pool",
         p2c_redraws_when_both_draws_are_far_above_the_pool,
     ),
@@ -429,18 +429,29 @@ const CASES: &[Case] = &[
     ("time_per_new_flow", time_per_new_flow),
 ];
 
-#[test]
-fn xdp_algorithms() {
-    lb_lab::require_root!();
-    // A dedicated thread: the namespace and CPU pinning die with it.
-    std::thread::spawn(|| {
-        isolate_thread();
-        for (name, case) in CASES {
-            println!("case: {name}");
-            case();
-        }
-        println!("{} algorithm cases passed", CASES.len());
-    })
-    .join()
-    .expect("a case failed (see the panic above)");
+fn main() {
+    let mut trials: Vec<_> = CASES
+        .iter()
+        .map(|&(name, case)| packet_case(name, case))
+        .collect();
+    for (algorithm, tolerance, bias) in WEIGHTED {
+        let name = format!("weighted_distribution::{}", slug(algorithm.name()));
+        trials.push(packet_case(name, move || {
+            weighted_distribution(algorithm, tolerance, bias);
+        }));
+    }
+    for algorithm in ALGORITHMS {
+        let name = format!(
+            "out_of_service_backends_are_never_chosen::{}",
+            slug(algorithm.name())
+        );
+        trials.push(packet_case(name, move || {
+            out_of_service_backends_are_never_chosen(algorithm);
+        }));
+    }
+    trials.push(plain_case(
+        "tables_cover_the_limits",
+        tables_cover_the_limits,
+    ));
+    trials::run("algorithms", trials)
 }

@@ -3,12 +3,16 @@
 //! what was lost. Every test prints a `FAULT <name>: ...` line with its
 //! load and losses (the numbers quoted in the operations notes).
 //!
+//! The setup they share is [`Fault`]: its lab, its balancer, the load and
+//! the report; each test is its fault and its assertions.
+//!
 //! Needs root. Run with
 //! `cargo test -p lb-tests --test faults -- --test-threads=1`.
 
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
+    ops::Deref,
     thread,
     time::{Duration, Instant},
 };
@@ -38,24 +42,86 @@ const FAST_CHECKS: &[&str] = &[
     "2",
 ];
 
-fn binaries() -> Binaries {
-    Binaries::with_own(
-        env!("CARGO_BIN_EXE_lb-backend"),
-        env!("CARGO_BIN_EXE_lb-loadgen"),
-    )
+/// One fault test: its name (in the `FAULT` line) and its lab, whose
+/// methods it offers too.
+struct Fault {
+    name: &'static str,
+    lab: Lab,
 }
 
-fn load(lab: &Lab, rate: f64, duration_s: f64, timeout_ms: u64) -> LoadConfig {
-    LoadConfig {
-        target: lab.tcp_vip(),
-        protocol: Protocol::Tcp,
-        rate,
-        duration_s,
-        max_requests: 100_000,
-        timeout_ms,
-        max_outstanding: 2_000,
-        path: "/".into(),
-        payload_bytes: 0,
+/// A finished load: what was asked, what came of it, and what the fault
+/// injected during it returned.
+struct Run<T = ()> {
+    config: LoadConfig,
+    summary: Summary,
+    during: T,
+}
+
+impl Fault {
+    /// A lab with `backends` servers (2 workers, queue of 8 each).
+    fn new(name: &'static str, backends: usize) -> Self {
+        let lab = Lab::builder(Binaries::for_tests())
+            .backends(backends, BackendSpec::new(2, 8))
+            .build()
+            .unwrap();
+        Self { name, lab }
+    }
+
+    /// Starts the balancer: P2C over `backends` (indexes) with `extra` flags.
+    fn start(&self, backends: &[usize], extra: &[&str]) -> lb_lab::lab::ProcessId {
+        self.start_balancer(&spec(self, backends, extra)).unwrap()
+    }
+
+    /// `rate` new connections per second to the TCP VIP for `duration_s`
+    /// seconds, each request with a timeout of `timeout_ms`.
+    fn load(&self, rate: f64, duration_s: f64, timeout_ms: u64) -> LoadConfig {
+        LoadConfig::open_loop(self.tcp_vip(), Protocol::Tcp, rate, duration_s)
+            .with_timeout_ms(timeout_ms)
+    }
+
+    /// Runs `config` and, while it runs, the `fault`; waits for the load to end.
+    fn during<T>(&self, config: LoadConfig, fault: impl FnOnce(&Lab) -> T) -> Run<T> {
+        let process = self.spawn_loadgen(&config).unwrap();
+        let during = fault(&self.lab);
+        let summary = self.loadgen_summary(process, &config).unwrap();
+        Run {
+            config,
+            summary,
+            during,
+        }
+    }
+
+    /// Runs `config` to its end (against a fault already in place).
+    fn measure(&self, config: LoadConfig) -> Run {
+        let summary = self.run_loadgen(&config).unwrap();
+        Run {
+            config,
+            summary,
+            during: (),
+        }
+    }
+
+    /// The `FAULT` line: the load, what it lost, and `extra`.
+    fn report<T>(&self, run: &Run<T>, extra: &str) {
+        let (config, summary) = (&run.config, &run.summary);
+        eprintln!(
+            "FAULT {}: load {} req/s × {} s ({} scheduled, new connection each), completed {}, failed {} {:?}; {extra}",
+            self.name,
+            config.rate,
+            config.duration_s,
+            summary.scheduled,
+            summary.completed,
+            summary.error_count(),
+            summary.errors
+        );
+    }
+}
+
+impl Deref for Fault {
+    type Target = Lab;
+
+    fn deref(&self) -> &Lab {
+        &self.lab
     }
 }
 
@@ -126,6 +192,34 @@ fn metric(text: &str, prefix: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
 }
 
+/// `n` keep-alive connections through the TCP VIP, each with one answered
+/// request.
+fn keep_alive(lab: &Lab, n: usize) -> Vec<TcpStream> {
+    let client = lab.client().ns.clone();
+    (0..n)
+        .map(|_| {
+            let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
+            probe::request(&mut s, "/", b"", true).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// How many of `streams` still answer a request for `path`.
+fn still_answering(streams: &mut [TcpStream], path: &str) -> usize {
+    streams
+        .iter_mut()
+        .map(|s| probe::request(s, path, b"", true).is_ok())
+        .filter(|&answered| answered)
+        .count()
+}
+
+/// A reason counter as `lb-user status` reports it (0 when absent).
+fn reason_count(lab: &Lab, name: &str) -> u64 {
+    let status = lab.status().unwrap();
+    status.reasons.get(name).copied().unwrap_or(0)
+}
+
 /// Waits until `check` holds, polling, or panics after `timeout`.
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -135,45 +229,28 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn report(name: &str, config: &LoadConfig, summary: &Summary, extra: &str) {
-    eprintln!(
-        "FAULT {name}: load {} req/s × {} s ({} scheduled, new connection each), completed {}, failed {} {:?}; {extra}",
-        config.rate,
-        config.duration_s,
-        summary.scheduled,
-        summary.completed,
-        summary.error_count(),
-        summary.errors
-    );
-}
-
 #[test]
 fn killed_backend_loses_only_its_in_flight_requests() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("kill-backend", 3);
     let mut extra = FAST_CHECKS.to_vec();
     extra.extend(["--outlier-consecutive", "3"]);
-    let _lb = lab.start_balancer(&spec(&lab, &[0, 1, 2], &extra)).unwrap();
-    let config = load(&lab, 200.0, 8.0, 2_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(2));
-    lab.signal(lab.backends()[2].process, Signal::SIGKILL)
-        .unwrap();
-    // Detection: 3 refused connections (passive) or 2 failed checks (active).
-    thread::sleep(Duration::from_millis(1_500));
-    let status = lab.status().unwrap();
-    let dead = backend_status(&status, &lab, 2).unwrap();
-    assert_eq!(dead.state, "ejected", "{dead:?}");
-    let opened_at_detection = dead.opened;
-    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let _lb = lab.start(&[0, 1, 2], &extra);
+    let run = lab.during(lab.load(200.0, 8.0, 2_000), |lab| {
+        thread::sleep(Duration::from_secs(2));
+        lab.signal(lab.backends()[2].process, Signal::SIGKILL)
+            .unwrap();
+        // Detection: 3 refused connections (passive) or 2 failed checks (active).
+        thread::sleep(Duration::from_millis(1_500));
+        let status = lab.status().unwrap();
+        let dead = backend_status(&status, lab, 2).unwrap();
+        assert_eq!(dead.state, "ejected", "{dead:?}");
+        dead.opened
+    });
+    let (summary, opened_at_detection) = (&run.summary, run.during);
     let opened_after = opened(&lab, 2);
-    report(
-        "kill-backend",
-        &config,
-        &summary,
+    lab.report(
+        &run,
         &format!(
             "new connections to the dead backend after detection: {}",
             opened_after - opened_at_detection
@@ -203,10 +280,7 @@ fn killed_backend_loses_only_its_in_flight_requests() {
 #[test]
 fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("flap-backend", 3);
     let mut extra = FAST_CHECKS.to_vec();
     // A short ejection base so an ejected flapper returns within the test.
     extra.extend(["--slow-start", "0s", "--ejection-base", "2s"]);
@@ -215,27 +289,26 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     let mut balancer = spec(&lab, &[0, 1, 2], &extra);
     balancer.algorithm = Algorithm::RoundRobin;
     let _lb = lab.start_balancer(&balancer).unwrap();
-    let config = load(&lab, 150.0, 14.0, 1_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    let port = "p-be3";
-    thread::sleep(Duration::from_secs(1));
-    // Three flaps: 1 s unreachable (frames dropped: SYNs time out), 1 s back.
-    for _ in 0..3 {
-        lab.ip(lab.switch_ns(), &["link", "set", port, "down"])
-            .unwrap();
+    let run = lab.during(lab.load(150.0, 14.0, 1_000), |lab| {
+        let port = "p-be3";
         thread::sleep(Duration::from_secs(1));
-        lab.ip(lab.switch_ns(), &["link", "set", port, "up"])
-            .unwrap();
-        thread::sleep(Duration::from_secs(1));
-    }
-    wait_for(
-        "the flapping backend to be back in service",
-        Duration::from_secs(6),
-        || backend_status(&lab.status().unwrap(), &lab, 2).is_some_and(|b| b.state == "active"),
-    );
-    let back = opened(&lab, 2);
-    let summary = lab.loadgen_summary(run, &config).unwrap();
-    let served_after = opened(&lab, 2) - back;
+        // Three flaps: 1 s unreachable (frames dropped: SYNs time out), 1 s back.
+        for _ in 0..3 {
+            lab.ip(lab.switch_ns(), &["link", "set", port, "down"])
+                .unwrap();
+            thread::sleep(Duration::from_secs(1));
+            lab.ip(lab.switch_ns(), &["link", "set", port, "up"])
+                .unwrap();
+            thread::sleep(Duration::from_secs(1));
+        }
+        wait_for(
+            "the flapping backend to be back in service",
+            Duration::from_secs(6),
+            || backend_status(&lab.status().unwrap(), lab, 2).is_some_and(|b| b.state == "active"),
+        );
+        opened(lab, 2)
+    });
+    let served_after = opened(&lab, 2) - run.during;
     let addr = lab.backends()[2].addr().to_string();
     let ejections = metric(
         &scrape(&lab),
@@ -244,59 +317,55 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
             lab.tcp_vip()
         ),
     );
-    report(
-        "flap-backend",
-        &config,
-        &summary,
+    lab.report(
+        &run,
         &format!(
             "outlier ejections of the flapper: {ejections}; connections to it once back: {served_after}"
         ),
     );
     // Lost: requests to it in flight or placed within the ~0.5 s detection
     // of each down period: about 3 × 50/s × 0.6 s ≈ 90; allow 2x.
-    assert!(summary.error_count() <= 180, "{summary:?}");
+    assert!(run.summary.error_count() <= 180, "{:?}", run.summary);
     assert!(served_after > 0, "the backend never came back");
 }
 
 #[test]
 fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
-    let extra = ["--slow-start", "6s", "--slow-start-floor", "0.1"];
-    let _lb = lab.start_balancer(&spec(&lab, &[0, 1], &extra)).unwrap();
-    let config = load(&lab, 200.0, 10.0, 2_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
-    let cold = lab.backends()[2].addr().to_string();
-    let vip = lab.tcp_vip().to_string();
-    backend_command(&lab, &["add", "--vip", &vip, "--backend", &cold]);
-    thread::sleep(Duration::from_millis(500));
-    let early_weight = backend_status(&lab.status().unwrap(), &lab, 2)
-        .unwrap()
-        .weight;
-    let start = opened(&lab, 2);
-    thread::sleep(Duration::from_secs(2));
-    let early = opened(&lab, 2) - start;
-    thread::sleep(Duration::from_secs(4));
-    let late_start = opened(&lab, 2);
-    thread::sleep(Duration::from_secs(2));
-    let late = opened(&lab, 2) - late_start;
-    let late_weight = backend_status(&lab.status().unwrap(), &lab, 2)
-        .unwrap()
-        .weight;
-    let summary = lab.loadgen_summary(run, &config).unwrap();
-    report(
-        "slow-start",
-        &config,
-        &summary,
+    let lab = Fault::new("slow-start", 3);
+    let _lb = lab.start(
+        &[0, 1],
+        &["--slow-start", "6s", "--slow-start-floor", "0.1"],
+    );
+    let run = lab.during(lab.load(200.0, 10.0, 2_000), |lab| {
+        thread::sleep(Duration::from_secs(1));
+        let cold = lab.backends()[2].addr().to_string();
+        let vip = lab.tcp_vip().to_string();
+        backend_command(lab, &["add", "--vip", &vip, "--backend", &cold]);
+        thread::sleep(Duration::from_millis(500));
+        let early_weight = backend_status(&lab.status().unwrap(), lab, 2)
+            .unwrap()
+            .weight;
+        let start = opened(lab, 2);
+        thread::sleep(Duration::from_secs(2));
+        let early = opened(lab, 2) - start;
+        thread::sleep(Duration::from_secs(4));
+        let late_start = opened(lab, 2);
+        thread::sleep(Duration::from_secs(2));
+        let late = opened(lab, 2) - late_start;
+        let late_weight = backend_status(&lab.status().unwrap(), lab, 2)
+            .unwrap()
+            .weight;
+        (early_weight, early, late_weight, late)
+    });
+    let (early_weight, early, late_weight, late) = run.during;
+    lab.report(
+        &run,
         &format!(
             "weight {early_weight:.2} → {late_weight:.2}; new connections in its first 2 s {early}, in 6-8 s {late}"
         ),
     );
-    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     assert!((0.05..=0.5).contains(&early_weight), "{early_weight}");
     assert!(late_weight > 0.99, "{late_weight}");
     assert!(late > 0 && early * 2 < late, "early {early}, late {late}");
@@ -305,10 +374,7 @@ fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
 #[test]
 fn drained_backend_finishes_its_flows_and_gets_no_new_ones() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("drain", 3);
     // Round-robin, so keep-alive connections to be1 are easy to get (P2C
     // would rightly avoid a backend that already holds one).
     let mut balancer = spec(&lab, &[0, 1, 2], &[]);
@@ -335,35 +401,32 @@ fn drained_backend_finishes_its_flows_and_gets_no_new_ones() {
     let in_flight = thread::spawn(move || probe::request(&mut slow, "/sleep/2000", b"", false));
     thread::sleep(Duration::from_millis(200));
 
-    let config = load(&lab, 200.0, 4.0, 2_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_millis(500));
     let vip = lab.tcp_vip().to_string();
     let drained = lab.backends()[0].addr().to_string();
-    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &drained]);
-    let at_drain = opened(&lab, 0);
-    let summary = lab.loadgen_summary(run, &config).unwrap();
-    let after = opened(&lab, 0) - at_drain;
+    let run = lab.during(lab.load(200.0, 4.0, 2_000), |lab| {
+        thread::sleep(Duration::from_millis(500));
+        backend_command(lab, &["drain", "--vip", &vip, "--backend", &drained]);
+        opened(lab, 0)
+    });
+    let after = opened(&lab, 0) - run.during;
     let status = backend_status(&lab.status().unwrap(), &lab, 0).unwrap();
     assert_eq!(status.state, "draining");
     let slow_answer = in_flight.join().unwrap().unwrap();
     let kept_answer = probe::request(&mut kept[0], "/after-drain", b"", true).unwrap();
-    report(
-        "drain",
-        &config,
-        &summary,
+    lab.report(
+        &run,
         &format!(
             "new connections to the drained backend after the drain: {after}; its in-flight 2 s request: {}; its keep-alive connection answered by {:?}",
             slow_answer.status, kept_answer.backend
         ),
     );
-    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     assert_eq!(after, 0, "new flows went to a draining backend");
     assert_eq!(slow_answer.status, 200);
     assert_eq!(kept_answer.backend.as_deref(), Some(target.as_str()));
 
     backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &drained]);
-    let back = lab.run_loadgen(&load(&lab, 200.0, 1.5, 2_000)).unwrap();
+    let back = lab.measure(lab.load(200.0, 1.5, 2_000)).summary;
     assert_eq!(back.error_count(), 0);
     assert!(back.per_backend.contains_key(&target), "{back:?}");
 }
@@ -371,10 +434,7 @@ fn drained_backend_finishes_its_flows_and_gets_no_new_ones() {
 #[test]
 fn sighup_reload_adds_and_removes_backends_without_loss() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("sighup-reload", 3);
     let path = lab.log_dir().join("reload.toml");
     let write = |backends: &[usize]| {
         let list: Vec<String> = backends
@@ -392,21 +452,18 @@ fn sighup_reload_adds_and_removes_backends_without_loss() {
     let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
     base.vips.clear();
     let lb = lab.start_balancer(&base).unwrap();
-    let config = load(&lab, 200.0, 6.0, 2_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(2));
-    write(&[1, 2]);
-    lab.signal(lb, Signal::SIGHUP).unwrap();
-    thread::sleep(Duration::from_millis(500));
-    let summary = lab.loadgen_summary(run, &config).unwrap();
-    let after = lab.run_loadgen(&load(&lab, 200.0, 1.5, 2_000)).unwrap();
-    report(
-        "sighup-reload",
-        &config,
-        &summary,
+    let run = lab.during(lab.load(200.0, 6.0, 2_000), |lab| {
+        thread::sleep(Duration::from_secs(2));
+        write(&[1, 2]);
+        lab.signal(lb, Signal::SIGHUP).unwrap();
+        thread::sleep(Duration::from_millis(500));
+    });
+    let after = lab.measure(lab.load(200.0, 1.5, 2_000)).summary;
+    lab.report(
+        &run,
         &format!("after the reload, served by {:?}", after.per_backend),
     );
-    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     assert_eq!(after.error_count(), 0, "{after:?}");
     let names: Vec<&String> = after.per_backend.keys().collect();
     assert_eq!(
@@ -419,26 +476,21 @@ fn sighup_reload_adds_and_removes_backends_without_loss() {
 #[test]
 fn kill_9_and_restart_of_lb_user_loses_no_request() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("kill-9-restart", 3);
     let balancer = spec(&lab, &[0, 1, 2], &[]);
     let first = lab.start_balancer(&balancer).unwrap();
-    let config = load(&lab, 200.0, 8.0, 3_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(2));
-    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
-    let down_at = Instant::now();
-    // The kernel balances alone on the last scores meanwhile.
-    thread::sleep(Duration::from_secs(2));
-    let _second = lab.start_balancer(&balancer).unwrap();
-    let downtime = down_at.elapsed();
-    let summary = lab.loadgen_summary(run, &config).unwrap();
-    report(
-        "kill-9-restart",
-        &config,
-        &summary,
+    let run = lab.during(lab.load(200.0, 8.0, 3_000), |lab| {
+        thread::sleep(Duration::from_secs(2));
+        assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+        let down_at = Instant::now();
+        // The kernel balances alone on the last scores meanwhile.
+        thread::sleep(Duration::from_secs(2));
+        lab.start_balancer(&balancer).unwrap();
+        down_at.elapsed()
+    });
+    let (summary, downtime) = (&run.summary, run.during);
+    lab.report(
+        &run,
         &format!(
             "control plane down {downtime:.1?}; served by {:?}",
             summary.per_backend
@@ -460,14 +512,9 @@ fn try_connect(lab: &Lab, addr: SocketAddr, timeout: Duration) -> Option<TcpStre
 #[test]
 fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(1, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("snat-exhaustion", 1);
     const PORTS: usize = 8;
-    let _lb = lab
-        .start_balancer(&spec(&lab, &[0], &["--snat-ports", "20000-20007"]))
-        .unwrap();
+    let _lb = lab.start(&[0], &["--snat-ports", "20000-20007"]);
     // Fill the pool with keep-alive connections (random port picks may
     // need a few attempts for the last free ports).
     let mut kept = Vec::new();
@@ -482,29 +529,19 @@ fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
         }
     }
     assert_eq!(kept.len(), PORTS, "could not use the whole SNAT pool");
-    let config = load(&lab, 20.0, 2.0, 1_000);
-    let summary = lab.run_loadgen(&config).unwrap();
-    let status = lab.status().unwrap();
-    let exhausted = status
-        .reasons
-        .get("drop_snat_exhausted")
-        .copied()
-        .unwrap_or(0);
-    let mut kept_ok = 0;
-    for s in &mut kept {
-        if probe::request(s, "/still-there", b"", true).is_ok() {
-            kept_ok += 1;
-        }
-    }
-    report(
-        "snat-exhaustion",
-        &config,
-        &summary,
+    let run = lab.measure(lab.load(20.0, 2.0, 1_000));
+    let exhausted = reason_count(&lab, "drop_snat_exhausted");
+    let kept_ok = still_answering(&mut kept, "/still-there");
+    lab.report(
+        &run,
         &format!(
             "pool of {PORTS} ports held by keep-alive connections; drop_snat_exhausted = {exhausted}; established connections still answering: {kept_ok}/{PORTS}"
         ),
     );
-    assert_eq!(summary.completed, 0, "a flow got a port from a full pool");
+    assert_eq!(
+        run.summary.completed, 0,
+        "a flow got a port from a full pool"
+    );
     assert!(exhausted > 0);
     assert_eq!(kept_ok, PORTS, "an established flow was harmed");
     let metrics = scrape(&lab);
@@ -514,24 +551,12 @@ fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
 #[test]
 fn full_flow_table_evicts_and_counts_the_evictions() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(2, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("flow-table-overflow", 2);
     // 64 entries: 32 connections, both directions each.
-    let _lb = lab
-        .start_balancer(&spec(&lab, &[0, 1], &["--flow-table-size", "64"]))
-        .unwrap();
-    let client = lab.client().ns.clone();
+    let _lb = lab.start(&[0, 1], &["--flow-table-size", "64"]);
     // Idle keep-alive connections: the oldest entries once the table fills.
-    let mut idle = Vec::new();
-    for _ in 0..4 {
-        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
-        probe::request(&mut s, "/", b"", true).unwrap();
-        idle.push(s);
-    }
-    let config = load(&lab, 200.0, 4.0, 2_000);
-    let summary = lab.run_loadgen(&config).unwrap();
+    let mut idle = keep_alive(&lab, 4);
+    let run = lab.measure(lab.load(200.0, 4.0, 2_000));
     // The reconciler notices within a pass (1 s).
     let mut evicted = 0.0;
     wait_for("evictions to be counted", Duration::from_secs(5), || {
@@ -539,18 +564,13 @@ fn full_flow_table_evicts_and_counts_the_evictions() {
         evicted >= 1.0
     });
     let entries = metric(&scrape(&lab), "lb_flow_table_entries");
-    let mut idle_alive = 0;
-    for s in &mut idle {
+    for s in &idle {
         s.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
-        if probe::request(s, "/", b"", true).is_ok() {
-            idle_alive += 1;
-        }
     }
-    report(
-        "flow-table-overflow",
-        &config,
-        &summary,
+    let idle_alive = still_answering(&mut idle, "/");
+    lab.report(
+        &run,
         &format!(
             "table of 64 entries; evicted open flows counted: {evicted}; entries {entries}; idle keep-alive connections surviving: {idle_alive}/4"
         ),
@@ -558,8 +578,9 @@ fn full_flow_table_evicts_and_counts_the_evictions() {
     // New flows are the most recently used entries, so the LRU evicts old
     // (closed, lingering, or idle) ones: almost every request succeeds.
     assert!(
-        summary.error_count() * 50 <= summary.scheduled,
-        "{summary:?}"
+        run.summary.error_count() * 50 <= run.summary.scheduled,
+        "{:?}",
+        run.summary
     );
     assert!(entries <= 64.0);
 }
@@ -587,10 +608,7 @@ fn programs_on_pinned_maps(lab: &Lab) -> Vec<u32> {
 #[test]
 fn program_upgrade_swaps_the_xdp_program_without_loss() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("program-upgrade", 3);
     let balancer = spec(&lab, &[0, 1, 2], &[]);
     let old = lab.start_balancer(&balancer).unwrap();
     let old_programs = programs_on_pinned_maps(&lab);
@@ -598,45 +616,44 @@ fn program_upgrade_swaps_the_xdp_program_without_loss() {
     let client = lab.client().ns.clone();
     let mut kept = probe::connect(&client, lab.tcp_vip()).unwrap();
     let first = probe::request(&mut kept, "/", b"", true).unwrap();
-    let config = load(&lab, 200.0, 8.0, 3_000);
-    let run = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(2));
-    // The old control plane goes away without detaching (as in a binary
-    // swap), and the new one replaces the program on the pinned link.
-    assert!(!lab.stop_balancer(old, Signal::SIGKILL).unwrap().success());
-    let mut upgraded = balancer.clone();
-    upgraded.extra_args.push("--upgrade".into());
-    let new = lab.start_balancer(&upgraded).unwrap();
-    // The pinned state still says ready, so wait for the swap itself.
-    let mut new_programs = Vec::new();
-    wait_for("the program swap", Duration::from_secs(10), || {
-        new_programs = programs_on_pinned_maps(&lab);
-        !new_programs.contains(&old_programs[0])
+    let run = lab.during(lab.load(200.0, 8.0, 3_000), |lab| {
+        thread::sleep(Duration::from_secs(2));
+        // The old control plane goes away without detaching (as in a binary
+        // swap), and the new one replaces the program on the pinned link.
+        assert!(!lab.stop_balancer(old, Signal::SIGKILL).unwrap().success());
+        let mut upgraded = balancer.clone();
+        upgraded.extra_args.push("--upgrade".into());
+        let new = lab.start_balancer(&upgraded).unwrap();
+        // The pinned state still says ready, so wait for the swap itself.
+        let mut new_programs = Vec::new();
+        wait_for("the program swap", Duration::from_secs(10), || {
+            new_programs = programs_on_pinned_maps(lab);
+            !new_programs.contains(&old_programs[0])
+        });
+        let after_upgrade = probe::request(&mut kept, "/after-upgrade", b"", true).unwrap();
+        // And the upgraded link is re-adopted by the next restart.
+        thread::sleep(Duration::from_secs(1));
+        assert!(!lab.stop_balancer(new, Signal::SIGKILL).unwrap().success());
+        lab.start_balancer(&balancer).unwrap();
+        (new_programs, after_upgrade)
     });
-    let after_upgrade = probe::request(&mut kept, "/after-upgrade", b"", true).unwrap();
-    // And the upgraded link is re-adopted by the next restart.
-    thread::sleep(Duration::from_secs(1));
-    assert!(!lab.stop_balancer(new, Signal::SIGKILL).unwrap().success());
-    let _third = lab.start_balancer(&balancer).unwrap();
-    let summary = lab.loadgen_summary(run, &config).unwrap();
+    let (new_programs, after_upgrade) = &run.during;
     let again = probe::request(&mut kept, "/after-restart", b"", true).unwrap();
-    report(
-        "program-upgrade",
-        &config,
-        &summary,
+    lab.report(
+        &run,
         &format!(
             "XDP program {old_programs:?} → {new_programs:?} (then one more kill -9 + restart); keep-alive connection served by {:?}, {:?}, {:?}",
             first.backend, after_upgrade.backend, again.backend
         ),
     );
     assert_eq!(new_programs.len(), 1, "{new_programs:?}");
-    assert_ne!(old_programs, new_programs, "the program was not replaced");
+    assert_ne!(&old_programs, new_programs, "the program was not replaced");
     assert_eq!(
-        programs_on_pinned_maps(&lab),
+        &programs_on_pinned_maps(&lab),
         new_programs,
         "re-adoption replaced the program"
     );
-    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     assert_eq!(
         after_upgrade.backend, first.backend,
         "the established flow moved"
@@ -647,49 +664,25 @@ fn program_upgrade_swaps_the_xdp_program_without_loss() {
 #[test]
 fn syn_flood_beyond_the_new_flow_cap_is_refused_and_spares_established_flows() {
     require_root!();
-    let lab = Lab::builder(binaries())
-        .backends(2, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = Fault::new("syn-flood-cap", 2);
     // 100 new flows/s at most; 1024 entries hold what the cap lets in
     // during the flood (closed flows linger), but not the flood itself.
-    let _lb = lab
-        .start_balancer(&spec(
-            &lab,
-            &[0, 1],
-            &["--max-new-flows", "100", "--flow-table-size", "1024"],
-        ))
-        .unwrap();
-    let client = lab.client().ns.clone();
-    let mut kept = Vec::new();
-    for _ in 0..4 {
-        let mut s = probe::connect(&client, lab.tcp_vip()).unwrap();
-        probe::request(&mut s, "/", b"", true).unwrap();
-        kept.push(s);
-    }
+    let _lb = lab.start(
+        &[0, 1],
+        &["--max-new-flows", "100", "--flow-table-size", "1024"],
+    );
+    let mut kept = keep_alive(&lab, 4);
     thread::sleep(Duration::from_secs(1));
-    let config = load(&lab, 1_000.0, 3.0, 500);
-    let summary = lab.run_loadgen(&config).unwrap();
-    let status = lab.status().unwrap();
-    let refused = status
-        .reasons
-        .get("drop_new_flow_rate")
-        .copied()
-        .unwrap_or(0);
-    let mut kept_ok = 0;
-    for s in &mut kept {
-        if probe::request(s, "/after-flood", b"", true).is_ok() {
-            kept_ok += 1;
-        }
-    }
-    report(
-        "syn-flood-cap",
-        &config,
-        &summary,
+    let run = lab.measure(lab.load(1_000.0, 3.0, 500));
+    let refused = reason_count(&lab, "drop_new_flow_rate");
+    let kept_ok = still_answering(&mut kept, "/after-flood");
+    lab.report(
+        &run,
         &format!(
             "cap 100 new flows/s; refused by the cap: {refused} SYNs; established keep-alive connections still answering: {kept_ok}/4"
         ),
     );
+    let summary = &run.summary;
     assert!(refused > 0, "the cap refused nothing");
     // The cap lets about 100/s (plus a second of burst) through.
     assert!(

@@ -10,13 +10,6 @@
 //!
 //! Afterwards the reason counters must add up to the number of frames.
 //! Root only; pinned to one CPU in a fresh network namespace.
-#[path = "fixtures/suite.rs"]
-#[allow(
-    dead_code,
-    reason = "shared with the fixture suite; the fuzzer needs only the world"
-)]
-mod suite;
-
 use std::{
     net::IpAddr,
     time::{Duration, Instant},
@@ -30,10 +23,9 @@ use lb_lab::xdp::{
         ExtHdr, IPPROTO_ICMP, IPPROTO_ICMPV6, IPV4_MF, IPV6_HOP_BY_HOP, Pkt, TCP_ACK, TCP_FIN,
         TCP_PSH, TCP_SYN, checksums_valid, ether_frame, parse,
     },
+    world::*,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
-
-use crate::suite::*;
 
 /// The issue asks for at least this many frames.
 const MIN_FRAMES: u64 = 1_000_000;
@@ -143,7 +135,7 @@ impl Fuzzer {
     fn check(&mut self, frame: &[u8]) {
         self.frames += 1;
         let (action, out) = self.lb.run(frame);
-        let show = || format!("frame #{} {}", self.frames, suite::hex(frame));
+        let show = || format!("frame #{} {}", self.frames, hex(frame));
         match action {
             XDP_PASS => assert_eq!(out, frame, "passed frame modified: {}", show()),
             XDP_DROP => {}

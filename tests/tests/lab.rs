@@ -16,33 +16,6 @@ use lb_lab::{
 };
 use nix::sys::signal::Signal;
 
-fn binaries() -> Binaries {
-    Binaries::with_own(
-        env!("CARGO_BIN_EXE_lb-backend"),
-        env!("CARGO_BIN_EXE_lb-loadgen"),
-    )
-}
-
-fn load(
-    target: SocketAddr,
-    protocol: Protocol,
-    rate: f64,
-    duration_s: f64,
-    payload_bytes: usize,
-) -> LoadConfig {
-    LoadConfig {
-        target,
-        protocol,
-        rate,
-        duration_s,
-        max_requests: 100_000,
-        timeout_ms: 5_000,
-        max_outstanding: 2_000,
-        path: "/".into(),
-        payload_bytes,
-    }
-}
-
 /// Backends that answered, by name.
 fn answered(summary: &Summary) -> BTreeSet<String> {
     summary.per_backend.keys().cloned().collect()
@@ -58,7 +31,7 @@ fn names(lab: &Lab) -> BTreeSet<String> {
 /// TCP and UDP through the VIPs reach every backend, with every byte intact
 /// both ways, and the balancer accounts for the traffic.
 fn reach_every_backend(mode: XdpMode) {
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(3, BackendSpec::new(2, 8))
         .build()
         .unwrap();
@@ -89,13 +62,17 @@ fn reach_every_backend(mode: XdpMode) {
     // Many new flows, concurrently: every backend gets some, none fails. The
     // load generator checks each echo byte for byte.
     let tcp = lab
-        .run_loadgen(&load(lab.tcp_vip(), Protocol::Tcp, 200.0, 2.0, 3_000))
+        .run_loadgen(
+            &LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 200.0, 2.0).with_payload(3_000),
+        )
         .unwrap();
     assert_eq!(tcp.error_count(), 0, "{tcp:?}");
     assert_eq!(tcp.completed, 400);
     assert_eq!(answered(&tcp), names(&lab), "{tcp:?}");
     let udp = lab
-        .run_loadgen(&load(lab.udp_vip(), Protocol::Udp, 200.0, 2.0, 500))
+        .run_loadgen(
+            &LoadConfig::open_loop(lab.udp_vip(), Protocol::Udp, 200.0, 2.0).with_payload(500),
+        )
         .unwrap();
     assert_eq!(udp.error_count(), 0, "{udp:?}");
     assert_eq!(udp.completed, 400);
@@ -135,7 +112,7 @@ fn tcp_and_udp_reach_every_backend_in_skb_mode() {
 #[test]
 fn traffic_to_the_balancer_itself_keeps_working_while_attached() {
     require_root!();
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(2, BackendSpec::new(1, 4))
         .build()
         .unwrap();
@@ -210,7 +187,7 @@ fn share(summary: &Summary, name: &str) -> f64 {
 fn slow_backend_share(algorithm: Algorithm) -> (f64, Summary) {
     let fast = BackendSpec::new(5, 4);
     let slow = BackendSpec::new(50, 4);
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(3, fast)
         .backend(slow)
         .build()
@@ -220,7 +197,12 @@ fn slow_backend_share(algorithm: Algorithm) -> (f64, Summary) {
         .start_balancer(&lab.balancer_spec(algorithm, XdpMode::Native))
         .unwrap();
     let summary = lab
-        .run_loadgen(&load(lab.tcp_vip(), Protocol::Tcp, 200.0, 6.0, 0))
+        .run_loadgen(&LoadConfig::open_loop(
+            lab.tcp_vip(),
+            Protocol::Tcp,
+            200.0,
+            6.0,
+        ))
         .unwrap();
     assert_eq!(summary.error_count(), 0, "{summary:?}");
     let share = share(&summary, &slow_name);
@@ -267,7 +249,7 @@ fn round_robin_gives_a_slow_backend_its_fair_share() {
 #[test]
 fn established_connections_survive_a_balancer_restart() {
     require_root!();
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(2, BackendSpec::new(2, 8))
         .build()
         .unwrap();
@@ -319,7 +301,9 @@ fn established_connections_survive_a_balancer_restart() {
         assert_eq!(response.status, 200);
     }
     let fresh = lab
-        .run_loadgen(&load(lab.tcp_vip(), Protocol::Tcp, 100.0, 1.0, 100))
+        .run_loadgen(
+            &LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 100.0, 1.0).with_payload(100),
+        )
         .unwrap();
     assert_eq!(fresh.error_count(), 0, "{fresh:?}");
     assert_eq!(fresh.completed, 100);
@@ -344,7 +328,7 @@ fn assert_clean_failure(case: &str, output: &Output) {
 #[test]
 fn bad_input_fails_with_one_line_and_attaches_nothing() {
     require_root!();
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(1, BackendSpec::default())
         .build()
         .unwrap();

@@ -2,7 +2,7 @@
 //! server, the load generator and cleanup. Run as root:
 //! `cargo test -p lb-tests --test lab_harness -- --test-threads=1`.
 
-use std::{net::SocketAddr, process::Command};
+use std::process::Command;
 
 use lb_lab::{
     Binaries, Lab,
@@ -10,13 +10,6 @@ use lb_lab::{
     loadgen::{LoadConfig, Protocol, payload_pattern},
     probe, require_root,
 };
-
-fn binaries() -> Binaries {
-    Binaries::with_own(
-        env!("CARGO_BIN_EXE_lb-backend"),
-        env!("CARGO_BIN_EXE_lb-loadgen"),
-    )
-}
 
 /// Namespaces on the machine that belong to lab `id`.
 fn namespaces_of(id: &str) -> Vec<String> {
@@ -32,24 +25,10 @@ fn namespaces_of(id: &str) -> Vec<String> {
         .collect()
 }
 
-fn load(target: SocketAddr, protocol: Protocol, rate: f64, duration_s: f64) -> LoadConfig {
-    LoadConfig {
-        target,
-        protocol,
-        rate,
-        duration_s,
-        max_requests: 100_000,
-        timeout_ms: 10_000,
-        max_outstanding: 2_000,
-        path: "/".into(),
-        payload_bytes: 64,
-    }
-}
-
 #[test]
 fn hosts_reach_each_other_directly_and_cleanup_removes_everything() {
     require_root!();
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(2, BackendSpec::new(1, 4))
         .build()
         .unwrap();
@@ -112,7 +91,7 @@ fn cleanup_happens_when_a_test_panics() {
     require_root!();
     let mut id = String::new();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let lab = Lab::builder(binaries())
+        let lab = Lab::builder(Binaries::for_tests())
             .backends(1, BackendSpec::default())
             .build()
             .unwrap();
@@ -140,7 +119,7 @@ fn a_new_lab_sweeps_namespaces_of_dead_labs() {
         .status()
         .unwrap();
     assert!(status.success());
-    let _lab = Lab::builder(binaries())
+    let _lab = Lab::builder(Binaries::for_tests())
         .backends(1, BackendSpec::default())
         .build()
         .unwrap();
@@ -154,14 +133,18 @@ fn a_new_lab_sweeps_namespaces_of_dead_labs() {
 fn loadgen_measures_a_backend_open_loop() {
     require_root!();
     // 20 ms service time and 2 workers: capacity 100 requests/s.
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(1, BackendSpec::new(20, 2))
         .build()
         .unwrap();
     let backend = lab.backends()[0].clone();
 
     let light = lab
-        .run_loadgen(&load(backend.addr(), Protocol::Tcp, 50.0, 2.0))
+        .run_loadgen(
+            &LoadConfig::open_loop(backend.addr(), Protocol::Tcp, 50.0, 2.0)
+                .with_payload(64)
+                .with_timeout_ms(10_000),
+        )
         .unwrap();
     assert_eq!(light.scheduled, 100);
     assert_eq!(light.completed, 100, "{light:?}");
@@ -173,7 +156,11 @@ fn loadgen_measures_a_backend_open_loop() {
     assert!(light.latency_ms.p50 < 200.0, "{light:?}");
 
     let udp = lab
-        .run_loadgen(&load(backend.addr(), Protocol::Udp, 50.0, 1.0))
+        .run_loadgen(
+            &LoadConfig::open_loop(backend.addr(), Protocol::Udp, 50.0, 1.0)
+                .with_payload(64)
+                .with_timeout_ms(10_000),
+        )
         .unwrap();
     assert_eq!(udp.completed, 50, "{udp:?}");
     assert_eq!(udp.per_backend.get("be1"), Some(&50));
@@ -182,7 +169,11 @@ fn loadgen_measures_a_backend_open_loop() {
     // so late requests wait about a second. Open-loop timing from the
     // scheduled send shows that wait; a closed loop would hide it.
     let overload = lab
-        .run_loadgen(&load(backend.addr(), Protocol::Tcp, 200.0, 2.0))
+        .run_loadgen(
+            &LoadConfig::open_loop(backend.addr(), Protocol::Tcp, 200.0, 2.0)
+                .with_payload(64)
+                .with_timeout_ms(10_000),
+        )
         .unwrap();
     assert_eq!(overload.completed, 400, "{overload:?}");
     assert!(
@@ -197,9 +188,16 @@ fn stalls_pause_every_worker() {
     let mut spec = BackendSpec::new(1, 4);
     spec.stall_every_ms = 300;
     spec.stall_for_ms = 200;
-    let lab = Lab::builder(binaries()).backend(spec).build().unwrap();
+    let lab = Lab::builder(Binaries::for_tests())
+        .backend(spec)
+        .build()
+        .unwrap();
     let summary = lab
-        .run_loadgen(&load(lab.backends()[0].addr(), Protocol::Tcp, 100.0, 2.0))
+        .run_loadgen(
+            &LoadConfig::open_loop(lab.backends()[0].addr(), Protocol::Tcp, 100.0, 2.0)
+                .with_payload(64)
+                .with_timeout_ms(10_000),
+        )
         .unwrap();
     assert_eq!(summary.completed, 200, "{summary:?}");
     // About 40% of the time the server is stalled, so P90 sits inside a stall.

@@ -14,34 +14,12 @@ use lb_lab::{
     probe,
 };
 
-fn binaries() -> Binaries {
-    Binaries::with_own(
-        env!("CARGO_BIN_EXE_lb-backend"),
-        env!("CARGO_BIN_EXE_lb-loadgen"),
-    )
-}
-
-/// Two seconds of open-loop load at 200 requests per second.
-fn load(target: SocketAddr, protocol: Protocol, payload_bytes: usize) -> LoadConfig {
-    LoadConfig {
-        target,
-        protocol,
-        rate: 200.0,
-        duration_s: 2.0,
-        max_requests: 100_000,
-        timeout_ms: 5_000,
-        max_outstanding: 2_000,
-        path: "/".into(),
-        payload_bytes,
-    }
-}
-
 fn answered(summary: &Summary) -> BTreeSet<String> {
     summary.per_backend.keys().cloned().collect()
 }
 
 fn reach_every_backend_over_ipv6(mode: XdpMode) {
-    let lab = Lab::builder(binaries())
+    let lab = Lab::builder(Binaries::for_tests())
         .backends(3, BackendSpec::new(2, 8))
         .build()
         .unwrap();
@@ -81,11 +59,15 @@ fn reach_every_backend_over_ipv6(mode: XdpMode) {
     let reply = probe::udp(&client, udp6, b"ping over ipv6").unwrap();
     assert!(reply.ends_with(b":ping over ipv6"), "{reply:?}");
 
-    let tcp = lab.run_loadgen(&load(tcp6, Protocol::Tcp, 3_000)).unwrap();
+    let tcp = lab
+        .run_loadgen(&LoadConfig::open_loop(tcp6, Protocol::Tcp, 200.0, 2.0).with_payload(3_000))
+        .unwrap();
     assert_eq!(tcp.error_count(), 0, "{tcp:?}");
     assert_eq!(tcp.completed, 400);
     assert_eq!(answered(&tcp), names, "{tcp:?}");
-    let udp = lab.run_loadgen(&load(udp6, Protocol::Udp, 500)).unwrap();
+    let udp = lab
+        .run_loadgen(&LoadConfig::open_loop(udp6, Protocol::Udp, 200.0, 2.0).with_payload(500))
+        .unwrap();
     assert_eq!(udp.error_count(), 0, "{udp:?}");
     assert_eq!(udp.completed, 400);
     assert_eq!(answered(&udp), names, "{udp:?}");

@@ -34,7 +34,7 @@ fn report(profile: &str, object: Vec<u8>) {
 #[test]
 fn loads_in_release_and_debug() {
     lb_lab::require_root!();
-    report("release", lb_user::EBPF_OBJECT.to_vec());
+    report("release", lb_lab::production::EBPF_OBJECT.to_vec());
     match std::env::var_os(DEBUG_OBJECT_ENV) {
         Some(path) => {
             let object = std::fs::read(&path)

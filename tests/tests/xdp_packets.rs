@@ -3,25 +3,23 @@
 //! program and checks the verdict, the exact output bytes (with checksums
 //! computed here from scratch), the flow table, the counters and the events.
 //!
-//! Needs root (CAP_BPF, CAP_NET_ADMIN). Everything runs on one thread pinned
+//! Each case is its own test (`cargo test --test xdp_packets -- --list`).
+//! Needs root (CAP_BPF, CAP_NET_ADMIN). Each case runs on a thread pinned
 //! to CPU 0 (per-CPU counters are read back from the CPU that ran the
 //! program) inside a fresh network namespace, where `bpf_fib_lookup` finds no
 //! routes, so next hops come from the `NEIGHBOURS` map deterministically.
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns, CLOSE_FIN,
+    AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns, CLOSE_FIN,
     CLOSE_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED,
     EVENT_RESPONDED, FLOW_ESTABLISHED, FLOW_F_SYNACK_SEEN, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
-use lb_lab::xdp::{
-    harness::*,
-    isolate::isolate_thread,
-    packet::{L4, Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, assert_checksums_valid},
+use lb_lab::{
+    trials::{self, packet_case, slug},
+    xdp::{
+        harness::*,
+        packet::{L4, Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, assert_checksums_valid},
+    },
 };
-
-/// The IPv4 address in map word 0.
-fn addr_v4(words: [u32; 4]) -> std::net::Ipv4Addr {
-    std::net::Ipv4Addr::from(words[0].to_ne_bytes())
-}
 
 // ---------------------------------------------------------------------------
 // Cases.
@@ -35,7 +33,7 @@ fn open_tcp(lb: &mut Lb) -> u16 {
     let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
     let snat_port = u16::from_be(fwd.new_sport);
     assert!((SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&snat_port));
-    assert_eq!(addr_v4(fwd.new_src), SNAT);
+    assert_eq!(addr_of(fwd.new_src, AF_INET), SNAT);
     let expected = syn.rewritten(
         (SNAT, snat_port),
         (backend_addr(0), BACKEND_PORT),
@@ -56,12 +54,12 @@ fn open_tcp(lb: &mut Lb) -> u16 {
         .expect("reverse flow entry");
     assert_eq!(rev.direction, DIR_TO_CLIENT);
     assert_eq!(
-        (addr_v4(rev.new_src), u16::from_be(rev.new_sport)),
-        (VIP, HTTP)
+        (addr_of(rev.new_src, AF_INET), u16::from_be(rev.new_sport)),
+        (VIP.into(), HTTP)
     );
     assert_eq!(
-        (addr_v4(rev.new_dst), u16::from_be(rev.new_dport)),
-        (CLIENT, CLIENT_PORT)
+        (addr_of(rev.new_dst, AF_INET), u16::from_be(rev.new_dport)),
+        (CLIENT.into(), CLIENT_PORT)
     );
     assert_eq!(rev.backend_id, 0);
     // The way back to the client, learned from its frame (lo in the test namespace).
@@ -693,83 +691,48 @@ fn case_next_hop(lb: &mut Lb) {
     assert_eq!(lb.reason(reason::DROP_NO_NEIGHBOUR), 1);
 }
 
-type Case = (&'static str, fn() -> Lb, fn(&mut Lb));
+/// A case by name; it runs on a fresh [`Lb::standard`].
+type Case = (&'static str, fn(&mut Lb));
 
 const CASES: &[Case] = &[
-    ("tcp syn to vip", Lb::standard, case_tcp_syn_to_vip),
-    (
-        "syn-ack translated back",
-        Lb::standard,
-        case_syn_ack_translated_back,
-    ),
+    ("tcp syn to vip", case_tcp_syn_to_vip),
+    ("syn-ack translated back", case_syn_ack_translated_back),
     (
         "retransmitted syn, same backend",
-        Lb::standard,
         case_retransmitted_syn_same_backend,
     ),
-    (
-        "request/response latency",
-        Lb::standard,
-        case_request_response_latency,
-    ),
-    ("fin closes once", Lb::standard, case_fin_closes_once),
-    (
-        "syn after close re-selects",
-        Lb::standard,
-        case_syn_after_close_reselects,
-    ),
-    ("rst to syn refused", Lb::standard, case_rst_to_syn_refused),
-    ("udp both ways", Lb::standard, case_udp_both_ways),
-    ("non-vip traffic passes", Lb::standard, case_non_vip_passes),
-    ("vlan tag kept", Lb::standard, case_vlan_tag_kept),
-    ("ipv4 options", Lb::standard, case_ip_options),
-    (
-        "malformed and truncated",
-        Lb::standard,
-        case_malformed_and_truncated,
-    ),
-    (
-        "tcp without flow dropped",
-        Lb::standard,
-        case_tcp_without_flow_dropped,
-    ),
-    (
-        "p2c prefers cheaper",
-        Lb::standard,
-        case_p2c_prefers_cheaper,
-    ),
-    ("p2c in-flight term", Lb::standard, case_p2c_inflight_term),
-    ("no backend", Lb::standard, case_no_backend),
+    ("request/response latency", case_request_response_latency),
+    ("fin closes once", case_fin_closes_once),
+    ("syn after close re-selects", case_syn_after_close_reselects),
+    ("rst to syn refused", case_rst_to_syn_refused),
+    ("udp both ways", case_udp_both_ways),
+    ("non-vip traffic passes", case_non_vip_passes),
+    ("vlan tag kept", case_vlan_tag_kept),
+    ("ipv4 options", case_ip_options),
+    ("malformed and truncated", case_malformed_and_truncated),
+    ("tcp without flow dropped", case_tcp_without_flow_dropped),
+    ("p2c prefers cheaper", case_p2c_prefers_cheaper),
+    ("p2c in-flight term", case_p2c_inflight_term),
+    ("no backend", case_no_backend),
     (
         "out-of-service never chosen",
-        Lb::standard,
         case_out_of_service_never_chosen,
     ),
-    ("round-robin even", Lb::standard, case_round_robin_even),
-    ("snat exhausted", Lb::standard, case_snat_exhausted),
-    ("config not ready", Lb::standard, case_config_not_ready),
-    ("next hop: redirect, none", Lb::standard, case_next_hop),
+    ("round-robin even", case_round_robin_even),
+    ("snat exhausted", case_snat_exhausted),
+    ("config not ready", case_config_not_ready),
+    ("next hop: redirect, none", case_next_hop),
 ];
 
-#[test]
-fn xdp_data_path() {
-    if !lb_lab::root::is_root() {
-        eprintln!("\n!!!!!!!! SKIPPED xdp_packets: needs root for BPF_PROG_TEST_RUN !!!!!!!!\n");
-        return;
-    }
-    // A dedicated thread: the namespace and CPU pinning die with it.
-    std::thread::spawn(|| {
-        isolate_thread();
-        if let Some(n) = Lb::new().verified_instructions() {
-            println!("lb_xdp: {n} instructions verified");
-        }
-        for (name, setup, case) in CASES {
-            println!("case: {name}");
-            let mut lb = setup();
-            case(&mut lb);
-        }
-        println!("{} XDP packet cases passed", CASES.len());
-    })
-    .join()
-    .expect("a case failed (see the panic above)");
+fn main() {
+    let trials = CASES
+        .iter()
+        .map(|&(name, case)| {
+            packet_case(slug(name), move || {
+                let mut lb = Lb::standard();
+                case(&mut lb);
+            })
+        })
+        .collect();
+    trials::run("xdp_packets", trials)
 }

@@ -65,7 +65,7 @@ fn main() -> Result<()> {
 }
 
 fn bench(runs: usize) -> Vec<Row> {
-    let mut lb = Lb::load(lb_user::EBPF_OBJECT, BENCH_FLOW_TABLE);
+    let mut lb = Lb::load(lb_lab::production::EBPF_OBJECT, BENCH_FLOW_TABLE);
     lb.load_program(PASS_PROGRAM);
     lb.load_program(MACSWAP_PROGRAM);
     lb.config(true, BENCH_SNAT_PORTS.0, BENCH_SNAT_PORTS.1);

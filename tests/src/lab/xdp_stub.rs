@@ -31,7 +31,7 @@ pub fn attach_pass_stub(ns: &str, iface: &str) -> Result<XdpStub> {
     in_netns(ns, || {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, STUB_FLOW_ENTRIES)
-            .load(lb_user::EBPF_OBJECT)
+            .load(crate::production::EBPF_OBJECT)
             .context("loading the embedded eBPF object")?;
         let program: &mut Xdp = ebpf
             .program_mut(STUB_PROGRAM)

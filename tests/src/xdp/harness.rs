@@ -58,25 +58,36 @@ pub fn backend_mac(id: u32) -> [u8; 6] {
     [0x02, 0, 0, 1, hi, lo]
 }
 
-/// An address as the four map words (memory bytes = address bytes) and its family tag.
+/// An address as the kernel's maps hold it: 16 bytes in packet order
+/// (IPv4 in the first four, the rest zero) read as four `u32`s in memory
+/// order, and its family tag.
 pub fn words(addr: IpAddr) -> ([u32; 4], u8) {
-    match addr {
-        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], AF_INET),
-        IpAddr::V6(a) => {
-            let o = a.octets();
-            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
-            ([w(0), w(4), w(8), w(12)], AF_INET6)
+    let mut bytes = [0u8; 16];
+    let family = match addr {
+        IpAddr::V4(a) => {
+            bytes[..4].copy_from_slice(&a.octets());
+            AF_INET
         }
-    }
+        IpAddr::V6(a) => {
+            bytes = a.octets();
+            AF_INET6
+        }
+    };
+    // SAFETY: [u8; 16] and [u32; 4] have the same size, and any bits are valid.
+    (
+        unsafe { std::mem::transmute::<[u8; 16], [u32; 4]>(bytes) },
+        family,
+    )
 }
 
-/// The address stored in map words of `family`.
+/// The address stored in map words of `family` (the inverse of [`words`]).
 pub fn addr_of(words: [u32; 4], family: u8) -> IpAddr {
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    // SAFETY: [u32; 4] and [u8; 16] have the same size, and any bytes are valid.
+    let bytes = unsafe { std::mem::transmute::<[u32; 4], [u8; 16]>(words) };
     if family == AF_INET6 {
-        IpAddr::from(<[u8; 16]>::try_from(bytes).expect("16 bytes"))
+        IpAddr::from(bytes)
     } else {
-        IpAddr::from(<[u8; 4]>::try_from(&bytes[..4]).expect("4 bytes"))
+        IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
     }
 }
 
@@ -95,6 +106,16 @@ pub fn key<A: Into<IpAddr>>(proto: u8, src: (A, u16), dst: (A, u16)) -> FlowKey 
     }
 }
 
+/// The `NEIGHBOURS` key of an address.
+fn ip_key(addr: IpAddr) -> IpKey {
+    let (addr, family) = words(addr);
+    IpKey {
+        addr,
+        family,
+        _pad: [0; 3],
+    }
+}
+
 pub fn kinds(events: &[FlowEvent]) -> Vec<u8> {
     events.iter().map(|e| e.kind).collect()
 }
@@ -108,7 +129,7 @@ pub struct Lb {
 impl Lb {
     /// Loads the embedded release object (fresh maps) through the verifier.
     pub fn new() -> Self {
-        Self::load(lb_user::EBPF_OBJECT, FLOW_TABLE_SIZE)
+        Self::load(crate::production::EBPF_OBJECT, FLOW_TABLE_SIZE)
     }
 
     /// Loads `object` with a flow table of `flow_table_size` entries.
@@ -234,12 +255,7 @@ impl Lb {
     }
 
     pub fn neighbour<A: Into<IpAddr>>(&mut self, addr: A, mac: [u8; 6], ifindex: u32) {
-        let (addr, family) = words(addr.into());
-        let key = IpKey {
-            addr,
-            family,
-            _pad: [0; 3],
-        };
+        let key = ip_key(addr.into());
         let n = Neighbour {
             mac,
             _pad: [0; 2],
@@ -251,12 +267,7 @@ impl Lb {
     }
 
     pub fn remove_neighbour<A: Into<IpAddr>>(&mut self, addr: A) {
-        let (addr, family) = words(addr.into());
-        let key = IpKey {
-            addr,
-            family,
-            _pad: [0; 3],
-        };
+        let key = ip_key(addr.into());
         self.neighbours().remove(&key).expect("remove neighbour");
     }
 
@@ -314,12 +325,18 @@ impl Lb {
     }
 
     pub fn set_cost(&mut self, id: u32, cost: u64) {
-        let score = BackendScore {
-            ewma_ns: cost,
-            cost,
-            weight: 1,
-            ..BackendScore::default()
-        };
+        self.set_score(
+            id,
+            BackendScore {
+                ewma_ns: cost,
+                cost,
+                weight: 1,
+                ..BackendScore::default()
+            },
+        );
+    }
+
+    pub fn set_score(&mut self, id: u32, score: BackendScore) {
         self.array::<BackendScore>(lb_common::BACKEND_SCORES_MAP)
             .set(id, score, 0)
             .expect("set score");

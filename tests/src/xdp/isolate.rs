@@ -38,3 +38,40 @@ pub fn run_isolated<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static
     .join()
     .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
+
+/// Where [`private_bpffs`] mounts its BPF filesystem.
+const BPFFS: &str = "/sys/fs/bpf";
+
+std::thread_local! {
+    static PRIVATE_BPFFS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A BPF filesystem of the calling thread's own, for pinning maps: on the
+/// first call the thread gets a private mount namespace with a fresh bpffs
+/// on /sys/fs/bpf, which nobody else sees and which goes away with the
+/// thread. Call it on an isolated thread ([`run_isolated`]).
+pub fn private_bpffs() -> std::path::PathBuf {
+    use nix::mount::{MsFlags, mount};
+    if !PRIVATE_BPFFS.get() {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+        // Keep our mounts from propagating back to the host's namespace.
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .expect("making / private");
+        mount(
+            Some("bpf"),
+            BPFFS,
+            Some("bpf"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .expect("mounting a bpffs");
+        PRIVATE_BPFFS.set(true);
+    }
+    BPFFS.into()
+}

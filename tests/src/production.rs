@@ -1,0 +1,25 @@
+//! Everything the test kit takes from the control plane (`lb-user`), in one
+//! place: the eBPF object it embeds, its list of algorithms, and its pure
+//! table builders and table writer. Tests import these from here, so a move
+//! inside lb-user is a change to this file only. (Map names and layouts come
+//! from `lb_common`, which the kernel and the control plane share.)
+use std::path::Path;
+
+use lb_user::publish::writers::TableWriter;
+pub use lb_user::{
+    EBPF_OBJECT,
+    publish::tables::{SlotBackend, VipTableSet},
+    settings::algorithm::ALL as ALGORITHMS,
+};
+
+/// Writes VIP `vip_id`'s tables with the control plane's own writer, through
+/// the table maps pinned in `pin_dir`.
+pub fn write_tables(
+    pin_dir: &Path,
+    vip_id: u32,
+    algorithm: u8,
+    maglev_table: Option<u32>,
+    slots: &[SlotBackend],
+) -> anyhow::Result<()> {
+    TableWriter::open(pin_dir)?.write(vip_id, algorithm, maglev_table, slots)
+}
