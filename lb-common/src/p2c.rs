@@ -88,7 +88,8 @@ pub const fn redraw_bound(reference_cost: u64) -> u64 {
 
 /// `cost` scaled by the stall age `now - last_progress_ns` when that age
 /// exceeds `max(ewma_ns, STALL_FLOOR_NS)`; unchanged otherwise, and when no
-/// progress was ever recorded (`last_progress_ns == 0`). Only meaningful
+/// progress was ever recorded (`last_progress_ns == 0`); `u64::MAX` where
+/// `cost × age` does not fit in u64. Only meaningful
 /// while the backend has flows in flight.
 #[inline(always)]
 pub const fn stall_scaled(cost: u64, ewma_ns: u64, last_progress_ns: u64, now: u64) -> u64 {
@@ -101,7 +102,13 @@ pub const fn stall_scaled(cost: u64, ewma_ns: u64, last_progress_ns: u64, now: u
     if last_progress_ns == 0 || age <= threshold {
         return cost;
     }
-    match saturating_mul(cost, age).checked_div(threshold) {
+    // A product past u64 is a stall beyond any score: the top cost, never
+    // the saturated product divided back down below `cost`.
+    let product = saturating_mul(cost, age);
+    if product == u64::MAX {
+        return u64::MAX;
+    }
+    match product.checked_div(threshold) {
         Some(scaled) => scaled,
         None => cost,
     }
