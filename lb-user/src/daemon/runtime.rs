@@ -11,6 +11,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Instant,
 };
 
 use tokio::sync::mpsc;
@@ -125,6 +126,7 @@ impl Runtime {
                 self.loads.set_weight(*id, *w, &self.fresh_load);
             }
         }
+        let started = Instant::now();
         let fresh: Vec<_> = self
             .loads
             .scores(now)
@@ -132,6 +134,7 @@ impl Runtime {
             .collect();
         let vips = self.fleet.vips.iter().zip(&selections);
         self.kernel.publisher.scores.write(
+            started,
             &fresh,
             vips.map(|(vip, selection)| (vip.meta.vip_id, selection.slots.as_slice())),
         )?;

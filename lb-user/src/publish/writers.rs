@@ -121,13 +121,15 @@ impl ScoreWriter {
     }
 
     /// Writes the `fresh` scores (by backend id), then each VIP's reference
-    /// cost from the scores of its slot backends (`vips`: vip id and slots).
+    /// cost from the scores of its slot backends (`vips`: vip id and slots),
+    /// and records the time since `started` (the scores' computation
+    /// included).
     pub fn write<'a>(
         &mut self,
+        started: Instant,
         fresh: &[(u32, BackendScore)],
         vips: impl IntoIterator<Item = (u32, &'a [u32])>,
     ) -> anyhow::Result<()> {
-        let started = Instant::now();
         for (id, score) in fresh {
             self.set(*id, score)?;
         }
