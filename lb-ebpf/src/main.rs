@@ -17,22 +17,45 @@
 #![feature(core_intrinsics, asm_experimental_arch, stmt_expr_attributes)]
 #![allow(internal_features)]
 
-// In the order a packet meets them:
-mod events; // the ring buffer to the control plane
-mod flow; // the flow table: lookup, translations, new connections
-mod nat; // full-NAT rewrite, checksums, ICMP error translation
-mod nexthop; // next-hop MACs, XDP_TX or redirect
-mod packet; // bounds-checked packet access, the parsed `Packet`
-mod parse; // headers → `Packet` (incl. ICMP errors' quoted packets)
-mod progress; // per-backend progress stamps (written by track, read by select)
-mod select; // admission and the backend choice (global BPF function)
+// The stages, in the order a packet meets them (one per group, so that
+// rustfmt keeps this order):
+// 1. the wire format's offsets and codes, and bounds-checked packet access
+mod wire;
+
+mod packet;
+
+// 2. headers → `Packet` (incl. the packet quoted by an ICMP error)
+mod parse;
+
+// 3. the flow table: lookup, translations, new connections
+mod flow;
+
+// 4. admission and the backend choice (a global BPF function)
+mod select;
+
+// 5. full-NAT rewrite, incremental checksums, ICMP error translation
+mod nat;
+
+// 6. next-hop MACs, then XDP_TX or redirect
+mod nexthop;
+
+// 7. connection state → in-flight counters and events; progress stamps
+//    (written here, read by select)
+mod track;
+
+mod progress;
+
+// 8. the ring buffer to the control plane
+mod events;
+
+// 9. per-reason and per-backend counters; the verdict counted once
 mod stats;
-mod track; // connection state → events, in-flight counters
-mod wire; // the wire format's offsets and codes // per-reason and per-backend counters
-// Used by every stage:
-mod atomic; // atomic read-modify-writes on map values
-mod helpers; // the clock and the random source
-mod maps; // every map of the program
+
+// Used by every stage: atomic read-modify-writes on map values, the clock
+// and the random source, every map of the program.
+mod atomic;
+mod helpers;
+mod maps;
 
 use core::mem::MaybeUninit;
 

@@ -13,13 +13,20 @@
 //! 7. [`surface`]: what operators see and say (control socket, metrics, status);
 //! 8. [`daemon`]: startup in named steps and the event loop that routes to handlers.
 
-pub mod daemon;
-pub mod estimate;
-pub mod ingest;
-pub mod kernel;
-pub mod pool;
-pub mod publish;
 pub mod settings;
+
+pub mod kernel;
+
+pub mod ingest;
+
+pub mod estimate;
+
+pub mod pool;
+
+pub mod publish;
+
 pub mod surface;
+
+pub mod daemon;
 
 pub use kernel::object::EBPF_OBJECT;
