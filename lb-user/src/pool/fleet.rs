@@ -153,14 +153,31 @@ impl Fleet {
             })
     }
 
-    /// [`Self::find`], with the lifecycle parameters of the VIP.
-    fn find_with_params(
-        &self,
+    /// [`Self::find`]'s member itself, with the lifecycle parameters of
+    /// its VIP: one lookup of the VIP, and no second lookup of the id.
+    fn find_member_mut(
+        &mut self,
         vip: &VipAddr,
         backend: SocketAddr,
-    ) -> Result<(u32, LifecycleParams), FleetError> {
-        let id = self.find(vip, backend)?;
-        Ok((id, self.vips[self.vip_index(vip)?].params))
+    ) -> Result<(u32, &mut Member, LifecycleParams), FleetError> {
+        let index = self.vip_index(vip)?;
+        let params = self.vips[index].params;
+        let Self { vips, members, .. } = self;
+        vips[index]
+            .members
+            .iter()
+            .copied()
+            .find(|&id| {
+                members
+                    .get(id as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|m| m.addr == backend)
+            })
+            .and_then(|id| Some((id, members.get_mut(id as usize)?.as_mut()?, params)))
+            .ok_or_else(|| FleetError::NoBackend {
+                vip: vip.to_string(),
+                backend: backend.to_string(),
+            })
     }
 
     /// Adds a backend (or brings back a removed one that is still draining).
@@ -214,8 +231,7 @@ impl Fleet {
         admin: Admin,
         now: Nanos,
     ) -> Result<u32, FleetError> {
-        let (id, params) = self.find_with_params(vip, backend)?;
-        let m = self.member_mut(id).expect("found");
+        let (id, m, params) = self.find_member_mut(vip, backend)?;
         if m.life.admin() == Admin::Removed && admin != Admin::Removed {
             return Err(FleetError::NoBackend {
                 vip: vip.to_string(),
@@ -233,11 +249,8 @@ impl Fleet {
         weight: u32,
         now: Nanos,
     ) -> Result<u32, FleetError> {
-        let (id, params) = self.find_with_params(vip, backend)?;
-        self.member_mut(id)
-            .expect("found")
-            .life
-            .set_weight(weight, now, &params);
+        let (id, m, params) = self.find_member_mut(vip, backend)?;
+        m.life.set_weight(weight, now, &params);
         Ok(id)
     }
 
