@@ -11,7 +11,8 @@
 //! 5. [`pool`]: the backends' fleet, lifecycles, outlier detection, health checks;
 //! 6. [`publish`]: the tables the kernel selects from, and the writers of them;
 //! 7. [`surface`]: what operators see and say (control socket, metrics, status);
-//! 8. [`daemon`]: startup in named steps and the event loop that routes to handlers.
+//! 8. [`discover`]: backends and weights from etcd, and the `register` sidecar;
+//! 9. [`daemon`]: startup in named steps and the event loop that routes to handlers.
 
 pub mod settings;
 
@@ -26,6 +27,8 @@ pub mod pool;
 pub mod publish;
 
 pub mod surface;
+
+pub mod discover;
 
 pub mod daemon;
 

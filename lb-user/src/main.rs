@@ -6,11 +6,12 @@ use std::{io::IsTerminal as _, process::ExitCode};
 use anyhow::{anyhow, bail};
 use clap::{Parser, error::ErrorKind};
 use lb_user::{
-    daemon,
+    daemon, discover,
     kernel::{bpffs, iface, instance::InstanceLock},
     settings::{
         cli::{BackendArgs, BackendCommand, Cli, Command, RunArgs, StatusArgs},
         config::Config,
+        discovery::RegisterArgs,
         one_line,
     },
     surface::{control, status},
@@ -46,6 +47,7 @@ fn run() -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Status(args)) => show_status(args),
         Some(Command::Backend(args)) => change_backend(args),
+        Some(Command::Register(args)) => register(args),
         None => run_balancer(cli.run),
     }
 }
@@ -81,7 +83,7 @@ fn init_tracing(default_level: &str) {
 /// Input first (so bad flags are reported even without privileges), then
 /// privileges, then the interface; the kernel is touched only after all of it.
 fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
-    let config = Config::from_args(args.clone())?;
+    let mut config = Config::from_args(args.clone())?;
     let reload = move || Config::from_args(args.clone()).map_err(anyhow::Error::from);
     require_root()?;
     let ifindex = iface::ifindex(&config.iface)?;
@@ -94,7 +96,37 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(daemon::serve(&config, &reload, ifindex, snat))
+        .block_on(async {
+            // Backends of etcd-discovered VIPs: etcd, else the cache.
+            let discovery = discover::watch::seed(&mut config).await?;
+            daemon::serve(&config, &reload, ifindex, snat, discovery).await
+        })
+}
+
+/// The backend-side sidecar: a leased key in etcd while this runs.
+fn register(args: RegisterArgs) -> anyhow::Result<()> {
+    let etcd = args.etcd()?;
+    let check = match &args.check_http {
+        Some(url) => Some(discover::register::parse_check_url(url).map_err(|e| anyhow!(e))?),
+        None => None,
+    };
+    let entry = discover::entry::Entry {
+        addr: args.addr,
+        weight: args.weight,
+        zone: args.zone.clone().filter(|z| !z.is_empty()),
+    };
+    init_tracing(&args.log_level);
+    let registration = discover::register::Registration {
+        etcd,
+        prefix: args.prefix,
+        entry,
+        ttl: args.ttl,
+        check,
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(discover::register::run(registration))
 }
 
 fn show_status(args: StatusArgs) -> anyhow::Result<()> {

@@ -8,8 +8,8 @@ use std::{
 };
 
 /// The folders in data-flow order: each may use only those before it.
-const ORDER: [&str; 8] = [
-    "settings", "kernel", "ingest", "estimate", "pool", "publish", "surface", "daemon",
+const ORDER: [&str; 9] = [
+    "settings", "kernel", "ingest", "estimate", "pool", "publish", "surface", "discover", "daemon",
 ];
 
 fn src() -> PathBuf {

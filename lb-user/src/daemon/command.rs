@@ -24,6 +24,7 @@ impl Runtime {
         });
         match applied {
             Ok(id) => {
+                self.note_override(request);
                 info!(command = ?request.command, vip = %request.vip, backend = %request.backend, "operator command applied");
                 Response::done(id)
             }

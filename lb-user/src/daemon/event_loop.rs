@@ -12,6 +12,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use crate::{
+    discover::watch::Update,
     ingest::{
         events::{Event, EventStream},
         reconcile::Scan,
@@ -38,6 +39,10 @@ pub trait Handlers {
     fn on_command(&mut self, request: &Request, now: Nanos) -> Response;
     fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()>;
     fn snapshot(&self, now: Nanos) -> Snapshot;
+    /// A discovered VIP's wanted backends changed (see `discovery.rs`).
+    fn on_discovery(&mut self, _update: &Update, _now: Nanos) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// Signals that end the daemon cleanly.
@@ -69,6 +74,16 @@ pub struct Inputs {
     pub control: mpsc::Receiver<Pending>,
     pub scrapes: mpsc::Receiver<Scrape>,
     pub hangup: Signal,
+    /// Updates of the etcd watch, when a VIP is discovered.
+    pub discovery: Option<mpsc::Receiver<Update>>,
+}
+
+/// The next discovery update, or never without discovery.
+async fn next_update(rx: &mut Option<mpsc::Receiver<Update>>) -> Option<Update> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Routes inputs to the handlers `H`, each at the time `C` reads.
@@ -175,6 +190,9 @@ impl<C: Clock, H: Handlers> EventLoop<C, H> {
                 Some(pending) = inputs.control.recv() => self.on_command(pending),
                 Some(reply) = inputs.scrapes.recv() => self.on_scrape(reply),
                 _ = inputs.hangup.recv() => self.on_reload(reload).await?,
+                Some(update) = next_update(&mut inputs.discovery) => {
+                    self.handlers.on_discovery(&update, self.clock.now())?;
+                }
             }
         }
     }

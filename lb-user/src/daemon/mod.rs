@@ -3,9 +3,10 @@
 //! [`runtime`]'s handlers until SIGINT/SIGTERM, and clean up.
 //!
 //! May use: every other folder (it comes last).
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod command;
+pub mod discovery;
 pub mod event_loop;
 pub mod runtime;
 pub mod snapshot;
@@ -26,6 +27,7 @@ use self::{
     startup::Snat,
 };
 use crate::{
+    discover::watch::{Update, Watcher},
     ingest::{
         events::{Event, EventStream},
         reconcile::{Reconciler, Scan, Timeouts},
@@ -53,6 +55,7 @@ pub async fn serve(
     reload: &dyn Fn() -> anyhow::Result<Config>,
     ifindex: u32,
     snat_ip: Snat,
+    discovery: Option<Watcher>,
 ) -> anyhow::Result<()> {
     // Installed before attaching, so a signal during startup still cleans up.
     let mut shutdown = Shutdown::install()?;
@@ -63,7 +66,7 @@ pub async fn serve(
         attachment: &attachment,
     };
     let result = started
-        .configure_and_run(MonotonicClock, snat_ip, reload, &mut shutdown)
+        .configure_and_run(MonotonicClock, snat_ip, reload, &mut shutdown, discovery)
         .await;
     let stopped = attachment.stop();
     result?;
@@ -87,6 +90,7 @@ impl Started<'_> {
         snat_ip: Snat,
         reload: &dyn Fn() -> anyhow::Result<Config>,
         shutdown: &mut Shutdown,
+        discovery: Option<Watcher>,
     ) -> anyhow::Result<()> {
         let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
         let (plan, publisher) = startup::write_plan(config, pin_dir, &clock)?;
@@ -94,7 +98,7 @@ impl Started<'_> {
         startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
         let kernel = startup::open_kernel_handles(config, pin_dir, self.ifindex, publisher)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
-        let runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx);
+        let mut runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx);
         let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
         let mut tasks = vec![
@@ -105,12 +109,19 @@ impl Started<'_> {
         tasks.extend(tasks::spawn_ebpf_log_drain(self.attachment.program_id));
         let (reconcile_task, scan_rx) = self.start_reconciler(&runtime, clock.clone())?;
         tasks.push(reconcile_task);
+        let discovery_rx = discovery.map(|watcher| {
+            let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
+            runtime.discovery.status = Some(watcher.status.clone());
+            tasks.extend(watcher.spawn(tx));
+            rx
+        });
         let inputs = Inputs {
             scans: scan_rx,
             checks: check_rx,
             control: control_rx,
             scrapes: scrape_rx,
             hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            discovery: discovery_rx,
         };
         let events = EventStream::new(maps::events(pin_dir)?)?;
         let mut event_loop = EventLoop::new(clock, runtime);
@@ -191,5 +202,8 @@ impl Handlers for Runtime {
     }
     fn snapshot(&self, now: Nanos) -> Snapshot {
         Runtime::snapshot(self, now)
+    }
+    fn on_discovery(&mut self, update: &Update, now: Nanos) -> anyhow::Result<()> {
+        Runtime::on_discovery(self, update, now)
     }
 }

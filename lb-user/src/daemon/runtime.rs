@@ -50,6 +50,8 @@ pub struct Runtime {
     /// Entries in the flow table at the last reconciliation pass.
     pub(super) flow_entries: u64,
     pub(super) flow_table_size: u32,
+    /// Overrides, zones and revisions of etcd discovery (`discovery.rs`).
+    pub discovery: super::discovery::DiscoveryState,
 }
 
 impl Runtime {
@@ -77,6 +79,7 @@ impl Runtime {
             flows_evicted: 0,
             flow_entries: 0,
             flow_table_size: config.flow_table_size,
+            discovery: super::discovery::DiscoveryState::new(config.discovery.max_removal_percent),
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());

@@ -3,7 +3,7 @@
 //! kernel's P2C reads.
 //!
 //! May use: settings, kernel, ingest.
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod backend_load;
 pub mod peak_ewma;

@@ -3,7 +3,7 @@
 //! flows and corrects in-flight counts ([`reconcile`]).
 //!
 //! May use: settings, kernel.
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod events;
 pub mod reconcile;

@@ -5,7 +5,7 @@
 //! and the kernel's clock.
 //!
 //! May use: settings.
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod attach;
 pub mod bpffs;

@@ -260,6 +260,9 @@ impl Fleet {
     pub fn reload(&mut self, config: &Config, now: Nanos) -> Vec<String> {
         let mut notes = Vec::new();
         for v in &config.vips {
+            if v.etcd_prefix.is_some() {
+                continue; // its backends follow etcd, not the file
+            }
             let Ok(index) = self.vip_index(&v.vip) else {
                 notes.push(format!("new VIP {} needs a restart", v.vip));
                 continue;

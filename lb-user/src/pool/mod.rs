@@ -4,7 +4,7 @@
 //! detection and active [`health`] checks.
 //!
 //! May use: settings, kernel, ingest, estimate.
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod fleet;
 pub mod health;

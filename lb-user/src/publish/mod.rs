@@ -5,7 +5,7 @@
 //! tables and scores in an order the running program can always read.
 //!
 //! May use: settings, kernel, ingest, estimate, pool.
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod maglev;
 pub mod prefix;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     settings::addr::{BackendAddr, VipAddr},
     settings::algorithm::parse_algorithm,
+    settings::discovery::{DiscoveryArgs, RegisterArgs},
     settings::duration::parse_duration,
     settings::ops::OpsSettings,
     settings::ports::PortRange,
@@ -36,6 +37,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Change a running instance's backends: add, remove, weight, drain, undrain.
     Backend(BackendArgs),
+    /// Register a backend in etcd under a lease until SIGTERM (the sidecar).
+    Register(RegisterArgs),
 }
 
 #[derive(Debug, Args)]
@@ -171,4 +174,7 @@ pub struct RunArgs {
     /// Health checks, ejection, slow start, metrics.
     #[command(flatten)]
     pub ops: OpsSettings,
+    /// etcd discovery (endpoints, TLS, user, --etcd-prefix of --vip, state dir).
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
 }

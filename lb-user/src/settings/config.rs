@@ -45,7 +45,7 @@
 use std::{
     collections::HashSet,
     net::{Ipv4Addr, Ipv6Addr},
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -59,6 +59,7 @@ use crate::{
     settings::addr::{BackendAddr, Protocol, VipAddr},
     settings::algorithm::parse_algorithm,
     settings::cli::{RunArgs, XdpMode},
+    settings::discovery::{Discovery, FileDiscovery, check_prefix},
     settings::duration::{self, format_duration},
     settings::error::{ConfigError, one_line},
     settings::ops::{HealthCheck, HealthSettings, Ops, OpsSettings},
@@ -112,6 +113,8 @@ pub struct Config {
     pub upgrade: bool,
     /// In id order: `vips[i]` gets vip id `i`.
     pub vips: Vec<VipConfig>,
+    /// etcd, the state folder, the removal cap (see `discovery.rs`).
+    pub discovery: Discovery,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -125,6 +128,9 @@ pub struct VipConfig {
     pub backends: Vec<BackendAddr>,
     /// Active health check of this VIP's backends, if any.
     pub health: Option<HealthCheck>,
+    /// The backends come from the etcd keys under this prefix (then
+    /// `backends` is empty in the configuration, and filled at startup).
+    pub etcd_prefix: Option<String>,
 }
 
 /// The TOML file as written (see the module docs).
@@ -160,6 +166,14 @@ pub struct FileConfig {
     operations: OpsSettings,
     #[serde(default)]
     vip: Vec<FileVip>,
+    etcd_endpoints: Option<Vec<String>>,
+    etcd_ca: Option<PathBuf>,
+    etcd_cert: Option<PathBuf>,
+    etcd_key: Option<PathBuf>,
+    etcd_user: Option<String>,
+    etcd_password: Option<String>,
+    state_dir: Option<PathBuf>,
+    max_removal_percent: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,9 +192,23 @@ struct FileVip {
     /// Overrides `[operations.health]` key by key.
     #[serde(default)]
     health: HealthSettings,
+    etcd_prefix: Option<String>,
 }
 
 impl FileConfig {
+    fn discovery(&self) -> FileDiscovery {
+        FileDiscovery {
+            etcd_endpoints: self.etcd_endpoints.clone(),
+            etcd_ca: self.etcd_ca.clone(),
+            etcd_cert: self.etcd_cert.clone(),
+            etcd_key: self.etcd_key.clone(),
+            etcd_user: self.etcd_user.clone(),
+            etcd_password: self.etcd_password.clone(),
+            state_dir: self.state_dir.clone(),
+            max_removal_percent: self.max_removal_percent,
+        }
+    }
+
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Invalid {
             path: path.display().to_string(),
@@ -251,6 +279,7 @@ impl FileVip {
                 .unwrap_or(defaults.maglev_source_affinity),
             backends: self.backends,
             health: self.health.or(health).resolve()?,
+            etcd_prefix: self.etcd_prefix,
         })
     }
 }
@@ -287,11 +316,17 @@ impl Config {
                 maglev_source_affinity: defaults.maglev_source_affinity,
                 backends: std::mem::take(&mut args.backends),
                 health: ops_settings.health.resolve()?,
+                etcd_prefix: args.discovery.etcd_prefix.take(),
             }),
             None if !args.backends.is_empty() => return Err(ConfigError::BackendWithoutVip),
+            None if args.discovery.etcd_prefix.is_some() => {
+                return Err(ConfigError::Ops("--etcd-prefix given without --vip".into()));
+            }
             None => {}
         }
-        let config = Self::from_globals(args, file, iface, ops, vips);
+        let discovery = args.discovery.resolve(&file.discovery())?;
+        let mut config = Self::from_globals(args, file, iface, ops, vips);
+        config.discovery = discovery;
         config.validate()?;
         Ok(config)
     }
@@ -350,6 +385,7 @@ impl Config {
             iface,
             ops,
             vips,
+            discovery: Discovery::default(),
         }
     }
 
@@ -418,7 +454,19 @@ impl Config {
             if !seen_vips.insert(v.vip) {
                 return Err(ConfigError::DuplicateVip(name));
             }
-            if v.backends.is_empty() {
+            if let Some(prefix) = &v.etcd_prefix {
+                check_prefix(prefix)?;
+                if self.discovery.etcd.is_none() {
+                    return Err(ConfigError::Ops(format!(
+                        "VIP {name} has an etcd prefix but no --etcd-endpoints are given"
+                    )));
+                }
+                if !v.backends.is_empty() {
+                    return Err(ConfigError::Ops(format!(
+                        "VIP {name} takes its backends from etcd prefix {prefix}: static backends as well are not allowed"
+                    )));
+                }
+            } else if v.backends.is_empty() {
                 return Err(ConfigError::NoBackends(name));
             }
             check_count(

@@ -5,12 +5,13 @@
 //! [`ConfigError`]s reported before the kernel is touched.
 //!
 //! May use: no other folder (it comes first).
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod addr;
 pub mod algorithm;
 pub mod cli;
 pub mod config;
+pub mod discovery;
 pub mod duration;
 pub mod error;
 pub mod ops;

@@ -2,7 +2,7 @@
 //! changes), Prometheus [`metrics`] and `lb-user status` ([`status`]).
 //!
 //! May use: settings, kernel, ingest, estimate, pool, publish.
-//! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
+//! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod control;
 pub mod metrics;

@@ -1,0 +1,149 @@
+//! Discovery updates applied to the running pool: the one handler
+//! ([`Runtime::on_discovery`]) turns a VIP's wanted set into the same
+//! fleet changes the operator's `backend add|remove|weight` commands make
+//! (new backends under slow start, removed ones drained until their flows
+//! end, weights ramped over `--weight-smoothing`), within the removal cap,
+//! and never over an operator's override.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    sync::Arc,
+};
+
+use tracing::{info, warn};
+
+use super::runtime::Runtime;
+use crate::{
+    discover::{
+        plan::{self, Member},
+        watch::{DiscoveryStatus, Update},
+    },
+    kernel::clock::Nanos,
+    pool::lifecycle::Admin,
+    settings::cli::BackendCommand,
+    surface::control::Request,
+};
+
+/// What the runtime keeps of discovery.
+#[derive(Debug, Default)]
+pub struct DiscoveryState {
+    pub max_removal_percent: u32,
+    /// (VIP index, backend) whose weight an operator set: etcd's weight
+    /// waits until `backend undrain` clears it.
+    weight_overrides: HashSet<(usize, SocketAddr)>,
+    /// Zone of each discovered backend (for zone-aware routing).
+    pub zones: HashMap<(usize, SocketAddr), String>,
+    /// Last revision applied per VIP index.
+    pub revisions: HashMap<usize, i64>,
+    /// Shared with the watch tasks (metrics).
+    pub status: Option<Arc<DiscoveryStatus>>,
+}
+
+impl DiscoveryState {
+    pub fn new(max_removal_percent: u32) -> Self {
+        Self {
+            max_removal_percent,
+            ..Self::default()
+        }
+    }
+}
+
+impl Runtime {
+    /// Notes an operator command that overrides discovery (weight) or
+    /// clears the overrides (undrain).
+    pub(super) fn note_override(&mut self, request: &Request) {
+        let (Ok(vip), Ok(addr)) = (
+            request.vip.parse(),
+            request
+                .backend
+                .parse::<crate::settings::addr::BackendAddr>(),
+        ) else {
+            return;
+        };
+        let Ok(index) = self.fleet.vip_index(&vip) else {
+            return;
+        };
+        let key = (index, addr.addr);
+        match request.command {
+            BackendCommand::Weight => {
+                self.discovery.weight_overrides.insert(key);
+            }
+            BackendCommand::Undrain | BackendCommand::Remove => {
+                self.discovery.weight_overrides.remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    /// Applies one VIP's wanted set; the kernel has it when this returns.
+    pub fn on_discovery(&mut self, update: &Update, now: Nanos) -> anyhow::Result<()> {
+        let Some(fleet_vip) = self.fleet.vips.get(update.vip) else {
+            return Ok(());
+        };
+        let vip = fleet_vip.addr;
+        let pool: Vec<Member> = fleet_vip
+            .members
+            .iter()
+            .filter_map(|&id| self.fleet.member(id))
+            .map(|m| Member {
+                addr: m.addr,
+                weight: m.life.weight(),
+                removed: m.life.admin() == Admin::Removed,
+                weight_overridden: self
+                    .discovery
+                    .weight_overrides
+                    .contains(&(update.vip, m.addr)),
+            })
+            .collect();
+        let changes = plan::plan(&pool, &update.wanted, self.discovery.max_removal_percent);
+        for e in &update.wanted {
+            match &e.zone {
+                Some(z) => self.discovery.zones.insert((update.vip, e.addr), z.clone()),
+                None => self.discovery.zones.remove(&(update.vip, e.addr)),
+            };
+        }
+        self.discovery.revisions.insert(update.vip, update.revision);
+        if changes.deferred > 0 {
+            warn!(vip = %vip, deferred = changes.deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap");
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut failed = 0;
+        for e in &changes.add {
+            // The watch probed its next hop before reporting it.
+            match self.fleet.add(&vip, e.backend(), now) {
+                Ok(id) => self.loads.reset(id, self.fresh_load.clone()),
+                Err(err) => {
+                    failed += 1;
+                    warn!(vip = %vip, backend = %e.addr, "discovery: cannot add: {err}");
+                }
+            }
+        }
+        for (addr, weight) in &changes.reweight {
+            if let Err(err) = self.fleet.set_weight(&vip, *addr, *weight, now) {
+                failed += 1;
+                warn!(vip = %vip, backend = %addr, "discovery: cannot re-weight: {err}");
+            }
+        }
+        for addr in &changes.remove {
+            if let Err(err) = self.fleet.set_admin(&vip, *addr, Admin::Removed, now) {
+                failed += 1;
+                warn!(vip = %vip, backend = %addr, "discovery: cannot remove: {err}");
+            }
+            self.discovery.weight_overrides.remove(&(update.vip, *addr));
+        }
+        info!(
+            vip = %vip,
+            revision = update.revision,
+            added = changes.add.len(),
+            reweighted = changes.reweight.len(),
+            removed = changes.remove.len(),
+            failed,
+            "discovery update applied"
+        );
+        self.after_membership_change();
+        self.on_tick(now)
+    }
+}

@@ -1,0 +1,57 @@
+//! Connecting to etcd with the configured endpoints, TLS and user.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+use crate::settings::discovery::EtcdSettings;
+
+/// A connection attempt gives up after this long.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 pings find a dead server (or a cut path) within about 2 × this.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(1);
+/// A unary request (get, put, grant) gives up after this long.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub fn options(settings: &EtcdSettings) -> anyhow::Result<ConnectOptions> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE)
+        .with_keep_alive_while_idle(true);
+    if let Some((user, password)) = &settings.user {
+        options = options.with_user(user.clone(), password.clone());
+    }
+    let tls_wanted = settings.ca.is_some()
+        || settings.identity.is_some()
+        || settings.endpoints.iter().any(|e| e.starts_with("https://"));
+    if tls_wanted {
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &settings.ca {
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let Some((cert, key)) = &settings.identity {
+            let cert_pem =
+                std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+            let key_pem =
+                std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+            tls = tls.identity(Identity::from_pem(cert_pem, key_pem));
+        }
+        options = options.with_tls(tls);
+    }
+    Ok(options)
+}
+
+/// A client, or why not (within [`CONNECT_TIMEOUT`] and a request timeout).
+pub async fn connect(settings: &EtcdSettings) -> anyhow::Result<Client> {
+    let options = options(settings)?;
+    let endpoints = settings.endpoints.clone();
+    tokio::time::timeout(
+        CONNECT_TIMEOUT + REQUEST_TIMEOUT,
+        Client::connect(endpoints, Some(options)),
+    )
+    .await
+    .context("connecting to etcd timed out")?
+    .context("connecting to etcd")
+}

@@ -1,0 +1,160 @@
+//! What one discovery update changes in a VIP's pool: backends to add,
+//! to re-weight and to remove, with two guards.
+//!
+//! - **Removal cap.** At most `max_removal_percent` of the pool's current
+//!   members (rounded down) are removed by one update, and never the last
+//!   one: a deleted prefix, or a half-written one, cannot empty a pool.
+//!   The rest is deferred; the next update (or the periodic re-apply)
+//!   removes the next share.
+//! - **Operator overrides.** A backend whose weight an operator set keeps
+//!   that weight until the override is cleared; a drained backend stays
+//!   drained (an update never undrains). Removing one still applies: a
+//!   removed backend drains anyway.
+
+use std::{collections::BTreeMap, net::SocketAddr};
+
+use super::entry::Entry;
+
+/// A member of the running pool, as the plan needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub addr: SocketAddr,
+    /// The configured weight (before smoothing and slow start).
+    pub weight: u32,
+    /// Removed and still draining its flows (not a member any more).
+    pub removed: bool,
+    /// An operator set its weight; etcd's weight waits.
+    pub weight_overridden: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// New (or removed and now back) backends.
+    pub add: Vec<Entry>,
+    /// (address, new weight).
+    pub reweight: Vec<(SocketAddr, u32)>,
+    pub remove: Vec<SocketAddr>,
+    /// Removals held back by the cap.
+    pub deferred: usize,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.reweight.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// The changes that move `pool` towards `wanted`.
+pub fn plan(pool: &[Member], wanted: &[Entry], max_removal_percent: u32) -> Changes {
+    let live: BTreeMap<SocketAddr, &Member> = pool
+        .iter()
+        .filter(|m| !m.removed)
+        .map(|m| (m.addr, m))
+        .collect();
+    let wanted_by: BTreeMap<SocketAddr, &Entry> = wanted.iter().map(|e| (e.addr, e)).collect();
+    let mut changes = Changes::default();
+    for (addr, e) in &wanted_by {
+        match live.get(addr) {
+            None => changes.add.push((*e).clone()),
+            Some(m) if m.weight != e.weight && !m.weight_overridden => {
+                changes.reweight.push((*addr, e.weight));
+            }
+            Some(_) => {}
+        }
+    }
+    let gone: Vec<SocketAddr> = live
+        .keys()
+        .filter(|a| !wanted_by.contains_key(a))
+        .copied()
+        .collect();
+    let by_share = live.len() * max_removal_percent.min(100) as usize / 100;
+    // Never the last member: what stays plus what joins must be at least one.
+    let keep_one = (live.len() + changes.add.len()).saturating_sub(1);
+    let allowed = by_share.min(keep_one).min(gone.len());
+    changes.remove = gone[..allowed].to_vec();
+    changes.deferred = gone.len() - allowed;
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(i: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, i], 80))
+    }
+
+    fn member(i: u8, weight: u32) -> Member {
+        Member {
+            addr: addr(i),
+            weight,
+            removed: false,
+            weight_overridden: false,
+        }
+    }
+
+    fn entry(i: u8, weight: u32) -> Entry {
+        Entry {
+            addr: addr(i),
+            weight,
+            zone: None,
+        }
+    }
+
+    #[test]
+    fn adds_reweights_and_removes_the_difference() {
+        let pool = [member(1, 1), member(2, 1), member(3, 1), member(4, 1)];
+        let wanted = [entry(1, 1), entry(2, 5), entry(3, 1), entry(9, 2)];
+        let c = plan(&pool, &wanted, 50);
+        assert_eq!(c.add, [entry(9, 2)]);
+        assert_eq!(c.reweight, [(addr(2), 5)]);
+        assert_eq!(c.remove, [addr(4)]);
+        assert_eq!(c.deferred, 0);
+        assert!(
+            plan(
+                &pool,
+                &[entry(1, 1), entry(2, 1), entry(3, 1), entry(4, 1)],
+                50
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_deleted_prefix_removes_at_most_the_cap_and_never_the_last() {
+        let pool: Vec<Member> = (1..=10).map(|i| member(i, 1)).collect();
+        let c = plan(&pool, &[], 50);
+        assert_eq!(c.remove.len(), 5);
+        assert_eq!(c.deferred, 5);
+        let c = plan(&pool, &[], 100);
+        assert_eq!(c.remove.len(), 9, "the last one stays");
+        assert_eq!(plan(&[member(1, 1)], &[], 100).remove, []);
+        assert_eq!(plan(&[member(1, 1)], &[entry(2, 1)], 100).remove, [addr(1)]);
+        let c = plan(&pool, &[], 10);
+        assert_eq!((c.remove.len(), c.deferred), (1, 9));
+    }
+
+    #[test]
+    fn removed_members_come_back_and_overrides_keep_their_weight() {
+        let mut gone = member(1, 1);
+        gone.removed = true;
+        let mut pinned = member(2, 7);
+        pinned.weight_overridden = true;
+        let c = plan(
+            &[gone, pinned, member(3, 1)],
+            &[entry(1, 1), entry(2, 3), entry(3, 1)],
+            50,
+        );
+        assert_eq!(c.add, [entry(1, 1)]);
+        assert_eq!(c.reweight, []);
+        assert!(c.remove.is_empty());
+    }
+
+    #[test]
+    fn the_same_inputs_give_the_same_changes_whatever_the_pool_order() {
+        let a = [member(3, 1), member(1, 1), member(2, 1)];
+        let b = [member(2, 1), member(3, 1), member(1, 1)];
+        let wanted = [entry(4, 1)];
+        assert_eq!(plan(&a, &wanted, 100), plan(&b, &wanted, 100));
+    }
+}

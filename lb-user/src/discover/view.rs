@@ -1,0 +1,140 @@
+//! The keys under one VIP's prefix, as of a revision: built from a
+//! snapshot, changed by watch events, and turned into the wanted backends.
+//! A key whose value is bad is skipped (its last good value, if any, is
+//! kept), so a bad write never removes a backend.
+
+use std::{collections::BTreeMap, net::SocketAddr};
+
+use super::entry::{self, Entry};
+
+/// A key or value that was skipped, as one log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub key: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixView {
+    pub prefix: String,
+    /// The VIP is IPv6 (its backends must be too).
+    pub ipv6: bool,
+    /// The etcd revision this view reflects.
+    pub revision: i64,
+    entries: BTreeMap<String, Entry>,
+}
+
+impl PrefixView {
+    pub fn new(prefix: &str, ipv6: bool) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+            ipv6,
+            ..Self::default()
+        }
+    }
+
+    /// A view with these keys at `revision`; the bad ones are returned.
+    pub fn snapshot(
+        prefix: &str,
+        ipv6: bool,
+        revision: i64,
+        kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    ) -> (Self, Vec<Skipped>) {
+        let mut view = Self::new(prefix, ipv6);
+        let mut skipped = Vec::new();
+        for (key, value) in kvs {
+            if let Err(s) = view.put(&key, &value) {
+                skipped.push(s);
+            }
+        }
+        view.revision = revision;
+        (view, skipped)
+    }
+
+    /// A key was written.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Skipped> {
+        let name = String::from_utf8_lossy(key).into_owned();
+        if std::str::from_utf8(key).is_err() || !name.starts_with(&self.prefix) {
+            return Err(Skipped {
+                key: name,
+                reason: "key is not UTF-8 under the prefix".into(),
+            });
+        }
+        match entry::parse(value, self.ipv6) {
+            Ok(e) => {
+                self.entries.insert(name, e);
+                Ok(())
+            }
+            Err(reason) => Err(Skipped { key: name, reason }),
+        }
+    }
+
+    /// A key was deleted (or its lease expired).
+    pub fn delete(&mut self, key: &[u8]) {
+        self.entries.remove(String::from_utf8_lossy(key).as_ref());
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The wanted backends in address order (so every balancer sees the
+    /// same order); of two keys naming one address, the first key wins.
+    pub fn wanted(&self) -> Vec<Entry> {
+        let mut by_addr: BTreeMap<SocketAddr, Entry> = BTreeMap::new();
+        for e in self.entries.values() {
+            by_addr.entry(e.addr).or_insert_with(|| e.clone());
+        }
+        by_addr.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(k: &str, v: &str) -> (Vec<u8>, Vec<u8>) {
+        (k.as_bytes().to_vec(), v.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_snapshot_skips_bad_values_and_keeps_the_rest_in_address_order() {
+        let (view, skipped) = PrefixView::snapshot(
+            "/lb/web/",
+            false,
+            42,
+            [
+                kv("/lb/web/b", r#"{"addr":"10.0.0.22:80","weight":2}"#),
+                kv("/lb/web/a", r#"{"addr":"10.0.0.21:80"}"#),
+                kv("/lb/web/c", "garbage"),
+                kv("/lb/web/d", r#"{"addr":"10.0.0.21:80","weight":9}"#),
+            ],
+        );
+        assert_eq!(view.revision, 42);
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].key, "/lb/web/c");
+        let wanted = view.wanted();
+        let addrs: Vec<String> = wanted.iter().map(|e| e.addr.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.21:80", "10.0.0.22:80"]);
+        assert_eq!(wanted[0].weight, 1, "key a wins over key d");
+    }
+
+    #[test]
+    fn a_bad_write_keeps_the_last_good_value_and_a_delete_removes() {
+        let mut view = PrefixView::new("/p/", false);
+        view.put(b"/p/x", br#"{"addr":"10.0.0.21:80","weight":3}"#)
+            .unwrap();
+        assert!(
+            view.put(b"/p/x", br#"{"addr":"10.0.0.21:80","weight":0}"#)
+                .is_err()
+        );
+        assert_eq!(view.wanted()[0].weight, 3);
+        assert!(view.put(b"/other/x", br#"{"addr":"10.0.0.9:80"}"#).is_err());
+        view.delete(b"/p/x");
+        assert!(view.is_empty());
+    }
+}

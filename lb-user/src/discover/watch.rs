@@ -1,0 +1,499 @@
+//! Watching each discovered VIP's prefix.
+//!
+//! At startup ([`seed`]) every prefix is read at one revision R and the
+//! VIPs' backends are filled in from it; if etcd cannot be reached, from
+//! the cache of the last known backends. Then one task per VIP
+//! ([`Watcher::spawn`]) watches from R+1. A broken stream is reconnected
+//! with backoff and resumes from the last revision seen; a compacted
+//! revision makes it read the prefix again and report the new whole set,
+//! which the daemon diffs against the pool. Losing etcd reports nothing:
+//! the pool stays as it is (fail static).
+
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, anyhow};
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use tokio::{sync::mpsc, task::JoinHandle, time::sleep};
+use tracing::{info, warn};
+
+use super::{
+    cache::{self, Cache, CachedVip},
+    entry::Entry,
+    etcd,
+    view::{PrefixView, Skipped},
+};
+use crate::{
+    kernel::neighbours::{self, STARTUP_RESOLVE_WAIT},
+    settings::{config::Config, discovery::EtcdSettings},
+};
+
+/// Reconnect backoff: doubling from the first to the last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_LAST: Duration = Duration::from_secs(2);
+/// Events arriving this close together are applied as one update.
+const BATCH_QUIET: Duration = Duration::from_millis(20);
+/// An update waits for more events at most this long.
+const BATCH_MAX: Duration = Duration::from_millis(200);
+
+/// The whole wanted set of one VIP after a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    /// Index of the VIP in the configuration.
+    pub vip: usize,
+    pub revision: i64,
+    pub wanted: Vec<Entry>,
+}
+
+/// What metrics and status show of discovery; shared with the tasks.
+#[derive(Debug, Default)]
+pub struct DiscoveryStatus {
+    /// Per discovered VIP (config index, connected, revision).
+    pub vips: Vec<VipStatus>,
+    /// Updates reported to the daemon.
+    pub updates_applied: AtomicU64,
+    /// Keys or values skipped as invalid.
+    pub updates_invalid: AtomicU64,
+    /// Full re-reads after a compaction or a reconnect from the cache.
+    pub resyncs: AtomicU64,
+    /// Unix time in milliseconds of the last update (0: none yet).
+    pub last_update_ms: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct VipStatus {
+    pub vip: usize,
+    pub prefix: String,
+    pub connected: AtomicBool,
+    pub revision: AtomicI64,
+}
+
+impl DiscoveryStatus {
+    pub fn connected(&self) -> bool {
+        !self.vips.is_empty()
+            && self
+                .vips
+                .iter()
+                .all(|v| v.connected.load(Ordering::Relaxed))
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.vips
+            .iter()
+            .map(|v| v.revision.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Seconds since the last update, `None` before the first.
+    pub fn seconds_since_update(&self) -> Option<f64> {
+        let last = self.last_update_ms.load(Ordering::Relaxed);
+        (last > 0).then(|| now_ms().saturating_sub(last) as f64 / 1000.0)
+    }
+
+    fn touched(&self) {
+        self.last_update_ms.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn log_skipped(status: &DiscoveryStatus, skipped: &[Skipped]) {
+    for s in skipped {
+        status.updates_invalid.fetch_add(1, Ordering::Relaxed);
+        warn!(key = %s.key, "discovery: skipping key: {}", s.reason);
+    }
+}
+
+/// Reads `prefix` at `revision` (0: the current one).
+async fn read_prefix(
+    client: &mut Client,
+    prefix: &str,
+    ipv6: bool,
+    revision: i64,
+) -> anyhow::Result<(PrefixView, Vec<Skipped>)> {
+    let mut options = GetOptions::new().with_prefix();
+    if revision > 0 {
+        options = options.with_revision(revision);
+    }
+    let response = tokio::time::timeout(etcd::REQUEST_TIMEOUT, client.get(prefix, Some(options)))
+        .await
+        .context("reading the prefix timed out")??;
+    let revision = response
+        .header()
+        .map(|h| h.revision())
+        .ok_or_else(|| anyhow!("etcd sent no revision"))?;
+    let kvs = response
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec()));
+    Ok(PrefixView::snapshot(prefix, ipv6, revision, kvs))
+}
+
+/// Everything the watch tasks need, from [`seed`].
+pub struct Watcher {
+    settings: EtcdSettings,
+    views: Vec<(usize, PrefixView, bool)>,
+    cache_path: PathBuf,
+    cache: Arc<Mutex<Cache>>,
+    vip_names: Vec<String>,
+    pub status: Arc<DiscoveryStatus>,
+}
+
+/// Fills in the backends of every VIP with an etcd prefix, from etcd (one
+/// revision for all) or else from the cache. `None` when no VIP has one.
+pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
+    let Some(settings) = config.discovery.etcd.clone() else {
+        return Ok(None);
+    };
+    let discovered: Vec<usize> = (0..config.vips.len())
+        .filter(|&i| config.vips[i].etcd_prefix.is_some())
+        .collect();
+    if discovered.is_empty() {
+        return Ok(None);
+    }
+    let cache_path = cache::path(&config.discovery.state_dir, &config.instance);
+    let cached = match Cache::load(&cache_path) {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => {
+            warn!("discovery cache unusable, ignoring it: {e:#}");
+            Cache::default()
+        }
+    };
+    let read = read_all(&settings, config, &discovered).await;
+    let mut views = Vec::new();
+    let mut cache = Cache::default();
+    let status_vips = discovered
+        .iter()
+        .map(|&i| VipStatus {
+            vip: i,
+            prefix: config.vips[i].etcd_prefix.clone().unwrap_or_default(),
+            ..VipStatus::default()
+        })
+        .collect();
+    let status = Arc::new(DiscoveryStatus {
+        vips: status_vips,
+        ..DiscoveryStatus::default()
+    });
+    match read {
+        Ok(read) => {
+            for (i, (view, skipped)) in discovered.iter().copied().zip(read) {
+                log_skipped(&status, &skipped);
+                views.push((i, view, false));
+            }
+        }
+        Err(e) => {
+            warn!("etcd unreachable at startup, serving the cached backends: {e:#}");
+            for &i in &discovered {
+                let v = &config.vips[i];
+                let prefix = v.etcd_prefix.clone().unwrap_or_default();
+                let mut view = PrefixView::new(&prefix, v.vip.addr.is_ipv6());
+                if let Some(c) = cached
+                    .vips
+                    .get(&v.vip.to_string())
+                    .filter(|c| c.prefix == prefix)
+                {
+                    view.revision = c.revision;
+                    for e in &c.backends {
+                        let value = serde_json::to_vec(e)?;
+                        let _ = view.put(format!("{prefix}cache/{}", e.addr).as_bytes(), &value);
+                    }
+                }
+                views.push((i, view, true));
+            }
+        }
+    }
+    for (i, view, _) in &views {
+        let v = &mut config.vips[*i];
+        let wanted = view.wanted();
+        if wanted.is_empty() {
+            anyhow::bail!(
+                "VIP {}: no valid backend under etcd prefix {} (and none cached)",
+                v.vip,
+                view.prefix
+            );
+        }
+        v.backends = wanted.iter().map(Entry::backend).collect();
+        cache.vips.insert(
+            v.vip.to_string(),
+            CachedVip {
+                prefix: view.prefix.clone(),
+                revision: view.revision,
+                backends: wanted,
+            },
+        );
+        info!(vip = %v.vip, prefix = %view.prefix, revision = view.revision, backends = v.backends.len(), "discovered backends");
+    }
+    for (s, (_, view, _)) in status.vips.iter().zip(&views) {
+        s.revision.store(view.revision, Ordering::Relaxed);
+    }
+    if let Err(e) = cache.store(&cache_path) {
+        warn!("cannot write the discovery cache: {e:#}");
+    }
+    Ok(Some(Watcher {
+        settings,
+        views,
+        cache_path,
+        cache: Arc::new(Mutex::new(cache)),
+        vip_names: config.vips.iter().map(|v| v.vip.to_string()).collect(),
+        status,
+    }))
+}
+
+async fn read_all(
+    settings: &EtcdSettings,
+    config: &Config,
+    discovered: &[usize],
+) -> anyhow::Result<Vec<(PrefixView, Vec<Skipped>)>> {
+    let mut client = etcd::connect(settings).await?;
+    let mut revision = 0;
+    let mut out = Vec::new();
+    for &i in discovered {
+        let v = &config.vips[i];
+        let prefix = v.etcd_prefix.as_deref().unwrap_or_default();
+        let read = read_prefix(&mut client, prefix, v.vip.addr.is_ipv6(), revision).await?;
+        revision = read.0.revision;
+        out.push(read);
+    }
+    Ok(out)
+}
+
+impl Watcher {
+    /// One task per discovered VIP, sending its updates to `updates`.
+    pub fn spawn(self, updates: mpsc::Sender<Update>) -> Vec<JoinHandle<()>> {
+        let Watcher {
+            settings,
+            views,
+            cache_path,
+            cache,
+            vip_names,
+            status,
+        } = self;
+        views
+            .into_iter()
+            .enumerate()
+            .map(|(n, (vip, view, from_cache))| {
+                let task = VipWatch {
+                    settings: settings.clone(),
+                    vip,
+                    name: vip_names[vip].clone(),
+                    slot: n,
+                    sent: view.wanted().iter().map(|e| e.addr).collect(),
+                    view,
+                    resync: from_cache,
+                    cache_path: cache_path.clone(),
+                    cache: cache.clone(),
+                    status: status.clone(),
+                    updates: updates.clone(),
+                };
+                tokio::spawn(task.run())
+            })
+            .collect()
+    }
+}
+
+struct VipWatch {
+    settings: EtcdSettings,
+    vip: usize,
+    name: String,
+    /// Index in `status.vips`.
+    slot: usize,
+    view: PrefixView,
+    /// Addresses in the last update sent (new ones are probed first).
+    sent: HashSet<SocketAddr>,
+    /// Read the whole prefix again before watching (after a compaction,
+    /// or when the view came from the cache).
+    resync: bool,
+    cache_path: PathBuf,
+    cache: Arc<Mutex<Cache>>,
+    status: Arc<DiscoveryStatus>,
+    updates: mpsc::Sender<Update>,
+}
+
+enum Ended {
+    /// The stream broke: reconnect and resume.
+    Broken(String),
+    /// The revision was compacted: read again.
+    Compacted(i64),
+    /// The daemon is gone.
+    Closed,
+}
+
+impl VipWatch {
+    fn set_connected(&self, up: bool) {
+        self.status.vips[self.slot]
+            .connected
+            .store(up, Ordering::Relaxed);
+    }
+
+    async fn run(mut self) {
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            let ended = match self.connect_and_watch().await {
+                Ok(ended) => ended,
+                Err(e) => Ended::Broken(format!("{e:#}")),
+            };
+            self.set_connected(false);
+            match ended {
+                Ended::Closed => return,
+                Ended::Compacted(at) => {
+                    warn!(vip = %self.name, compacted = at, revision = self.view.revision, "discovery: revision compacted, reading the prefix again");
+                    self.resync = true;
+                    backoff = BACKOFF_FIRST;
+                    continue;
+                }
+                Ended::Broken(why) => {
+                    warn!(vip = %self.name, revision = self.view.revision, retry_in = ?backoff, "discovery: etcd watch lost, keeping the last known backends: {why}");
+                }
+            }
+            sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_LAST);
+        }
+    }
+
+    async fn connect_and_watch(&mut self) -> anyhow::Result<Ended> {
+        let mut client = etcd::connect(&self.settings).await?;
+        if self.resync {
+            let (view, skipped) =
+                read_prefix(&mut client, &self.view.prefix, self.view.ipv6, 0).await?;
+            log_skipped(&self.status, &skipped);
+            self.status.resyncs.fetch_add(1, Ordering::Relaxed);
+            self.view = view;
+            self.resync = false;
+            if !self.send().await {
+                return Ok(Ended::Closed);
+            }
+        }
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(self.view.revision + 1)
+            .with_progress_notify();
+        let mut stream = client
+            .watch(self.view.prefix.as_str(), Some(options))
+            .await
+            .context("starting the watch")?;
+        self.set_connected(true);
+        info!(vip = %self.name, from = self.view.revision + 1, "discovery: watching");
+        loop {
+            let first = match stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(Ended::Broken("the watch stream ended".into())),
+                Err(e) => return Ok(Ended::Broken(e.to_string())),
+            };
+            let mut changed = false;
+            let mut next = Some(first);
+            let started = tokio::time::Instant::now();
+            while let Some(response) = next.take() {
+                if response.compact_revision() > 0 {
+                    return Ok(Ended::Compacted(response.compact_revision()));
+                }
+                if response.canceled() {
+                    return Ok(Ended::Broken(format!(
+                        "watch canceled: {}",
+                        response.cancel_reason()
+                    )));
+                }
+                changed |= self.apply(&response);
+                if started.elapsed() < BATCH_MAX
+                    && let Ok(more) = tokio::time::timeout(BATCH_QUIET, stream.message()).await
+                {
+                    match more {
+                        Ok(Some(r)) => next = Some(r),
+                        Ok(None) => return Ok(Ended::Broken("the watch stream ended".into())),
+                        Err(e) => return Ok(Ended::Broken(e.to_string())),
+                    }
+                }
+            }
+            if changed && !self.send().await {
+                return Ok(Ended::Closed);
+            }
+        }
+    }
+
+    /// Applies one response's events; true if any changed the view.
+    fn apply(&mut self, response: &etcd_client::WatchResponse) -> bool {
+        let events = response.events();
+        if events.is_empty() {
+            // A progress notification: everything up to its revision is seen.
+            if !response.created()
+                && let Some(h) = response.header()
+            {
+                self.view.revision = self.view.revision.max(h.revision());
+                self.status.vips[self.slot]
+                    .revision
+                    .store(self.view.revision, Ordering::Relaxed);
+            }
+            return false;
+        }
+        for event in events {
+            let Some(kv) = event.kv() else { continue };
+            self.view.revision = self.view.revision.max(kv.mod_revision());
+            match event.event_type() {
+                EventType::Put => {
+                    if let Err(s) = self.view.put(kv.key(), kv.value()) {
+                        log_skipped(&self.status, &[s]);
+                    }
+                }
+                EventType::Delete => self.view.delete(kv.key()),
+            }
+        }
+        true
+    }
+
+    /// Probes new backends' next hops, then reports the whole wanted set
+    /// and persists it. False if the daemon is gone.
+    async fn send(&mut self) -> bool {
+        let wanted = self.view.wanted();
+        let fresh: Vec<SocketAddr> = wanted
+            .iter()
+            .map(|e| e.addr)
+            .filter(|a| !self.sent.contains(a))
+            .collect();
+        if !fresh.is_empty() {
+            for a in &fresh {
+                neighbours::probe(a.ip());
+            }
+            sleep(STARTUP_RESOLVE_WAIT).await;
+        }
+        self.sent = wanted.iter().map(|e| e.addr).collect();
+        self.status.vips[self.slot]
+            .revision
+            .store(self.view.revision, Ordering::Relaxed);
+        self.status.updates_applied.fetch_add(1, Ordering::Relaxed);
+        self.status.touched();
+        // An empty set is never cached: a restart serves the last real one.
+        if !wanted.is_empty() {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.vips.insert(
+                self.name.clone(),
+                CachedVip {
+                    prefix: self.view.prefix.clone(),
+                    revision: self.view.revision,
+                    backends: wanted.clone(),
+                },
+            );
+            if let Err(e) = cache.store(&self.cache_path) {
+                warn!("cannot write the discovery cache: {e:#}");
+            }
+        }
+        let update = Update {
+            vip: self.vip,
+            revision: self.view.revision,
+            wanted,
+        };
+        self.updates.send(update).await.is_ok()
+    }
+}

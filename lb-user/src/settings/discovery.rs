@@ -1,0 +1,442 @@
+//! Discovery settings: where etcd is, how to reach it (TLS, user), which
+//! VIPs take their backends from a key prefix, where the last known
+//! backends are cached, and how many removals one update may apply.
+//!
+//! Flags: `--etcd-endpoints URL[,URL…]`, `--etcd-ca FILE`, `--etcd-cert FILE`,
+//! `--etcd-key FILE`, `--etcd-user NAME`, `--etcd-password TEXT`,
+//! `--state-dir DIR`, `--max-removal-percent P`, and `--etcd-prefix PREFIX`
+//! for the VIP given with `--vip`. The file says the same with
+//! `etcd_endpoints = [...]`, `etcd_ca`, … at the top level and
+//! `etcd_prefix` in a `[[vip]]`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::settings::error::ConfigError;
+
+/// Where the discovery cache (and other state files) live by default.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
+/// At most this share of a VIP's backends is removed by one update.
+pub const DEFAULT_MAX_REMOVAL_PERCENT: u32 = 50;
+
+/// The discovery flags (all optional, so a file can say them instead).
+#[derive(Clone, Debug, Default, Args)]
+pub struct DiscoveryArgs {
+    /// etcd v3 endpoints, URL[,URL…] (http://IP:PORT or https://…).
+    #[arg(long, value_name = "URL[,URL…]", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// CA certificate (PEM) that etcd's server certificate must chain to.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS (with --etcd-key).
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS (with --etcd-cert).
+    #[arg(long, value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user name (with --etcd-password).
+    #[arg(long, value_name = "NAME")]
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, value_name = "TEXT")]
+    pub etcd_password: Option<String>,
+    /// The --vip takes its backends from the etcd keys under this prefix.
+    #[arg(long, value_name = "PREFIX")]
+    pub etcd_prefix: Option<String>,
+    /// Folder of state files, among them the last known discovered backends
+    /// (default /var/lib/lb-user).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Largest share of a VIP's backends one discovery update may remove,
+    /// in percent (default 50; never the last one).
+    #[arg(long, value_name = "PERCENT")]
+    pub max_removal_percent: Option<u32>,
+}
+
+/// The file's keys of the same names (see the module docs).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct FileDiscovery {
+    pub etcd_endpoints: Option<Vec<String>>,
+    pub etcd_ca: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
+    pub etcd_user: Option<String>,
+    pub etcd_password: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub max_removal_percent: Option<u32>,
+}
+
+/// How to reach etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key, both or neither.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// User and password, both or neither.
+    pub user: Option<(String, String)>,
+}
+
+/// The validated discovery settings of a balancer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovery {
+    /// `None`: no etcd configured (then no VIP may name a prefix).
+    pub etcd: Option<EtcdSettings>,
+    pub state_dir: PathBuf,
+    pub max_removal_percent: u32,
+}
+
+impl Default for Discovery {
+    fn default() -> Self {
+        Self {
+            etcd: None,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            max_removal_percent: DEFAULT_MAX_REMOVAL_PERCENT,
+        }
+    }
+}
+
+fn bad(text: String) -> ConfigError {
+    ConfigError::Ops(text)
+}
+
+/// `http://host:port` or `https://host:port` (or a bare `host:port`).
+pub fn check_endpoint(url: &str) -> Result<(), ConfigError> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or(url);
+    let ok = rest
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !ok || url.chars().any(char::is_whitespace) {
+        return Err(bad(format!(
+            "invalid etcd endpoint '{url}' (expected http://HOST:PORT or https://HOST:PORT)"
+        )));
+    }
+    Ok(())
+}
+
+/// A key prefix: printable, no whitespace, not empty.
+pub fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad(format!(
+            "invalid etcd prefix '{prefix}' (expected a non-empty key prefix without spaces)"
+        )));
+    }
+    Ok(())
+}
+
+impl DiscoveryArgs {
+    /// Flags over the file's keys, validated.
+    pub fn resolve(&self, file: &FileDiscovery) -> Result<Discovery, ConfigError> {
+        let endpoints = if self.etcd_endpoints.is_empty() {
+            file.etcd_endpoints.clone().unwrap_or_default()
+        } else {
+            self.etcd_endpoints.clone()
+        };
+        let endpoints: Vec<String> = endpoints
+            .iter()
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        for e in &endpoints {
+            check_endpoint(e)?;
+        }
+        let pick = |flag: &Option<PathBuf>, key: &Option<PathBuf>| flag.clone().or(key.clone());
+        let ca = pick(&self.etcd_ca, &file.etcd_ca);
+        let cert = pick(&self.etcd_cert, &file.etcd_cert);
+        let key = pick(&self.etcd_key, &file.etcd_key);
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => return Err(bad("--etcd-cert and --etcd-key go together".into())),
+        };
+        let user = match (
+            self.etcd_user.clone().or(file.etcd_user.clone()),
+            self.etcd_password.clone().or(file.etcd_password.clone()),
+        ) {
+            (Some(u), Some(p)) => Some((u, p)),
+            (None, None) => None,
+            _ => return Err(bad("--etcd-user and --etcd-password go together".into())),
+        };
+        let etcd = if endpoints.is_empty() {
+            if ca.is_some() || identity.is_some() || user.is_some() {
+                return Err(bad(
+                    "etcd TLS or user settings without --etcd-endpoints".into()
+                ));
+            }
+            None
+        } else {
+            Some(EtcdSettings {
+                endpoints,
+                ca,
+                identity,
+                user,
+            })
+        };
+        let max_removal_percent = self
+            .max_removal_percent
+            .or(file.max_removal_percent)
+            .unwrap_or(DEFAULT_MAX_REMOVAL_PERCENT);
+        if !(1..=100).contains(&max_removal_percent) {
+            return Err(bad(format!(
+                "max removal percent {max_removal_percent} out of range (expected 1..=100)"
+            )));
+        }
+        let state_dir = self
+            .state_dir
+            .clone()
+            .or(file.state_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        if state_dir.as_os_str().is_empty() {
+            return Err(bad("--state-dir must not be empty".into()));
+        }
+        Ok(Discovery {
+            etcd,
+            state_dir,
+            max_removal_percent,
+        })
+    }
+}
+
+/// `lb-user register`: keep this backend's key under a prefix while it lives.
+#[derive(Clone, Debug, Args)]
+pub struct RegisterArgs {
+    /// etcd v3 endpoints, URL[,URL…].
+    #[arg(
+        long,
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// CA certificate (PEM) for etcd's server certificate.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM), with --etcd-key.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key (PEM), with --etcd-cert.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user name (with --etcd-password).
+    #[arg(long, value_name = "NAME")]
+    pub etcd_user: Option<String>,
+    /// etcd password.
+    #[arg(long, value_name = "TEXT")]
+    pub etcd_password: Option<String>,
+    /// The balancers' prefix; the key is PREFIX + IP:PORT.
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: String,
+    /// This backend, IP:PORT.
+    #[arg(long, value_name = "IP:PORT")]
+    pub addr: std::net::SocketAddr,
+    /// Weight, 1..=65535.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub weight: u32,
+    /// Zone name, for zone-aware routing.
+    #[arg(long, value_name = "NAME")]
+    pub zone: Option<String>,
+    /// Lease time to live: the key vanishes this long after the sidecar dies.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::settings::duration::parse_duration)]
+    pub ttl: std::time::Duration,
+    /// Registered only while GET URL answers 2xx (http://IP:PORT/path).
+    #[arg(long, value_name = "URL")]
+    pub check_http: Option<String>,
+    /// Log level when RUST_LOG is unset.
+    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl RegisterArgs {
+    /// The etcd settings these flags name, validated.
+    pub fn etcd(&self) -> Result<EtcdSettings, ConfigError> {
+        check_prefix(&self.prefix)?;
+        if self.ttl < std::time::Duration::from_secs(1) {
+            return Err(bad("--ttl must be at least 1s".into()));
+        }
+        let args = DiscoveryArgs {
+            etcd_endpoints: self.etcd_endpoints.clone(),
+            etcd_ca: self.etcd_ca.clone(),
+            etcd_cert: self.etcd_cert.clone(),
+            etcd_key: self.etcd_key.clone(),
+            etcd_user: self.etcd_user.clone(),
+            etcd_password: self.etcd_password.clone(),
+            ..DiscoveryArgs::default()
+        };
+        args.resolve(&FileDiscovery::default())?
+            .etcd
+            .ok_or_else(|| bad("register needs --etcd-endpoints".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_come_from_the_flag_else_the_file_and_are_checked() {
+        let args = DiscoveryArgs {
+            etcd_endpoints: vec!["http://10.0.0.1:2379".into(), " https://h:2379".into()],
+            ..Default::default()
+        };
+        let d = args.resolve(&FileDiscovery::default()).unwrap();
+        assert_eq!(
+            d.etcd.unwrap().endpoints,
+            ["http://10.0.0.1:2379", "https://h:2379"]
+        );
+        let file = FileDiscovery {
+            etcd_endpoints: Some(vec!["10.0.0.2:2379".into()]),
+            ..Default::default()
+        };
+        let d = DiscoveryArgs::default().resolve(&file).unwrap();
+        assert_eq!(d.etcd.unwrap().endpoints, ["10.0.0.2:2379"]);
+        for bad in ["http://", "h:0", "h:x", "http://h", "a b:1"] {
+            let args = DiscoveryArgs {
+                etcd_endpoints: vec![bad.into()],
+                ..Default::default()
+            };
+            assert!(args.resolve(&FileDiscovery::default()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pairs_go_together_and_the_percent_is_bounded() {
+        let base = DiscoveryArgs {
+            etcd_endpoints: vec!["h:1".into()],
+            ..Default::default()
+        };
+        let none = FileDiscovery::default();
+        let half = DiscoveryArgs {
+            etcd_cert: Some("c".into()),
+            ..base.clone()
+        };
+        assert!(half.resolve(&none).is_err());
+        let user = DiscoveryArgs {
+            etcd_user: Some("u".into()),
+            ..base.clone()
+        };
+        assert!(user.resolve(&none).is_err());
+        let tls_alone = DiscoveryArgs {
+            etcd_ca: Some("ca".into()),
+            ..Default::default()
+        };
+        assert!(tls_alone.resolve(&none).is_err());
+        for p in [0, 101] {
+            let args = DiscoveryArgs {
+                max_removal_percent: Some(p),
+                ..base.clone()
+            };
+            assert!(args.resolve(&none).is_err());
+        }
+        let d = base.resolve(&none).unwrap();
+        assert_eq!(d.max_removal_percent, DEFAULT_MAX_REMOVAL_PERCENT);
+        assert_eq!(d.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+    }
+
+    #[test]
+    fn prefixes_must_be_plain() {
+        assert!(check_prefix("/lb/web/").is_ok());
+        assert!(check_prefix("").is_err());
+        assert!(check_prefix("/a b").is_err());
+    }
+
+    mod with_config {
+        use std::path::Path;
+
+        use clap::Parser as _;
+
+        use crate::settings::{
+            cli::Cli,
+            config::{Config, FileConfig},
+        };
+
+        fn flags(argv: &[&str]) -> Result<Config, String> {
+            let mut full = vec!["lb-user", "--iface", "eth0"];
+            full.extend_from_slice(argv);
+            let args = Cli::try_parse_from(full).map_err(|e| e.to_string())?.run;
+            Config::merge(args, FileConfig::default()).map_err(|e| e.to_string())
+        }
+
+        fn file(text: &str) -> Result<Config, String> {
+            let file = FileConfig::parse(text, Path::new("t.toml")).map_err(|e| e.to_string())?;
+            let args = Cli::try_parse_from(["lb-user", "--iface", "eth0"])
+                .unwrap()
+                .run;
+            Config::merge(args, file).map_err(|e| e.to_string())
+        }
+
+        #[test]
+        fn a_vip_with_a_prefix_needs_no_backends_and_flags_equal_the_file() {
+            let c = flags(&[
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379,http://10.0.0.2:2379",
+                "--vip",
+                "10.0.0.100:80",
+                "--etcd-prefix",
+                "/lb/web/",
+                "--state-dir",
+                "/tmp/x",
+                "--max-removal-percent",
+                "30",
+            ])
+            .unwrap();
+            let f = file(
+                r#"
+etcd_endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+state_dir = "/tmp/x"
+max_removal_percent = 30
+[[vip]]
+address = "10.0.0.100:80"
+etcd_prefix = "/lb/web/"
+"#,
+            )
+            .unwrap();
+            assert_eq!(c, f);
+            assert_eq!(c.vips[0].etcd_prefix.as_deref(), Some("/lb/web/"));
+            assert!(c.vips[0].backends.is_empty());
+            assert_eq!(c.discovery.etcd.as_ref().unwrap().endpoints.len(), 2);
+        }
+
+        #[test]
+        fn each_bad_discovery_input_is_one_clear_error() {
+            let e = flags(&[
+                "--etcd-endpoints",
+                "http://h:2379",
+                "--vip",
+                "10.0.0.100:80",
+                "--etcd-prefix",
+                "/p/",
+                "--backend",
+                "10.0.0.21:80",
+            ])
+            .unwrap_err();
+            assert!(e.contains("static backends as well are not allowed"), "{e}");
+            let e = flags(&["--vip", "10.0.0.100:80", "--etcd-prefix", "/p/"]).unwrap_err();
+            assert!(e.contains("no --etcd-endpoints"), "{e}");
+            let e =
+                flags(&["--etcd-endpoints", "http://h:2379", "--etcd-prefix", "/p/"]).unwrap_err();
+            assert!(e.contains("--etcd-prefix given without --vip"), "{e}");
+            let e = flags(&[
+                "--etcd-endpoints",
+                "nope",
+                "--vip",
+                "10.0.0.100:80",
+                "--etcd-prefix",
+                "/p/",
+            ])
+            .unwrap_err();
+            assert!(e.contains("invalid etcd endpoint"), "{e}");
+            let e = file("[[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/p/\"\nbackends = [\"10.0.0.21:80\"]\netcd_endpoints = [\"h:1\"]\n")
+                .unwrap_err();
+            assert!(
+                e.contains("unknown field"),
+                "a global key inside [[vip]]: {e}"
+            );
+            assert!(!e.contains('\n'));
+        }
+    }
+}
