@@ -4,7 +4,10 @@
 //! - bpf-linker 0.13, built from crates.io against nightly's own libLLVM 22
 //!   (a folder whose `lib/libLLVM.so` points at the toolchain's library is
 //!   handed to its build as `LLVM_PREFIX`);
-//! - iproute2, ethtool and nftables from Debian's packages for the lab.
+//! - iproute2, ethtool and nftables from Debian's packages for the lab;
+//! - protoc and the protobuf well-known types (protobuf-compiler,
+//!   libprotobuf-dev), which the etcd-client crate's build needs;
+//! - etcd (etcd-server, etcd-client) for the discovery tests.
 
 use std::{
     fs,
@@ -19,7 +22,15 @@ const NIGHTLY: &str = "nightly";
 const BPF_LINKER_VERSION: &str = "^0.13";
 const BPF_LINKER_LLVM_FEATURE: &str = "llvm-22";
 /// (command that proves the tool is there, Debian package that brings it)
-const LAB_TOOLS: &[(&str, &str)] = &[("ip", "iproute2"), ("ethtool", "ethtool")];
+const LAB_TOOLS: &[(&str, &str)] = &[
+    ("ip", "iproute2"),
+    ("ethtool", "ethtool"),
+    ("etcd", "etcd-server"),
+    ("etcdctl", "etcd-client"),
+];
+/// What etcd-client's build script runs, and the imports its protos need.
+const PROTOC: &str = "protoc";
+const PROTOBUF_INCLUDE: &str = "/usr/include/google/protobuf/descriptor.proto";
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -28,7 +39,20 @@ pub fn is_root() -> bool {
 
 pub fn ensure_ebpf_toolchain() -> Result<()> {
     ensure_rust_src()?;
-    ensure_bpf_linker()
+    ensure_bpf_linker()?;
+    ensure_protoc()
+}
+
+/// lb-user links etcd-client, whose build compiles etcd's protos.
+fn ensure_protoc() -> Result<()> {
+    let mut missing = Vec::new();
+    if !have(PROTOC) {
+        missing.push("protobuf-compiler");
+    }
+    if !Path::new(PROTOBUF_INCLUDE).exists() {
+        missing.push("libprotobuf-dev");
+    }
+    apt_install(&missing)
 }
 
 fn ensure_rust_src() -> Result<()> {

@@ -16,6 +16,7 @@
 //! kernel answers ARP and neighbour solicitations for them.
 
 mod balancer;
+mod etcd;
 mod names;
 mod netns;
 mod process;
@@ -33,6 +34,7 @@ use anyhow::{Context, Result, bail};
 use nix::sys::signal::Signal;
 
 pub use balancer::{Algorithm, BalancerSpec, Protocol, VipSpec, XdpMode};
+pub use etcd::ETCD_CLIENT_PORT;
 pub use names::{PIN_ROOT, owner_pid, sweep_stale};
 pub use netns::in_netns;
 pub use process::ProcessId;

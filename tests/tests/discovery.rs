@@ -1,0 +1,505 @@
+//! Discovery from a real etcd: the lab starts etcd in its client namespace
+//! (on the lab subnet only), backends are put under a prefix (by etcdctl or
+//! by `lb-user register` sidecars in their own namespaces), and the
+//! balancer follows them. Every test runs under open-loop load (a new
+//! connection per request) and prints a `DISCOVERY <name>:` line with the
+//! load and what was lost.
+//!
+//! Needs root and etcd (`cargo xtask test` installs it). Run with
+//! `cargo test -p lb-tests --test discovery -- --test-threads=1 --nocapture`.
+
+use std::{
+    net::SocketAddr,
+    thread,
+    time::{Duration, Instant},
+};
+
+use lb_lab::{
+    Binaries, Lab,
+    lab::{
+        Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol as VipProtocol, VipSpec, XdpMode,
+    },
+    loadgen::{LoadConfig, Protocol, Summary},
+    require_root,
+    status::Status,
+};
+use nix::sys::signal::Signal;
+
+const PREFIX: &str = "/lb/web/";
+
+/// A lab with `backends` servers and a running etcd (its process id).
+fn lab(backends: usize) -> (Lab, ProcessId) {
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(backends, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let etcd = lab
+        .start_etcd()
+        .expect("etcd must start (it is part of the lab)");
+    (lab, etcd)
+}
+
+fn value(addr: SocketAddr, weight: u32) -> String {
+    format!(r#"{{"addr":"{addr}","weight":{weight},"zone":"z1","note":"ignored"}}"#)
+}
+
+fn put(lab: &Lab, index: usize, weight: u32) {
+    let addr = lab.backends()[index].addr();
+    lab.etcdctl(&["put", &format!("{PREFIX}{addr}"), &value(addr, weight)])
+        .unwrap();
+}
+
+/// The TCP VIP fed from `PREFIX`, with `extra` flags.
+fn start(lab: &Lab, algorithm: Algorithm, extra: &[&str]) -> ProcessId {
+    let state = lab.log_dir().join("state");
+    let url = lab.etcd_url();
+    let mut args = vec![
+        "--etcd-endpoints",
+        &url,
+        "--etcd-prefix",
+        PREFIX,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--metrics-addr",
+        "off",
+    ];
+    args.extend_from_slice(extra);
+    let spec = BalancerSpec {
+        vips: vec![VipSpec {
+            addr: lab.tcp_vip(),
+            protocol: VipProtocol::Tcp,
+            backends: Vec::new(),
+        }],
+        algorithm,
+        xdp_mode: XdpMode::Native,
+        extra_args: args.iter().map(|s| s.to_string()).collect(),
+    };
+    lab.start_balancer(&spec).unwrap()
+}
+
+fn load(lab: &Lab, rate: f64, seconds: f64) -> LoadConfig {
+    LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, rate, seconds).with_timeout_ms(2000)
+}
+
+fn report(name: &str, config: &LoadConfig, summary: &Summary, extra: &str) {
+    eprintln!(
+        "DISCOVERY {name}: load {} req/s × {} s ({} scheduled, new connection each), completed {}, failed {} {:?}; {extra}",
+        config.rate,
+        config.duration_s,
+        summary.scheduled,
+        summary.completed,
+        summary.error_count(),
+        summary.errors
+    );
+}
+
+/// (address, weight, opened) of the TCP VIP's backends that are active.
+fn members(lab: &Lab) -> Vec<(String, f64, u64, String)> {
+    let status: Status = lab.status().unwrap();
+    status
+        .vip(&lab.tcp_vip().to_string())
+        .map(|v| {
+            v.backends
+                .iter()
+                .map(|b| (b.address.clone(), b.weight, b.opened, b.state.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn active(lab: &Lab) -> Vec<String> {
+    let mut a: Vec<String> = members(lab)
+        .into_iter()
+        .filter(|m| m.3 == "active")
+        .map(|m| m.0)
+        .collect();
+    a.sort();
+    a
+}
+
+fn opened(lab: &Lab, index: usize) -> u64 {
+    let addr = lab.backends()[index].addr().to_string();
+    members(lab)
+        .into_iter()
+        .find(|m| m.0 == addr)
+        .map_or(0, |m| m.2)
+}
+
+/// Polls `check` every 50 ms until it holds; the time it took, or a panic
+/// naming `what` after `limit`.
+fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+fn addrs(lab: &Lab, indexes: &[usize]) -> Vec<String> {
+    let mut a: Vec<String> = indexes
+        .iter()
+        .map(|&i| lab.backends()[i].addr().to_string())
+        .collect();
+    a.sort();
+    a
+}
+
+#[test]
+fn etcd_killed_and_restarted_loses_nothing_and_the_watch_resumes() {
+    require_root!();
+    let (lab, etcd) = lab(3);
+    put(&lab, 0, 1);
+    put(&lab, 1, 1);
+    start(&lab, Algorithm::P2cEwma, &[]);
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    let config = load(&lab, 100.0, 10.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    lab.signal(etcd, Signal::SIGKILL).unwrap();
+    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        active(&lab),
+        addrs(&lab, &[0, 1]),
+        "losing etcd removes nothing (fail static)"
+    );
+    lab.start_etcd().unwrap();
+    put(&lab, 2, 1);
+    let took = wait_for(
+        "the restarted watch sees a new backend",
+        Duration::from_secs(5),
+        || active(&lab) == addrs(&lab, &[0, 1, 2]),
+    );
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "etcd_restart",
+        &config,
+        &summary,
+        &format!("etcd down 3 s; a backend put after the restart was active {took:?} later"),
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert!(opened(&lab, 2) > 0, "the new backend took connections");
+}
+
+#[test]
+fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
+    require_root!();
+    let (lab, etcd) = lab(2);
+    put(&lab, 0, 1);
+    put(&lab, 1, 3);
+    let first = start(&lab, Algorithm::P2cEwma, &[]);
+    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    lab.signal(etcd, Signal::SIGKILL).unwrap();
+    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    start(&lab, Algorithm::P2cEwma, &[]);
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    let config = load(&lab, 100.0, 3.0);
+    let summary = lab.run_loadgen(&config).unwrap();
+    report(
+        "cache",
+        &config,
+        &summary,
+        "etcd down during the whole run; backends from the cache",
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
+}
+
+#[test]
+fn a_lease_expiry_drains_the_backend_and_sigterm_revokes_at_once() {
+    require_root!();
+    let (lab, _etcd) = lab(3);
+    let url = lab.etcd_url();
+    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
+    let sidecars: Vec<ProcessId> = (0..3)
+        .map(|i| {
+            let b = &lab.backends()[i];
+            let addr = b.addr().to_string();
+            let check = format!("http://{addr}/");
+            lab.spawn(
+                &b.host.ns,
+                "register",
+                &[
+                    lb_user.as_str(),
+                    "register",
+                    "--etcd-endpoints",
+                    &url,
+                    "--prefix",
+                    PREFIX,
+                    "--addr",
+                    &addr,
+                    "--ttl",
+                    "2s",
+                    "--check-http",
+                    &check,
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let keys = || {
+        lab.etcdctl(&["get", "--prefix", "--keys-only", PREFIX])
+            .map(|out| out.lines().filter(|l| !l.is_empty()).count())
+            .unwrap_or(0)
+    };
+    wait_for("three sidecars registered", Duration::from_secs(10), || {
+        keys() == 3
+    });
+    start(&lab, Algorithm::P2cEwma, &[]);
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1, 2]));
+    let config = load(&lab, 100.0, 9.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    // A dead sidecar: its lease expires within the ttl.
+    lab.signal(sidecars[2], Signal::SIGKILL).unwrap();
+    let expiry = wait_for("the lease expired", Duration::from_secs(6), || keys() == 2);
+    thread::sleep(Duration::from_secs(1));
+    let after_expiry = opened(&lab, 2);
+    // A stopped sidecar revokes its lease at once.
+    let stopped = Instant::now();
+    lab.signal(sidecars[1], Signal::SIGTERM).unwrap();
+    let revoked = wait_for("the lease revoked", Duration::from_secs(2), || keys() == 1);
+    lab.wait(sidecars[1], Duration::from_secs(5)).unwrap();
+    wait_for("backend 2 drained", Duration::from_secs(2), || {
+        active(&lab) == addrs(&lab, &[0])
+    });
+    let drained_in = stopped.elapsed();
+    thread::sleep(Duration::from_secs(1));
+    let after_revoke = opened(&lab, 1);
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "lease",
+        &config,
+        &summary,
+        &format!(
+            "killed sidecar's key gone {expiry:?} after the kill (ttl 2 s); SIGTERM'd sidecar's key gone in {revoked:?}, drained in {drained_in:?}"
+        ),
+    );
+    assert_eq!(
+        opened(&lab, 2),
+        after_expiry,
+        "no new connection 1 s after the expiry"
+    );
+    assert_eq!(
+        opened(&lab, 1),
+        after_revoke,
+        "no new connection 1 s after the revoke"
+    );
+    // The backends stay up, so their in-flight requests finish: nothing lost.
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+#[test]
+fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put(&lab, 0, 1);
+    put(&lab, 1, 1);
+    start(
+        &lab,
+        Algorithm::WeightedRoundRobin,
+        &["--weight-smoothing", "1s", "--slow-start", "0s"],
+    );
+    let config = load(&lab, 200.0, 6.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    put(&lab, 1, 4);
+    let changed = Instant::now();
+    let weight = |i: usize| {
+        let addr = lab.backends()[i].addr().to_string();
+        members(&lab)
+            .into_iter()
+            .find(|m| m.0 == addr)
+            .map_or(0.0, |m| m.1)
+    };
+    let reached = wait_for(
+        "the new weight is in the kernel",
+        Duration::from_secs(3),
+        || (weight(1) - 4.0).abs() < 0.01,
+    );
+    assert!(
+        changed.elapsed() >= Duration::from_millis(900),
+        "the weight ramps over the smoothing window, not at once"
+    );
+    let (a0, a1) = (opened(&lab, 0), opened(&lab, 1));
+    thread::sleep(Duration::from_secs(2));
+    let (d0, d1) = (opened(&lab, 0) - a0, opened(&lab, 1) - a1);
+    let share = d1 as f64 / (d0 + d1).max(1) as f64;
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "weights",
+        &config,
+        &summary,
+        &format!(
+            "weight 1→4 with 1 s smoothing reached after {reached:?}; share after it {share:.3} (want 0.8)"
+        ),
+    );
+    assert!((share - 0.8).abs() < 0.08, "share {share}");
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+#[test]
+fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
+    require_root!();
+    let (lab, _etcd) = lab(3);
+    put(&lab, 0, 1);
+    put(&lab, 1, 2);
+    put(&lab, 2, 1);
+    start(&lab, Algorithm::P2cEwma, &["--max-removal-percent", "50"]);
+    let config = load(&lab, 100.0, 6.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    let b1 = lab.backends()[1].addr();
+    for (key, bad) in [
+        (format!("{PREFIX}junk"), "not json".to_string()),
+        (
+            format!("{PREFIX}w0"),
+            r#"{"addr":"10.213.0.50:80","weight":0}"#.to_string(),
+        ),
+        (
+            format!("{PREFIX}noport"),
+            r#"{"addr":"10.213.0.50"}"#.to_string(),
+        ),
+        (
+            format!("{PREFIX}{b1}"),
+            format!(r#"{{"addr":"{b1}","weight":70000}}"#),
+        ),
+    ] {
+        lab.etcdctl(&["put", &key, &bad]).unwrap();
+    }
+    thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        active(&lab),
+        addrs(&lab, &[0, 1, 2]),
+        "bad values change nothing"
+    );
+    let weight1 = members(&lab)
+        .into_iter()
+        .find(|m| m.0 == b1.to_string())
+        .unwrap()
+        .1;
+    assert!(
+        (weight1 - 2.0).abs() < 0.01,
+        "b1 keeps its last good weight: {weight1}"
+    );
+    lab.etcdctl(&["del", "--prefix", PREFIX]).unwrap();
+    thread::sleep(Duration::from_millis(800));
+    let left = active(&lab);
+    assert_eq!(
+        left.len(),
+        2,
+        "one update removes at most 50% of 3 (1): {left:?}"
+    );
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "bad_values",
+        &config,
+        &summary,
+        &format!(
+            "4 bad values skipped; prefix deleted, {} of 3 still serving",
+            left.len()
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+#[test]
+fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put(&lab, 0, 1);
+    put(&lab, 1, 1);
+    // A second VIP gets the thousand (addresses off the lab subnet, never
+    // sent traffic); the first one carries the load meanwhile.
+    let big_vip: SocketAddr = "10.213.0.100:81".parse().unwrap();
+    let state = lab.log_dir().join("state");
+    let config_file = lab.log_dir().join("big.toml");
+    std::fs::write(
+        &config_file,
+        format!("[[vip]]\naddress = \"{big_vip}\"\netcd_prefix = \"/lb/big/\"\n"),
+    )
+    .unwrap();
+    put_many(&lab, "/lb/big/", 0..1);
+    let url = lab.etcd_url();
+    let spec = BalancerSpec {
+        vips: vec![VipSpec {
+            addr: lab.tcp_vip(),
+            protocol: VipProtocol::Tcp,
+            backends: Vec::new(),
+        }],
+        algorithm: Algorithm::P2cEwma,
+        xdp_mode: XdpMode::Native,
+        extra_args: [
+            "--etcd-endpoints",
+            &url,
+            "--etcd-prefix",
+            PREFIX,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--metrics-addr",
+            "off",
+            "--config",
+            config_file.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    };
+    lab.start_balancer(&spec).unwrap();
+    let config = load(&lab, 100.0, 6.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    let big = |lab: &Lab| {
+        lab.status()
+            .ok()
+            .and_then(|s| s.vip(&format!("{big_vip}/tcp")).map(|v| v.backends.len()))
+            .unwrap_or(0)
+    };
+    put_many(&lab, "/lb/big/", 1..1000);
+    let took = wait_for(
+        "1,000 backends in the kernel",
+        Duration::from_secs(2),
+        || big(&lab) == 1000,
+    );
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "thousand",
+        &config,
+        &summary,
+        &format!(
+            "999 keys put at once (1 before); all 1,000 in the kernel {took:?} after the last put"
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+/// Puts keys for backends 10.214.x.y:80 (`range` numbers them) at once,
+/// 100 at a time, from inside the client namespace.
+fn put_many(lab: &Lab, prefix: &str, range: std::ops::Range<u32>) {
+    let url = lab.etcd_url();
+    let prefix = prefix.to_string();
+    lab.in_ns(&lab.client().ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let client = etcd_client::Client::connect([url.as_str()], None).await?;
+            let numbers: Vec<u32> = range.collect();
+            for chunk in numbers.chunks(100) {
+                let mut puts = Vec::new();
+                for &n in chunk {
+                    let mut c = client.clone();
+                    let addr = format!("10.214.{}.{}:80", n / 250, n % 250 + 1);
+                    let key = format!("{prefix}{addr}");
+                    let v = format!(r#"{{"addr":"{addr}"}}"#);
+                    puts.push(tokio::spawn(async move { c.put(key, v, None).await }));
+                }
+                for p in puts {
+                    p.await??;
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    })
+    .unwrap();
+}
