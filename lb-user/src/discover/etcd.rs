@@ -9,15 +9,19 @@ use crate::settings::discovery::EtcdSettings;
 
 /// A connection attempt gives up after this long.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// HTTP/2 pings find a dead server (or a cut path) within about 2 × this.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(1);
+/// HTTP/2 pings every this long find a dead server (or a cut path) within
+/// this plus [`KEEP_ALIVE_TIMEOUT`]; a killed server is seen at once (reset).
+/// Generous, so a busy event loop (a thousand backends published at once)
+/// is not taken for a dead server.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(3);
+pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A unary request (get, put, grant) gives up after this long.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub fn options(settings: &EtcdSettings) -> anyhow::Result<ConnectOptions> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
-        .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE)
+        .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE_TIMEOUT)
         .with_keep_alive_while_idle(true);
     if let Some((user, password)) = &settings.user {
         options = options.with_user(user.clone(), password.clone());
