@@ -8,6 +8,11 @@
 //! average, so it ends up with that share of the positions. Because every
 //! backend's preferences are fixed, adding or removing one of N backends
 //! moves only about 1/N of the positions.
+//!
+//! Members take their turns in the order of their identity, not of their
+//! slots, so balancers that share a membership but added its backends in
+//! another order (several instances behind ECMP, fed by one etcd prefix)
+//! build the same table: the same positions name the same backends.
 
 /// A backend as Maglev sees it.
 #[derive(Clone, Copy, Debug)]
@@ -35,12 +40,16 @@ pub fn build(members: &[Member], size: u32) -> Vec<u32> {
             (offset, skip)
         })
         .collect();
+    // Turns in identity order, whatever the slot order.
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    order.sort_by_key(|&i| members[i].key);
     let mut next = vec![0u64; members.len()];
     let mut credit = vec![0u64; members.len()];
     let mut table = vec![u32::MAX; size as usize];
     let mut filled = 0u32;
     while filled < size {
-        for (i, m) in members.iter().enumerate() {
+        for &i in &order {
+            let m = &members[i];
             credit[i] += u64::from(m.weight);
             while credit[i] >= u64::from(max_weight) && filled < size {
                 credit[i] -= u64::from(max_weight);
@@ -161,5 +170,22 @@ mod tests {
         let members: Vec<_> = (0..5).map(|i| member(i, i + 1)).collect();
         assert_eq!(build(&members, SIZE), build(&members, SIZE));
         assert!(build(&[], SIZE).is_empty());
+    }
+
+    #[test]
+    fn balancers_with_one_membership_in_another_order_build_the_same_table() {
+        // Instance A added backends 0..8 in order; instance B in reverse
+        // order with other ids (value = 100 + i): position by position the
+        // same backend, whatever its local id.
+        let a: Vec<_> = (0..8).map(|i| member(i, 1 + i % 3)).collect();
+        let b: Vec<_> = (0..8)
+            .rev()
+            .map(|i| Member {
+                value: 100 + i,
+                ..member(i, 1 + i % 3)
+            })
+            .collect();
+        let (ta, tb) = (build(&a, SIZE), build(&b, SIZE));
+        assert!(ta.iter().zip(&tb).all(|(x, y)| *y == x + 100));
     }
 }
