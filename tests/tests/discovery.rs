@@ -9,6 +9,7 @@
 //! `cargo test -p lb-tests --test discovery -- --test-threads=1 --nocapture`.
 
 use std::{
+    io::{Read as _, Write as _},
     net::SocketAddr,
     thread,
     time::{Duration, Instant},
@@ -60,8 +61,6 @@ fn start(lab: &Lab, algorithm: Algorithm, extra: &[&str]) -> ProcessId {
         PREFIX,
         "--state-dir",
         state.to_str().unwrap(),
-        "--metrics-addr",
-        "off",
     ];
     args.extend_from_slice(extra);
     let spec = BalancerSpec {
@@ -390,6 +389,13 @@ fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
         2,
         "one update removes at most 50% of 3 (1): {left:?}"
     );
+    let metrics = scrape(&lab);
+    assert!(metric(&metrics, "lb_discovery_updates_total{result=\"invalid\"}") >= 4.0);
+    assert!(metric(&metrics, "lb_discovery_updates_total{result=\"applied\"}") >= 1.0);
+    assert_eq!(metric(&metrics, "lb_discovery_connected "), 1.0);
+    assert!(metric(&metrics, "lb_discovery_revision ") >= 8.0);
+    let age = metric(&metrics, "lb_discovery_last_update_age_seconds ");
+    assert!((0.0..5.0).contains(&age), "{age}");
     let summary = lab.loadgen_summary(loadgen, &config).unwrap();
     report(
         "bad_values",
@@ -436,8 +442,6 @@ fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
             PREFIX,
             "--state-dir",
             state.to_str().unwrap(),
-            "--metrics-addr",
-            "off",
             "--config",
             config_file.to_str().unwrap(),
         ]
@@ -464,10 +468,16 @@ fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
         if big(&lab) == 1000 {
             break asked;
         }
-        assert!(last_put.elapsed() < Duration::from_secs(10), "1,000 backends never converged");
+        assert!(
+            last_put.elapsed() < Duration::from_secs(10),
+            "1,000 backends never converged"
+        );
         thread::sleep(Duration::from_millis(50));
     };
-    assert!(took <= Duration::from_secs(2), "converged only {took:?} after the last put");
+    assert!(
+        took <= Duration::from_secs(2),
+        "converged only {took:?} after the last put"
+    );
     let summary = lab.loadgen_summary(loadgen, &config).unwrap();
     report(
         "thousand",
@@ -478,6 +488,28 @@ fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
         ),
     );
     assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+/// `GET /metrics` from inside the balancer namespace (default address).
+fn scrape(lab: &Lab) -> String {
+    lab.in_ns(&lab.balancer().ns, || {
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9470")?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    })
+    .unwrap()
+}
+
+/// Value of the first sample whose line starts with `prefix`.
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
 }
 
 /// Puts keys for backends 10.214.x.y:80 (`range` numbers them) at once,

@@ -8,7 +8,7 @@
 use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
-    sync::Arc,
+    sync::{Arc, atomic::Ordering},
 };
 
 use tracing::{info, warn};
@@ -22,7 +22,7 @@ use crate::{
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
     settings::cli::BackendCommand,
-    surface::control::Request,
+    surface::{control::Request, metrics::DiscoveryMetrics},
 };
 
 /// What the runtime keeps of discovery.
@@ -50,6 +50,19 @@ impl DiscoveryState {
 }
 
 impl Runtime {
+    /// What metrics show of discovery (`None` without it).
+    pub(super) fn discovery_metrics(&self) -> Option<DiscoveryMetrics> {
+        let status = self.discovery.status.as_ref()?;
+        Some(DiscoveryMetrics {
+            connected: status.connected(),
+            revision: status.revision(),
+            applied: status.updates_applied.load(Ordering::Relaxed),
+            invalid: status.updates_invalid.load(Ordering::Relaxed),
+            resyncs: status.resyncs.load(Ordering::Relaxed),
+            seconds_since_update: status.seconds_since_update(),
+        })
+    }
+
     /// Notes an operator command that overrides discovery (weight) or
     /// clears the overrides (undrain).
     pub(super) fn note_override(&mut self, request: &Request) {

@@ -64,6 +64,23 @@ pub struct Snapshot {
     pub flows_evicted: u64,
     pub flow_entries: u64,
     pub flow_table_size: u64,
+    /// etcd discovery, when a VIP uses it.
+    pub discovery: Option<DiscoveryMetrics>,
+}
+
+/// What etcd discovery reports (`lb_discovery_*`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DiscoveryMetrics {
+    /// Every discovered VIP's watch is established.
+    pub connected: bool,
+    /// Highest etcd revision applied.
+    pub revision: i64,
+    /// Updates applied, keys skipped as invalid, full re-reads.
+    pub applied: u64,
+    pub invalid: u64,
+    pub resyncs: u64,
+    /// `None` before the first update.
+    pub seconds_since_update: Option<f64>,
 }
 
 /// Writes families in the text format.
@@ -218,7 +235,56 @@ pub fn render(s: &Snapshot) -> String {
     render_kernel_counters(&mut out, s);
     render_map_updates(&mut out, s);
     render_pool_and_flows(&mut out, s);
+    if let Some(d) = &s.discovery {
+        render_discovery(&mut out, d);
+    }
     out.0
+}
+
+/// etcd discovery's connection, revision and updates.
+fn render_discovery(out: &mut Exposition, d: &DiscoveryMetrics) {
+    out.family(
+        "lb_discovery_connected",
+        "gauge",
+        "1 while every discovered VIP's etcd watch is established.",
+    );
+    out.sample(
+        "lb_discovery_connected",
+        &[],
+        f64::from(u8::from(d.connected)),
+    );
+    out.family(
+        "lb_discovery_revision",
+        "gauge",
+        "Highest etcd revision the balancer has applied.",
+    );
+    out.sample("lb_discovery_revision", &[], d.revision as f64);
+    out.family(
+        "lb_discovery_updates_total",
+        "counter",
+        "Discovery updates: applied, invalid (a key skipped) or resync (prefix read again).",
+    );
+    for (result, v) in [
+        ("applied", d.applied),
+        ("invalid", d.invalid),
+        ("resync", d.resyncs),
+    ] {
+        out.sample(
+            "lb_discovery_updates_total",
+            &[("result", result)],
+            v as f64,
+        );
+    }
+    out.family(
+        "lb_discovery_last_update_age_seconds",
+        "gauge",
+        "Seconds since the last discovery update (-1 before the first).",
+    );
+    out.sample(
+        "lb_discovery_last_update_age_seconds",
+        &[],
+        d.seconds_since_update.unwrap_or(-1.0),
+    );
 }
 
 /// Bytes by direction, estimates, states, outlier counts and health checks.
