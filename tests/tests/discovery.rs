@@ -338,6 +338,78 @@ fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
     assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
 }
 
+/// `lb-user backend ARGS...` against the lab's instance; panics on failure.
+fn backend_command(lab: &Lab, args: &[&str]) {
+    let instance = lab.instance();
+    let mut argv = vec!["backend"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--instance", &instance]);
+    let out = lab.run_lb_user(&argv).unwrap();
+    assert!(
+        out.status.success(),
+        "lb-user {argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn configured_weight(lab: &Lab, index: usize) -> f64 {
+    let addr = lab.backends()[index].addr().to_string();
+    members(lab)
+        .into_iter()
+        .find(|m| m.0 == addr)
+        .map_or(0.0, |m| m.1)
+}
+
+#[test]
+fn an_operator_override_wins_over_etcd_until_it_is_cleared() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put(&lab, 0, 1);
+    put(&lab, 1, 1);
+    start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
+    let config = load(&lab, 100.0, 6.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    let vip = lab.tcp_vip().to_string();
+    let b1 = lab.backends()[1].addr().to_string();
+    backend_command(
+        &lab,
+        &["weight", "--vip", &vip, "--backend", &b1, "--weight", "3"],
+    );
+    put(&lab, 1, 9);
+    thread::sleep(Duration::from_millis(800));
+    assert!(
+        (configured_weight(&lab, 1) - 3.0).abs() < 0.01,
+        "the operator's weight holds against etcd's"
+    );
+    let b0 = lab.backends()[0].addr().to_string();
+    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &b0]);
+    put(&lab, 0, 2);
+    thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        active(&lab),
+        addrs(&lab, &[1]),
+        "an etcd write never undrains"
+    );
+    // undrain clears the overrides: etcd's weights apply from its next update.
+    backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &b0]);
+    backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &b1]);
+    put(&lab, 1, 5);
+    wait_for(
+        "etcd's weight applies again",
+        Duration::from_secs(2),
+        || (configured_weight(&lab, 1) - 5.0).abs() < 0.01,
+    );
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "override",
+        &config,
+        &summary,
+        "operator weight and drain held against etcd writes; cleared by undrain",
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
 #[test]
 fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
     require_root!();
