@@ -27,6 +27,12 @@ pub struct VipStatus {
     pub protocol: String,
     #[serde(default)]
     pub algorithm: String,
+    /// `static`, or `etcd PREFIX` for a discovered VIP.
+    #[serde(default)]
+    pub source: String,
+    /// The etcd revision applied (discovered VIPs only).
+    #[serde(default)]
+    pub revision: Option<i64>,
     pub backends: Vec<BackendStatus>,
 }
 

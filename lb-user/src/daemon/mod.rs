@@ -175,6 +175,9 @@ impl Started<'_> {
             task.abort();
         }
         control::remove_socket(&self.config.instance);
+        let _ = std::fs::remove_file(crate::surface::status::discovery_path(
+            &self.config.instance,
+        ));
         for (id, tally) in runtime.loads().tallies() {
             info!(backend = id, ?tally, "events seen by this process");
         }

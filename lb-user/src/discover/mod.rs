@@ -14,8 +14,9 @@
 //! - [`register`]: grant a lease, put the key, keep it alive, follow an
 //!   HTTP check, revoke on SIGTERM.
 //!
-//! May use: settings and kernel (to probe a new backend's next hop before
-//! it can be selected). The daemon applies what the watch reports.
+//! May use: settings, kernel (to probe a new backend's next hop before it
+//! can be selected) and surface (the file `lb-user status` reads). The
+//! daemon applies what the watch reports.
 //! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod cache;

@@ -34,6 +34,7 @@ use super::{
 use crate::{
     kernel::neighbours::{self, STARTUP_RESOLVE_WAIT},
     settings::{config::Config, discovery::EtcdSettings},
+    surface::status::{DiscoveredVip, DiscoveryFile, discovery_path},
 };
 
 /// Reconnect backoff: doubling from the first to the last.
@@ -58,6 +59,8 @@ pub struct Update {
 pub struct DiscoveryStatus {
     /// Per discovered VIP (config index, connected, revision).
     pub vips: Vec<VipStatus>,
+    /// Where `lb-user status` reads the VIPs' sources and revisions.
+    pub file: Option<PathBuf>,
     /// Updates reported to the daemon.
     pub updates_applied: AtomicU64,
     /// Keys or values skipped as invalid.
@@ -71,6 +74,8 @@ pub struct DiscoveryStatus {
 #[derive(Debug, Default)]
 pub struct VipStatus {
     pub vip: usize,
+    /// `IP:PORT/proto`.
+    pub name: String,
     pub prefix: String,
     pub connected: AtomicBool,
     pub revision: AtomicI64,
@@ -101,6 +106,32 @@ impl DiscoveryStatus {
 
     fn touched(&self) {
         self.last_update_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Rewrites the file `lb-user status` reads (source and revision).
+    fn publish(&self) {
+        let Some(path) = self.file.as_ref() else {
+            return;
+        };
+        let mut file = DiscoveryFile::default();
+        for v in &self.vips {
+            file.vips.insert(
+                v.name.clone(),
+                DiscoveredVip {
+                    prefix: v.prefix.clone(),
+                    revision: v.revision.load(Ordering::Relaxed),
+                    connected: v.connected.load(Ordering::Relaxed),
+                },
+            );
+        }
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec(&file)
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(&tmp, text))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            tracing::debug!("cannot write {}: {e}", path.display());
+        }
     }
 }
 
@@ -180,12 +211,16 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
         .iter()
         .map(|&i| VipStatus {
             vip: i,
+            name: config.vips[i].vip.to_string(),
             prefix: config.vips[i].etcd_prefix.clone().unwrap_or_default(),
             ..VipStatus::default()
         })
         .collect();
+    let status_file = discovery_path(&config.instance);
+    let _ = std::fs::remove_file(&status_file);
     let status = Arc::new(DiscoveryStatus {
         vips: status_vips,
+        file: Some(status_file),
         ..DiscoveryStatus::default()
     });
     match read {
@@ -243,6 +278,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
     if let Err(e) = cache.store(&cache_path) {
         warn!("cannot write the discovery cache: {e:#}");
     }
+    status.publish();
     Ok(Some(Watcher {
         settings,
         views,
@@ -334,9 +370,12 @@ enum Ended {
 
 impl VipWatch {
     fn set_connected(&self, up: bool) {
-        self.status.vips[self.slot]
+        let was = self.status.vips[self.slot]
             .connected
-            .store(up, Ordering::Relaxed);
+            .swap(up, Ordering::Relaxed);
+        if was != up {
+            self.status.publish();
+        }
     }
 
     async fn run(mut self) {
@@ -489,6 +528,7 @@ impl VipWatch {
                 warn!("cannot write the discovery cache: {e:#}");
             }
         }
+        self.status.publish();
         let update = Update {
             vip: self.vip,
             revision: self.view.revision,

@@ -16,6 +16,8 @@
 //!     "protocol": "tcp",               // or "udp"
 //!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
 //!     "inflight_bias": 2,
+//!     "source": "static",              // or "etcd /lb/web/" (discovered)
+//!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "backends": [{
 //!       "id": 0,
 //!       "address": "10.0.0.21:8080",
@@ -66,7 +68,44 @@ pub struct VipStatus {
     pub protocol: String,
     pub algorithm: String,
     pub inflight_bias: u8,
+    /// `static`, or `etcd PREFIX` for a discovered VIP.
+    pub source: String,
+    /// The etcd revision applied (discovered VIPs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
     pub backends: Vec<BackendStatus>,
+}
+
+/// What the discovery watch tells `status`, per VIP (`IP:PORT/proto`), in
+/// `/run/lb-user/<instance>.discovery.json` (replaced atomically).
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
+pub struct DiscoveryFile {
+    pub vips: std::collections::BTreeMap<String, DiscoveredVip>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
+pub struct DiscoveredVip {
+    pub prefix: String,
+    pub revision: i64,
+    pub connected: bool,
+}
+
+pub fn discovery_path(instance_name: &str) -> std::path::PathBuf {
+    Path::new(instance::LOCK_DIR).join(format!("{instance_name}.discovery.json"))
+}
+
+/// Each VIP's source and revision, from the discovery file if any.
+fn apply_sources(instance_name: &str, vips: &mut [VipStatus]) {
+    let file: DiscoveryFile = std::fs::read_to_string(discovery_path(instance_name))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    for v in vips {
+        if let Some(d) = file.vips.get(&format!("{}/{}", v.address, v.protocol)) {
+            v.source = format!("etcd {}", d.prefix);
+            v.revision = Some(d.revision);
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -135,6 +174,8 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
     let snat_ip = wire::words_to_ip(config.snat_v4, lb_common::AF_INET)
         .map(|ip| ip.to_string())
         .unwrap_or_default();
+    let mut vips = read_vips(&dir)?;
+    apply_sources(instance, &mut vips);
     Ok(Status {
         instance: instance.to_string(),
         ifindex: config.ifindex,
@@ -142,7 +183,7 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
         snat_ip,
         snat_ports: format!("{}-{}", config.snat_port_min, config.snat_port_max),
         flow_entries: maps::flows(&dir)?.keys().filter(Result::is_ok).count() as u64,
-        vips: read_vips(&dir)?,
+        vips,
         reasons: read_reasons(&dir)?,
     })
 }
@@ -216,6 +257,8 @@ fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
                 .map(|a| a.name().to_string())
                 .unwrap_or_else(|| format!("unknown({})", meta.algorithm)),
             inflight_bias: meta.inflight_bias,
+            source: "static".to_string(),
+            revision: None,
             backends: list,
         });
     }
@@ -248,8 +291,15 @@ pub fn render_table(s: &Status) -> String {
     );
     for v in &s.vips {
         out += &format!(
-            "\nVIP {}/{}  algorithm {}  inflight bias {}\n",
-            v.address, v.protocol, v.algorithm, v.inflight_bias
+            "\nVIP {}/{}  algorithm {}  inflight bias {}  source {}{}\n",
+            v.address,
+            v.protocol,
+            v.algorithm,
+            v.inflight_bias,
+            v.source,
+            v.revision
+                .map(|r| format!(" @ revision {r}"))
+                .unwrap_or_default()
         );
         out += &format!(
             "  {:>3} {:<22} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
