@@ -20,6 +20,7 @@ mod etcd;
 mod names;
 mod netns;
 mod process;
+mod scale_out;
 mod xdp_stub;
 
 use std::{
@@ -38,6 +39,7 @@ pub use etcd::ETCD_CLIENT_PORT;
 pub use names::{PIN_ROOT, owner_pid, sweep_stale};
 pub use netns::in_netns;
 pub use process::ProcessId;
+pub use scale_out::{REMOTE_CLIENT_ADDR, SECOND_BALANCER_ADDR, ScaleOut};
 
 use self::{
     netns::{netns_exec, output_with_timeout, run_ok},
