@@ -23,3 +23,13 @@ pub fn write_tables(
 ) -> anyhow::Result<()> {
     TableWriter::open(pin_dir)?.write(vip_id, algorithm, maglev_table, slots)
 }
+
+/// Maglev table `table` of the instance pinned in `pin_dir`, as backend ids
+/// (read through the control plane's own map opener).
+pub fn read_maglev_table(pin_dir: &Path, table: u32) -> anyhow::Result<Vec<u32>> {
+    let map = lb_user::kernel::maps::maglev(pin_dir)?;
+    let size = lb_common::MAGLEV_TABLE_SIZE;
+    (0..size)
+        .map(|i| Ok(map.get(&(table * size + i), 0)?))
+        .collect()
+}

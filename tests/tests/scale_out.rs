@@ -18,6 +18,7 @@ use lb_lab::{
         ScaleOut, VipSpec, XdpMode,
     },
     loadgen::{LoadConfig, Protocol},
+    production::read_maglev_table,
     require_root,
     status::Status,
 };
@@ -126,12 +127,22 @@ fn two_balancers_behind_ecmp_converge_spread_and_the_survivor_serves_on() {
         .unwrap();
     lab.start_etcd().expect("etcd must start");
     let scale = lab.add_scale_out().unwrap();
-    for i in 0..3 {
-        put(&lab, i, 1);
-    }
+    // A sees backend 1 join later than B does: other ids, other slot order.
+    put(&lab, 0, 1);
+    put(&lab, 2, 1);
     lab.start_balancer(&spec(&lab, "state-a")).unwrap();
+    let a_name = lab.instance();
+    put(&lab, 1, 1);
+    let joined = Instant::now();
+    while membership(&lab, &a_name).len() < 3 {
+        assert!(
+            joined.elapsed() < Duration::from_secs(5),
+            "A never saw backend 1"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
     let b = start_second(&lab, &scale);
-    let (a_name, b_name) = (lab.instance(), scale.second_instance());
+    let b_name = scale.second_instance();
     assert_eq!(membership(&lab, &a_name).len(), 3);
     assert_eq!(membership(&lab, &a_name), membership(&lab, &b_name));
 
