@@ -182,6 +182,69 @@ fn etcd_killed_and_restarted_loses_nothing_and_the_watch_resumes() {
 }
 
 #[test]
+fn a_compacted_revision_is_read_again_and_the_difference_applied() {
+    require_root!();
+    let (lab, etcd) = lab(3);
+    put(&lab, 0, 1);
+    put(&lab, 1, 1);
+    start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
+    let config = load(&lab, 100.0, 10.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    // etcd comes back where the balancer cannot reach it; meanwhile one
+    // backend joins, one changes weight, one leaves, and the history is
+    // compacted past the balancer's revision.
+    lab.signal(etcd, Signal::SIGKILL).unwrap();
+    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    let hidden = lab.start_etcd_hidden().unwrap();
+    let local = format!("http://127.0.0.1:{}", lb_lab::lab::ETCD_CLIENT_PORT);
+    let put_local = |index: usize, weight: u32| {
+        let addr = lab.backends()[index].addr();
+        lab.etcdctl_at(
+            &local,
+            &["put", &format!("{PREFIX}{addr}"), &value(addr, weight)],
+        )
+        .unwrap();
+    };
+    put_local(2, 1);
+    put_local(0, 4);
+    let b1 = lab.backends()[1].addr();
+    lab.etcdctl_at(&local, &["del", &format!("{PREFIX}{b1}")])
+        .unwrap();
+    let revision = lab
+        .etcdctl_at(&local, &["get", PREFIX, "--prefix", "-w", "json"])
+        .ok()
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+        .and_then(|v| v["header"]["revision"].as_i64())
+        .unwrap();
+    lab.etcdctl_at(&local, &["compact", &revision.to_string()])
+        .unwrap();
+    assert_eq!(
+        active(&lab),
+        addrs(&lab, &[0, 1]),
+        "cut off, the balancer keeps what it knew"
+    );
+    lab.signal(hidden, Signal::SIGTERM).unwrap();
+    lab.wait(hidden, Duration::from_secs(10)).unwrap();
+    lab.start_etcd().unwrap();
+    let healed = wait_for("the difference is applied", Duration::from_secs(6), || {
+        active(&lab) == addrs(&lab, &[0, 2]) && (configured_weight(&lab, 0) - 4.0).abs() < 0.01
+    });
+    let metrics = scrape(&lab);
+    assert!(metric(&metrics, "lb_discovery_updates_total{result=\"resync\"}") >= 1.0);
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "compaction",
+        &config,
+        &summary,
+        &format!(
+            "3 changes made and compacted (revision {revision}) while etcd was out of reach; applied {healed:?} after it came back"
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+#[test]
 fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
     require_root!();
     let (lab, etcd) = lab(2);

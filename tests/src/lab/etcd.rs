@@ -31,10 +31,20 @@ impl Lab {
     /// Starts etcd (again, on the same data folder after a kill) and waits
     /// until it answers. Fails loudly when etcd is not installed or exits.
     pub fn start_etcd(&self) -> Result<ProcessId> {
+        self.start_etcd_at(&self.etcd_url())
+    }
+
+    /// etcd on the client namespace's loopback only: running, but out of
+    /// the balancer's reach (to change and compact what it cannot see).
+    pub fn start_etcd_hidden(&self) -> Result<ProcessId> {
+        self.start_etcd_at(&format!("http://127.0.0.1:{ETCD_CLIENT_PORT}"))
+    }
+
+    fn start_etcd_at(&self, client: &str) -> Result<ProcessId> {
         let etcd = which("etcd").context(
             "etcd is not installed (Debian's etcd-server; `cargo xtask test` installs it)",
         )?;
-        let client = self.etcd_url();
+        let client = client.to_string();
         let peer = format!("http://{CLIENT_ADDR}:{ETCD_PEER_PORT}");
         let data = self.etcd_data_dir();
         let argv: Vec<String> = vec![
@@ -46,7 +56,7 @@ impl Lab {
             "--listen-client-urls".into(),
             client.clone(),
             "--advertise-client-urls".into(),
-            client,
+            client.clone(),
             "--listen-peer-urls".into(),
             peer.clone(),
             "--initial-advertise-peer-urls".into(),
@@ -62,7 +72,7 @@ impl Lab {
             if let Some(status) = self.exit_status(process)? {
                 bail!("etcd exited ({status}): {}", self.stderr(process).trim());
             }
-            if self.etcdctl(&["endpoint", "health"]).is_ok() {
+            if self.etcdctl_at(&client, &["endpoint", "health"]).is_ok() {
                 return Ok(process);
             }
             if Instant::now() >= deadline {
@@ -77,7 +87,12 @@ impl Lab {
 
     /// `etcdctl ARGS...` against the lab's etcd; stdout, or an error.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
-        let endpoints = format!("--endpoints={}", self.etcd_url());
+        self.etcdctl_at(&self.etcd_url(), args)
+    }
+
+    /// `etcdctl ARGS...` against the etcd listening at `url`.
+    pub fn etcdctl_at(&self, url: &str, args: &[&str]) -> Result<String> {
+        let endpoints = format!("--endpoints={url}");
         let mut argv = vec!["etcdctl", "--command-timeout=3s", &endpoints];
         argv.extend_from_slice(args);
         let out = self.exec(&self.client().ns, &argv)?;
