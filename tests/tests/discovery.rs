@@ -353,6 +353,88 @@ fn a_lease_expiry_drains_the_backend_and_sigterm_revokes_at_once() {
 }
 
 #[test]
+fn a_failing_http_check_deregisters_and_a_passing_one_registers_again() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put(&lab, 0, 1);
+    let url = lab.etcd_url();
+    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
+    let b = &lab.backends()[1];
+    let addr = b.addr().to_string();
+    let check = format!("http://{addr}/");
+    lab.spawn(
+        &b.host.ns,
+        "register",
+        &[
+            lb_user.as_str(),
+            "register",
+            "--etcd-endpoints",
+            &url,
+            "--prefix",
+            PREFIX,
+            "--addr",
+            &addr,
+            "--ttl",
+            "3s",
+            "--check-http",
+            &check,
+        ],
+    )
+    .unwrap();
+    let registered = || {
+        lab.etcdctl(&["get", "--keys-only", &format!("{PREFIX}{addr}")])
+            .is_ok_and(|out| out.contains(&addr))
+    };
+    wait_for(
+        "registered while the check passes",
+        Duration::from_secs(10),
+        registered,
+    );
+    start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    let config = load(&lab, 50.0, 12.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    // A frozen server fails its check (no answer within the check timeout).
+    lab.signal(b.process, Signal::SIGSTOP).unwrap();
+    let gone = wait_for(
+        "deregistered while the check fails",
+        Duration::from_secs(5),
+        || !registered(),
+    );
+    wait_for("drained", Duration::from_secs(2), || {
+        active(&lab) == addrs(&lab, &[0])
+    });
+    thread::sleep(Duration::from_secs(2));
+    lab.signal(b.process, Signal::SIGCONT).unwrap();
+    let back = wait_for(
+        "registered again once it passes",
+        Duration::from_secs(5),
+        registered,
+    );
+    wait_for("active again", Duration::from_secs(2), || {
+        active(&lab) == addrs(&lab, &[0, 1])
+    });
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "check_http",
+        &config,
+        &summary,
+        &format!(
+            "backend frozen (SIGSTOP): deregistered {gone:?} later; thawed: registered again {back:?} later; \
+             the requests it held while frozen are the ones lost"
+        ),
+    );
+    // Only what went to the frozen server before its key was deleted may
+    // be lost: at most the load of the detection window.
+    assert!(
+        (summary.error_count() as f64) <= config.rate * (gone.as_secs_f64() + 1.0),
+        "{:?}",
+        summary.errors
+    );
+}
+
+#[test]
 fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
     require_root!();
     let (lab, _etcd) = lab(2);
