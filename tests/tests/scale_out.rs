@@ -178,6 +178,36 @@ fn two_balancers_behind_ecmp_converge_spread_and_the_survivor_serves_on() {
         converged <= Duration::from_secs(1),
         "converged after {converged:?}"
     );
+    // Same membership and effective weights: the same Maglev table, position
+    // by position the same backend (ids are each instance's own).
+    let table = |name: &str, pins: &std::path::Path| -> Vec<String> {
+        let status = status_of(&lab, name).unwrap();
+        let vip = status.vip(&lab.tcp_vip().to_string()).unwrap();
+        read_maglev_table(pins, 0)
+            .unwrap()
+            .into_iter()
+            .map(|id| {
+                vip.backends
+                    .iter()
+                    .find(|b| b.id == id)
+                    .map_or_else(|| format!("id {id}?"), |b| b.address.clone())
+            })
+            .collect()
+    };
+    let (ta, tb) = (
+        table(&a_name, &lab.pin_dir()),
+        table(&b_name, &scale.second_pin_dir()),
+    );
+    assert_eq!(ta.len(), 65_537);
+    assert!(
+        ta.iter().all(|b| !b.starts_with("id ")),
+        "every entry names a backend"
+    );
+    let differ = ta.iter().zip(&tb).filter(|(x, y)| x != y).count();
+    assert_eq!(
+        differ, 0,
+        "the two instances' Maglev tables differ in {differ} positions"
+    );
 
     // Open-loop load from behind the router spreads over both.
     let config =
