@@ -55,8 +55,16 @@ fn run() -> anyhow::Result<()> {
 /// clap's first line without its `error: ` prefix (the rest is usage help).
 fn clap_message(e: &clap::Error) -> String {
     let rendered = e.render().to_string();
-    let first = rendered.lines().next().unwrap_or("invalid arguments");
-    first.trim_start_matches("error: ").to_string()
+    // The message may span lines (a list of missing arguments); the usage
+    // help after it is dropped.
+    let message = rendered.split("\n\nUsage").next().unwrap_or_default();
+    let message = one_line(message);
+    let message = message.trim_start_matches("error: ");
+    if message.is_empty() {
+        "invalid arguments".to_string()
+    } else {
+        message.to_string()
+    }
 }
 
 fn require_root() -> anyhow::Result<()> {

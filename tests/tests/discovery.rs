@@ -759,3 +759,109 @@ fn put_many(lab: &Lab, prefix: &str, range: std::ops::Range<u32>) {
     })
     .unwrap();
 }
+
+/// Bad discovery input: one `lb-user: error:` line and a failure exit,
+/// before anything is touched (no root needed).
+#[test]
+fn bad_discovery_input_is_one_clear_error_line() {
+    let lb_user = Binaries::for_tests().lb_user().unwrap().to_path_buf();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["register", "--prefix", "/p/", "--addr", "10.0.0.1:80"],
+            "--etcd-endpoints",
+        ),
+        (
+            &[
+                "register",
+                "--etcd-endpoints",
+                "http://h:2379",
+                "--prefix",
+                "/p/",
+                "--addr",
+                "10.0.0.1:80",
+                "--ttl",
+                "0s",
+            ],
+            "ttl",
+        ),
+        (
+            &[
+                "register",
+                "--etcd-endpoints",
+                "http://h:2379",
+                "--prefix",
+                "/p/",
+                "--addr",
+                "10.0.0.1:80",
+                "--weight",
+                "0",
+            ],
+            "weight",
+        ),
+        (
+            &[
+                "register",
+                "--etcd-endpoints",
+                "http://h:2379",
+                "--prefix",
+                "/p/",
+                "--addr",
+                "10.0.0.1:80",
+                "--check-http",
+                "https://10.0.0.1:80/",
+            ],
+            "http://",
+        ),
+        (
+            &[
+                "register",
+                "--etcd-endpoints",
+                "nope",
+                "--prefix",
+                "/p/",
+                "--addr",
+                "10.0.0.1:80",
+            ],
+            "invalid etcd endpoint",
+        ),
+        (
+            &[
+                "--iface",
+                "eth0",
+                "--etcd-endpoints",
+                "http://h:2379",
+                "--vip",
+                "10.0.0.100:80",
+                "--etcd-prefix",
+                "/p/",
+                "--backend",
+                "10.0.0.1:80",
+            ],
+            "static backends as well are not allowed",
+        ),
+        (
+            &[
+                "--iface",
+                "eth0",
+                "--vip",
+                "10.0.0.100:80",
+                "--etcd-prefix",
+                "/p/",
+            ],
+            "no --etcd-endpoints",
+        ),
+    ];
+    for (args, expect) in cases {
+        let out = std::process::Command::new(&lb_user)
+            .args(*args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("lb-user: error: ") && stderr.contains(expect),
+            "{args:?}: {stderr}"
+        );
+    }
+}
