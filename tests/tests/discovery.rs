@@ -435,6 +435,64 @@ fn a_failing_http_check_deregisters_and_a_passing_one_registers_again() {
 }
 
 #[test]
+fn a_sidecar_outlives_an_etcd_outage_longer_than_its_ttl() {
+    require_root!();
+    let (lab, etcd) = lab(2);
+    put(&lab, 0, 1);
+    let url = lab.etcd_url();
+    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
+    let b = &lab.backends()[1];
+    let addr = b.addr().to_string();
+    lab.spawn(
+        &b.host.ns,
+        "register",
+        &[
+            lb_user.as_str(),
+            "register",
+            "--etcd-endpoints",
+            &url,
+            "--prefix",
+            PREFIX,
+            "--addr",
+            &addr,
+            "--ttl",
+            "2s",
+        ],
+    )
+    .unwrap();
+    let registered = || {
+        lab.etcdctl(&["get", "--keys-only", &format!("{PREFIX}{addr}")])
+            .is_ok_and(|out| out.contains(&addr))
+    };
+    wait_for("registered", Duration::from_secs(10), registered);
+    start(&lab, Algorithm::P2cEwma, &[]);
+    let config = load(&lab, 100.0, 14.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    lab.signal(etcd, Signal::SIGKILL).unwrap();
+    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    thread::sleep(Duration::from_secs(5));
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]), "fail static meanwhile");
+    lab.start_etcd().unwrap();
+    let back = wait_for("registered again", Duration::from_secs(6), registered);
+    // Well past the ttl of any lease from before the outage, the key stays:
+    // the sidecar keeps its (new) lease alive.
+    thread::sleep(Duration::from_secs(5));
+    assert!(registered(), "the key outlives the old lease");
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        "sidecar_outage",
+        &config,
+        &summary,
+        &format!(
+            "etcd down 5 s (ttl 2 s); the key was there {back:?} after etcd came back and 5 s later"
+        ),
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+}
+
+#[test]
 fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
     require_root!();
     let (lab, _etcd) = lab(2);
