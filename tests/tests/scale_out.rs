@@ -194,16 +194,26 @@ fn two_balancers_behind_ecmp_converge_spread_and_the_survivor_serves_on() {
             })
             .collect()
     };
-    let (ta, tb) = (
-        table(&a_name, &lab.pin_dir()),
-        table(&b_name, &scale.second_pin_dir()),
-    );
-    assert_eq!(ta.len(), 65_537);
-    assert!(
-        ta.iter().all(|b| !b.starts_with("id ")),
-        "every entry names a backend"
-    );
-    let differ = ta.iter().zip(&tb).filter(|(x, y)| x != y).count();
+    // The writer rewrites a Maglev table entry by entry (65,537 map
+    // updates), so a table read right after the weights show can be half
+    // written: compare until both are settled.
+    let compared = Instant::now();
+    let differ = loop {
+        let (ta, tb) = (
+            table(&a_name, &lab.pin_dir()),
+            table(&b_name, &scale.second_pin_dir()),
+        );
+        assert_eq!(ta.len(), 65_537);
+        assert!(
+            ta.iter().all(|b| !b.starts_with("id ")),
+            "every entry names a backend"
+        );
+        let differ = ta.iter().zip(&tb).filter(|(x, y)| x != y).count();
+        if differ == 0 || compared.elapsed() > Duration::from_secs(3) {
+            break differ;
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
     assert_eq!(
         differ, 0,
         "the two instances' Maglev tables differ in {differ} positions"
