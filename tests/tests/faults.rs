@@ -693,3 +693,79 @@ fn syn_flood_beyond_the_new_flow_cap_is_refused_and_spares_established_flows() {
     assert!(summary.completed >= 100, "{summary:?}");
     assert_eq!(kept_ok, 4, "the flood evicted established flows");
 }
+
+/// lb-user's test-only failure injection (see `lb-user/src/settings/faults.rs`).
+const FAULTS_ENV: &str = "LB_USER_FAULTS";
+
+#[test]
+fn injected_control_plane_failures_leave_the_data_path_balancing() {
+    require_root!();
+    let lab = Fault::new("control-plane-errors", 3);
+    let balancer = spec(&lab, &[0, 1, 2], FAST_CHECKS);
+    let first = lab.start_balancer(&balancer).unwrap();
+    // A restart (kill -9, then start again on the pinned program) whose
+    // neighbour-table reads fail (start-up and the first refresh), whose
+    // first 60 score writes (3 s of ticks) and then 20 selection writes
+    // fail, and whose first health check of every backend panics.
+    let faults = "score-write=60,table-write=20,neighbours=2,health-panic=3";
+    let run = lab.during(lab.load(150.0, 10.0, 2_000), |lab| {
+        thread::sleep(Duration::from_secs(1));
+        assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+        let lb = lab
+            .start_balancer_with_env(&balancer, &[(FAULTS_ENV, faults)])
+            .unwrap();
+        // Past the first neighbour refresh (5 s after the start).
+        thread::sleep(Duration::from_secs(6));
+        (
+            lb,
+            lab.exit_status(lb).unwrap(),
+            lab.xdp_attached().unwrap(),
+        )
+    });
+    let (summary, (lb, exited, attached)) = (&run.summary, run.during);
+    let metrics = scrape(&lab);
+    let errors = |stage: &str| {
+        metric(
+            &metrics,
+            &format!("lb_control_errors_total{{stage=\"{stage}\"}}"),
+        )
+    };
+    lab.report(
+        &run,
+        &format!(
+            "injected {faults}; control errors tick {} neighbours {} health_task {}; served by {:?}",
+            errors("tick"),
+            errors("neighbours"),
+            errors("health_task"),
+            summary.per_backend
+        ),
+    );
+    assert_eq!(exited, None, "lb-user exited: {}", lab.stderr(lb));
+    assert!(attached, "the program was detached");
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(summary.completed, summary.scheduled);
+    assert_eq!(summary.per_backend.len(), 3, "{summary:?}");
+    assert!(errors("tick") >= 80.0, "{metrics}");
+    assert!(errors("neighbours") >= 2.0, "{metrics}");
+    assert!(errors("health_task") >= 3.0, "{metrics}");
+    // Scores are written again once the injected failures are used up.
+    assert!(metric(&metrics, "lb_map_update_seconds_count{kind=\"scores\"}") > 0.0);
+    let log = lab.stderr(lb);
+    assert!(log.contains("injected fault: health-panic"), "{log}");
+    assert!(
+        !log.contains("RUST_BACKTRACE"),
+        "a panic report in the log: {log}"
+    );
+    // The panicked health checks were restarted: a dead backend is found
+    // by them (no load runs now, so nothing else could find it).
+    lab.signal(lab.backends()[2].process, Signal::SIGKILL)
+        .unwrap();
+    let down = r#"backend=2 from="active" to="down" why="health check""#;
+    wait_for(
+        "the health checks to take the killed backend down",
+        Duration::from_secs(5),
+        || lab.stderr(lb).contains(down),
+    );
+    assert_eq!(lab.exit_status(lb).unwrap(), None);
+    assert!(lab.xdp_attached().unwrap());
+}

@@ -6,6 +6,7 @@
 //! Order: settings → kernel → ingest → estimate → pool → publish → surface → daemon.
 
 pub mod command;
+pub mod errors;
 pub mod event_loop;
 pub mod runtime;
 pub mod snapshot;
@@ -20,7 +21,9 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+pub use self::tasks::Reload;
 use self::{
+    errors::ControlErrors,
     event_loop::{EventLoop, Handlers, Inputs, Shutdown},
     runtime::Runtime,
     startup::Snat,
@@ -50,7 +53,7 @@ const CHANNEL_DEPTH: usize = 64;
 /// `reload` re-reads the configuration on SIGHUP.
 pub async fn serve(
     config: &Config,
-    reload: &dyn Fn() -> anyhow::Result<Config>,
+    reload: Reload,
     ifindex: u32,
     snat_ip: Snat,
 ) -> anyhow::Result<()> {
@@ -85,21 +88,30 @@ impl Started<'_> {
         &self,
         clock: C,
         snat_ip: Snat,
-        reload: &dyn Fn() -> anyhow::Result<Config>,
+        reload: Reload,
         shutdown: &mut Shutdown,
     ) -> anyhow::Result<()> {
         let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
+        let errors = ControlErrors::default();
         let (plan, publisher) = startup::write_plan(config, pin_dir, &clock)?;
-        let neighbours = startup::resolve_neighbours(config, pin_dir, self.ifindex).await?;
+        let neighbours =
+            startup::resolve_neighbours(config, pin_dir, self.ifindex, &errors).await?;
         startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
         let kernel = startup::open_kernel_handles(config, pin_dir, self.ifindex, publisher)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
-        let runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx);
+        let runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx, errors.clone());
         let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
+        let (reload_tx, reload_rx) = mpsc::channel(1);
+        let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut tasks = vec![
-            tasks::spawn_neighbour_refresh(neighbours),
-            control::serve(&config.instance, control_tx)?,
+            tasks::spawn_neighbour_refresh(neighbours, errors.clone()),
+            tasks::spawn_reloader(reload, hangup, reload_tx, errors.clone()),
+            control::serve(
+                &config.instance,
+                config.ops.control_group.clone(),
+                control_tx,
+            )?,
         ];
         tasks.extend(self.serve_metrics(scrape_tx).await);
         tasks.extend(tasks::spawn_ebpf_log_drain(self.attachment.program_id));
@@ -110,12 +122,12 @@ impl Started<'_> {
             checks: check_rx,
             control: control_rx,
             scrapes: scrape_rx,
-            hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            reloads: reload_rx,
         };
         let events = EventStream::new(maps::events(pin_dir)?)?;
-        let mut event_loop = EventLoop::new(clock, runtime);
+        let mut event_loop = EventLoop::new(clock, runtime, errors);
         let result = event_loop
-            .run(events, inputs, config.score_interval, reload, shutdown)
+            .run(events, inputs, config.score_interval, shutdown)
             .await;
         self.stop(tasks, &event_loop.handlers);
         result

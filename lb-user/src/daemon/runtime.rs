@@ -17,7 +17,10 @@ use std::{
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::startup::KernelHandles;
+use super::{
+    errors::{ControlErrors, Stage},
+    startup::KernelHandles,
+};
 use crate::{
     estimate::backend_load::{BackendLoad, LoadTable},
     ingest::{
@@ -50,6 +53,8 @@ pub struct Runtime {
     /// Entries in the flow table at the last reconciliation pass.
     pub(super) flow_entries: u64,
     pub(super) flow_table_size: u32,
+    /// Errors the control plane survived, by stage.
+    pub errors: ControlErrors,
 }
 
 impl Runtime {
@@ -59,8 +64,14 @@ impl Runtime {
         kernel: KernelHandles,
         now: Nanos,
         check_results: mpsc::Sender<CheckResult>,
+        errors: ControlErrors,
     ) -> Self {
         let fleet = Fleet::new(config, plan, now);
+        let panics = errors.clone();
+        let on_panic = Arc::new(move |backend: u32, message: &str| {
+            let e = anyhow::anyhow!("health check of backend {backend} panicked: {message}");
+            panics.record(Stage::HealthTask, &e);
+        });
         let mut runtime = Self {
             loads: LoadTable::new(&plan.weights, config.ewma_cold_start, config.ewma_tau, now),
             fresh_load: BackendLoad::new(
@@ -70,13 +81,14 @@ impl Runtime {
                 now,
             ),
             kernel,
-            checker: HealthChecker::new(check_results),
+            checker: HealthChecker::new(check_results, on_panic),
             checks: HashMap::new(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
             events_received: 0,
             flows_evicted: 0,
             flow_entries: 0,
             flow_table_size: config.flow_table_size,
+            errors,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -184,9 +196,10 @@ impl Runtime {
 
     pub(super) fn after_membership_change(&mut self) {
         // New backends were probed before they got here (control socket,
-        // SIGHUP): their MACs are in the ARP table now.
+        // SIGHUP): their MACs are in the ARP table now. A failure is
+        // retried by the periodic refresh.
         if let Err(e) = self.kernel.neighbours.sync(false) {
-            warn!("updating neighbours: {e:#}");
+            self.errors.record(Stage::Neighbours, &e);
         }
         self.id_limit
             .store(self.fleet.id_limit(), Ordering::Relaxed);

@@ -34,6 +34,7 @@ impl Runtime {
             flows_evicted: self.flows_evicted,
             flow_entries: self.flow_entries,
             flow_table_size: u64::from(self.flow_table_size),
+            control_errors: self.errors.totals(),
         }
     }
 

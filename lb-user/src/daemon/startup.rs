@@ -8,6 +8,7 @@ use lb_common::{CONFIG_F_READY, LbConfig};
 use tokio::time::sleep;
 use tracing::info;
 
+use super::errors::{ControlErrors, Stage};
 use crate::{
     estimate::backend_load::LoadTable,
     kernel::{
@@ -98,11 +99,14 @@ pub fn write_plan(
 }
 
 /// Step 2: probes every configured backend and writes the MACs learnt
-/// into NEIGHBOURS; the returned sync keeps them fresh.
+/// into NEIGHBOURS; the returned sync keeps them fresh. A neighbour table
+/// that cannot be read is counted in `errors` and does not stop the start
+/// (`bpf_fib_lookup` still works, and the refresh tries again).
 pub async fn resolve_neighbours(
     config: &Config,
     pin_dir: &std::path::Path,
     ifindex: u32,
+    errors: &ControlErrors,
 ) -> anyhow::Result<NeighbourSync> {
     let backend_ips: Vec<IpAddr> = config
         .vips
@@ -118,7 +122,7 @@ pub async fn resolve_neighbours(
     );
     neighbours.probe_backends();
     sleep(STARTUP_RESOLVE_WAIT).await;
-    neighbours.sync(true)?;
+    errors.check(Stage::Neighbours, neighbours.sync(true));
     Ok(neighbours)
 }
 

@@ -19,7 +19,10 @@ use anyhow::Context as _;
 use lb_common::{IpKey, Neighbour};
 use tracing::{debug, warn};
 
-use crate::{kernel::maps::Neighbours, kernel::wire};
+use crate::{
+    kernel::{maps::Neighbours, wire},
+    settings::faults::{self, Fault},
+};
 
 /// How often neighbours are refreshed.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
@@ -136,16 +139,37 @@ impl NeighbourSync {
     /// Mirrors /proc/net/arp and the IPv6 neighbours into the map. With `warn_unresolved`, says
     /// which backends have no entry (at startup only: backends behind a
     /// router never get one, and repeating that every few seconds is noise).
+    ///
+    /// Fail static: a source that cannot be read (the ARP table, or `ip -6
+    /// neigh`) leaves its family's entries in the map as they are; the
+    /// other family is still brought up to date, and the error returned.
     pub fn sync(&mut self, warn_unresolved: bool) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(ARP_TABLE).context("reading /proc/net/arp")?;
-        let v4 = parse_arp_table(&text, &self.iface)
+        let v4 = faults::check(Fault::Neighbours)
+            .and_then(|()| std::fs::read_to_string(ARP_TABLE).context("reading /proc/net/arp"))
+            .map(|text| {
+                parse_arp_table(&text, &self.iface)
+                    .into_iter()
+                    .map(|(ip, mac)| (IpAddr::V4(ip), mac))
+                    .collect::<Vec<_>>()
+            });
+        let v6 = ip6_neighbours(&self.iface).map(|found| {
+            found
+                .into_iter()
+                .map(|(ip, mac)| (IpAddr::V6(ip), mac))
+                .collect::<Vec<_>>()
+        });
+        let read_v4 = v4.is_ok();
+        let read_v6 = v6.is_ok();
+        let mut failed = Vec::new();
+        let mut found = Vec::new();
+        for source in [v4, v6] {
+            match source {
+                Ok(entries) => found.extend(entries),
+                Err(e) => failed.push(e),
+            }
+        }
+        let wanted: StdHashMap<IpKey, Neighbour> = found
             .into_iter()
-            .map(|(ip, mac)| (IpAddr::V4(ip), mac));
-        let v6 = ip6_neighbours(&self.iface)?
-            .into_iter()
-            .map(|(ip, mac)| (IpAddr::V6(ip), mac));
-        let wanted: StdHashMap<IpKey, Neighbour> = v4
-            .chain(v6)
             .map(|(ip, mac)| {
                 let value = Neighbour {
                     mac,
@@ -162,11 +186,18 @@ impl NeighbourSync {
                     .context("writing NEIGHBOURS")?;
             }
         }
+        let read = |key: &IpKey| {
+            if key.family == lb_common::AF_INET6 {
+                read_v6
+            } else {
+                read_v4
+            }
+        };
         let gone: Vec<IpKey> = self
             .map
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| !wanted.contains_key(k))
+            .filter(|k| read(k) && !wanted.contains_key(k))
             .collect();
         for key in gone {
             let _ = self.map.remove(&key);
@@ -176,7 +207,10 @@ impl NeighbourSync {
                 warn!(backend = %ip, iface = %self.iface, "no neighbour entry yet (relying on bpf_fib_lookup or a router)");
             }
         }
-        Ok(())
+        match failed.into_iter().next() {
+            Some(e) => Err(e.context("some neighbours were not refreshed (kept as they were)")),
+            None => Ok(()),
+        }
     }
 }
 

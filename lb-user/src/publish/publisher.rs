@@ -25,6 +25,7 @@ use crate::{
         tables::{SlotBackend, planned_slots},
         writers::{ScoreWriter, TableWriter, UpdateTimes},
     },
+    settings::faults::{self, Fault},
 };
 
 /// Every write the control plane makes while it runs, through handles
@@ -145,6 +146,7 @@ impl Publisher {
             return Ok(());
         }
         let started = Instant::now();
+        faults::check(Fault::TableWrite).context("writing BACKENDS")?;
         for (id, backend) in entries {
             self.backends
                 .set(*id, backend, 0)

@@ -11,6 +11,7 @@ use lb_common::{
 use crate::{
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix},
     publish::tables::{SlotBackend, VipTableSet, median_cost},
+    settings::faults::{self, Fault},
 };
 
 /// Count, total and worst time of map updates (for metrics).
@@ -130,6 +131,7 @@ impl ScoreWriter {
         fresh: &[(u32, BackendScore)],
         vips: impl IntoIterator<Item = (u32, &'a [u32])>,
     ) -> anyhow::Result<()> {
+        faults::check(Fault::ScoreWrite).context("writing BACKEND_SCORES")?;
         for (id, score) in fresh {
             self.set(*id, score)?;
         }

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod duration;
 pub mod error;
+pub mod faults;
 pub mod ops;
 pub mod ports;
 

@@ -188,6 +188,16 @@ impl Lab {
     /// status is ready and lists every VIP. Fails, with its stderr, if it
     /// exits first.
     pub fn start_balancer(&self, spec: &BalancerSpec) -> Result<ProcessId> {
+        self.start_balancer_with_env(spec, &[])
+    }
+
+    /// [`Lab::start_balancer`] with environment variables set for lb-user
+    /// (e.g. its test-only `LB_USER_FAULTS`).
+    pub fn start_balancer_with_env(
+        &self,
+        spec: &BalancerSpec,
+        env: &[(&str, &str)],
+    ) -> Result<ProcessId> {
         let config = match spec.config_file() {
             Some(toml) => {
                 let path = self.log_dir().join("lb-user.toml");
@@ -197,8 +207,9 @@ impl Lab {
             }
             None => None,
         };
-        let command =
+        let mut command =
             self.lb_user_command(&spec.args(&self.balancer().iface, config.as_deref()))?;
+        command.envs(env.iter().copied());
         let process = self.processes.spawn("lb-user", command)?;
         let deadline = Instant::now() + READY_TIMEOUT;
         let lists_every_vip = |status: &Status| {
