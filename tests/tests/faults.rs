@@ -769,3 +769,59 @@ fn injected_control_plane_failures_leave_the_data_path_balancing() {
     assert_eq!(lab.exit_status(lb).unwrap(), None);
     assert!(lab.xdp_attached().unwrap());
 }
+
+#[test]
+fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
+    require_root!();
+    let lab = Fault::new("reordered-restart", 3);
+    let first = lab.start_balancer(&spec(&lab, &[0, 1, 2], &[])).unwrap();
+    let mut streams = keep_alive(&lab, 6);
+    let served_by: Vec<String> = streams
+        .iter_mut()
+        .map(|s| probe::request(s, "/", b"", true).unwrap().backend.unwrap())
+        .collect();
+    let warm_up = lab.measure(lab.load(100.0, 2.0, 2_000));
+    assert_eq!(warm_up.summary.error_count(), 0, "{:?}", warm_up.summary);
+    let before = lab.status().unwrap();
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    // The same backends, in another order: config order would renumber them.
+    let _second = lab.start_balancer(&spec(&lab, &[2, 0, 1], &[])).unwrap();
+    let after = lab.status().unwrap();
+    let mut moved = Vec::new();
+    for index in 0..3 {
+        let old = backend_status(&before, &lab, index).unwrap();
+        let new = backend_status(&after, &lab, index).unwrap();
+        if old.id != new.id || new.opened < old.opened {
+            moved.push((old.clone(), new.clone()));
+        }
+        // Each open keep-alive connection is still counted on its server.
+        let open = served_by
+            .iter()
+            .filter(|n| **n == lab.backends()[index].name)
+            .count() as u64;
+        assert_eq!(new.inflight, open, "{new:?}");
+    }
+    assert!(moved.is_empty(), "ids or counters moved: {moved:?}");
+    // Every flow stays with its server.
+    for (stream, who) in streams.iter_mut().zip(&served_by) {
+        let answer = probe::request(stream, "/", b"", true).unwrap();
+        assert_eq!(answer.backend.as_deref(), Some(who.as_str()));
+    }
+    // Closed, so P2C's in-flight term spreads the new load over all three.
+    drop(streams);
+    thread::sleep(Duration::from_millis(500));
+    let run = lab.measure(lab.load(100.0, 2.0, 2_000));
+    lab.report(
+        &run,
+        &format!(
+            "ids kept across a reordered restart: {:?}",
+            after.vips[0]
+                .backends
+                .iter()
+                .map(|b| (b.id, b.address.clone()))
+                .collect::<Vec<_>>()
+        ),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(run.summary.per_backend.len(), 3);
+}

@@ -4,7 +4,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{CONFIG_F_READY, LbConfig};
+use anyhow::Context as _;
+use lb_common::{CONFIG_F_READY, LbConfig, MAX_BACKENDS};
 use tokio::time::sleep;
 use tracing::info;
 
@@ -19,7 +20,7 @@ use crate::{
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
         wire,
     },
-    pool::plan::Plan,
+    pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
     settings::config::Config,
 };
@@ -78,14 +79,50 @@ pub struct KernelHandles {
     pub neighbours: NeighbourSync,
 }
 
+/// What a previous instance left in the pinned maps: its VIPs (with their
+/// ids and Maglev tables) and its backends in use. Empty maps (a fresh
+/// start) give an empty [`Previous`].
+pub fn read_previous(pin_dir: &std::path::Path) -> anyhow::Result<Previous> {
+    let vips = maps::vips(pin_dir)?;
+    let tables = maps::vip_tables(pin_dir)?;
+    let mut previous = Previous::default();
+    for entry in vips.iter() {
+        let (key, meta) = entry.context("reading VIPS")?;
+        let table = tables
+            .get(&meta.vip_id, 0)
+            .ok()
+            .filter(|t| t.has_maglev != 0)
+            .map(|t| t.maglev_table);
+        previous.vips.push((key, meta.vip_id, table));
+    }
+    let backends = maps::backends(pin_dir)?;
+    for id in 0..MAX_BACKENDS {
+        let entry = backends.get(&id, 0).context("reading BACKENDS")?;
+        if entry.in_use != 0 {
+            previous.backends.push((id, entry));
+        }
+    }
+    Ok(previous)
+}
+
 /// Step 1: writes the configuration's [`Plan`] (backends with their cold
 /// scores, slots, tables, VIPs), through the publisher the event loop keeps.
+/// VIPs and backends the pinned maps already have keep their ids.
 pub fn write_plan(
     config: &Config,
     pin_dir: &std::path::Path,
     clock: &impl Clock,
 ) -> anyhow::Result<(Plan, Publisher)> {
-    let plan = Plan::new(config);
+    let previous = read_previous(pin_dir)?;
+    let plan = Plan::adopting(config, &previous);
+    if !previous.vips.is_empty() {
+        info!(
+            vips = previous.vips.len(),
+            backends = previous.backends.len(),
+            draining = plan.draining.len(),
+            "kept the ids of the pinned VIPs and backends"
+        );
+    }
     let initial = LoadTable::new(
         &plan.weights,
         config.ewma_cold_start,

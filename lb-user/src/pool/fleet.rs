@@ -4,7 +4,8 @@
 //! panic fallback). Runtime changes (socket commands, SIGHUP) go through
 //! here. Pure: no maps, time passed in.
 //!
-//! Ids: the configured backends get the ids of [`Plan`]. A backend added at
+//! Ids: the configured backends get the ids of [`Plan`] (stable across
+//! restarts, by address). A backend added at
 //! runtime gets the lowest free id. A removed backend keeps its id, as
 //! draining, until the reconciler finds no live flow to it; only then is
 //! the id freed for reuse, so events and counters of old flows never land
@@ -89,20 +90,20 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new(config: &Config, plan: &Plan, now: Nanos) -> Self {
-        let mut members = Vec::new();
-        let vips = config
+        let mut members: Vec<Option<Member>> = vec![None; plan.backends.len()];
+        let mut vips: Vec<FleetVip> = config
             .vips
             .iter()
             .zip(&plan.vips)
             .enumerate()
             .map(|(index, (v, p))| {
                 for (&id, b) in p.slots.iter().zip(&v.backends) {
-                    members.push(Some(Member {
+                    members[id as usize] = Some(Member {
                         addr: b.addr,
                         vip: index,
                         life: Lifecycle::new(id, b.weight.get(), now),
                         outlier: Detector::default(),
-                    }));
+                    });
                 }
                 FleetVip {
                     addr: v.vip,
@@ -116,6 +117,19 @@ impl Fleet {
                 }
             })
             .collect();
+        for d in &plan.draining {
+            let params = vips[d.vip].params;
+            let mut life = Lifecycle::new(d.id, d.weight, now);
+            life.set_admin(Admin::Removed, now, &params);
+            members[d.id as usize] = Some(Member {
+                addr: d.addr,
+                vip: d.vip,
+                life,
+                outlier: Detector::default(),
+            });
+            vips[d.vip].members.push(d.id);
+            info!(backend = d.id, address = %d.addr, vip = %vips[d.vip].addr, "backend no longer configured: draining until its flows end");
+        }
         Self {
             vips,
             members,
