@@ -12,6 +12,7 @@ use lb_user::{
         cli::{BackendArgs, BackendCommand, Cli, Command, RunArgs, StatusArgs},
         config::Config,
         faults, one_line,
+        state::{self, RuntimeState},
     },
     surface::{control, status},
 };
@@ -104,6 +105,8 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let reload: daemon::Reload =
         Arc::new(move || Config::from_args(args.clone()).map_err(anyhow::Error::from));
     require_root()?;
+    let state_path = state::path(&config.state_dir, &config.instance);
+    let runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
     let snat = daemon::startup::Snat::resolve(&config)?;
     // Still single-threaded here, as joining a mount namespace requires.
@@ -115,7 +118,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(daemon::serve(&config, reload, ifindex, snat))
+        .block_on(daemon::serve(&config, runtime_state, reload, ifindex, snat))
 }
 
 fn show_status(args: StatusArgs) -> anyhow::Result<()> {

@@ -694,3 +694,44 @@ fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
         }
     }
 }
+
+#[test]
+fn a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing() {
+    if skip("a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing") {
+        return;
+    }
+    let instance = unique("state");
+    let dir = std::env::temp_dir().join(unique("lb-state-dir"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{instance}.state.json"));
+    std::fs::write(&file, "{\"version\":1,\"backends\":[{\"vip\":").unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--instance",
+            &instance,
+            "--state-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .expect("run lb-user");
+    assert_failed_cleanly(
+        &out,
+        &format!("cannot use the state file {}", file.display()),
+        &instance,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("move it away"), "{stderr}");
+    // The file is left as it was, for the operator to look at.
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .starts_with("{\"version\"")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

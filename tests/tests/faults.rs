@@ -785,7 +785,8 @@ fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
     let before = lab.status().unwrap();
     assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
     // The same backends, in another order: config order would renumber them.
-    let _second = lab.start_balancer(&spec(&lab, &[2, 0, 1], &[])).unwrap();
+    let second = lab.start_balancer(&spec(&lab, &[2, 0, 1], &[])).unwrap();
+    wait_until_configured(&lab, second);
     let after = lab.status().unwrap();
     let mut moved = Vec::new();
     for index in 0..3 {
@@ -824,4 +825,118 @@ fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
     );
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     assert_eq!(run.summary.per_backend.len(), 3);
+}
+
+/// Waits until a restarted lb-user has written its configuration (a
+/// re-adopted instance's status reads as ready before that: the pinned
+/// maps already are).
+fn wait_until_configured(lab: &Lab, process: lb_lab::lab::ProcessId) {
+    wait_for(
+        "lb-user to write its configuration",
+        Duration::from_secs(10),
+        || lab.stderr(process).contains("balancing "),
+    );
+}
+
+/// The TCP VIP over `backends` (index, weight).
+fn weighted_spec(lab: &Lab, backends: &[(usize, u32)]) -> BalancerSpec {
+    let mut spec = spec(lab, &[], &[]);
+    spec.vips[0].backends = backends
+        .iter()
+        .map(|&(i, w)| (lab.backends()[i].addr(), w))
+        .collect();
+    spec
+}
+
+#[test]
+fn runtime_changes_survive_a_restart_until_the_file_changes_the_backend() {
+    require_root!();
+    let lab = Fault::new("runtime-state", 3);
+    let addr = |i: usize| lab.backends()[i].addr().to_string();
+    let vip = format!("{}", lab.tcp_vip());
+    let first = lab
+        .start_balancer(&weighted_spec(&lab, &[(0, 1), (1, 1)]))
+        .unwrap();
+    backend_command(
+        &lab,
+        &["add", "--vip", &vip, "--backend", &format!("{}@2", addr(2))],
+    );
+    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &addr(0)]);
+    backend_command(
+        &lab,
+        &[
+            "weight",
+            "--vip",
+            &vip,
+            "--backend",
+            &addr(1),
+            "--weight",
+            "3",
+        ],
+    );
+    let ids: Vec<u32> = (0..3)
+        .map(|i| backend_status(&lab.status().unwrap(), &lab, i).unwrap().id)
+        .collect();
+    // The state file is written just after each change.
+    wait_for("the state file", Duration::from_secs(5), || {
+        std::fs::read_dir(lab.state_dir())
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+            })
+            .unwrap_or(false)
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+
+    // Restarted from the file, reordered, without the added backend. (A
+    // re-adopted instance reads as ready at once: wait for its writes.)
+    let second = lab
+        .start_balancer(&weighted_spec(&lab, &[(1, 1), (0, 1)]))
+        .unwrap();
+    wait_until_configured(&lab, second);
+    let weight = |i| {
+        backend_status(&lab.status().unwrap(), &lab, i)
+            .unwrap()
+            .weight
+    };
+    wait_for(
+        "the restarted instance's weights",
+        Duration::from_secs(5),
+        || weight(2) == 2.0 && weight(1) == 3.0,
+    );
+    let status = lab.status().unwrap();
+    let b = |i| backend_status(&status, &lab, i).unwrap();
+    assert_eq!([b(0).id, b(1).id, b(2).id], ids[..], "ids moved");
+    assert_eq!(b(0).state, "draining", "{:?}", b(0));
+    let drained_opened = b(0).opened;
+    let run = lab.measure(lab.load(100.0, 2.0, 2_000));
+    lab.report(
+        &run,
+        &format!("after the restart: {:?}", run.summary.per_backend),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(
+        opened(&lab, 0),
+        drained_opened,
+        "the drained backend got new flows"
+    );
+    assert!(opened(&lab, 2) > 0, "the added backend got no flows");
+
+    // The file now says something else of backend 1: the file wins there,
+    // the other changes hold.
+    assert!(
+        !lab.stop_balancer(second, Signal::SIGKILL)
+            .unwrap()
+            .success()
+    );
+    lab.start_balancer(&weighted_spec(&lab, &[(1, 5), (0, 1)]))
+        .unwrap();
+    wait_for("the file's weight", Duration::from_secs(5), || {
+        weight(1) == 5.0
+    });
+    let status = lab.status().unwrap();
+    let b = |i| backend_status(&status, &lab, i).unwrap();
+    assert_eq!(b(0).state, "draining");
+    assert_eq!(b(2).weight, 2.0);
 }

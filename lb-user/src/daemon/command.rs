@@ -28,6 +28,7 @@ impl Runtime {
                 return Response::failed(format!("{e:#}"));
             }
         };
+        self.state.record(request);
         self.after_membership_change();
         match self.on_tick(now) {
             Ok(()) => {

@@ -34,10 +34,12 @@ pub enum Stage {
     Reload,
     /// Refreshing the neighbour map.
     Neighbours,
+    /// Saving the runtime state file.
+    State,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
         Stage::Tick,
         Stage::Events,
         Stage::Scan,
@@ -46,6 +48,7 @@ impl Stage {
         Stage::Command,
         Stage::Reload,
         Stage::Neighbours,
+        Stage::State,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +61,7 @@ impl Stage {
             Stage::Command => "command",
             Stage::Reload => "reload",
             Stage::Neighbours => "neighbours",
+            Stage::State => "state",
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod event_loop;
 pub mod runtime;
 pub mod snapshot;
 pub mod startup;
+pub mod state;
 pub mod tasks;
 
 use anyhow::Context as _;
@@ -22,11 +23,14 @@ use tokio::{
 use tracing::{info, warn};
 
 pub use self::tasks::Reload;
+use std::net::SocketAddr;
+
 use self::{
     errors::ControlErrors,
     event_loop::{EventLoop, Handlers, Inputs, Shutdown},
     runtime::Runtime,
     startup::Snat,
+    state::StateKeeper,
 };
 use crate::{
     ingest::{
@@ -39,26 +43,36 @@ use crate::{
         maps,
     },
     pool::health::CheckResult,
-    settings::config::Config,
+    settings::{
+        addr::VipAddr,
+        config::Config,
+        state::{self as settings_state, RuntimeState},
+    },
     surface::{
         control::{self, Request, Response},
         metrics::{self, Snapshot},
     },
 };
 
+type StateReceiver = tokio::sync::watch::Receiver<RuntimeState>;
+
 /// Queue depth of the channels into the event loop.
 const CHANNEL_DEPTH: usize = 64;
 
 /// Runs until a signal; always detaches and removes the pins on the way out.
-/// `reload` re-reads the configuration on SIGHUP.
+/// `reload` re-reads the configuration on SIGHUP; `state` (the runtime
+/// state file's contents) is laid over `base`, the configuration as read.
 pub async fn serve(
-    config: &Config,
+    base: &Config,
+    state: RuntimeState,
     reload: Reload,
     ifindex: u32,
     snat_ip: Snat,
 ) -> anyhow::Result<()> {
     // Installed before attaching, so a signal during startup still cleans up.
     let mut shutdown = Shutdown::install()?;
+    let (keeper, effective, saves) = StateKeeper::new(base, state);
+    let config = &effective.config;
     let attachment = Attachment::start(config, ifindex)?;
     let started = Started {
         config,
@@ -66,7 +80,13 @@ pub async fn serve(
         attachment: &attachment,
     };
     let result = started
-        .configure_and_run(MonotonicClock, snat_ip, reload, &mut shutdown)
+        .configure_and_run(
+            MonotonicClock,
+            snat_ip,
+            reload,
+            (keeper, effective.drains, saves),
+            &mut shutdown,
+        )
         .await;
     let stopped = attachment.stop();
     result?;
@@ -89,22 +109,34 @@ impl Started<'_> {
         clock: C,
         snat_ip: Snat,
         reload: Reload,
+        (keeper, drains, saves): (StateKeeper, Vec<(VipAddr, SocketAddr)>, StateReceiver),
         shutdown: &mut Shutdown,
     ) -> anyhow::Result<()> {
         let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
         let errors = ControlErrors::default();
-        let (plan, publisher) = startup::write_plan(config, pin_dir, &clock)?;
+        let (plan, publisher) = startup::write_plan(config, pin_dir, &clock, &drains)?;
         let neighbours =
             startup::resolve_neighbours(config, pin_dir, self.ifindex, &errors).await?;
-        startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
         let kernel = startup::open_kernel_handles(config, pin_dir, self.ifindex, publisher)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
-        let runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx, errors.clone());
+        let mut runtime = Runtime::new(
+            config,
+            &plan,
+            kernel,
+            clock.now(),
+            check_tx,
+            errors.clone(),
+            keeper,
+        );
+        runtime.drain_kept(&drains, clock.now());
+        startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
+        let state_path = settings_state::path(&config.state_dir, &config.instance);
         let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (reload_tx, reload_rx) = mpsc::channel(1);
         let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut tasks = vec![
+            state::spawn_writer(state_path, saves, errors.clone()),
             tasks::spawn_neighbour_refresh(neighbours, errors.clone()),
             tasks::spawn_reloader(reload, hangup, reload_tx, errors.clone()),
             control::serve(

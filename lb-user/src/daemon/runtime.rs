@@ -7,6 +7,7 @@
 
 use std::{
     collections::HashMap,
+    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -20,6 +21,7 @@ use tracing::{debug, info, warn};
 use super::{
     errors::{ControlErrors, Stage},
     startup::KernelHandles,
+    state::StateKeeper,
 };
 use crate::{
     estimate::backend_load::{BackendLoad, LoadTable},
@@ -28,12 +30,16 @@ use crate::{
         reconcile::Scan,
     },
     kernel::clock::Nanos,
+    pool::lifecycle::Admin,
     pool::{
         fleet::Fleet,
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
-    settings::{addr::Weight, config::Config},
+    settings::{
+        addr::{VipAddr, Weight},
+        config::Config,
+    },
 };
 
 pub struct Runtime {
@@ -55,6 +61,8 @@ pub struct Runtime {
     pub(super) flow_table_size: u32,
     /// Errors the control plane survived, by stage.
     pub errors: ControlErrors,
+    /// The runtime changes kept across restarts.
+    pub(super) state: StateKeeper,
 }
 
 impl Runtime {
@@ -65,6 +73,7 @@ impl Runtime {
         now: Nanos,
         check_results: mpsc::Sender<CheckResult>,
         errors: ControlErrors,
+        state: StateKeeper,
     ) -> Self {
         let fleet = Fleet::new(config, plan, now);
         let panics = errors.clone();
@@ -89,6 +98,7 @@ impl Runtime {
             flow_entries: 0,
             flow_table_size: config.flow_table_size,
             errors,
+            state,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -206,12 +216,25 @@ impl Runtime {
         self.checker.sync(self.fleet.checks());
     }
 
-    /// Applies a reloaded configuration (see [`Fleet::reload`]).
-    pub fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()> {
+    /// Drains the backends the runtime state keeps drained.
+    pub fn drain_kept(&mut self, drains: &[(VipAddr, SocketAddr)], now: Nanos) {
+        for (vip, addr) in drains {
+            if let Err(e) = self.fleet.set_admin(vip, *addr, Admin::Draining, now) {
+                warn!("runtime state: cannot drain {addr} of {vip}: {e}");
+            }
+        }
+    }
+
+    /// Applies a reloaded configuration, with the runtime changes that
+    /// still hold laid over it (see [`Fleet::reload`]).
+    pub fn on_reload(&mut self, base: &Config, now: Nanos) -> anyhow::Result<()> {
+        let effective = self.state.reload(base);
+        let config = &effective.config;
         let before = self.fleet.id_limit();
         for note in self.fleet.reload(config, now) {
             warn!("reload: {note}");
         }
+        self.drain_kept(&effective.drains, now);
         for id in before..self.fleet.id_limit() {
             self.loads.reset(id as u32, self.fresh_load.clone());
         }

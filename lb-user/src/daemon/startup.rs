@@ -2,7 +2,7 @@
 //! program can use: write the plan, learn the backends' MACs, mark the
 //! configuration ready; then open what the event loop needs.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::Context as _;
 use lb_common::{CONFIG_F_READY, LbConfig, MAX_BACKENDS};
@@ -22,7 +22,7 @@ use crate::{
     },
     pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
-    settings::config::Config,
+    settings::{addr::VipAddr, config::Config},
 };
 
 /// SNAT source addresses per family. A family without a VIP needs none
@@ -108,13 +108,21 @@ pub fn read_previous(pin_dir: &std::path::Path) -> anyhow::Result<Previous> {
 /// Step 1: writes the configuration's [`Plan`] (backends with their cold
 /// scores, slots, tables, VIPs), through the publisher the event loop keeps.
 /// VIPs and backends the pinned maps already have keep their ids.
+/// Backends in `drains` are written draining (the kernel refuses them
+/// from the first packet on).
 pub fn write_plan(
     config: &Config,
     pin_dir: &std::path::Path,
     clock: &impl Clock,
+    drains: &[(VipAddr, SocketAddr)],
 ) -> anyhow::Result<(Plan, Publisher)> {
     let previous = read_previous(pin_dir)?;
-    let plan = Plan::adopting(config, &previous);
+    let mut plan = Plan::adopting(config, &previous);
+    for (vip, addr) in drains {
+        if let Some(index) = config.vips.iter().position(|v| v.vip == *vip) {
+            plan.set_draining(index, *addr);
+        }
+    }
     if !previous.vips.is_empty() {
         info!(
             vips = previous.vips.len(),

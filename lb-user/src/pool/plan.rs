@@ -127,9 +127,7 @@ impl Plan {
             .map(|o| o.map_or_else(|| vip_ids.take_lowest(), |(_, id, _)| *id))
             .collect();
         let maglev_table: Vec<Option<u32>> = (0..keys.len())
-            .map(|i| {
-                is_maglev(i).then(|| kept_table(i).unwrap_or_else(|| tables.take_lowest()))
-            })
+            .map(|i| is_maglev(i).then(|| kept_table(i).unwrap_or_else(|| tables.take_lowest())))
             .collect();
 
         // Backends: every previous id stays reserved; a configured backend
@@ -165,7 +163,8 @@ impl Plan {
             .iter()
             .filter(|(id, _)| !matched.contains(id))
             .filter_map(|(id, entry)| {
-                let vip = (0..keys.len()).find(|&i| old[i].is_some() && vip_id[i] == entry.vip_id)?;
+                let vip =
+                    (0..keys.len()).find(|&i| old[i].is_some() && vip_id[i] == entry.vip_id)?;
                 let port = wire::port_from_wire(entry.port);
                 let addr = SocketAddr::new(wire::words_to_ip(entry.addr, entry.family)?, port);
                 Some(Leftover {
@@ -220,6 +219,22 @@ impl Plan {
             backends,
             weights,
             draining,
+        }
+    }
+}
+
+impl Plan {
+    /// Writes backend `addr` of VIP `vip` (a config index) draining: the
+    /// kernel refuses it from the first packet on.
+    pub fn set_draining(&mut self, vip: usize, addr: SocketAddr) {
+        let Some(v) = self.vips.get(vip) else {
+            return;
+        };
+        for &id in &v.slots {
+            let entry = &mut self.backends[id as usize];
+            if same_server(entry, addr) {
+                entry.state = BACKEND_DRAINING;
+            }
         }
     }
 }
@@ -346,7 +361,11 @@ mod tests {
 
     #[test]
     fn a_readopted_plan_keeps_ids_by_address_whatever_the_order() {
-        let first = Plan::new(&three_backends(["10.0.0.21:80", "10.0.0.22:80", "10.0.0.23:80"]));
+        let first = Plan::new(&three_backends([
+            "10.0.0.21:80",
+            "10.0.0.22:80",
+            "10.0.0.23:80",
+        ]));
         assert_eq!(first.vips[UDP].slots, [0]);
         assert_eq!(first.vips[TCP].slots, [1, 2, 3]);
         // Reordered, one backend replaced by a new one.
@@ -381,18 +400,20 @@ mod tests {
 
     #[test]
     fn vip_ids_are_kept_by_address_and_new_vips_take_free_ones() {
-        let first = Plan::new(&three_backends(["10.0.0.21:80", "10.0.0.22:80", "10.0.0.23:80"]));
+        let first = Plan::new(&three_backends([
+            "10.0.0.21:80",
+            "10.0.0.22:80",
+            "10.0.0.23:80",
+        ]));
         let mut previous = left_by(&first);
         // Only the UDP VIP was served before, under id 5.
-        previous.vips.retain(|(k, ..)| k.proto == lb_common::IPPROTO_UDP);
+        previous
+            .vips
+            .retain(|(k, ..)| k.proto == lb_common::IPPROTO_UDP);
         previous.vips[0].1 = 5;
         previous.backends.retain(|(id, _)| *id == 3);
-        previous.backends[0].1 = wire::backend_entry(
-            "10.0.0.21:53".parse().unwrap(),
-            5,
-            1,
-            BACKEND_ACTIVE,
-        );
+        previous.backends[0].1 =
+            wire::backend_entry("10.0.0.21:53".parse().unwrap(), 5, 1, BACKEND_ACTIVE);
         let plan = Plan::adopting(
             &three_backends(["10.0.0.21:80", "10.0.0.22:80", "10.0.0.23:80"]),
             &previous,

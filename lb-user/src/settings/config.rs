@@ -23,6 +23,7 @@
 //! syn_timeout = "3s"
 //! instance = "lb-eth0"
 //! log_level = "info"
+//! state_dir = "/var/lib/lb-user"   # runtime changes kept across restarts
 //!
 //! [[vip]]
 //! address = "10.0.0.100:80"      # same syntax as --vip: IP:PORT[/tcp|/udp]
@@ -106,6 +107,8 @@ pub struct Config {
     pub syn_timeout: Duration,
     pub instance: String,
     pub log_level: String,
+    /// Where the runtime state file lives (see `settings::state`).
+    pub state_dir: std::path::PathBuf,
     /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
     pub ops: Ops,
     /// Replace a re-adopted program even when its tag matches (`--upgrade`).
@@ -156,6 +159,7 @@ pub struct FileConfig {
     syn_timeout: Option<Duration>,
     instance: Option<String>,
     log_level: Option<String>,
+    state_dir: Option<std::path::PathBuf>,
     #[serde(default)]
     operations: OpsSettings,
     #[serde(default)]
@@ -343,6 +347,10 @@ impl Config {
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".to_string()),
             upgrade: args.upgrade,
+            state_dir: args
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(|| crate::settings::state::DEFAULT_STATE_DIR.into()),
             instance: args
                 .instance
                 .or(file.instance)

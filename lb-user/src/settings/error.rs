@@ -53,6 +53,10 @@ pub enum ConfigError {
     LogLevel(String),
     #[error("{0}")]
     Ops(String),
+    #[error(
+        "cannot use the state file {path}: {reason} (move it away to start from the configuration alone)"
+    )]
+    State { path: String, reason: String },
 }
 
 /// Multi-line messages (verifier logs, clap usage, toml excerpts) folded

@@ -16,5 +16,6 @@ pub mod error;
 pub mod faults;
 pub mod ops;
 pub mod ports;
+pub mod state;
 
 pub use error::{ConfigError, one_line};

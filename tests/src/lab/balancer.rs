@@ -179,6 +179,11 @@ impl Lab {
         format!("{INSTANCE_PREFIX}{}", self.balancer().iface)
     }
 
+    /// Where lb-user keeps this lab's runtime state file (`--state-dir`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.log_dir().join("state")
+    }
+
     /// Where lb-user pins this lab's instance.
     pub fn pin_dir(&self) -> PathBuf {
         PathBuf::from(PIN_ROOT).join(self.instance())
@@ -207,8 +212,15 @@ impl Lab {
             }
             None => None,
         };
-        let mut command =
-            self.lb_user_command(&spec.args(&self.balancer().iface, config.as_deref()))?;
+        let mut args = spec.args(&self.balancer().iface, config.as_deref());
+        // Runtime state stays in the lab's folder, unless the test says where.
+        if !args.iter().any(|a| a == "--state-dir") {
+            args.extend([
+                "--state-dir".to_string(),
+                self.state_dir().display().to_string(),
+            ]);
+        }
+        let mut command = self.lb_user_command(&args)?;
         command.envs(env.iter().copied());
         let process = self.processes.spawn("lb-user", command)?;
         let deadline = Instant::now() + READY_TIMEOUT;
