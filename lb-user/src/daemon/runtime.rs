@@ -38,7 +38,7 @@ use crate::{
     },
     settings::{
         addr::{VipAddr, Weight},
-        config::Config,
+        config::{self, Config},
     },
 };
 
@@ -227,7 +227,22 @@ impl Runtime {
 
     /// Applies a reloaded configuration, with the runtime changes that
     /// still hold laid over it (see [`Fleet::reload`]).
+    /// The log says what was applied and what needs a restart.
     pub fn on_reload(&mut self, base: &Config, now: Nanos) -> anyhow::Result<()> {
+        let running = self.state.base().clone();
+        for change in config::backend_changes(&running, base) {
+            info!("reload applies: {change}");
+        }
+        for vip in base
+            .vips
+            .iter()
+            .filter(|v| !running.vips.iter().any(|r| r.vip == v.vip))
+        {
+            warn!("reload: new VIP {} needs a restart (not applied)", vip.vip);
+        }
+        for setting in config::needs_restart(&running, base) {
+            warn!("reload: {setting} changed: needs a restart (not applied)");
+        }
         let effective = self.state.reload(base);
         let config = &effective.config;
         let before = self.fleet.id_limit();

@@ -75,6 +75,11 @@ impl StateKeeper {
         Effective { config, drains }
     }
 
+    /// The configuration as last read (without the runtime changes).
+    pub fn base(&self) -> &Config {
+        &self.base
+    }
+
     /// A reloaded configuration (SIGHUP) with the changes that still hold.
     pub fn reload(&mut self, base: &Config) -> Effective {
         self.base = base.clone();

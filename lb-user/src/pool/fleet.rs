@@ -275,7 +275,6 @@ impl Fleet {
         let mut notes = Vec::new();
         for v in &config.vips {
             let Ok(index) = self.vip_index(&v.vip) else {
-                notes.push(format!("new VIP {} needs a restart", v.vip));
                 continue;
             };
             self.reload_vip(index, v, now, &mut notes);

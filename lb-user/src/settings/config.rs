@@ -507,3 +507,109 @@ mod de {
 
 #[cfg(test)]
 mod tests;
+
+/// What a reload (SIGHUP) cannot apply to a running instance: every global
+/// setting that differs between `running` and `reloaded`, and every VIP
+/// present in both whose algorithm, bias, affinity or health check differs.
+/// (Backends, and VIPs added or removed, are the reload's to apply.)
+pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    macro_rules! global {
+        ($($field:ident).+) => {
+            if running.$($field).+ != reloaded.$($field).+ {
+                out.push(format!(
+                    "{} ({:?} → {:?})",
+                    stringify!($($field).+),
+                    running.$($field).+,
+                    reloaded.$($field).+
+                ));
+            }
+        };
+    }
+    global!(iface);
+    global!(xdp_mode);
+    global!(snat_ip);
+    global!(snat_ip6);
+    global!(snat_ports);
+    global!(flow_table_size);
+    global!(ewma_tau);
+    global!(ewma_cold_start);
+    global!(score_interval);
+    global!(udp_idle_timeout);
+    global!(tcp_idle_timeout);
+    global!(syn_timeout);
+    global!(instance);
+    global!(log_level);
+    global!(state_dir);
+    global!(ops.lifecycle);
+    global!(ops.outlier);
+    global!(ops.max_ejection_percent);
+    global!(ops.max_new_flows);
+    global!(ops.metrics_addr);
+    global!(ops.control_group);
+    for new in &reloaded.vips {
+        let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
+            continue;
+        };
+        if old.algorithm != new.algorithm {
+            out.push(format!(
+                "VIP {} algorithm ({} → {})",
+                new.vip,
+                old.algorithm.name(),
+                new.algorithm.name()
+            ));
+        }
+        if old.inflight_bias != new.inflight_bias {
+            out.push(format!("VIP {} inflight_bias", new.vip));
+        }
+        if old.maglev_source_affinity != new.maglev_source_affinity {
+            out.push(format!("VIP {} maglev_source_affinity", new.vip));
+        }
+        if old.health != new.health {
+            out.push(format!("VIP {} health check", new.vip));
+        }
+    }
+    out
+}
+
+/// The backend changes a reload applies, one line per VIP that has any:
+/// backends added, removed and re-weighted.
+pub fn backend_changes(running: &Config, reloaded: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for new in &reloaded.vips {
+        let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
+            continue;
+        };
+        let find = |list: &[crate::settings::addr::BackendAddr], addr| {
+            list.iter().find(|b| b.addr == addr).map(|b| b.weight)
+        };
+        let added: Vec<String> = new
+            .backends
+            .iter()
+            .filter(|b| find(&old.backends, b.addr).is_none())
+            .map(|b| b.to_string())
+            .collect();
+        let removed: Vec<String> = old
+            .backends
+            .iter()
+            .filter(|b| find(&new.backends, b.addr).is_none())
+            .map(|b| b.addr.to_string())
+            .collect();
+        let reweighted: Vec<String> = new
+            .backends
+            .iter()
+            .filter(|b| find(&old.backends, b.addr).is_some_and(|w| w != b.weight))
+            .map(|b| b.to_string())
+            .collect();
+        if !(added.is_empty() && removed.is_empty() && reweighted.is_empty()) {
+            out.push(format!(
+                "VIP {}: added [{}], removed [{}], re-weighted [{}]",
+                new.vip,
+                added.join(", "),
+                removed.join(", "),
+                reweighted.join(", ")
+            ));
+        }
+    }
+    out
+}
