@@ -877,6 +877,21 @@ fn runtime_changes_survive_a_restart_until_the_file_changes_the_backend() {
     let ids: Vec<u32> = (0..3)
         .map(|i| backend_status(&lab.status().unwrap(), &lab, i).unwrap().id)
         .collect();
+    // The new weight reaches the score map by the tick's batch update.
+    let weight = |i| {
+        backend_status(&lab.status().unwrap(), &lab, i)
+            .unwrap()
+            .weight
+    };
+    wait_for(
+        "the new weight in the scores",
+        Duration::from_secs(2),
+        || weight(1) == 3.0,
+    );
+    assert!(
+        !lab.stderr(first).contains("no batch map updates"),
+        "scores fell back to one update each"
+    );
     // The state file is written just after each change.
     wait_for("the state file", Duration::from_secs(5), || {
         std::fs::read_dir(lab.state_dir())
