@@ -81,6 +81,11 @@ impl Publisher {
         }
         let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
         for vip in &plan.vips {
+            if let Some(table) = vip.maglev_table {
+                self.tables.claim(vip.meta.vip_id, table);
+            }
+        }
+        for vip in &plan.vips {
             let slots = planned_slots(vip, &plan.backends, &weights);
             self.tables.write(
                 vip.meta.vip_id,

@@ -11,7 +11,8 @@ use aya::maps::IterableMap as _;
 
 use anyhow::Context as _;
 use lb_common::{
-    Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VipTables, WRR_SCHEDULE_LEN,
+    Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, VipTables,
+    WRR_SCHEDULE_LEN,
 };
 
 use crate::{
@@ -37,12 +38,29 @@ impl UpdateTimes {
     }
 }
 
-/// Writes a VIP's weight-derived tables (see `publish::tables`).
+/// Writes a VIP's weight-derived tables (see `publish::tables`), each
+/// block in one `BPF_MAP_UPDATE_BATCH` call.
+///
+/// Maglev tables are built aside and swapped: a VIP's new table is written
+/// into a table no VIP's descriptor points at, and only then does the
+/// VIP's descriptor switch to it, so the kernel never reads a half-written
+/// table. (With every one of the [`MAX_MAGLEV_TABLES`] tables in use,
+/// there is no spare: the table is rewritten in place.) The WRR schedule
+/// and the weight prefix sums are still rewritten in place.
 pub struct TableWriter {
     schedule: VipSchedule,
     prefix: VipWeightPrefix,
     maglev: Maglev,
     descriptors: VipTablesMap,
+    /// The Maglev table each VIP's descriptor points at, by vip id.
+    current: std::collections::HashMap<u32, u32>,
+    /// Maglev tables rewritten in place for want of a spare.
+    pub maglev_in_place: u64,
+}
+
+/// The lowest Maglev table no VIP uses.
+fn spare_table(current: &std::collections::HashMap<u32, u32>) -> Option<u32> {
+    (0..MAX_MAGLEV_TABLES).find(|t| !current.values().any(|c| c == t))
 }
 
 impl TableWriter {
@@ -52,7 +70,16 @@ impl TableWriter {
             prefix: maps::vip_weight_prefix(pin_dir)?,
             maglev: maps::maglev(pin_dir)?,
             descriptors: maps::vip_tables(pin_dir)?,
+            current: std::collections::HashMap::new(),
+            maglev_in_place: 0,
         })
+    }
+
+    /// Records that VIP `vip_id`'s descriptor points at Maglev table
+    /// `table` (the plan's, read from the pinned descriptors): it is not a
+    /// spare. Called for every VIP before the first write.
+    pub fn claim(&mut self, vip_id: u32, table: u32) {
+        self.current.insert(vip_id, table);
     }
 
     /// Builds and writes the tables of VIP `vip_id` (whose
@@ -67,16 +94,19 @@ impl TableWriter {
     ) -> anyhow::Result<()> {
         let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
         let set = VipTableSet::build(algorithm, slots);
-        for (i, slot) in set.schedule.iter().enumerate() {
-            self.schedule
-                .set(vip_id * WRR_SCHEDULE_LEN + i as u32, slot, 0)
-                .context("writing VIP_SCHEDULE")?;
-        }
-        for (i, sum) in set.prefix.iter().enumerate() {
-            self.prefix
-                .set(vip_id * MAX_BACKENDS_PER_VIP + i as u32, sum, 0)
-                .context("writing VIP_WEIGHT_PREFIX")?;
-        }
+        let block = |first: u32, len: usize| (first..first + len as u32).collect::<Vec<u32>>();
+        write_block(
+            &mut self.schedule,
+            &block(vip_id * WRR_SCHEDULE_LEN, set.schedule.len()),
+            &set.schedule,
+        )
+        .context("writing VIP_SCHEDULE")?;
+        write_block(
+            &mut self.prefix,
+            &block(vip_id * MAX_BACKENDS_PER_VIP, set.prefix.len()),
+            &set.prefix,
+        )
+        .context("writing VIP_WEIGHT_PREFIX")?;
         // The reference cost is the score loop's ([`ScoreWriter`]): kept.
         let mut descriptor = VipTables {
             schedule_len: set.schedule.len() as u32,
@@ -86,20 +116,59 @@ impl TableWriter {
                 .map_or(0, |t| t.reference_cost),
             ..VipTables::default()
         };
-        if let Some(table) = maglev_table
+        if let Some(planned) = maglev_table
             && !set.maglev.is_empty()
         {
-            for (i, id) in set.maglev.iter().enumerate() {
-                self.maglev
-                    .set(table * MAGLEV_TABLE_SIZE + i as u32, id, 0)
-                    .context("writing MAGLEV")?;
-            }
+            let current = *self.current.entry(vip_id).or_insert(planned);
+            let table = spare_table(&self.current).unwrap_or_else(|| {
+                self.maglev_in_place += 1;
+                current
+            });
+            write_block(
+                &mut self.maglev,
+                &block(table * MAGLEV_TABLE_SIZE, set.maglev.len()),
+                &set.maglev,
+            )
+            .context("writing MAGLEV")?;
             descriptor.maglev_table = table;
             descriptor.has_maglev = 1;
+            self.descriptors
+                .set(vip_id, descriptor, 0)
+                .context("writing VIP_TABLES")?;
+            self.current.insert(vip_id, table);
+            return Ok(());
         }
         self.descriptors
             .set(vip_id, descriptor, 0)
             .context("writing VIP_TABLES")
+    }
+
+    /// The Maglev table VIP `vip_id` uses now.
+    pub fn maglev_table(&self, vip_id: u32) -> Option<u32> {
+        self.current.get(&vip_id).copied()
+    }
+}
+
+/// Writes `values[i]` at `keys[i]` of an array map in one batch call, or
+/// one update each where the kernel has no batch operations on arrays.
+fn write_block<V: aya::Pod>(
+    map: &mut aya::maps::Array<aya::maps::MapData, V>,
+    keys: &[u32],
+    values: &[V],
+) -> anyhow::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let fd = map.map().fd().as_fd().as_raw_fd();
+    match batch::update(fd, keys, values) {
+        Ok(()) => Ok(()),
+        Err(e) if batch::unsupported(&e) => {
+            for (k, v) in keys.iter().zip(values) {
+                map.set(*k, v, 0)?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -257,8 +326,6 @@ impl ScoreWriter {
 mod batch {
     use std::os::fd::RawFd;
 
-    use lb_common::BackendScore;
-
     /// `BPF_MAP_UPDATE_BATCH` of `enum bpf_cmd` (Linux 5.6+).
     const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 
@@ -277,7 +344,7 @@ mod batch {
     }
 
     /// Writes `values[i]` at `keys[i]` of the array map `fd`, all in one call.
-    pub fn update(fd: RawFd, keys: &[u32], values: &[BackendScore]) -> std::io::Result<()> {
+    pub fn update<V>(fd: RawFd, keys: &[u32], values: &[V]) -> std::io::Result<()> {
         debug_assert_eq!(keys.len(), values.len());
         let mut attr = BatchAttr {
             keys: keys.as_ptr() as u64,
@@ -301,7 +368,7 @@ mod batch {
         }
         if attr.count as usize != keys.len() {
             return Err(std::io::Error::other(format!(
-                "batch update wrote {} of {} scores",
+                "batch update wrote {} of {} entries",
                 attr.count,
                 keys.len()
             )));
@@ -333,6 +400,20 @@ mod tests {
             _pad: 0,
             updated_ns,
         }
+    }
+
+    #[test]
+    fn a_maglev_table_is_written_where_no_vip_reads() {
+        let mut current = std::collections::HashMap::new();
+        current.insert(0, 0);
+        current.insert(3, 1);
+        assert_eq!(spare_table(&current), Some(2));
+        // After a swap the old table is the spare.
+        current.insert(0, 2);
+        assert_eq!(spare_table(&current), Some(0));
+        let full: std::collections::HashMap<u32, u32> =
+            (0..MAX_MAGLEV_TABLES).map(|t| (t + 10, t)).collect();
+        assert_eq!(spare_table(&full), None);
     }
 
     #[test]
