@@ -13,11 +13,14 @@
 
 use std::net::SocketAddr;
 
-use lb_common::{BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta};
+use lb_common::{
+    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta,
+};
 use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::{
+    estimate::WEIGHT_UNITS,
     ingest::events::{CloseReason, Event},
     kernel::clock::Nanos,
     kernel::wire,
@@ -66,6 +69,27 @@ pub struct FleetVip {
     pub panic: bool,
     /// Index of the VIP's Maglev table (maglev VIPs only).
     pub maglev_table: Option<u32>,
+}
+
+/// Steps a ramp (slow start, weight smoothing) takes on a VIP whose
+/// algorithm reads a table built from the weights: each step rebuilds the
+/// table, so a ramp costs at most this many rebuilds, not one per tick.
+pub const TABLE_RAMP_STEPS: u32 = 10;
+
+/// Whether VIP algorithm `algorithm` (a `VipMeta::algorithm`) reads a
+/// table built from the weights (WRR schedule, weighted-random sums, Maglev).
+fn table_based(algorithm: u8) -> bool {
+    matches!(
+        Algorithm::from_u8(algorithm),
+        Some(Algorithm::WeightedRoundRobin | Algorithm::Random | Algorithm::Maglev)
+    )
+}
+
+/// `weight` (in weight units) rounded to a step of `full / TABLE_RAMP_STEPS`
+/// (`full`: the backend's configured weight in units), never below one step.
+pub fn coarse_weight(weight: u32, full: u32) -> u32 {
+    let step = (full / TABLE_RAMP_STEPS).max(1);
+    ((weight + step / 2) / step * step).max(step)
 }
 
 /// What the kernel should see of one VIP.
@@ -482,7 +506,12 @@ impl Fleet {
         {
             if chosen(m) {
                 out.slots.push(id);
-                out.weights.push(m.life.effective_weight(now, &vip.params));
+                let weight = m.life.effective_weight(now, &vip.params);
+                out.weights.push(if table_based(vip.meta.algorithm) {
+                    coarse_weight(weight, m.life.weight() * WEIGHT_UNITS)
+                } else {
+                    weight
+                });
                 out.states.push((id, BACKEND_ACTIVE));
             } else {
                 out.states.push((id, m.life.kernel_state(now)));
@@ -684,5 +713,20 @@ mod tests {
         fn add(self, d: Duration) -> Nanos {
             Nanos(self.0 + d.as_nanos() as u64)
         }
+    }
+
+    #[test]
+    fn table_weights_ramp_in_coarse_steps() {
+        let full = 3 * WEIGHT_UNITS;
+        // Every effective weight of a ramp lands on one of ten steps.
+        let steps: std::collections::BTreeSet<u32> =
+            (1..=full).map(|w| coarse_weight(w, full)).collect();
+        assert_eq!(steps.len(), TABLE_RAMP_STEPS as usize);
+        assert_eq!(coarse_weight(full, full), full);
+        assert_eq!(coarse_weight(1, full), full / 10);
+        assert_eq!(coarse_weight(150, full), 150);
+        assert_eq!(coarse_weight(1, 1), 1);
+        assert!(table_based(Algorithm::Maglev as u8));
+        assert!(!table_based(Algorithm::P2cEwma as u8));
     }
 }
