@@ -750,6 +750,11 @@ fn injected_control_plane_failures_leave_the_data_path_balancing() {
     assert!(errors("health_task") >= 3.0, "{metrics}");
     // Scores are written again once the injected failures are used up.
     assert!(metric(&metrics, "lb_map_update_seconds_count{kind=\"scores\"}") > 0.0);
+    // The process's own metrics.
+    assert!(metric(&metrics, "process_cpu_seconds_total") > 0.0);
+    assert!(metric(&metrics, "process_resident_memory_bytes") > 1e6);
+    assert_eq!(metric(&metrics, "lb_config_generation"), 1.0);
+    assert_eq!(metric(&metrics, "lb_build_info{"), 1.0);
     let log = lab.stderr(lb);
     assert!(log.contains("injected fault: health-panic"), "{log}");
     assert!(

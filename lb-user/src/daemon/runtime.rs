@@ -63,6 +63,8 @@ pub struct Runtime {
     pub errors: ControlErrors,
     /// The runtime changes kept across restarts.
     pub(super) state: StateKeeper,
+    /// Configurations applied: 1 at start, one more per SIGHUP.
+    pub(super) config_generation: u64,
 }
 
 impl Runtime {
@@ -99,6 +101,7 @@ impl Runtime {
             flow_table_size: config.flow_table_size,
             errors,
             state,
+            config_generation: 1,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -244,6 +247,7 @@ impl Runtime {
             warn!("reload: {setting} changed: needs a restart (not applied)");
         }
         let effective = self.state.reload(base);
+        self.config_generation += 1;
         let config = &effective.config;
         let before = self.fleet.id_limit();
         for note in self.fleet.reload(config, now) {
@@ -254,7 +258,10 @@ impl Runtime {
             self.loads.reset(id as u32, self.fresh_load.clone());
         }
         self.after_membership_change();
-        info!("configuration reloaded");
+        info!(
+            generation = self.config_generation,
+            "configuration reloaded"
+        );
         self.on_tick(now)
     }
 }

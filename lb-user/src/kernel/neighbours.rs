@@ -76,7 +76,7 @@ impl NeighbourSync {
         }
     }
 
-    /// Mirrors /proc/net/arp and the IPv6 neighbours into the map. With `warn_unresolved`, says
+    /// Mirrors the interface's usable neighbours (both families) into the map. With `warn_unresolved`, says
     /// which backends have no entry (at startup only: backends behind a
     /// router never get one, and repeating that every few seconds is noise).
     ///

@@ -71,6 +71,49 @@ pub struct Snapshot {
     pub flow_table_size: u64,
     /// Errors the control plane survived, per stage.
     pub control_errors: Vec<(&'static str, u64)>,
+    /// Configurations applied: 1 at start, one more per applied SIGHUP.
+    pub config_generation: u64,
+    /// Map-update syscalls of the score writer.
+    pub score_syscalls: u64,
+    /// This process's CPU time and memory.
+    pub process: Option<ProcessStats>,
+}
+
+/// CPU time and resident memory of this process.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+}
+
+impl ProcessStats {
+    /// From /proc/self/stat.
+    pub fn read() -> Option<Self> {
+        let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        parse_stat(&text, u64::try_from(ticks).ok()?, u64::try_from(page).ok()?)
+    }
+}
+
+/// utime + stime (fields 14 and 15, in clock ticks) and rss (field 24, in
+/// pages) of a /proc/PID/stat line; the command name (field 2) may hold
+/// spaces and parentheses, so fields are counted after its last ')'.
+pub fn parse_stat(text: &str, ticks_per_second: u64, page_size: u64) -> Option<ProcessStats> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state).
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    let ticks = field(14)? + field(15)?;
+    Some(ProcessStats {
+        cpu_seconds: ticks as f64 / ticks_per_second.max(1) as f64,
+        resident_bytes: field(24)? * page_size,
+    })
 }
 
 /// Writes families in the text format.
@@ -225,7 +268,56 @@ pub fn render(s: &Snapshot) -> String {
     render_kernel_counters(&mut out, s);
     render_map_updates(&mut out, s);
     render_pool_and_flows(&mut out, s);
+    render_process(&mut out, s);
     out.0
+}
+
+/// Build, configuration generation, score-writer syscalls and the process.
+fn render_process(out: &mut Exposition, s: &Snapshot) {
+    out.family(
+        "lb_build_info",
+        "gauge",
+        "Always 1; the version of this lb-user build.",
+    );
+    out.sample(
+        "lb_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    out.single(
+        (
+            "lb_config_generation",
+            "gauge",
+            "Configurations applied: 1 at start, one more per applied SIGHUP.",
+        ),
+        s.config_generation as f64,
+    );
+    out.single(
+        (
+            "lb_score_map_syscalls_total",
+            "counter",
+            "Map-update syscalls made to write scores and reference costs (one batch per tick at most for the scores).",
+        ),
+        s.score_syscalls as f64,
+    );
+    if let Some(p) = s.process {
+        out.single(
+            (
+                "process_cpu_seconds_total",
+                "counter",
+                "User and system CPU time of lb-user.",
+            ),
+            p.cpu_seconds,
+        );
+        out.single(
+            (
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory of lb-user.",
+            ),
+            p.resident_bytes as f64,
+        );
+    }
 }
 
 /// Bytes by direction, estimates, states, outlier counts and health checks.
@@ -564,5 +656,17 @@ mod tests {
                 .unwrap()
                 .starts_with(b"GET /metrics")
         );
+    }
+
+    #[test]
+    fn reads_cpu_and_memory_from_a_stat_line() {
+        // A command name with a space and a parenthesis.
+        let line = "4242 (lb user) x) S 1 4242 4242 0 -1 4194560 500 0 0 0 250 50 0 0 20 0 3 0 100 20000000 1500 18446744073709551615";
+        let p = parse_stat(line, 100, 4096).unwrap();
+        assert_eq!(p.cpu_seconds, 3.0);
+        assert_eq!(p.resident_bytes, 1500 * 4096);
+        assert_eq!(parse_stat("garbage", 100, 4096), None);
+        let me = ProcessStats::read().unwrap();
+        assert!(me.resident_bytes > 0);
     }
 }
