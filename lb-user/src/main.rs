@@ -1,7 +1,7 @@
 //! `lb-user`: run the balancer, or show a running one (`lb-user status`).
 //! Every failure ends as one line, `lb-user: error: ...`, and exit code 1.
 
-use std::{io::IsTerminal as _, process::ExitCode};
+use std::{io::IsTerminal as _, process::ExitCode, sync::Arc};
 
 use anyhow::{anyhow, bail};
 use clap::{Parser, error::ErrorKind};
@@ -12,7 +12,8 @@ use lb_user::{
         cli::{BackendArgs, BackendCommand, Cli, Command, RunArgs, StatusArgs},
         config::Config,
         discovery::RegisterArgs,
-        one_line,
+        faults, one_line,
+        state::{self, RuntimeState},
     },
     surface::{control, status},
 };
@@ -88,17 +89,40 @@ fn init_tracing(default_level: &str) {
         .init();
 }
 
+/// A panic in a task (a health check, say) is survived by the daemon: it
+/// is logged as one error line instead of the default multi-line report.
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!("panic{at}: {message}");
+    }));
+}
+
 /// Input first (so bad flags are reported even without privileges), then
 /// privileges, then the interface; the kernel is touched only after all of it.
 fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
+    faults::init_from_env()?;
     let mut config = Config::from_args(args.clone())?;
-    let reload = move || Config::from_args(args.clone()).map_err(anyhow::Error::from);
+    let reload: daemon::Reload =
+        Arc::new(move || Config::from_args(args.clone()).map_err(anyhow::Error::from));
     require_root()?;
+    let state_path = state::path(&config.state_dir, &config.instance);
+    let runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
     let snat = daemon::startup::Snat::resolve(&config)?;
     // Still single-threaded here, as joining a mount namespace requires.
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
+    log_panics();
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;
     tokio::runtime::Builder::new_current_thread()
@@ -107,7 +131,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         .block_on(async {
             // Backends of etcd-discovered VIPs: etcd, else the cache.
             let discovery = discover::watch::seed(&mut config).await?;
-            daemon::serve(&config, &reload, ifindex, snat, discovery).await
+            daemon::serve(&config, runtime_state, reload, ifindex, snat, discovery).await
         })
 }
 
@@ -163,6 +187,7 @@ fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
         vip: args.vip.to_string(),
         backend: args.backend.to_string(),
         weight: args.weight,
+        peer: None,
     };
     let response = control::send(&instance, &request)?;
     match (response.ok, response.error) {

@@ -498,3 +498,240 @@ fn a_closed_log_pipe_does_not_stop_a_clean_shutdown() {
     assert!(!has_xdp(Some(&ns.0)), "the program stayed attached");
     assert!(!pin_dir(&instance).exists(), "the pins stayed");
 }
+
+/// Names the socket [`control_socket_client`] connects to.
+const PEER_SOCKET_ENV: &str = "LB_CLI_TEST_PEER_SOCKET";
+/// Makes [`control_socket_client`] keep root's file-system identity.
+const PEER_ROOT_FILES_ENV: &str = "LB_CLI_TEST_PEER_ROOT_FILES";
+const NOBODY: u32 = 65534;
+
+/// Not a test of its own: the control-socket client that
+/// [`the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group`]
+/// runs as another user (this test binary again, with
+/// `LB_CLI_TEST_PEER_SOCKET` set). Without it, it returns at once. It
+/// prints `ANSWER <line>` or `CONNECT <error>`.
+#[test]
+fn control_socket_client() {
+    use std::io::{BufRead as _, Write as _};
+    let Some(path) = std::env::var_os(PEER_SOCKET_ENV) else {
+        return;
+    };
+    if std::env::var_os(PEER_ROOT_FILES_ENV).is_some() {
+        // Effective uid nobody, file-system uid root (execve resets the
+        // file-system uid, so this happens here, after it).
+        // SAFETY: plain credential syscalls; setfsuid is per thread, and
+        // this thread connects.
+        let fsuid = unsafe {
+            assert_eq!(libc::setresuid(0, NOBODY, 0), 0);
+            libc::setfsuid(0);
+            libc::setfsuid(u32::MAX)
+        };
+        assert_eq!(fsuid, 0);
+    }
+    match std::os::unix::net::UnixStream::connect(&path) {
+        Ok(mut stream) => {
+            let request =
+                r#"{"command":"drain","vip":"10.77.0.100:80","backend":"10.77.0.99:8080"}"#;
+            // A refused peer may find the socket closed before it writes.
+            let _ = stream.write_all(format!("{request}\n").as_bytes());
+            let mut answer = String::new();
+            let _ = std::io::BufReader::new(stream).read_line(&mut answer);
+            println!("ANSWER {}", answer.trim());
+        }
+        Err(e) => println!("CONNECT {e}"),
+    }
+}
+
+/// How the client process is made someone else.
+#[derive(Clone, Copy)]
+enum Identity {
+    /// uid and gid nobody, no supplementary groups.
+    Nobody,
+    /// nobody, but with its file-system uid still root: the file modes let
+    /// it through, only `SO_PEERCRED` (which reports the effective uid) can
+    /// refuse it.
+    NobodyWithRootFiles,
+    /// nobody, with supplementary group `gid`.
+    NobodyInGroup(u32),
+}
+
+/// Runs [`control_socket_client`] against `socket` as `who`; its output.
+fn connect_as(who: Identity, socket: &Path) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        "control_socket_client",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(PEER_SOCKET_ENV, socket);
+    if matches!(who, Identity::NobodyWithRootFiles) {
+        cmd.env(PEER_ROOT_FILES_ENV, "1");
+    }
+    // SAFETY: only async-signal-safe syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let groups: &[libc::gid_t] = match who {
+                Identity::NobodyInGroup(gid) => &[gid],
+                _ => &[],
+            };
+            let ok = libc::setgroups(groups.len(), groups.as_ptr()) == 0
+                && libc::setresgid(NOBODY, NOBODY, NOBODY) == 0
+                && match who {
+                    // The client drops its effective uid itself.
+                    Identity::NobodyWithRootFiles => true,
+                    _ => libc::setresuid(NOBODY, NOBODY, NOBODY) == 0,
+                };
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let out = cmd.output().expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| {
+            let at = l.find("ANSWER ").or_else(|| l.find("CONNECT "))?;
+            Some(&l[at..])
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no answer from the client: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .to_string()
+}
+
+fn mode_of(path: &Path) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).unwrap();
+    (meta.mode() & 0o7777, meta.uid(), meta.gid())
+}
+
+#[test]
+fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
+    if skip("the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group") {
+        return;
+    }
+    let ns = Netns::new();
+    let socket_dir = Path::new("/run/lb-user");
+    for group in [None, Some(("daemon", 1))] {
+        let instance = unique("sock");
+        let mut args = vec![
+            "--iface",
+            "lb0",
+            "--vip",
+            "10.77.0.100:80",
+            "--backend",
+            "10.77.0.21:8080",
+            "--xdp-mode",
+            "skb",
+            "--metrics-addr",
+            "off",
+            "--instance",
+            &instance,
+        ];
+        if let Some((name, _)) = group {
+            args.extend(["--control-group", name]);
+        }
+        let mut daemon = Daemon(
+            ns.exec(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        wait_for_status(&ns, &instance);
+        let socket = socket_dir.join(format!("{instance}.sock"));
+        let gid = group.map_or(0, |(_, gid)| gid);
+        let (dir_mode, sock_mode) = if group.is_some() {
+            (0o750, 0o660)
+        } else {
+            (0o700, 0o600)
+        };
+        assert_eq!(mode_of(socket_dir), (dir_mode, 0, gid));
+        assert_eq!(mode_of(&socket), (sock_mode, 0, gid));
+
+        let denied = "ANSWER {\"ok\":false,\"error\":\"permission denied";
+        let plain = connect_as(Identity::Nobody, &socket);
+        assert!(plain.contains("Permission denied"), "{plain}");
+        let sneaky = connect_as(Identity::NobodyWithRootFiles, &socket);
+        assert!(sneaky.starts_with(denied), "{group:?}: {sneaky}");
+        let member = connect_as(Identity::NobodyInGroup(1), &socket);
+        if group.is_some() {
+            // Let in, and answered: this VIP has no such backend.
+            assert!(
+                member.contains("has no backend 10.77.0.99:8080"),
+                "{member}"
+            );
+        } else {
+            assert!(member.contains("Permission denied"), "{member}");
+        }
+        // Refused peers, and a member's change, are logged with their
+        // credentials.
+        let last = if group.is_some() {
+            "operator command refused"
+        } else {
+            "refused a peer"
+        };
+        let log = wait_for_log(&mut daemon.0, last);
+        let refused = log
+            .lines()
+            .find(|l| l.contains("refused a peer"))
+            .unwrap_or_default();
+        assert!(refused.contains(&format!("uid={NOBODY}")), "{log}");
+        if group.is_some() {
+            let member = log
+                .lines()
+                .find(|l| l.contains("operator command refused"))
+                .unwrap();
+            assert!(member.contains(&format!("uid={NOBODY}")), "{log}");
+        }
+    }
+}
+
+#[test]
+fn a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing() {
+    if skip("a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing") {
+        return;
+    }
+    let instance = unique("state");
+    let dir = std::env::temp_dir().join(unique("lb-state-dir"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("{instance}.state.json"));
+    std::fs::write(&file, "{\"version\":1,\"backends\":[{\"vip\":").unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--instance",
+            &instance,
+            "--state-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .expect("run lb-user");
+    assert_failed_cleanly(
+        &out,
+        &format!("cannot use the state file {}", file.display()),
+        &instance,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("move it away"), "{stderr}");
+    // The file is left as it was, for the operator to look at.
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .starts_with("{\"version\"")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -923,3 +923,23 @@ fn bad_discovery_input_is_one_clear_error_line() {
         );
     }
 }
+
+/// SIGHUP re-reads a file with no backends for the discovered VIP; the
+/// pool etcd gave must stay as it is (not be read as "remove them all").
+#[test]
+fn sighup_keeps_the_backends_etcd_gave() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put(&lab, 0, 1);
+    put(&lab, 1, 2);
+    let lb = start(&lab, Algorithm::P2cEwma, &[]);
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    let config = load(&lab, 100.0, 3.0);
+    let summary = lab.run_loadgen(&config).unwrap();
+    report("sighup", &config, &summary, "SIGHUP before the run");
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    assert_eq!(configured_weight(&lab, 1), 2.0);
+    assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
+}

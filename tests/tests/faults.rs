@@ -693,3 +693,270 @@ fn syn_flood_beyond_the_new_flow_cap_is_refused_and_spares_established_flows() {
     assert!(summary.completed >= 100, "{summary:?}");
     assert_eq!(kept_ok, 4, "the flood evicted established flows");
 }
+
+/// lb-user's test-only failure injection (see `lb-user/src/settings/faults.rs`).
+const FAULTS_ENV: &str = "LB_USER_FAULTS";
+
+#[test]
+fn injected_control_plane_failures_leave_the_data_path_balancing() {
+    require_root!();
+    let lab = Fault::new("control-plane-errors", 3);
+    let balancer = spec(&lab, &[0, 1, 2], FAST_CHECKS);
+    let first = lab.start_balancer(&balancer).unwrap();
+    // A restart (kill -9, then start again on the pinned program) whose
+    // neighbour-table reads fail (start-up and the first refresh), whose
+    // first 60 score writes (3 s of ticks) and then 20 selection writes
+    // fail, and whose first health check of every backend panics.
+    let faults = "score-write=60,table-write=20,neighbours=2,health-panic=3";
+    let run = lab.during(lab.load(150.0, 10.0, 2_000), |lab| {
+        thread::sleep(Duration::from_secs(1));
+        assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+        let lb = lab
+            .start_balancer_with_env(&balancer, &[(FAULTS_ENV, faults)])
+            .unwrap();
+        // Past the first neighbour refresh (5 s after the start).
+        thread::sleep(Duration::from_secs(6));
+        (
+            lb,
+            lab.exit_status(lb).unwrap(),
+            lab.xdp_attached().unwrap(),
+        )
+    });
+    let (summary, (lb, exited, attached)) = (&run.summary, run.during);
+    let metrics = scrape(&lab);
+    let errors = |stage: &str| {
+        metric(
+            &metrics,
+            &format!("lb_control_errors_total{{stage=\"{stage}\"}}"),
+        )
+    };
+    lab.report(
+        &run,
+        &format!(
+            "injected {faults}; control errors tick {} neighbours {} health_task {}; served by {:?}",
+            errors("tick"),
+            errors("neighbours"),
+            errors("health_task"),
+            summary.per_backend
+        ),
+    );
+    assert_eq!(exited, None, "lb-user exited: {}", lab.stderr(lb));
+    assert!(attached, "the program was detached");
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert_eq!(summary.completed, summary.scheduled);
+    assert_eq!(summary.per_backend.len(), 3, "{summary:?}");
+    assert!(errors("tick") >= 80.0, "{metrics}");
+    assert!(errors("neighbours") >= 2.0, "{metrics}");
+    assert!(errors("health_task") >= 3.0, "{metrics}");
+    // Scores are written again once the injected failures are used up.
+    assert!(metric(&metrics, "lb_map_update_seconds_count{kind=\"scores\"}") > 0.0);
+    // The process's own metrics.
+    assert!(metric(&metrics, "process_cpu_seconds_total") > 0.0);
+    assert!(metric(&metrics, "process_resident_memory_bytes") > 1e6);
+    assert_eq!(metric(&metrics, "lb_config_generation"), 1.0);
+    assert_eq!(metric(&metrics, "lb_build_info{"), 1.0);
+    let log = lab.stderr(lb);
+    assert!(log.contains("injected fault: health-panic"), "{log}");
+    assert!(
+        !log.contains("RUST_BACKTRACE"),
+        "a panic report in the log: {log}"
+    );
+    // The panicked health checks were restarted: a dead backend is found
+    // by them (no load runs now, so nothing else could find it).
+    lab.signal(lab.backends()[2].process, Signal::SIGKILL)
+        .unwrap();
+    let down = r#"backend=2 from="active" to="down" why="health check""#;
+    wait_for(
+        "the health checks to take the killed backend down",
+        Duration::from_secs(5),
+        || lab.stderr(lb).contains(down),
+    );
+    assert_eq!(lab.exit_status(lb).unwrap(), None);
+    assert!(lab.xdp_attached().unwrap());
+}
+
+#[test]
+fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
+    require_root!();
+    let lab = Fault::new("reordered-restart", 3);
+    let first = lab.start_balancer(&spec(&lab, &[0, 1, 2], &[])).unwrap();
+    let mut streams = keep_alive(&lab, 6);
+    let served_by: Vec<String> = streams
+        .iter_mut()
+        .map(|s| probe::request(s, "/", b"", true).unwrap().backend.unwrap())
+        .collect();
+    let warm_up = lab.measure(lab.load(100.0, 2.0, 2_000));
+    assert_eq!(warm_up.summary.error_count(), 0, "{:?}", warm_up.summary);
+    let before = lab.status().unwrap();
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    // The same backends, in another order: config order would renumber them.
+    let second = lab.start_balancer(&spec(&lab, &[2, 0, 1], &[])).unwrap();
+    wait_until_configured(&lab, second);
+    let after = lab.status().unwrap();
+    let mut moved = Vec::new();
+    for index in 0..3 {
+        let old = backend_status(&before, &lab, index).unwrap();
+        let new = backend_status(&after, &lab, index).unwrap();
+        if old.id != new.id || new.opened < old.opened {
+            moved.push((old.clone(), new.clone()));
+        }
+        // Each open keep-alive connection is still counted on its server.
+        let open = served_by
+            .iter()
+            .filter(|n| **n == lab.backends()[index].name)
+            .count() as u64;
+        assert_eq!(new.inflight, open, "{new:?}");
+    }
+    assert!(moved.is_empty(), "ids or counters moved: {moved:?}");
+    // Every flow stays with its server.
+    for (stream, who) in streams.iter_mut().zip(&served_by) {
+        let answer = probe::request(stream, "/", b"", true).unwrap();
+        assert_eq!(answer.backend.as_deref(), Some(who.as_str()));
+    }
+    // Closed, so P2C's in-flight term spreads the new load over all three.
+    drop(streams);
+    thread::sleep(Duration::from_millis(500));
+    let run = lab.measure(lab.load(100.0, 2.0, 2_000));
+    lab.report(
+        &run,
+        &format!(
+            "ids kept across a reordered restart: {:?}",
+            after.vips[0]
+                .backends
+                .iter()
+                .map(|b| (b.id, b.address.clone()))
+                .collect::<Vec<_>>()
+        ),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(run.summary.per_backend.len(), 3);
+}
+
+/// Waits until a restarted lb-user has written its configuration (a
+/// re-adopted instance's status reads as ready before that: the pinned
+/// maps already are).
+fn wait_until_configured(lab: &Lab, process: lb_lab::lab::ProcessId) {
+    wait_for(
+        "lb-user to write its configuration",
+        Duration::from_secs(10),
+        || lab.stderr(process).contains("balancing "),
+    );
+}
+
+/// The TCP VIP over `backends` (index, weight).
+fn weighted_spec(lab: &Lab, backends: &[(usize, u32)]) -> BalancerSpec {
+    let mut spec = spec(lab, &[], &[]);
+    spec.vips[0].backends = backends
+        .iter()
+        .map(|&(i, w)| (lab.backends()[i].addr(), w))
+        .collect();
+    spec
+}
+
+#[test]
+fn runtime_changes_survive_a_restart_until_the_file_changes_the_backend() {
+    require_root!();
+    let lab = Fault::new("runtime-state", 3);
+    let addr = |i: usize| lab.backends()[i].addr().to_string();
+    let vip = format!("{}", lab.tcp_vip());
+    let first = lab
+        .start_balancer(&weighted_spec(&lab, &[(0, 1), (1, 1)]))
+        .unwrap();
+    backend_command(
+        &lab,
+        &["add", "--vip", &vip, "--backend", &format!("{}@2", addr(2))],
+    );
+    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &addr(0)]);
+    backend_command(
+        &lab,
+        &[
+            "weight",
+            "--vip",
+            &vip,
+            "--backend",
+            &addr(1),
+            "--weight",
+            "3",
+        ],
+    );
+    let ids: Vec<u32> = (0..3)
+        .map(|i| backend_status(&lab.status().unwrap(), &lab, i).unwrap().id)
+        .collect();
+    // The new weight reaches the score map by the tick's batch update.
+    let weight = |i| {
+        backend_status(&lab.status().unwrap(), &lab, i)
+            .unwrap()
+            .weight
+    };
+    wait_for(
+        "the new weight in the scores",
+        Duration::from_secs(2),
+        || weight(1) == 3.0,
+    );
+    assert!(
+        !lab.stderr(first).contains("no batch map updates"),
+        "scores fell back to one update each"
+    );
+    // The state file is written just after each change.
+    wait_for("the state file", Duration::from_secs(5), || {
+        std::fs::read_dir(lab.state_dir())
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+            })
+            .unwrap_or(false)
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+
+    // Restarted from the file, reordered, without the added backend. (A
+    // re-adopted instance reads as ready at once: wait for its writes.)
+    let second = lab
+        .start_balancer(&weighted_spec(&lab, &[(1, 1), (0, 1)]))
+        .unwrap();
+    wait_until_configured(&lab, second);
+    let weight = |i| {
+        backend_status(&lab.status().unwrap(), &lab, i)
+            .unwrap()
+            .weight
+    };
+    wait_for(
+        "the restarted instance's weights",
+        Duration::from_secs(5),
+        || weight(2) == 2.0 && weight(1) == 3.0,
+    );
+    let status = lab.status().unwrap();
+    let b = |i| backend_status(&status, &lab, i).unwrap();
+    assert_eq!([b(0).id, b(1).id, b(2).id], ids[..], "ids moved");
+    assert_eq!(b(0).state, "draining", "{:?}", b(0));
+    let drained_opened = b(0).opened;
+    let run = lab.measure(lab.load(100.0, 2.0, 2_000));
+    lab.report(
+        &run,
+        &format!("after the restart: {:?}", run.summary.per_backend),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(
+        opened(&lab, 0),
+        drained_opened,
+        "the drained backend got new flows"
+    );
+    assert!(opened(&lab, 2) > 0, "the added backend got no flows");
+
+    // The file now says something else of backend 1: the file wins there,
+    // the other changes hold.
+    assert!(
+        !lab.stop_balancer(second, Signal::SIGKILL)
+            .unwrap()
+            .success()
+    );
+    lab.start_balancer(&weighted_spec(&lab, &[(1, 5), (0, 1)]))
+        .unwrap();
+    wait_for("the file's weight", Duration::from_secs(5), || {
+        weight(1) == 5.0
+    });
+    let status = lab.status().unwrap();
+    let b = |i| backend_status(&status, &lab, i).unwrap();
+    assert_eq!(b(0).state, "draining");
+    assert_eq!(b(2).weight, 2.0);
+}

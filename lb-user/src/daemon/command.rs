@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use tracing::info;
 
-use super::runtime::Runtime;
+use super::{errors::Stage, runtime::Runtime};
 use crate::{
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
@@ -15,20 +15,33 @@ use crate::{
 };
 
 impl Runtime {
-    /// Runs one operator command; the kernel has the change when this returns.
+    /// Runs one operator command; the kernel has the change when this
+    /// returns `ok`. A command that was accepted but whose kernel write
+    /// failed is answered with the error, counted, and written by the
+    /// next tick (the fleet already has it).
     pub fn on_command(&mut self, request: &Request, now: Nanos) -> Response {
-        let applied = self.apply_command(request, now).and_then(|id| {
-            self.after_membership_change();
-            self.on_tick(now)?;
-            Ok(id)
-        });
-        match applied {
-            Ok(id) => {
-                self.note_override(request);
-                info!(command = ?request.command, vip = %request.vip, backend = %request.backend, "operator command applied");
+        let peer = request.peer.map(|p| p.to_string()).unwrap_or_default();
+        let id = match self.apply_command(request, now) {
+            Ok(id) => id,
+            Err(e) => {
+                info!(command = ?request.command, vip = %request.vip, backend = %request.backend, %peer, "operator command refused: {e:#}");
+                return Response::failed(format!("{e:#}"));
+            }
+        };
+        self.state.record(request);
+        self.note_override(request);
+        self.after_membership_change();
+        match self.on_tick(now) {
+            Ok(()) => {
+                info!(command = ?request.command, vip = %request.vip, backend = %request.backend, %peer, "operator command applied");
                 Response::done(id)
             }
-            Err(e) => Response::failed(format!("{e:#}")),
+            Err(e) => {
+                let e =
+                    e.context("accepted, but writing it to the kernel failed (retried every tick)");
+                self.errors.record(Stage::Command, &e);
+                Response::failed(format!("{e:#}"))
+            }
         }
     }
 

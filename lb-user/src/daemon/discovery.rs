@@ -21,7 +21,11 @@ use crate::{
     },
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
-    settings::cli::BackendCommand,
+    settings::{
+        addr::{BackendAddr, Weight},
+        cli::BackendCommand,
+        config::Config,
+    },
     surface::{control::Request, metrics::DiscoveryMetrics},
 };
 
@@ -87,6 +91,29 @@ impl Runtime {
             }
             _ => {}
         }
+    }
+
+    /// `base` with each discovered VIP's backends as the pool has them now:
+    /// a re-read configuration has no backends for such a VIP (they come
+    /// from etcd), and reloading it as it is would remove them all.
+    pub(super) fn with_discovered(&self, base: &Config) -> Config {
+        let mut config = base.clone();
+        for vip in config.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
+            let Ok(index) = self.fleet.vip_index(&vip.vip) else {
+                continue;
+            };
+            vip.backends = self.fleet.vips[index]
+                .members
+                .iter()
+                .filter_map(|&id| self.fleet.member(id))
+                .filter(|m| m.life.admin() != Admin::Removed)
+                .map(|m| BackendAddr {
+                    addr: m.addr,
+                    weight: Weight::new(u64::from(m.life.weight())).unwrap_or(Weight::DEFAULT),
+                })
+                .collect();
+        }
+        config
     }
 
     /// Applies one VIP's wanted set; the kernel has it when this returns.

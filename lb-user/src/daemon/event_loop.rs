@@ -7,20 +7,18 @@ use anyhow::Context as _;
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::mpsc,
-    time::{Duration, MissedTickBehavior, interval, sleep},
+    time::{Duration, Instant, MissedTickBehavior, interval, sleep_until},
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
+use super::errors::{ControlErrors, Stage};
 use crate::{
     discover::watch::Update,
     ingest::{
         events::{Event, EventStream},
         reconcile::Scan,
     },
-    kernel::{
-        clock::{Clock, Nanos},
-        neighbours::{self, STARTUP_RESOLVE_WAIT},
-    },
+    kernel::clock::{Clock, Nanos},
     pool::health::CheckResult,
     settings::config::Config,
     surface::{
@@ -29,7 +27,15 @@ use crate::{
     },
 };
 
+/// How long the event loop waits before reading the ring buffer again
+/// after reading it failed.
+const EVENTS_RETRY: Duration = Duration::from_secs(1);
+
 /// The running state, as the event loop sees it: one handler per input.
+/// A handler's error never ends the loop: it is counted and logged under
+/// its [`Stage`], and the work is redone by the next tick (every handler
+/// leaves the state so that the next tick rewrites what did not reach
+/// the kernel).
 pub trait Handlers {
     /// Returns true if the event ejected a backend (publish at once).
     fn on_event(&mut self, event: Event, now: Nanos) -> bool;
@@ -73,7 +79,8 @@ pub struct Inputs {
     pub checks: mpsc::Receiver<CheckResult>,
     pub control: mpsc::Receiver<Pending>,
     pub scrapes: mpsc::Receiver<Scrape>,
-    pub hangup: Signal,
+    /// Configurations re-read on SIGHUP (read and resolved off the loop).
+    pub reloads: mpsc::Receiver<Config>,
     /// Updates of the etcd watch, when a VIP is discovered.
     pub discovery: Option<mpsc::Receiver<Update>>,
 }
@@ -90,32 +97,39 @@ async fn next_update(rx: &mut Option<mpsc::Receiver<Update>>) -> Option<Update> 
 pub struct EventLoop<C, H> {
     clock: C,
     pub handlers: H,
+    errors: ControlErrors,
 }
 
 impl<C: Clock, H: Handlers> EventLoop<C, H> {
-    pub fn new(clock: C, handlers: H) -> Self {
-        Self { clock, handlers }
+    pub fn new(clock: C, handlers: H, errors: ControlErrors) -> Self {
+        Self {
+            clock,
+            handlers,
+            errors,
+        }
     }
 
     /// A batch of kernel events; an ejection publishes at once.
-    pub fn on_events(&mut self, batch: &mut Vec<Event>) -> anyhow::Result<()> {
+    pub fn on_events(&mut self, batch: &mut Vec<Event>) {
         let now = self.clock.now();
         let mut ejected = false;
         for event in batch.drain(..) {
             ejected |= self.handlers.on_event(event, now);
         }
         if ejected {
-            self.handlers.on_tick(now)?;
+            let outcome = self.handlers.on_tick(now);
+            self.errors.check(Stage::Tick, outcome);
         }
-        Ok(())
     }
 
-    pub fn on_tick(&mut self) -> anyhow::Result<()> {
-        self.handlers.on_tick(self.clock.now())
+    pub fn on_tick(&mut self) {
+        let outcome = self.handlers.on_tick(self.clock.now());
+        self.errors.check(Stage::Tick, outcome);
     }
 
-    pub fn on_scan(&mut self, scan: &Scan) -> anyhow::Result<()> {
-        self.handlers.on_scan(scan, self.clock.now())?;
+    pub fn on_scan(&mut self, scan: &Scan) {
+        let outcome = self.handlers.on_scan(scan, self.clock.now());
+        self.errors.check(Stage::Scan, outcome);
         if !scan.expired_idle.is_empty() || !scan.expired_syn.is_empty() {
             debug!(
                 idle = scan.expired_idle.len(),
@@ -123,11 +137,11 @@ impl<C: Clock, H: Handlers> EventLoop<C, H> {
                 "expired flows"
             );
         }
-        Ok(())
     }
 
-    pub fn on_check(&mut self, result: CheckResult) -> anyhow::Result<()> {
-        self.handlers.on_check(result, self.clock.now())
+    pub fn on_check(&mut self, result: CheckResult) {
+        let outcome = self.handlers.on_check(result, self.clock.now());
+        self.errors.check(Stage::Health, outcome);
     }
 
     pub fn on_command(&mut self, (request, reply): Pending) {
@@ -138,61 +152,55 @@ impl<C: Clock, H: Handlers> EventLoop<C, H> {
         let _ = reply.send(metrics::render(&self.handlers.snapshot(self.clock.now())));
     }
 
-    /// SIGHUP: the new configuration's backends are probed first, so their
-    /// first flows have a next hop.
-    async fn on_reload(
-        &mut self,
-        reload: &dyn Fn() -> anyhow::Result<Config>,
-    ) -> anyhow::Result<()> {
-        match reload() {
-            Ok(new) => {
-                for v in &new.vips {
-                    for b in &v.backends {
-                        neighbours::probe(b.addr.ip());
-                    }
-                }
-                sleep(STARTUP_RESOLVE_WAIT).await;
-                self.handlers.on_reload(&new, self.clock.now())
-            }
-            Err(e) => {
-                warn!("SIGHUP: keeping the running configuration: {e:#}");
-                Ok(())
-            }
-        }
+    /// A configuration re-read on SIGHUP, its new backends already probed.
+    pub fn on_discovery(&mut self, update: &Update) {
+        let outcome = self.handlers.on_discovery(update, self.clock.now());
+        self.errors.check(Stage::Discovery, outcome);
+    }
+
+    pub fn on_reload(&mut self, config: &Config) {
+        let outcome = self.handlers.on_reload(config, self.clock.now());
+        self.errors.check(Stage::Reload, outcome);
     }
 
     /// Drains events, ticks every `score_interval`, and routes the other
-    /// inputs, until a shutdown signal.
+    /// inputs, until a shutdown signal. Nothing but a signal ends it.
     pub async fn run(
         &mut self,
         mut events: EventStream,
         mut inputs: Inputs,
         score_interval: Duration,
-        reload: &dyn Fn() -> anyhow::Result<Config>,
         shutdown: &mut Shutdown,
     ) -> anyhow::Result<()> {
         let mut score_tick = interval(score_interval);
         score_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut batch = Vec::new();
+        // Set after the ring buffer failed: when to read it again.
+        let mut events_paused: Option<Instant> = None;
         loop {
+            let resume = events_paused.unwrap_or_else(Instant::now);
             tokio::select! {
                 signal = shutdown.wait() => {
                     info!("{signal} received, shutting down");
                     return Ok(());
                 }
-                drained = events.next_batch(&mut batch) => {
-                    drained?;
-                    self.on_events(&mut batch)?;
+                drained = events.next_batch(&mut batch), if events_paused.is_none() => {
+                    match drained {
+                        Ok(()) => self.on_events(&mut batch),
+                        Err(e) => {
+                            self.errors.record(Stage::Events, &e);
+                            events_paused = Some(Instant::now() + EVENTS_RETRY);
+                        }
+                    }
                 }
-                _ = score_tick.tick() => self.on_tick()?,
-                Some(scan) = inputs.scans.recv() => self.on_scan(&scan)?,
-                Some(result) = inputs.checks.recv() => self.on_check(result)?,
+                () = sleep_until(resume), if events_paused.is_some() => events_paused = None,
+                _ = score_tick.tick() => self.on_tick(),
+                Some(scan) = inputs.scans.recv() => self.on_scan(&scan),
+                Some(result) = inputs.checks.recv() => self.on_check(result),
                 Some(pending) = inputs.control.recv() => self.on_command(pending),
                 Some(reply) = inputs.scrapes.recv() => self.on_scrape(reply),
-                _ = inputs.hangup.recv() => self.on_reload(reload).await?,
-                Some(update) = next_update(&mut inputs.discovery) => {
-                    self.handlers.on_discovery(&update, self.clock.now())?;
-                }
+                Some(config) = inputs.reloads.recv() => self.on_reload(&config),
+                Some(update) = next_update(&mut inputs.discovery) => self.on_discovery(&update),
             }
         }
     }
@@ -208,9 +216,20 @@ mod tests {
     use crate::{ingest::events::CloseReason, kernel::clock::ManualClock};
 
     /// Records which handler ran at what time; backend 9's events eject.
+    /// With `failing`, every handler that can fail does.
     #[derive(Default)]
     struct Recorder {
         calls: Vec<(&'static str, u64)>,
+        failing: bool,
+    }
+
+    impl Recorder {
+        fn outcome(&self) -> anyhow::Result<()> {
+            if self.failing {
+                anyhow::bail!("injected")
+            }
+            Ok(())
+        }
     }
 
     impl Handlers for Recorder {
@@ -220,15 +239,15 @@ mod tests {
         }
         fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
             self.calls.push(("tick", now.0));
-            Ok(())
+            self.outcome()
         }
         fn on_scan(&mut self, _: &Scan, now: Nanos) -> anyhow::Result<()> {
             self.calls.push(("scan", now.0));
-            Ok(())
+            self.outcome()
         }
         fn on_check(&mut self, _: CheckResult, now: Nanos) -> anyhow::Result<()> {
             self.calls.push(("check", now.0));
-            Ok(())
+            self.outcome()
         }
         fn on_command(&mut self, _: &Request, now: Nanos) -> Response {
             self.calls.push(("command", now.0));
@@ -236,7 +255,7 @@ mod tests {
         }
         fn on_reload(&mut self, _: &Config, now: Nanos) -> anyhow::Result<()> {
             self.calls.push(("reload", now.0));
-            Ok(())
+            self.outcome()
         }
         fn snapshot(&self, _: Nanos) -> Snapshot {
             Snapshot {
@@ -255,15 +274,17 @@ mod tests {
 
     #[test]
     fn a_batch_is_handled_at_one_time_and_an_ejection_ticks_at_once() {
-        let mut event_loop = EventLoop::new(ManualClock::starting_at(1_000), Recorder::default());
-        event_loop
-            .on_events(&mut vec![closed(1), closed(2)])
-            .unwrap();
+        let mut event_loop = EventLoop::new(
+            ManualClock::starting_at(1_000),
+            Recorder::default(),
+            ControlErrors::default(),
+        );
+        event_loop.on_events(&mut vec![closed(1), closed(2)]);
         event_loop.clock.advance(Duration::from_millis(50));
-        event_loop.on_tick().unwrap();
+        event_loop.on_tick();
         event_loop.clock.advance(Duration::from_nanos(5));
         let mut batch = vec![closed(1), Event::Refused { backend: 9 }];
-        event_loop.on_events(&mut batch).unwrap();
+        event_loop.on_events(&mut batch);
         assert!(batch.is_empty());
         let t = 1_000 + 50_000_000;
         assert_eq!(
@@ -281,21 +302,24 @@ mod tests {
 
     #[test]
     fn scans_checks_commands_and_scrapes_reach_their_handlers_at_the_clocks_time() {
-        let mut event_loop = EventLoop::new(ManualClock::starting_at(42), Recorder::default());
-        event_loop.on_scan(&Scan::default()).unwrap();
-        event_loop
-            .on_check(CheckResult {
-                backend: 0,
-                addr: "10.0.0.21:80".parse().unwrap(),
-                passed: true,
-            })
-            .unwrap();
+        let mut event_loop = EventLoop::new(
+            ManualClock::starting_at(42),
+            Recorder::default(),
+            ControlErrors::default(),
+        );
+        event_loop.on_scan(&Scan::default());
+        event_loop.on_check(CheckResult {
+            backend: 0,
+            addr: "10.0.0.21:80".parse().unwrap(),
+            passed: true,
+        });
         let (tx, mut rx) = oneshot::channel();
         let request = Request {
             command: crate::settings::cli::BackendCommand::Drain,
             vip: "10.0.0.100:80".into(),
             backend: "10.0.0.21:80".into(),
             weight: None,
+            peer: None,
         };
         event_loop.on_command((request, tx));
         assert_eq!(rx.try_recv().unwrap(), Response::done(7));
@@ -309,5 +333,33 @@ mod tests {
         let times: HashMap<_, _> = event_loop.handlers.calls.iter().copied().collect();
         assert_eq!(times.len(), 3);
         assert!(times.values().all(|&t| t == 42));
+    }
+
+    #[test]
+    fn failing_handlers_are_counted_per_stage_and_the_loop_goes_on() {
+        let errors = ControlErrors::default();
+        let recorder = Recorder {
+            failing: true,
+            ..Recorder::default()
+        };
+        let mut event_loop = EventLoop::new(ManualClock::starting_at(7), recorder, errors.clone());
+        event_loop.on_tick();
+        event_loop.on_tick();
+        event_loop.on_events(&mut vec![Event::Refused { backend: 9 }]);
+        event_loop.on_scan(&Scan::default());
+        event_loop.on_check(CheckResult {
+            backend: 0,
+            addr: "10.0.0.21:80".parse().unwrap(),
+            passed: false,
+        });
+        event_loop.handlers.failing = false;
+        event_loop.on_tick();
+        let totals = errors.totals();
+        assert!(totals.contains(&("tick", 3)), "{totals:?}");
+        assert!(totals.contains(&("scan", 1)), "{totals:?}");
+        assert!(totals.contains(&("health", 1)), "{totals:?}");
+        assert!(totals.contains(&("reload", 0)), "{totals:?}");
+        let ticks = event_loop.handlers.calls.iter().filter(|c| c.0 == "tick");
+        assert_eq!(ticks.count(), 4);
     }
 }

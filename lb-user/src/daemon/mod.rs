@@ -7,10 +7,12 @@
 
 pub mod command;
 pub mod discovery;
+pub mod errors;
 pub mod event_loop;
 pub mod runtime;
 pub mod snapshot;
 pub mod startup;
+pub mod state;
 pub mod tasks;
 
 use anyhow::Context as _;
@@ -21,10 +23,15 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+pub use self::tasks::Reload;
+use std::net::SocketAddr;
+
 use self::{
+    errors::ControlErrors,
     event_loop::{EventLoop, Handlers, Inputs, Shutdown},
     runtime::Runtime,
     startup::Snat,
+    state::StateKeeper,
 };
 use crate::{
     discover::watch::{Update, Watcher},
@@ -38,27 +45,37 @@ use crate::{
         maps,
     },
     pool::health::CheckResult,
-    settings::config::Config,
+    settings::{
+        addr::VipAddr,
+        config::Config,
+        state::{self as settings_state, RuntimeState},
+    },
     surface::{
         control::{self, Request, Response},
         metrics::{self, Snapshot},
     },
 };
 
+type StateReceiver = tokio::sync::watch::Receiver<RuntimeState>;
+
 /// Queue depth of the channels into the event loop.
 const CHANNEL_DEPTH: usize = 64;
 
 /// Runs until a signal; always detaches and removes the pins on the way out.
-/// `reload` re-reads the configuration on SIGHUP.
+/// `reload` re-reads the configuration on SIGHUP; `state` (the runtime
+/// state file's contents) is laid over `base`, the configuration as read.
 pub async fn serve(
-    config: &Config,
-    reload: &dyn Fn() -> anyhow::Result<Config>,
+    base: &Config,
+    state: RuntimeState,
+    reload: Reload,
     ifindex: u32,
     snat_ip: Snat,
     discovery: Option<Watcher>,
 ) -> anyhow::Result<()> {
     // Installed before attaching, so a signal during startup still cleans up.
     let mut shutdown = Shutdown::install()?;
+    let (keeper, effective, saves) = StateKeeper::new(base, state);
+    let config = &effective.config;
     let attachment = Attachment::start(config, ifindex)?;
     let started = Started {
         config,
@@ -66,7 +83,14 @@ pub async fn serve(
         attachment: &attachment,
     };
     let result = started
-        .configure_and_run(MonotonicClock, snat_ip, reload, &mut shutdown, discovery)
+        .configure_and_run(
+            MonotonicClock,
+            snat_ip,
+            reload,
+            (keeper, effective.drains, saves),
+            &mut shutdown,
+            discovery,
+        )
         .await;
     let stopped = attachment.stop();
     result?;
@@ -88,22 +112,43 @@ impl Started<'_> {
         &self,
         clock: C,
         snat_ip: Snat,
-        reload: &dyn Fn() -> anyhow::Result<Config>,
+        reload: Reload,
+        (keeper, drains, saves): (StateKeeper, Vec<(VipAddr, SocketAddr)>, StateReceiver),
         shutdown: &mut Shutdown,
         discovery: Option<Watcher>,
     ) -> anyhow::Result<()> {
         let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
-        let (plan, publisher) = startup::write_plan(config, pin_dir, &clock)?;
-        let neighbours = startup::resolve_neighbours(config, pin_dir, self.ifindex).await?;
-        startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
+        let errors = ControlErrors::default();
+        let (plan, publisher) = startup::write_plan(config, pin_dir, &clock, &drains)?;
+        let neighbours =
+            startup::resolve_neighbours(config, pin_dir, self.ifindex, &errors).await?;
         let kernel = startup::open_kernel_handles(config, pin_dir, self.ifindex, publisher)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
-        let mut runtime = Runtime::new(config, &plan, kernel, clock.now(), check_tx);
+        let mut runtime = Runtime::new(
+            config,
+            &plan,
+            kernel,
+            clock.now(),
+            check_tx,
+            errors.clone(),
+            keeper,
+        );
+        runtime.drain_kept(&drains, clock.now());
+        startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
+        let state_path = settings_state::path(&config.state_dir, &config.instance);
         let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
+        let (reload_tx, reload_rx) = mpsc::channel(1);
+        let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut tasks = vec![
-            tasks::spawn_neighbour_refresh(neighbours),
-            control::serve(&config.instance, control_tx)?,
+            state::spawn_writer(state_path, saves, errors.clone()),
+            tasks::spawn_neighbour_refresh(neighbours, errors.clone()),
+            tasks::spawn_reloader(reload, hangup, reload_tx, errors.clone()),
+            control::serve(
+                &config.instance,
+                config.ops.control_group.clone(),
+                control_tx,
+            )?,
         ];
         tasks.extend(self.serve_metrics(scrape_tx).await);
         tasks.extend(tasks::spawn_ebpf_log_drain(self.attachment.program_id));
@@ -120,13 +165,13 @@ impl Started<'_> {
             checks: check_rx,
             control: control_rx,
             scrapes: scrape_rx,
-            hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            reloads: reload_rx,
             discovery: discovery_rx,
         };
         let events = EventStream::new(maps::events(pin_dir)?)?;
-        let mut event_loop = EventLoop::new(clock, runtime);
+        let mut event_loop = EventLoop::new(clock, runtime, errors);
         let result = event_loop
-            .run(events, inputs, config.score_interval, reload, shutdown)
+            .run(events, inputs, config.score_interval, shutdown)
             .await;
         self.stop(tasks, &event_loop.handlers);
         result

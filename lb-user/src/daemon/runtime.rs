@@ -7,6 +7,7 @@
 
 use std::{
     collections::HashMap,
+    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -17,7 +18,11 @@ use std::{
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::startup::KernelHandles;
+use super::{
+    errors::{ControlErrors, Stage},
+    startup::KernelHandles,
+    state::StateKeeper,
+};
 use crate::{
     estimate::backend_load::{BackendLoad, LoadTable},
     ingest::{
@@ -25,12 +30,16 @@ use crate::{
         reconcile::Scan,
     },
     kernel::clock::Nanos,
+    pool::lifecycle::Admin,
     pool::{
         fleet::Fleet,
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
-    settings::{addr::Weight, config::Config},
+    settings::{
+        addr::{VipAddr, Weight},
+        config::{self, Config},
+    },
 };
 
 pub struct Runtime {
@@ -52,6 +61,12 @@ pub struct Runtime {
     pub(super) flow_table_size: u32,
     /// Overrides, zones and revisions of etcd discovery (`discovery.rs`).
     pub discovery: super::discovery::DiscoveryState,
+    /// Errors the control plane survived, by stage.
+    pub errors: ControlErrors,
+    /// The runtime changes kept across restarts.
+    pub(super) state: StateKeeper,
+    /// Configurations applied: 1 at start, one more per SIGHUP.
+    pub(super) config_generation: u64,
 }
 
 impl Runtime {
@@ -61,8 +76,15 @@ impl Runtime {
         kernel: KernelHandles,
         now: Nanos,
         check_results: mpsc::Sender<CheckResult>,
+        errors: ControlErrors,
+        state: StateKeeper,
     ) -> Self {
         let fleet = Fleet::new(config, plan, now);
+        let panics = errors.clone();
+        let on_panic = Arc::new(move |backend: u32, message: &str| {
+            let e = anyhow::anyhow!("health check of backend {backend} panicked: {message}");
+            panics.record(Stage::HealthTask, &e);
+        });
         let mut runtime = Self {
             loads: LoadTable::new(&plan.weights, config.ewma_cold_start, config.ewma_tau, now),
             fresh_load: BackendLoad::new(
@@ -72,7 +94,7 @@ impl Runtime {
                 now,
             ),
             kernel,
-            checker: HealthChecker::new(check_results),
+            checker: HealthChecker::new(check_results, on_panic),
             checks: HashMap::new(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
             events_received: 0,
@@ -80,6 +102,9 @@ impl Runtime {
             flow_entries: 0,
             flow_table_size: config.flow_table_size,
             discovery: super::discovery::DiscoveryState::new(config.discovery.max_removal_percent),
+            errors,
+            state,
+            config_generation: 1,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -187,26 +212,60 @@ impl Runtime {
 
     pub(super) fn after_membership_change(&mut self) {
         // New backends were probed before they got here (control socket,
-        // SIGHUP): their MACs are in the ARP table now.
+        // SIGHUP): their MACs are in the ARP table now. A failure is
+        // retried by the periodic refresh.
         if let Err(e) = self.kernel.neighbours.sync(false) {
-            warn!("updating neighbours: {e:#}");
+            self.errors.record(Stage::Neighbours, &e);
         }
         self.id_limit
             .store(self.fleet.id_limit(), Ordering::Relaxed);
         self.checker.sync(self.fleet.checks());
     }
 
-    /// Applies a reloaded configuration (see [`Fleet::reload`]).
-    pub fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()> {
+    /// Drains the backends the runtime state keeps drained.
+    pub fn drain_kept(&mut self, drains: &[(VipAddr, SocketAddr)], now: Nanos) {
+        for (vip, addr) in drains {
+            if let Err(e) = self.fleet.set_admin(vip, *addr, Admin::Draining, now) {
+                warn!("runtime state: cannot drain {addr} of {vip}: {e}");
+            }
+        }
+    }
+
+    /// Applies a reloaded configuration, with the runtime changes that
+    /// still hold laid over it (see [`Fleet::reload`]).
+    /// The log says what was applied and what needs a restart.
+    pub fn on_reload(&mut self, base: &Config, now: Nanos) -> anyhow::Result<()> {
+        let base = &self.with_discovered(base);
+        let running = self.state.base().clone();
+        for change in config::backend_changes(&running, base) {
+            info!("reload applies: {change}");
+        }
+        for vip in base
+            .vips
+            .iter()
+            .filter(|v| !running.vips.iter().any(|r| r.vip == v.vip))
+        {
+            warn!("reload: new VIP {} needs a restart (not applied)", vip.vip);
+        }
+        for setting in config::needs_restart(&running, base) {
+            warn!("reload: {setting} changed: needs a restart (not applied)");
+        }
+        let effective = self.state.reload(base);
+        self.config_generation += 1;
+        let config = &effective.config;
         let before = self.fleet.id_limit();
         for note in self.fleet.reload(config, now) {
             warn!("reload: {note}");
         }
+        self.drain_kept(&effective.drains, now);
         for id in before..self.fleet.id_limit() {
             self.loads.reset(id as u32, self.fresh_load.clone());
         }
         self.after_membership_change();
-        info!("configuration reloaded");
+        info!(
+            generation = self.config_generation,
+            "configuration reloaded"
+        );
         self.on_tick(now)
     }
 }

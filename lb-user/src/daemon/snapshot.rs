@@ -8,7 +8,7 @@ use super::runtime::Runtime;
 use crate::{
     estimate::WEIGHT_UNITS,
     kernel::clock::Nanos,
-    surface::metrics::{BackendMetrics, Snapshot},
+    surface::metrics::{BackendMetrics, ProcessStats, Snapshot},
 };
 
 impl Runtime {
@@ -35,6 +35,10 @@ impl Runtime {
             flow_entries: self.flow_entries,
             flow_table_size: u64::from(self.flow_table_size),
             discovery: self.discovery_metrics(),
+            control_errors: self.errors.totals(),
+            config_generation: self.config_generation,
+            score_syscalls: self.kernel.publisher.scores.syscalls,
+            process: ProcessStats::read(),
         }
     }
 

@@ -2,12 +2,14 @@
 //! program can use: write the plan, learn the backends' MACs, mark the
 //! configuration ready; then open what the event loop needs.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use lb_common::{CONFIG_F_READY, LbConfig};
+use anyhow::Context as _;
+use lb_common::{CONFIG_F_READY, LbConfig, MAX_BACKENDS};
 use tokio::time::sleep;
 use tracing::info;
 
+use super::errors::{ControlErrors, Stage};
 use crate::{
     estimate::backend_load::LoadTable,
     kernel::{
@@ -18,9 +20,9 @@ use crate::{
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
         wire,
     },
-    pool::plan::Plan,
+    pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
-    settings::config::Config,
+    settings::{addr::VipAddr, config::Config},
 };
 
 /// SNAT source addresses per family. A family without a VIP needs none
@@ -77,14 +79,58 @@ pub struct KernelHandles {
     pub neighbours: NeighbourSync,
 }
 
+/// What a previous instance left in the pinned maps: its VIPs (with their
+/// ids and Maglev tables) and its backends in use. Empty maps (a fresh
+/// start) give an empty [`Previous`].
+pub fn read_previous(pin_dir: &std::path::Path) -> anyhow::Result<Previous> {
+    let vips = maps::vips(pin_dir)?;
+    let tables = maps::vip_tables(pin_dir)?;
+    let mut previous = Previous::default();
+    for entry in vips.iter() {
+        let (key, meta) = entry.context("reading VIPS")?;
+        let table = tables
+            .get(&meta.vip_id, 0)
+            .ok()
+            .filter(|t| t.has_maglev != 0)
+            .map(|t| t.maglev_table);
+        previous.vips.push((key, meta.vip_id, table));
+    }
+    let backends = maps::backends(pin_dir)?;
+    for id in 0..MAX_BACKENDS {
+        let entry = backends.get(&id, 0).context("reading BACKENDS")?;
+        if entry.in_use != 0 {
+            previous.backends.push((id, entry));
+        }
+    }
+    Ok(previous)
+}
+
 /// Step 1: writes the configuration's [`Plan`] (backends with their cold
 /// scores, slots, tables, VIPs), through the publisher the event loop keeps.
+/// VIPs and backends the pinned maps already have keep their ids.
+/// Backends in `drains` are written draining (the kernel refuses them
+/// from the first packet on).
 pub fn write_plan(
     config: &Config,
     pin_dir: &std::path::Path,
     clock: &impl Clock,
+    drains: &[(VipAddr, SocketAddr)],
 ) -> anyhow::Result<(Plan, Publisher)> {
-    let plan = Plan::new(config);
+    let previous = read_previous(pin_dir)?;
+    let mut plan = Plan::adopting(config, &previous);
+    for (vip, addr) in drains {
+        if let Some(index) = config.vips.iter().position(|v| v.vip == *vip) {
+            plan.set_draining(index, *addr);
+        }
+    }
+    if !previous.vips.is_empty() {
+        info!(
+            vips = previous.vips.len(),
+            backends = previous.backends.len(),
+            draining = plan.draining.len(),
+            "kept the ids of the pinned VIPs and backends"
+        );
+    }
     let initial = LoadTable::new(
         &plan.weights,
         config.ewma_cold_start,
@@ -98,11 +144,14 @@ pub fn write_plan(
 }
 
 /// Step 2: probes every configured backend and writes the MACs learnt
-/// into NEIGHBOURS; the returned sync keeps them fresh.
+/// into NEIGHBOURS; the returned sync keeps them fresh. A neighbour table
+/// that cannot be read is counted in `errors` and does not stop the start
+/// (`bpf_fib_lookup` still works, and the refresh tries again).
 pub async fn resolve_neighbours(
     config: &Config,
     pin_dir: &std::path::Path,
     ifindex: u32,
+    errors: &ControlErrors,
 ) -> anyhow::Result<NeighbourSync> {
     let backend_ips: Vec<IpAddr> = config
         .vips
@@ -118,7 +167,7 @@ pub async fn resolve_neighbours(
     );
     neighbours.probe_backends();
     sleep(STARTUP_RESOLVE_WAIT).await;
-    neighbours.sync(true)?;
+    errors.check(Stage::Neighbours, neighbours.sync(true));
     Ok(neighbours)
 }
 

@@ -1,16 +1,28 @@
 //! The daemon's background tasks: reconciliation passes, neighbour
-//! refreshes and the eBPF log drain.
+//! refreshes, SIGHUP reloads and the eBPF log drain. Whatever blocks
+//! (file reads, map walks) runs on a blocking thread, never on the
+//! event loop's.
 
-use tokio::{sync::mpsc, task::JoinHandle, time::sleep};
-use tracing::{debug, warn};
+use std::sync::Arc;
 
+use tokio::{signal::unix::Signal, sync::mpsc, task::JoinHandle, time::sleep};
+use tracing::{debug, info, warn};
+
+use super::errors::{ControlErrors, Stage};
 use crate::{
     ingest::reconcile::{RECONCILE_INTERVAL, Reconciler, Scan},
     kernel::{
         clock::Clock,
-        neighbours::{NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
+        neighbours::{self, NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
     },
+    settings::config::Config,
 };
+
+/// How soon a failed neighbour refresh is tried again.
+const REFRESH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Re-reads the configuration (the file and the flags) on SIGHUP.
+pub type Reload = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
 
 /// Runs a reconciliation pass every [`RECONCILE_INTERVAL`] on a blocking
 /// thread (a large flow table takes many syscalls to walk).
@@ -44,14 +56,78 @@ pub fn spawn_reconciler<C: Clock + Send + 'static>(
     })
 }
 
-pub fn spawn_neighbour_refresh(mut neighbours: NeighbourSync) -> JoinHandle<()> {
+/// Refreshes NEIGHBOURS every [`REFRESH_INTERVAL`] on a blocking thread;
+/// a failed refresh is counted and tried again after [`REFRESH_RETRY`].
+pub fn spawn_neighbour_refresh(neighbours: NeighbourSync, errors: ControlErrors) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut neighbours = neighbours;
+        let mut wait = REFRESH_INTERVAL;
         loop {
-            sleep(REFRESH_INTERVAL).await;
+            sleep(wait).await;
             neighbours.probe_backends();
             sleep(STARTUP_RESOLVE_WAIT).await;
-            if let Err(e) = neighbours.sync(false) {
-                warn!("refreshing neighbours: {e:#}");
+            let joined = tokio::task::spawn_blocking(move || {
+                let outcome = neighbours.sync(false);
+                (neighbours, outcome)
+            })
+            .await;
+            match joined {
+                Ok((back, outcome)) => {
+                    neighbours = back;
+                    wait = if outcome.is_ok() {
+                        REFRESH_INTERVAL
+                    } else {
+                        REFRESH_RETRY
+                    };
+                    errors.check(Stage::Neighbours, outcome);
+                }
+                Err(e) => {
+                    // The sync panicked and took the handle with it.
+                    errors.record(
+                        Stage::Neighbours,
+                        &anyhow::anyhow!("neighbour refresh ended: {e}"),
+                    );
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// On every SIGHUP: re-reads the configuration on a blocking thread,
+/// probes its backends and gives the kernel time to resolve them, then
+/// hands it to the event loop. A configuration that does not parse is
+/// logged and the running one kept.
+pub fn spawn_reloader(
+    reload: Reload,
+    mut hangup: Signal,
+    out: mpsc::Sender<Config>,
+    errors: ControlErrors,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            info!("SIGHUP received: re-reading the configuration");
+            let reload = reload.clone();
+            let config = match tokio::task::spawn_blocking(move || reload()).await {
+                Ok(Ok(config)) => config,
+                Ok(Err(e)) => {
+                    warn!("SIGHUP: keeping the running configuration: {e:#}");
+                    continue;
+                }
+                Err(e) => {
+                    let e = anyhow::anyhow!("reading the configuration failed: {e}");
+                    errors.record(Stage::Reload, &e);
+                    continue;
+                }
+            };
+            for v in &config.vips {
+                for b in &v.backends {
+                    neighbours::probe(b.addr.ip());
+                }
+            }
+            sleep(STARTUP_RESOLVE_WAIT).await;
+            if out.send(config).await.is_err() {
+                return;
             }
         }
     })

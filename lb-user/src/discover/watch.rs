@@ -196,7 +196,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
     if discovered.is_empty() {
         return Ok(None);
     }
-    let cache_path = cache::path(&config.discovery.state_dir, &config.instance);
+    let cache_path = cache::path(&config.state_dir, &config.instance);
     let cached = match Cache::load(&cache_path) {
         Ok(c) => c.unwrap_or_default(),
         Err(e) => {

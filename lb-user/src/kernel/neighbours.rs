@@ -5,13 +5,12 @@
 //! control plane makes the kernel resolve every backend (a zero-byte UDP
 //! datagram to the discard port makes the kernel ARP without touching the
 //! backend's service, and NDP likewise for IPv6) and mirrors the complete
-//! neighbours of the interface into the map: IPv4 from /proc/net/arp, IPv6
-//! from `ip -6 neigh show dev IFACE`.
+//! neighbours of the interface into the map, read with one rtnetlink dump
+//! (`RTM_GETNEIGH`, both families; no process is forked).
 
 use std::{
     collections::HashMap as StdHashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
-    process::Command,
     time::Duration,
 };
 
@@ -19,7 +18,10 @@ use anyhow::Context as _;
 use lb_common::{IpKey, Neighbour};
 use tracing::{debug, warn};
 
-use crate::{kernel::maps::Neighbours, kernel::wire};
+use crate::{
+    kernel::{maps::Neighbours, wire},
+    settings::faults::{self, Fault},
+};
 
 /// How often neighbours are refreshed.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
@@ -27,9 +29,6 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 pub const STARTUP_RESOLVE_WAIT: Duration = Duration::from_millis(300);
 /// RFC 863 discard: nothing listens there, so a probe never reaches a service.
 const DISCARD_PORT: u16 = 9;
-/// `ATF_COM` in /proc/net/arp's flags column: the entry has a complete MAC.
-const ATF_COM: u32 = 0x2;
-const ARP_TABLE: &str = "/proc/net/arp";
 
 /// Makes the kernel resolve `ip` (ARP or NDP) by sending it one empty datagram.
 pub fn probe(ip: IpAddr) {
@@ -42,62 +41,6 @@ pub fn probe(ip: IpAddr) {
     if let Err(e) = result {
         debug!(%ip, "neighbour probe failed: {e}");
     }
-}
-
-/// Complete IPv4 neighbours of `iface` from the text of /proc/net/arp.
-pub fn parse_arp_table(text: &str, iface: &str) -> Vec<(Ipv4Addr, [u8; 6])> {
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let [ip, _hw_type, flags, mac, _mask, device] = cols[..] else {
-                return None;
-            };
-            let flags = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()?;
-            if device != iface || flags & ATF_COM == 0 {
-                return None;
-            }
-            Some((ip.parse().ok()?, parse_mac(mac)?))
-        })
-        .collect()
-}
-
-/// IPv6 neighbours with a link-layer address from the text of
-/// `ip -6 neigh show dev IFACE` (lines `ADDR lladdr MAC [router] STATE`);
-/// entries without one (INCOMPLETE, FAILED) are left out.
-pub fn parse_ip6_neigh(text: &str) -> Vec<(Ipv6Addr, [u8; 6])> {
-    text.lines()
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let ip = cols.first()?.parse().ok()?;
-            let at = cols.iter().position(|c| *c == "lladdr")?;
-            Some((ip, parse_mac(cols.get(at + 1)?)?))
-        })
-        .collect()
-}
-
-/// Runs `ip -6 neigh show dev IFACE`.
-fn ip6_neighbours(iface: &str) -> anyhow::Result<Vec<(Ipv6Addr, [u8; 6])>> {
-    let output = Command::new("ip")
-        .args(["-6", "neigh", "show", "dev", iface])
-        .output()
-        .context("running `ip -6 neigh` (is iproute2 installed?)")?;
-    if !output.status.success() {
-        anyhow::bail!(
-            "`ip -6 neigh show dev {iface}` failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(parse_ip6_neigh(&String::from_utf8_lossy(&output.stdout)))
-}
-
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = text.split(':');
-    for byte in &mut mac {
-        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    (parts.next().is_none() && mac != [0; 6]).then_some(mac)
 }
 
 fn ip_key(ip: IpAddr) -> IpKey {
@@ -133,19 +76,23 @@ impl NeighbourSync {
         }
     }
 
-    /// Mirrors /proc/net/arp and the IPv6 neighbours into the map. With `warn_unresolved`, says
+    /// Mirrors the interface's usable neighbours (both families) into the map. With `warn_unresolved`, says
     /// which backends have no entry (at startup only: backends behind a
     /// router never get one, and repeating that every few seconds is noise).
+    ///
+    /// Fail static: a dump that fails leaves the map as it is, and the
+    /// error is returned.
     pub fn sync(&mut self, warn_unresolved: bool) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(ARP_TABLE).context("reading /proc/net/arp")?;
-        let v4 = parse_arp_table(&text, &self.iface)
+        let dumped = faults::check(Fault::Neighbours).and_then(|()| {
+            netlink::dump(self.ifindex).context("dumping neighbours over rtnetlink")
+        });
+        let found = match dumped {
+            Ok(found) => found,
+            // Fail static: the map stays as it is.
+            Err(e) => return Err(e.context("neighbours not refreshed (kept as they were)")),
+        };
+        let wanted: StdHashMap<IpKey, Neighbour> = found
             .into_iter()
-            .map(|(ip, mac)| (IpAddr::V4(ip), mac));
-        let v6 = ip6_neighbours(&self.iface)?
-            .into_iter()
-            .map(|(ip, mac)| (IpAddr::V6(ip), mac));
-        let wanted: StdHashMap<IpKey, Neighbour> = v4
-            .chain(v6)
             .map(|(ip, mac)| {
                 let value = Neighbour {
                     mac,
@@ -180,58 +127,272 @@ impl NeighbourSync {
     }
 }
 
+/// The neighbour table over rtnetlink: one `RTM_GETNEIGH` dump.
+mod netlink {
+    use std::{
+        io,
+        net::{IpAddr, Ipv4Addr, Ipv6Addr},
+        os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    };
+
+    /// `struct ndmsg`.
+    const NDMSG_LEN: usize = 12;
+    const NLMSG_HDR_LEN: usize = 16;
+    /// States whose link-layer address can be used.
+    const USABLE: u16 = libc::NUD_REACHABLE
+        | libc::NUD_STALE
+        | libc::NUD_DELAY
+        | libc::NUD_PROBE
+        | libc::NUD_PERMANENT
+        | libc::NUD_NOARP;
+
+    fn align(len: usize) -> usize {
+        (len + 3) & !3
+    }
+
+    /// The usable neighbours of interface `ifindex`, both families.
+    pub fn dump(ifindex: u32) -> anyhow::Result<Vec<(IpAddr, [u8; 6])>> {
+        // SAFETY: plain socket(2); the fd is owned below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: fd is a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut request = [0u8; NLMSG_HDR_LEN + NDMSG_LEN];
+        let len = request.len() as u32;
+        request[0..4].copy_from_slice(&len.to_ne_bytes());
+        request[4..6].copy_from_slice(&libc::RTM_GETNEIGH.to_ne_bytes());
+        let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+        request[6..8].copy_from_slice(&flags.to_ne_bytes());
+        request[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        // ndm_family AF_UNSPEC (0): both families.
+        // SAFETY: the buffer is valid for its length; the kernel is the peer.
+        let sent = unsafe { libc::send(fd.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        let mut found = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: the buffer is valid for its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            if n == 0 {
+                anyhow::bail!("the neighbour dump ended without NLMSG_DONE");
+            }
+            if parse(&buf[..n as usize], ifindex, &mut found)? {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Parses one datagram of the dump into `found`; true at its end.
+    pub fn parse(
+        mut data: &[u8],
+        ifindex: u32,
+        found: &mut Vec<(IpAddr, [u8; 6])>,
+    ) -> anyhow::Result<bool> {
+        let u16_at = |b: &[u8], at: usize| u16::from_ne_bytes([b[at], b[at + 1]]);
+        let u32_at =
+            |b: &[u8], at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        while data.len() >= NLMSG_HDR_LEN {
+            let len = u32_at(data, 0) as usize;
+            if len < NLMSG_HDR_LEN || len > data.len() {
+                anyhow::bail!("malformed netlink message ({len} of {} bytes)", data.len());
+            }
+            let kind = u16_at(data, 4);
+            let body = &data[NLMSG_HDR_LEN..len];
+            match kind as libc::c_int {
+                libc::NLMSG_DONE => return Ok(true),
+                libc::NLMSG_ERROR => {
+                    let code = body
+                        .get(0..4)
+                        .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+                    if code != 0 {
+                        return Err(io::Error::from_raw_os_error(-code).into());
+                    }
+                }
+                _ if kind == libc::RTM_NEWNEIGH && body.len() >= NDMSG_LEN => {
+                    if let Some(entry) = neighbour(body, ifindex) {
+                        found.push(entry);
+                    }
+                }
+                _ => {}
+            }
+            data = &data[align(len).min(data.len())..];
+        }
+        Ok(false)
+    }
+
+    /// One `RTM_NEWNEIGH` body: its address and MAC, if it is usable and
+    /// on `ifindex`.
+    fn neighbour(body: &[u8], ifindex: u32) -> Option<(IpAddr, [u8; 6])> {
+        let family = body[0];
+        let index = u32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
+        let state = u16::from_ne_bytes([body[8], body[9]]);
+        if index != ifindex || state & USABLE == 0 {
+            return None;
+        }
+        let (mut ip, mut mac) = (None, None);
+        let mut attrs = &body[NDMSG_LEN..];
+        while attrs.len() >= 4 {
+            let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+            let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
+            if len < 4 || len > attrs.len() {
+                return None;
+            }
+            let value = &attrs[4..len];
+            match (kind, value.len()) {
+                (libc::NDA_DST, 4) if family == libc::AF_INET as u8 => {
+                    ip = Some(IpAddr::V4(Ipv4Addr::new(
+                        value[0], value[1], value[2], value[3],
+                    )));
+                }
+                (libc::NDA_DST, 16) if family == libc::AF_INET6 as u8 => {
+                    let octets: [u8; 16] = value.try_into().ok()?;
+                    ip = Some(IpAddr::V6(Ipv6Addr::from(octets)));
+                }
+                (libc::NDA_LLADDR, 6) => mac = value.try_into().ok(),
+                _ => {}
+            }
+            attrs = &attrs[align(len).min(attrs.len())..];
+        }
+        let mac: [u8; 6] = mac.filter(|m| *m != [0; 6])?;
+        Some((ip?, mac))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const ARP: &str = "\
-IP address       HW type     Flags       HW address            Mask     Device
-10.0.0.21        0x1         0x2         0a:1b:2c:3d:4e:5f     *        veth0
-10.0.0.22        0x1         0x0         00:00:00:00:00:00     *        veth0
-10.0.0.23        0x1         0x2         aa:bb:cc:dd:ee:ff     *        eth1
-10.0.0.24        0x1         0x6         01:02:03:04:05:06     *        veth0
-";
+    /// One `RTM_NEWNEIGH` message: family, ifindex, state, then NDA_DST and
+    /// NDA_LLADDR (if given), as the kernel lays them out.
+    fn message(family: u8, ifindex: u32, state: u16, dst: &[u8], mac: Option<[u8; 6]>) -> Vec<u8> {
+        let mut body = vec![family, 0, 0, 0];
+        body.extend(ifindex.to_ne_bytes());
+        body.extend(state.to_ne_bytes());
+        body.extend([0, 0]);
+        let mut attr = |kind: u16, value: &[u8]| {
+            body.extend(((4 + value.len()) as u16).to_ne_bytes());
+            body.extend(kind.to_ne_bytes());
+            body.extend(value);
+            while body.len() % 4 != 0 {
+                body.push(0);
+            }
+        };
+        attr(libc::NDA_DST, dst);
+        if let Some(mac) = mac {
+            attr(libc::NDA_LLADDR, &mac);
+        }
+        let mut msg = Vec::new();
+        msg.extend(((16 + body.len()) as u32).to_ne_bytes());
+        msg.extend(libc::RTM_NEWNEIGH.to_ne_bytes());
+        msg.extend([0u8; 10]);
+        msg.extend(body);
+        msg
+    }
+
+    fn done() -> Vec<u8> {
+        let mut msg = Vec::new();
+        msg.extend(20u32.to_ne_bytes());
+        msg.extend((libc::NLMSG_DONE as u16).to_ne_bytes());
+        msg.extend([0u8; 14]);
+        msg
+    }
+
+    const MAC: [u8; 6] = [0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f];
 
     #[test]
-    fn keeps_complete_entries_of_the_interface_only() {
+    fn keeps_usable_neighbours_of_the_interface_from_a_dump() {
+        let v6: std::net::Ipv6Addr = "fd00:213::21".parse().unwrap();
+        let mut datagram = Vec::new();
+        datagram.extend(message(
+            libc::AF_INET as u8,
+            7,
+            libc::NUD_REACHABLE,
+            &[10, 0, 0, 21],
+            Some(MAC),
+        ));
+        // Another interface, an incomplete entry, no MAC: left out.
+        datagram.extend(message(
+            libc::AF_INET as u8,
+            8,
+            libc::NUD_REACHABLE,
+            &[10, 0, 0, 22],
+            Some(MAC),
+        ));
+        datagram.extend(message(
+            libc::AF_INET as u8,
+            7,
+            libc::NUD_INCOMPLETE,
+            &[10, 0, 0, 23],
+            Some(MAC),
+        ));
+        datagram.extend(message(
+            libc::AF_INET as u8,
+            7,
+            libc::NUD_STALE,
+            &[10, 0, 0, 24],
+            None,
+        ));
+        datagram.extend(message(
+            libc::AF_INET6 as u8,
+            7,
+            libc::NUD_STALE,
+            &v6.octets(),
+            Some(MAC),
+        ));
+        let mut found = Vec::new();
+        assert!(!netlink::parse(&datagram, 7, &mut found).unwrap());
+        assert!(netlink::parse(&done(), 7, &mut found).unwrap());
         assert_eq!(
-            parse_arp_table(ARP, "veth0"),
+            found,
             [
-                (
-                    "10.0.0.21".parse().unwrap(),
-                    [0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f]
-                ),
-                ("10.0.0.24".parse().unwrap(), [1, 2, 3, 4, 5, 6]),
+                (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 21)), MAC),
+                (IpAddr::V6(v6), MAC)
             ]
         );
-        assert_eq!(parse_arp_table("", "veth0"), []);
     }
 
     #[test]
-    fn keeps_ipv6_neighbours_with_a_link_layer_address() {
-        let text = "\
-fd00:213::21 lladdr 0a:1b:2c:3d:4e:5f REACHABLE
-fd00:213::22 lladdr 01:02:03:04:05:06 router STALE
-fd00:213::23 INCOMPLETE
-fe80::1 FAILED
-";
-        assert_eq!(
-            parse_ip6_neigh(text),
-            [
-                (
-                    "fd00:213::21".parse().unwrap(),
-                    [0x0a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f]
-                ),
-                ("fd00:213::22".parse().unwrap(), [1, 2, 3, 4, 5, 6]),
-            ]
+    fn a_truncated_or_failed_dump_is_an_error() {
+        let msg = message(
+            libc::AF_INET as u8,
+            7,
+            libc::NUD_REACHABLE,
+            &[10, 0, 0, 21],
+            Some(MAC),
         );
+        let mut found = Vec::new();
+        assert!(netlink::parse(&msg[..msg.len() - 4], 7, &mut found).is_err());
+        let mut error = Vec::new();
+        error.extend(36u32.to_ne_bytes());
+        error.extend((libc::NLMSG_ERROR as u16).to_ne_bytes());
+        error.extend([0u8; 10]);
+        error.extend((-libc::EPERM).to_ne_bytes());
+        error.extend([0u8; 16]);
+        let err = netlink::parse(&error, 7, &mut found).unwrap_err();
+        assert!(err.to_string().contains("not permitted"), "{err}");
     }
 
     #[test]
-    fn rejects_malformed_macs() {
-        assert_eq!(parse_mac("0a:1b:2c:3d:4e"), None);
-        assert_eq!(parse_mac("0a:1b:2c:3d:4e:5f:00"), None);
-        assert_eq!(parse_mac("zz:1b:2c:3d:4e:5f"), None);
-        assert_eq!(parse_mac("00:00:00:00:00:00"), None);
+    fn dumps_the_live_neighbour_table() {
+        // Loopback has no neighbours; the dump itself must work unprivileged.
+        let found = netlink::dump(1).unwrap();
+        assert!(found.is_empty(), "{found:?}");
     }
 }

@@ -4,7 +4,8 @@
 //! panic fallback). Runtime changes (socket commands, SIGHUP) go through
 //! here. Pure: no maps, time passed in.
 //!
-//! Ids: the configured backends get the ids of [`Plan`]. A backend added at
+//! Ids: the configured backends get the ids of [`Plan`] (stable across
+//! restarts, by address). A backend added at
 //! runtime gets the lowest free id. A removed backend keeps its id, as
 //! draining, until the reconciler finds no live flow to it; only then is
 //! the id freed for reuse, so events and counters of old flows never land
@@ -12,11 +13,14 @@
 
 use std::net::SocketAddr;
 
-use lb_common::{BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta};
+use lb_common::{
+    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta,
+};
 use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::{
+    estimate::WEIGHT_UNITS,
     ingest::events::{CloseReason, Event},
     kernel::clock::Nanos,
     kernel::wire,
@@ -67,6 +71,27 @@ pub struct FleetVip {
     pub maglev_table: Option<u32>,
 }
 
+/// Steps a ramp (slow start, weight smoothing) takes on a VIP whose
+/// algorithm reads a table built from the weights: each step rebuilds the
+/// table, so a ramp costs at most this many rebuilds, not one per tick.
+pub const TABLE_RAMP_STEPS: u32 = 10;
+
+/// Whether VIP algorithm `algorithm` (a `VipMeta::algorithm`) reads a
+/// table built from the weights (WRR schedule, weighted-random sums, Maglev).
+fn table_based(algorithm: u8) -> bool {
+    matches!(
+        Algorithm::from_u8(algorithm),
+        Some(Algorithm::WeightedRoundRobin | Algorithm::Random | Algorithm::Maglev)
+    )
+}
+
+/// `weight` (in weight units) rounded to a step of `full / TABLE_RAMP_STEPS`
+/// (`full`: the backend's configured weight in units), never below one step.
+pub fn coarse_weight(weight: u32, full: u32) -> u32 {
+    let step = (full / TABLE_RAMP_STEPS).max(1);
+    ((weight + step / 2) / step * step).max(step)
+}
+
 /// What the kernel should see of one VIP.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Selection {
@@ -89,20 +114,20 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new(config: &Config, plan: &Plan, now: Nanos) -> Self {
-        let mut members = Vec::new();
-        let vips = config
+        let mut members: Vec<Option<Member>> = vec![None; plan.backends.len()];
+        let mut vips: Vec<FleetVip> = config
             .vips
             .iter()
             .zip(&plan.vips)
             .enumerate()
             .map(|(index, (v, p))| {
                 for (&id, b) in p.slots.iter().zip(&v.backends) {
-                    members.push(Some(Member {
+                    members[id as usize] = Some(Member {
                         addr: b.addr,
                         vip: index,
                         life: Lifecycle::new(id, b.weight.get(), now),
                         outlier: Detector::default(),
-                    }));
+                    });
                 }
                 FleetVip {
                     addr: v.vip,
@@ -116,6 +141,19 @@ impl Fleet {
                 }
             })
             .collect();
+        for d in &plan.draining {
+            let params = vips[d.vip].params;
+            let mut life = Lifecycle::new(d.id, d.weight, now);
+            life.set_admin(Admin::Removed, now, &params);
+            members[d.id as usize] = Some(Member {
+                addr: d.addr,
+                vip: d.vip,
+                life,
+                outlier: Detector::default(),
+            });
+            vips[d.vip].members.push(d.id);
+            info!(backend = d.id, address = %d.addr, vip = %vips[d.vip].addr, "backend no longer configured: draining until its flows end");
+        }
         Self {
             vips,
             members,
@@ -264,7 +302,6 @@ impl Fleet {
                 continue; // its backends follow etcd, not the file
             }
             let Ok(index) = self.vip_index(&v.vip) else {
-                notes.push(format!("new VIP {} needs a restart", v.vip));
                 continue;
             };
             self.reload_vip(index, v, now, &mut notes);
@@ -472,7 +509,12 @@ impl Fleet {
         {
             if chosen(m) {
                 out.slots.push(id);
-                out.weights.push(m.life.effective_weight(now, &vip.params));
+                let weight = m.life.effective_weight(now, &vip.params);
+                out.weights.push(if table_based(vip.meta.algorithm) {
+                    coarse_weight(weight, m.life.weight() * WEIGHT_UNITS)
+                } else {
+                    weight
+                });
                 out.states.push((id, BACKEND_ACTIVE));
             } else {
                 out.states.push((id, m.life.kernel_state(now)));
@@ -674,5 +716,20 @@ mod tests {
         fn add(self, d: Duration) -> Nanos {
             Nanos(self.0 + d.as_nanos() as u64)
         }
+    }
+
+    #[test]
+    fn table_weights_ramp_in_coarse_steps() {
+        let full = 3 * WEIGHT_UNITS;
+        // Every effective weight of a ramp lands on one of ten steps.
+        let steps: std::collections::BTreeSet<u32> =
+            (1..=full).map(|w| coarse_weight(w, full)).collect();
+        assert_eq!(steps.len(), TABLE_RAMP_STEPS as usize);
+        assert_eq!(coarse_weight(full, full), full);
+        assert_eq!(coarse_weight(1, full), full / 10);
+        assert_eq!(coarse_weight(150, full), 150);
+        assert_eq!(coarse_weight(1, 1), 1);
+        assert!(table_based(Algorithm::Maglev as u8));
+        assert!(!table_based(Algorithm::P2cEwma as u8));
     }
 }

@@ -3,19 +3,27 @@
 //! the VIP). A TCP check passes when the connect completes; an HTTP check
 //! sends `GET path` and passes on the expected status. Results go to the
 //! event loop, which feeds them to the backend's lifecycle (rise/fall).
+//!
+//! Each check runs under a supervisor: a check that panics is reported to
+//! the checker's `on_panic` and started again one interval later, so a bug
+//! in one check neither stops the daemon nor silently ends that backend's
+//! checks.
 
-use std::{collections::HashMap, net::SocketAddr};
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
     sync::mpsc,
     task::JoinHandle,
-    time::{MissedTickBehavior, interval, timeout},
+    time::{MissedTickBehavior, interval, sleep, timeout},
 };
 use tracing::debug;
 
-use crate::settings::ops::{HealthCheck, HttpCheck};
+use crate::settings::{
+    faults::{self, Fault},
+    ops::{HealthCheck, HttpCheck},
+};
 
 /// Most bytes of a response read looking for the status line.
 const MAX_STATUS_LINE: usize = 1024;
@@ -30,17 +38,22 @@ pub struct CheckResult {
     pub passed: bool,
 }
 
+/// Told of a check task that panicked: the backend id and the panic's message.
+pub type OnPanic = Arc<dyn Fn(u32, &str) + Send + Sync>;
+
 /// The running check tasks, by backend id.
 pub struct HealthChecker {
     tasks: HashMap<u32, (SocketAddr, HealthCheck, JoinHandle<()>)>,
     results: mpsc::Sender<CheckResult>,
+    on_panic: OnPanic,
 }
 
 impl HealthChecker {
-    pub fn new(results: mpsc::Sender<CheckResult>) -> Self {
+    pub fn new(results: mpsc::Sender<CheckResult>, on_panic: OnPanic) -> Self {
         Self {
             tasks: HashMap::new(),
             results,
+            on_panic,
         }
     }
 
@@ -59,7 +72,13 @@ impl HealthChecker {
             if self.tasks.contains_key(&id) {
                 continue;
             }
-            let task = tokio::spawn(run(id, addr, check.clone(), self.results.clone()));
+            let task = tokio::spawn(supervise(
+                id,
+                addr,
+                check.clone(),
+                self.results.clone(),
+                self.on_panic.clone(),
+            ));
             self.tasks.insert(id, (addr, check, task));
         }
     }
@@ -73,11 +92,53 @@ impl Drop for HealthChecker {
     }
 }
 
+/// Runs backend `backend`'s checks; restarts them one interval after a
+/// panic. Aborting this task aborts the check it runs.
+async fn supervise(
+    backend: u32,
+    addr: SocketAddr,
+    check: HealthCheck,
+    out: mpsc::Sender<CheckResult>,
+    on_panic: OnPanic,
+) {
+    loop {
+        let task = tokio::spawn(run(backend, addr, check.clone(), out.clone()));
+        let abort = task.abort_handle();
+        let _abort_on_drop = AbortOnDrop(abort);
+        match task.await {
+            Err(e) if e.is_panic() => {
+                let payload = e.into_panic();
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                on_panic(backend, &message);
+                sleep(check.interval).await;
+            }
+            // The results channel closed (shutdown), or an abort.
+            _ => return,
+        }
+    }
+}
+
+/// Aborts the running check when its supervisor is aborted.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn run(backend: u32, addr: SocketAddr, check: HealthCheck, out: mpsc::Sender<CheckResult>) {
     let mut tick = interval(check.interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if faults::trip(Fault::HealthPanic) {
+            panic!("injected fault: health-panic (backend {backend})");
+        }
         let passed = matches!(
             timeout(check.timeout, probe(addr, check.http.as_ref())).await,
             Ok(Ok(true))

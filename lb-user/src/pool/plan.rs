@@ -1,16 +1,28 @@
 //! The map contents a [`Config`] stands for, computed without the kernel.
 //!
-//! Ids are assigned in config order: VIP `i` of the config is vip id `i`, and
-//! backends are numbered consecutively across VIPs in the order written. The
-//! same configuration therefore always gets the same ids, so after a restart
-//! the pinned flow table's `backend_id`s still name the same servers.
+//! Ids are stable: a VIP or backend that a previous instance left in the
+//! pinned maps (the [`Previous`] that startup reads) keeps its id, found by
+//! address, whatever the order of the configuration; so after a restart
+//! the pinned flow table's `backend_id`s, the kernel's per-backend counters
+//! and in-flight counts still name the same servers. Anything new gets the
+//! lowest id no one has, a previous backend's id included. On a fresh start
+//! that numbers VIPs in config order and backends consecutively across VIPs
+//! in the order written. A previous backend the configuration no longer has
+//! stays as a draining member of its VIP (see [`Plan::draining`]) until its
+//! flows are gone; one whose VIP is gone is cleared with the VIP.
+
+use std::{collections::BTreeSet, net::SocketAddr};
 
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, VIP_F_SOURCE_AFFINITY, VipKey,
-    VipMeta,
+    Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, Backend, MAX_BACKENDS_PER_VIP,
+    VIP_F_SOURCE_AFFINITY, VipKey, VipMeta,
 };
 
-use crate::{kernel::wire, settings::addr::Weight, settings::config::Config};
+use crate::{
+    kernel::wire,
+    settings::addr::Weight,
+    settings::config::{Config, VipConfig},
+};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannedVip {
@@ -18,7 +30,7 @@ pub struct PlannedVip {
     pub meta: VipMeta,
     /// Backend ids to write at `VIP_BACKENDS[vip_id * MAX_BACKENDS_PER_VIP ..]`.
     pub slots: Vec<u32>,
-    /// Index of the VIP's Maglev table (maglev VIPs only, numbered in order).
+    /// Index of the VIP's Maglev table (maglev VIPs only).
     pub maglev_table: Option<u32>,
 }
 
@@ -29,45 +41,162 @@ impl PlannedVip {
     }
 }
 
+/// A backend a previous instance served that the configuration no longer
+/// has: it keeps its id, draining, in VIP `vip` (an index of the config).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Leftover {
+    pub vip: usize,
+    pub id: u32,
+    pub addr: SocketAddr,
+    pub weight: u32,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub vips: Vec<PlannedVip>,
-    /// Indexed by backend id.
+    /// Indexed by backend id; ids no one has are zero (`in_use == 0`).
     pub backends: Vec<Backend>,
     /// Configured weight per backend id.
     pub weights: Vec<Weight>,
+    /// Previous backends that drain until their flows end.
+    pub draining: Vec<Leftover>,
+}
+
+/// What a previous instance left in the pinned maps (nothing on a fresh
+/// start).
+#[derive(Clone, Debug, Default)]
+pub struct Previous {
+    /// Every VIP: its key, id and Maglev table (if it had one).
+    pub vips: Vec<(VipKey, u32, Option<u32>)>,
+    /// Every backend in use, by id.
+    pub backends: Vec<(u32, Backend)>,
+}
+
+/// Ids in use; hands out the lowest free one.
+struct Ids(BTreeSet<u32>);
+
+impl Ids {
+    fn new(taken: impl IntoIterator<Item = u32>) -> Self {
+        Self(taken.into_iter().collect())
+    }
+
+    fn take_lowest(&mut self) -> u32 {
+        let id = (0..).find(|i| !self.0.contains(i)).unwrap_or(0);
+        self.0.insert(id);
+        id
+    }
+}
+
+fn vip_key(v: &VipConfig) -> VipKey {
+    let (addr, family) = wire::ip_to_words(v.vip.addr.ip());
+    VipKey {
+        addr,
+        port: wire::port_to_wire(v.vip.addr.port()),
+        proto: v.vip.protocol.ip_proto(),
+        family,
+    }
+}
+
+fn same_server(entry: &Backend, addr: SocketAddr) -> bool {
+    let (words, family) = wire::ip_to_words(addr.ip());
+    entry.in_use != 0
+        && entry.addr == words
+        && entry.family == family
+        && entry.port == wire::port_to_wire(addr.port())
 }
 
 impl Plan {
+    /// The plan of a fresh start.
     pub fn new(config: &Config) -> Self {
-        let mut vips = Vec::with_capacity(config.vips.len());
-        let mut backends = Vec::new();
-        let mut weights = Vec::new();
-        let mut maglev_tables = 0..;
-        for (vip_id, v) in config.vips.iter().enumerate() {
-            let vip_id = vip_id as u32;
-            let (addr, family) = wire::ip_to_words(v.vip.addr.ip());
-            let mut slots = Vec::with_capacity(v.backends.len());
-            for b in &v.backends {
-                slots.push(backends.len() as u32);
-                weights.push(b.weight);
-                backends.push(wire::backend_entry(
-                    b.addr,
-                    vip_id,
-                    b.weight.get(),
-                    BACKEND_ACTIVE,
-                ));
+        Self::adopting(config, &Previous::default())
+    }
+
+    /// The plan that keeps the ids of `previous`.
+    pub fn adopting(config: &Config, previous: &Previous) -> Self {
+        let keys: Vec<VipKey> = config.vips.iter().map(vip_key).collect();
+        let old: Vec<Option<&(VipKey, u32, Option<u32>)>> = keys
+            .iter()
+            .map(|k| previous.vips.iter().find(|(key, ..)| key == k))
+            .collect();
+        let mut vip_ids = Ids::new(old.iter().flatten().map(|(_, id, _)| *id));
+        let is_maglev = |i: usize| config.vips[i].algorithm == Algorithm::Maglev;
+        let kept_table = |i: usize| old[i].and_then(|(_, _, t)| *t).filter(|_| is_maglev(i));
+        let mut tables = Ids::new((0..keys.len()).filter_map(kept_table));
+        let vip_id: Vec<u32> = old
+            .iter()
+            .map(|o| o.map_or_else(|| vip_ids.take_lowest(), |(_, id, _)| *id))
+            .collect();
+        let maglev_table: Vec<Option<u32>> = (0..keys.len())
+            .map(|i| is_maglev(i).then(|| kept_table(i).unwrap_or_else(|| tables.take_lowest())))
+            .collect();
+
+        // Backends: every previous id stays reserved; a configured backend
+        // found in its VIP keeps its id.
+        let mut ids = Ids::new(previous.backends.iter().map(|(id, _)| *id));
+        let mut matched = BTreeSet::new();
+        let mut chosen: Vec<Vec<u32>> = Vec::with_capacity(keys.len());
+        for (i, v) in config.vips.iter().enumerate() {
+            let was_served = old[i].is_some();
+            let slots = v
+                .backends
+                .iter()
+                .map(|b| {
+                    let found = previous.backends.iter().find(|(id, entry)| {
+                        was_served
+                            && entry.vip_id == vip_id[i]
+                            && same_server(entry, b.addr)
+                            && !matched.contains(id)
+                    });
+                    match found {
+                        Some((id, _)) => {
+                            matched.insert(*id);
+                            *id
+                        }
+                        None => ids.take_lowest(),
+                    }
+                })
+                .collect();
+            chosen.push(slots);
+        }
+        let draining: Vec<Leftover> = previous
+            .backends
+            .iter()
+            .filter(|(id, _)| !matched.contains(id))
+            .filter_map(|(id, entry)| {
+                let vip =
+                    (0..keys.len()).find(|&i| old[i].is_some() && vip_id[i] == entry.vip_id)?;
+                let port = wire::port_from_wire(entry.port);
+                let addr = SocketAddr::new(wire::words_to_ip(entry.addr, entry.family)?, port);
+                Some(Leftover {
+                    vip,
+                    id: *id,
+                    addr,
+                    weight: entry.weight,
+                })
+            })
+            .collect();
+
+        let len = chosen
+            .iter()
+            .flatten()
+            .chain(draining.iter().map(|d| &d.id))
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut backends = vec![Backend::default(); len];
+        let mut weights = vec![Weight::DEFAULT; len];
+        let mut vips = Vec::with_capacity(keys.len());
+        for (i, v) in config.vips.iter().enumerate() {
+            for (&id, b) in chosen[i].iter().zip(&v.backends) {
+                weights[id as usize] = b.weight;
+                backends[id as usize] =
+                    wire::backend_entry(b.addr, vip_id[i], b.weight.get(), BACKEND_ACTIVE);
             }
             vips.push(PlannedVip {
-                key: VipKey {
-                    addr,
-                    port: wire::port_to_wire(v.vip.addr.port()),
-                    proto: v.vip.protocol.ip_proto(),
-                    family,
-                },
+                key: keys[i],
                 meta: VipMeta {
-                    vip_id,
-                    backend_count: slots.len() as u32,
+                    vip_id: vip_id[i],
+                    backend_count: chosen[i].len() as u32,
                     algorithm: v.algorithm as u8,
                     inflight_bias: v.inflight_bias,
                     flags: if v.maglev_source_affinity {
@@ -77,16 +206,35 @@ impl Plan {
                     },
                     _pad: 0,
                 },
-                slots,
-                maglev_table: (v.algorithm == Algorithm::Maglev)
-                    .then(|| maglev_tables.next())
-                    .flatten(),
+                slots: chosen[i].clone(),
+                maglev_table: maglev_table[i],
             });
+        }
+        for d in &draining {
+            backends[d.id as usize] =
+                wire::backend_entry(d.addr, vip_id[d.vip], d.weight, BACKEND_DRAINING);
         }
         Self {
             vips,
             backends,
             weights,
+            draining,
+        }
+    }
+}
+
+impl Plan {
+    /// Writes backend `addr` of VIP `vip` (a config index) draining: the
+    /// kernel refuses it from the first packet on.
+    pub fn set_draining(&mut self, vip: usize, addr: SocketAddr) {
+        let Some(v) = self.vips.get(vip) else {
+            return;
+        };
+        for &id in &v.slots {
+            let entry = &mut self.backends[id as usize];
+            if same_server(entry, addr) {
+                entry.state = BACKEND_DRAINING;
+            }
         }
     }
 }
@@ -161,5 +309,119 @@ mod tests {
             "10.0.0.22:80",
         ];
         assert_eq!(plan(&argv, ""), plan(&argv, ""));
+    }
+
+    /// The file's VIP comes first, the flags' after it.
+    const UDP: usize = 0;
+    const TCP: usize = 1;
+
+    fn three_backends(order: [&str; 3]) -> Config {
+        let mut argv = vec!["lb-user", "--iface", "eth0", "--vip", "10.0.0.100:80"];
+        for b in &order {
+            argv.extend(["--backend", b]);
+        }
+        let file = r#"
+            [[vip]]
+            address = "10.0.0.100:53/udp"
+            algorithm = "maglev"
+            backends = ["10.0.0.21:53"]
+            "#;
+        let args = Cli::try_parse_from(argv).unwrap().run;
+        let file = FileConfig::parse(file, std::path::Path::new("t.toml")).unwrap();
+        Config::merge(args, file).unwrap()
+    }
+
+    /// What `plan` leaves in the maps, as the next instance reads it.
+    fn left_by(plan: &Plan) -> Previous {
+        Previous {
+            vips: plan
+                .vips
+                .iter()
+                .map(|v| (v.key, v.meta.vip_id, v.maglev_table))
+                .collect(),
+            backends: plan
+                .backends
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.in_use != 0)
+                .map(|(id, b)| (id as u32, *b))
+                .collect(),
+        }
+    }
+
+    fn id_of(plan: &Plan, addr: &str) -> u32 {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let found = plan.vips[TCP]
+            .slots
+            .iter()
+            .copied()
+            .find(|&id| same_server(&plan.backends[id as usize], addr));
+        found.unwrap()
+    }
+
+    #[test]
+    fn a_readopted_plan_keeps_ids_by_address_whatever_the_order() {
+        let first = Plan::new(&three_backends([
+            "10.0.0.21:80",
+            "10.0.0.22:80",
+            "10.0.0.23:80",
+        ]));
+        assert_eq!(first.vips[UDP].slots, [0]);
+        assert_eq!(first.vips[TCP].slots, [1, 2, 3]);
+        // Reordered, one backend replaced by a new one.
+        let second = Plan::adopting(
+            &three_backends(["10.0.0.23:80", "10.0.0.24:80", "10.0.0.21:80"]),
+            &left_by(&first),
+        );
+        assert_eq!(id_of(&second, "10.0.0.21:80"), 1);
+        assert_eq!(id_of(&second, "10.0.0.23:80"), 3);
+        // The new one gets an id nobody had; the old one drains under its own.
+        assert_eq!(id_of(&second, "10.0.0.24:80"), 4);
+        assert_eq!(
+            second.draining,
+            [Leftover {
+                vip: TCP,
+                id: 2,
+                addr: "10.0.0.22:80".parse().unwrap(),
+                weight: 1
+            }]
+        );
+        assert_eq!(second.backends[2].state, BACKEND_DRAINING);
+        assert_eq!(second.vips[UDP].slots, [0]);
+        assert_eq!(second.vips[UDP].maglev_table, Some(0));
+        assert_eq!(second.vips[TCP].meta.vip_id, 1);
+        // The same again: nothing moves.
+        let third = Plan::adopting(
+            &three_backends(["10.0.0.23:80", "10.0.0.24:80", "10.0.0.21:80"]),
+            &left_by(&second),
+        );
+        assert_eq!(third.vips, second.vips);
+    }
+
+    #[test]
+    fn vip_ids_are_kept_by_address_and_new_vips_take_free_ones() {
+        let first = Plan::new(&three_backends([
+            "10.0.0.21:80",
+            "10.0.0.22:80",
+            "10.0.0.23:80",
+        ]));
+        let mut previous = left_by(&first);
+        // Only the UDP VIP was served before, under id 5.
+        previous
+            .vips
+            .retain(|(k, ..)| k.proto == lb_common::IPPROTO_UDP);
+        previous.vips[0].1 = 5;
+        previous.backends.retain(|(id, _)| *id == 3);
+        previous.backends[0].1 =
+            wire::backend_entry("10.0.0.21:53".parse().unwrap(), 5, 1, BACKEND_ACTIVE);
+        let plan = Plan::adopting(
+            &three_backends(["10.0.0.21:80", "10.0.0.22:80", "10.0.0.23:80"]),
+            &previous,
+        );
+        assert_eq!(plan.vips[UDP].meta.vip_id, 5);
+        assert_eq!(plan.vips[UDP].slots, [3]);
+        assert_eq!(plan.vips[TCP].meta.vip_id, 0);
+        assert_eq!(plan.vips[TCP].slots, [0, 1, 2]);
+        assert!(plan.draining.is_empty());
     }
 }

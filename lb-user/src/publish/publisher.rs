@@ -25,6 +25,7 @@ use crate::{
         tables::{SlotBackend, planned_slots},
         writers::{ScoreWriter, TableWriter, UpdateTimes},
     },
+    settings::faults::{self, Fault},
 };
 
 /// Every write the control plane makes while it runs, through handles
@@ -79,6 +80,11 @@ impl Publisher {
             }
         }
         let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
+        for vip in &plan.vips {
+            if let Some(table) = vip.maglev_table {
+                self.tables.claim(vip.meta.vip_id, table);
+            }
+        }
         for vip in &plan.vips {
             let slots = planned_slots(vip, &plan.backends, &weights);
             self.tables.write(
@@ -145,6 +151,7 @@ impl Publisher {
             return Ok(());
         }
         let started = Instant::now();
+        faults::check(Fault::TableWrite).context("writing BACKENDS")?;
         for (id, backend) in entries {
             self.backends
                 .set(*id, backend, 0)

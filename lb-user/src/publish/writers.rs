@@ -1,16 +1,24 @@
 //! The writers of the per-VIP tables and of the scores, each holding its
 //! map handles open from startup: no publish reopens a pinned map.
 
-use std::{path::Path, time::Instant};
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::Path,
+    time::Instant,
+};
+
+use aya::maps::IterableMap as _;
 
 use anyhow::Context as _;
 use lb_common::{
-    Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VipTables, WRR_SCHEDULE_LEN,
+    Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, VipTables,
+    WRR_SCHEDULE_LEN,
 };
 
 use crate::{
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix},
     publish::tables::{SlotBackend, VipTableSet, median_cost},
+    settings::faults::{self, Fault},
 };
 
 /// Count, total and worst time of map updates (for metrics).
@@ -30,12 +38,29 @@ impl UpdateTimes {
     }
 }
 
-/// Writes a VIP's weight-derived tables (see `publish::tables`).
+/// Writes a VIP's weight-derived tables (see `publish::tables`), each
+/// block in one `BPF_MAP_UPDATE_BATCH` call.
+///
+/// Maglev tables are built aside and swapped: a VIP's new table is written
+/// into a table no VIP's descriptor points at, and only then does the
+/// VIP's descriptor switch to it, so the kernel never reads a half-written
+/// table. (With every one of the [`MAX_MAGLEV_TABLES`] tables in use,
+/// there is no spare: the table is rewritten in place.) The WRR schedule
+/// and the weight prefix sums are still rewritten in place.
 pub struct TableWriter {
     schedule: VipSchedule,
     prefix: VipWeightPrefix,
     maglev: Maglev,
     descriptors: VipTablesMap,
+    /// The Maglev table each VIP's descriptor points at, by vip id.
+    current: std::collections::HashMap<u32, u32>,
+    /// Maglev tables rewritten in place for want of a spare.
+    pub maglev_in_place: u64,
+}
+
+/// The lowest Maglev table no VIP uses.
+fn spare_table(current: &std::collections::HashMap<u32, u32>) -> Option<u32> {
+    (0..MAX_MAGLEV_TABLES).find(|t| !current.values().any(|c| c == t))
 }
 
 impl TableWriter {
@@ -45,7 +70,16 @@ impl TableWriter {
             prefix: maps::vip_weight_prefix(pin_dir)?,
             maglev: maps::maglev(pin_dir)?,
             descriptors: maps::vip_tables(pin_dir)?,
+            current: std::collections::HashMap::new(),
+            maglev_in_place: 0,
         })
+    }
+
+    /// Records that VIP `vip_id`'s descriptor points at Maglev table
+    /// `table` (the plan's, read from the pinned descriptors): it is not a
+    /// spare. Called for every VIP before the first write.
+    pub fn claim(&mut self, vip_id: u32, table: u32) {
+        self.current.insert(vip_id, table);
     }
 
     /// Builds and writes the tables of VIP `vip_id` (whose
@@ -60,16 +94,19 @@ impl TableWriter {
     ) -> anyhow::Result<()> {
         let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
         let set = VipTableSet::build(algorithm, slots);
-        for (i, slot) in set.schedule.iter().enumerate() {
-            self.schedule
-                .set(vip_id * WRR_SCHEDULE_LEN + i as u32, slot, 0)
-                .context("writing VIP_SCHEDULE")?;
-        }
-        for (i, sum) in set.prefix.iter().enumerate() {
-            self.prefix
-                .set(vip_id * MAX_BACKENDS_PER_VIP + i as u32, sum, 0)
-                .context("writing VIP_WEIGHT_PREFIX")?;
-        }
+        let block = |first: u32, len: usize| (first..first + len as u32).collect::<Vec<u32>>();
+        write_block(
+            &mut self.schedule,
+            &block(vip_id * WRR_SCHEDULE_LEN, set.schedule.len()),
+            &set.schedule,
+        )
+        .context("writing VIP_SCHEDULE")?;
+        write_block(
+            &mut self.prefix,
+            &block(vip_id * MAX_BACKENDS_PER_VIP, set.prefix.len()),
+            &set.prefix,
+        )
+        .context("writing VIP_WEIGHT_PREFIX")?;
         // The reference cost is the score loop's ([`ScoreWriter`]): kept.
         let mut descriptor = VipTables {
             schedule_len: set.schedule.len() as u32,
@@ -79,29 +116,99 @@ impl TableWriter {
                 .map_or(0, |t| t.reference_cost),
             ..VipTables::default()
         };
-        if let Some(table) = maglev_table
+        if let Some(planned) = maglev_table
             && !set.maglev.is_empty()
         {
-            for (i, id) in set.maglev.iter().enumerate() {
-                self.maglev
-                    .set(table * MAGLEV_TABLE_SIZE + i as u32, id, 0)
-                    .context("writing MAGLEV")?;
-            }
+            let current = *self.current.entry(vip_id).or_insert(planned);
+            let table = spare_table(&self.current).unwrap_or_else(|| {
+                self.maglev_in_place += 1;
+                current
+            });
+            write_block(
+                &mut self.maglev,
+                &block(table * MAGLEV_TABLE_SIZE, set.maglev.len()),
+                &set.maglev,
+            )
+            .context("writing MAGLEV")?;
             descriptor.maglev_table = table;
             descriptor.has_maglev = 1;
+            self.descriptors
+                .set(vip_id, descriptor, 0)
+                .context("writing VIP_TABLES")?;
+            self.current.insert(vip_id, table);
+            return Ok(());
         }
         self.descriptors
             .set(vip_id, descriptor, 0)
             .context("writing VIP_TABLES")
     }
+
+    /// The Maglev table VIP `vip_id` uses now.
+    pub fn maglev_table(&self, vip_id: u32) -> Option<u32> {
+        self.current.get(&vip_id).copied()
+    }
+}
+
+/// Writes `values[i]` at `keys[i]` of an array map in one batch call, or
+/// one update each where the kernel has no batch operations on arrays.
+fn write_block<V: aya::Pod>(
+    map: &mut aya::maps::Array<aya::maps::MapData, V>,
+    keys: &[u32],
+    values: &[V],
+) -> anyhow::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let fd = map.map().fd().as_fd().as_raw_fd();
+    match batch::update(fd, keys, values) {
+        Ok(()) => Ok(()),
+        Err(e) if batch::unsupported(&e) => {
+            for (k, v) in keys.iter().zip(values) {
+                map.set(*k, v, 0)?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Writes the backends' scores, and with them each VIP's
-/// `VipTables::reference_cost` (P2C's yardstick).
+/// `VipTables::reference_cost` (P2C's yardstick): each tick only what
+/// changed, the scores in one `BPF_MAP_UPDATE_BATCH` call.
 pub struct ScoreWriter {
     scores: Scores,
     references: VipTablesMap,
     pub times: UpdateTimes,
+    /// What each backend id last got (`updated_ns` aside).
+    last: Vec<Option<BackendScore>>,
+    /// Each VIP's last reference cost, by vip id.
+    last_reference: std::collections::HashMap<u32, u64>,
+    /// False once the kernel refused a batch update (older than 5.6):
+    /// then one update per changed score.
+    batch: bool,
+    /// Map-update syscalls made (for metrics and the cost tests).
+    pub syscalls: u64,
+}
+
+/// The scores of `fresh` that differ from `last` (`updated_ns`, the time
+/// of the write, aside).
+pub fn changed_scores(
+    last: &[Option<BackendScore>],
+    fresh: &[(u32, BackendScore)],
+) -> Vec<(u32, BackendScore)> {
+    let same = |a: &BackendScore, b: &BackendScore| {
+        a.ewma_ns == b.ewma_ns && a.cost == b.cost && a.weight == b.weight
+    };
+    fresh
+        .iter()
+        .filter(|(id, score)| {
+            !last
+                .get(*id as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|old| same(old, score))
+        })
+        .copied()
+        .collect()
 }
 
 impl ScoreWriter {
@@ -110,29 +217,44 @@ impl ScoreWriter {
             scores: maps::scores(pin_dir)?,
             references: maps::vip_tables(pin_dir)?,
             times: UpdateTimes::default(),
+            last: Vec::new(),
+            last_reference: std::collections::HashMap::new(),
+            batch: true,
+            syscalls: 0,
         })
     }
 
     /// Writes backend `id`'s score.
     pub fn set(&mut self, id: u32, score: &BackendScore) -> anyhow::Result<()> {
+        self.syscalls += 1;
         self.scores
             .set(id, score, 0)
-            .context("writing BACKEND_SCORES")
+            .context("writing BACKEND_SCORES")?;
+        self.remember(id, *score);
+        Ok(())
     }
 
-    /// Writes the `fresh` scores (by backend id), then each VIP's reference
-    /// cost from the scores of its slot backends (`vips`: vip id and slots),
-    /// and records the time since `started` (the scores' computation
-    /// included).
+    fn remember(&mut self, id: u32, score: BackendScore) {
+        let id = id as usize;
+        if self.last.len() <= id {
+            self.last.resize(id + 1, None);
+        }
+        self.last[id] = Some(score);
+    }
+
+    /// Writes the `fresh` scores (by backend id) that changed, then each
+    /// VIP's reference cost that changed, from the scores of its slot
+    /// backends (`vips`: vip id and slots), and records the time since
+    /// `started` (the scores' computation included).
     pub fn write<'a>(
         &mut self,
         started: Instant,
         fresh: &[(u32, BackendScore)],
         vips: impl IntoIterator<Item = (u32, &'a [u32])>,
     ) -> anyhow::Result<()> {
-        for (id, score) in fresh {
-            self.set(*id, score)?;
-        }
+        faults::check(Fault::ScoreWrite).context("writing BACKEND_SCORES")?;
+        let changed = changed_scores(&self.last, fresh);
+        self.write_batch(&changed)?;
         for (vip_id, slots) in vips {
             self.write_reference(vip_id, slots, fresh)?;
         }
@@ -140,21 +262,175 @@ impl ScoreWriter {
         Ok(())
     }
 
+    /// One `BPF_MAP_UPDATE_BATCH` for `scores`, or one update each where
+    /// the kernel has no batch operations on arrays.
+    fn write_batch(&mut self, scores: &[(u32, BackendScore)]) -> anyhow::Result<()> {
+        if scores.is_empty() {
+            return Ok(());
+        }
+        if self.batch {
+            let keys: Vec<u32> = scores.iter().map(|(id, _)| *id).collect();
+            let values: Vec<BackendScore> = scores.iter().map(|(_, s)| *s).collect();
+            let fd = self.scores.map().fd().as_fd().as_raw_fd();
+            self.syscalls += 1;
+            match batch::update(fd, &keys, &values) {
+                Ok(()) => {
+                    for (id, score) in scores {
+                        self.remember(*id, *score);
+                    }
+                    return Ok(());
+                }
+                Err(e) if batch::unsupported(&e) => {
+                    tracing::info!(
+                        "no batch map updates in this kernel ({e}): one update per score"
+                    );
+                    self.batch = false;
+                }
+                Err(e) => return Err(e).context("writing BACKEND_SCORES (batch)"),
+            }
+        }
+        for (id, score) in scores {
+            self.set(*id, score)?;
+        }
+        Ok(())
+    }
+
     /// Rewrites VIP `vip_id`'s reference cost from the `scores` (by
-    /// backend id) of its slot backends `slots`.
+    /// backend id) of its slot backends `slots`, if it changed.
     fn write_reference(
         &mut self,
         vip_id: u32,
         slots: &[u32],
         scores: &[(u32, BackendScore)],
     ) -> anyhow::Result<()> {
+        let cost = median_cost(slots, scores);
+        if self.last_reference.get(&vip_id) == Some(&cost) {
+            return Ok(());
+        }
+        self.syscalls += 2;
         let mut tables = self
             .references
             .get(&vip_id, 0)
             .context("reading VIP_TABLES")?;
-        tables.reference_cost = median_cost(slots, scores);
+        tables.reference_cost = cost;
         self.references
             .set(vip_id, tables, 0)
-            .context("writing VIP_TABLES")
+            .context("writing VIP_TABLES")?;
+        self.last_reference.insert(vip_id, cost);
+        Ok(())
+    }
+}
+
+/// `BPF_MAP_UPDATE_BATCH` through a raw `bpf(2)` call (aya 0.14 has no
+/// batch API).
+mod batch {
+    use std::os::fd::RawFd;
+
+    /// `BPF_MAP_UPDATE_BATCH` of `enum bpf_cmd` (Linux 5.6+).
+    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+    /// The `batch` member of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+
+    /// Writes `values[i]` at `keys[i]` of the array map `fd`, all in one call.
+    pub fn update<V>(fd: RawFd, keys: &[u32], values: &[V]) -> std::io::Result<()> {
+        debug_assert_eq!(keys.len(), values.len());
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: keys.len() as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr points at keys and values that outlive the call, each
+        // `count` elements long, of the map's key and value sizes.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_UPDATE_BATCH,
+                &mut attr as *mut BatchAttr,
+                size_of::<BatchAttr>(),
+            )
+        };
+        if ret < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if attr.count as usize != keys.len() {
+            return Err(std::io::Error::other(format!(
+                "batch update wrote {} of {} entries",
+                attr.count,
+                keys.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The kernel's internal "not supported" (not in libc).
+    const ENOTSUPP: i32 = 524;
+
+    /// Whether `e` says the kernel has no batch operations for the map.
+    pub fn unsupported(e: &std::io::Error) -> bool {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn score(ewma_ns: u64, updated_ns: u64) -> BackendScore {
+        BackendScore {
+            ewma_ns,
+            cost: ewma_ns,
+            weight: 100,
+            _pad: 0,
+            updated_ns,
+        }
+    }
+
+    #[test]
+    fn a_maglev_table_is_written_where_no_vip_reads() {
+        let mut current = std::collections::HashMap::new();
+        current.insert(0, 0);
+        current.insert(3, 1);
+        assert_eq!(spare_table(&current), Some(2));
+        // After a swap the old table is the spare.
+        current.insert(0, 2);
+        assert_eq!(spare_table(&current), Some(0));
+        let full: std::collections::HashMap<u32, u32> =
+            (0..MAX_MAGLEV_TABLES).map(|t| (t + 10, t)).collect();
+        assert_eq!(spare_table(&full), None);
+    }
+
+    #[test]
+    fn only_scores_that_changed_are_written_again() {
+        let last = vec![Some(score(5, 1)), None, Some(score(7, 1))];
+        let fresh = [
+            (0, score(5, 2)),
+            (1, score(3, 2)),
+            (2, score(8, 2)),
+            (3, score(1, 2)),
+        ];
+        let ids: Vec<u32> = changed_scores(&last, &fresh)
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        // 0 is the same but for its write time; 1 and 3 were never written.
+        assert_eq!(ids, [1, 2, 3]);
+        assert!(changed_scores(&last, &[]).is_empty());
     }
 }

@@ -166,6 +166,11 @@ pub struct RunArgs {
     /// Log level when RUST_LOG is unset: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Where runtime changes (drains, weights, added and removed backends)
+    /// are kept across restarts, as <DIR>/<instance>.state.json
+    /// (default /var/lib/lb-user).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
     /// When re-adopting a running instance, replace its XDP program with
     /// this binary's even if they look the same (it is replaced anyway when
     /// they differ).

@@ -23,6 +23,7 @@
 //! syn_timeout = "3s"
 //! instance = "lb-eth0"
 //! log_level = "info"
+//! state_dir = "/var/lib/lb-user"   # runtime changes kept across restarts
 //!
 //! [[vip]]
 //! address = "10.0.0.100:80"      # same syntax as --vip: IP:PORT[/tcp|/udp]
@@ -107,6 +108,8 @@ pub struct Config {
     pub syn_timeout: Duration,
     pub instance: String,
     pub log_level: String,
+    /// Where the runtime state file lives (see `settings::state`).
+    pub state_dir: std::path::PathBuf,
     /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
     pub ops: Ops,
     /// Replace a re-adopted program even when its tag matches (`--upgrade`).
@@ -162,6 +165,7 @@ pub struct FileConfig {
     syn_timeout: Option<Duration>,
     instance: Option<String>,
     log_level: Option<String>,
+    state_dir: Option<std::path::PathBuf>,
     #[serde(default)]
     operations: OpsSettings,
     #[serde(default)]
@@ -172,7 +176,6 @@ pub struct FileConfig {
     etcd_key: Option<PathBuf>,
     etcd_user: Option<String>,
     etcd_password: Option<String>,
-    state_dir: Option<PathBuf>,
     max_removal_percent: Option<u32>,
 }
 
@@ -204,7 +207,6 @@ impl FileConfig {
             etcd_key: self.etcd_key.clone(),
             etcd_user: self.etcd_user.clone(),
             etcd_password: self.etcd_password.clone(),
-            state_dir: self.state_dir.clone(),
             max_removal_percent: self.max_removal_percent,
         }
     }
@@ -378,6 +380,10 @@ impl Config {
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".to_string()),
             upgrade: args.upgrade,
+            state_dir: args
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(|| crate::settings::state::DEFAULT_STATE_DIR.into()),
             instance: args
                 .instance
                 .or(file.instance)
@@ -411,6 +417,9 @@ impl Config {
         }
         if !LOG_LEVELS.contains(&self.log_level.as_str()) {
             return Err(ConfigError::LogLevel(self.log_level.clone()));
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyStateDir);
         }
         for (name, d) in [
             ("ewma tau", self.ewma_tau),
@@ -547,3 +556,109 @@ mod de {
 
 #[cfg(test)]
 mod tests;
+
+/// What a reload (SIGHUP) cannot apply to a running instance: every global
+/// setting that differs between `running` and `reloaded`, and every VIP
+/// present in both whose algorithm, bias, affinity or health check differs.
+/// (Backends, and VIPs added or removed, are the reload's to apply.)
+pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    macro_rules! global {
+        ($($field:ident).+) => {
+            if running.$($field).+ != reloaded.$($field).+ {
+                out.push(format!(
+                    "{} ({:?} → {:?})",
+                    stringify!($($field).+),
+                    running.$($field).+,
+                    reloaded.$($field).+
+                ));
+            }
+        };
+    }
+    global!(iface);
+    global!(xdp_mode);
+    global!(snat_ip);
+    global!(snat_ip6);
+    global!(snat_ports);
+    global!(flow_table_size);
+    global!(ewma_tau);
+    global!(ewma_cold_start);
+    global!(score_interval);
+    global!(udp_idle_timeout);
+    global!(tcp_idle_timeout);
+    global!(syn_timeout);
+    global!(instance);
+    global!(log_level);
+    global!(state_dir);
+    global!(ops.lifecycle);
+    global!(ops.outlier);
+    global!(ops.max_ejection_percent);
+    global!(ops.max_new_flows);
+    global!(ops.metrics_addr);
+    global!(ops.control_group);
+    for new in &reloaded.vips {
+        let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
+            continue;
+        };
+        if old.algorithm != new.algorithm {
+            out.push(format!(
+                "VIP {} algorithm ({} → {})",
+                new.vip,
+                old.algorithm.name(),
+                new.algorithm.name()
+            ));
+        }
+        if old.inflight_bias != new.inflight_bias {
+            out.push(format!("VIP {} inflight_bias", new.vip));
+        }
+        if old.maglev_source_affinity != new.maglev_source_affinity {
+            out.push(format!("VIP {} maglev_source_affinity", new.vip));
+        }
+        if old.health != new.health {
+            out.push(format!("VIP {} health check", new.vip));
+        }
+    }
+    out
+}
+
+/// The backend changes a reload applies, one line per VIP that has any:
+/// backends added, removed and re-weighted.
+pub fn backend_changes(running: &Config, reloaded: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for new in &reloaded.vips {
+        let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
+            continue;
+        };
+        let find = |list: &[crate::settings::addr::BackendAddr], addr| {
+            list.iter().find(|b| b.addr == addr).map(|b| b.weight)
+        };
+        let added: Vec<String> = new
+            .backends
+            .iter()
+            .filter(|b| find(&old.backends, b.addr).is_none())
+            .map(|b| b.to_string())
+            .collect();
+        let removed: Vec<String> = old
+            .backends
+            .iter()
+            .filter(|b| find(&new.backends, b.addr).is_none())
+            .map(|b| b.addr.to_string())
+            .collect();
+        let reweighted: Vec<String> = new
+            .backends
+            .iter()
+            .filter(|b| find(&old.backends, b.addr).is_some_and(|w| w != b.weight))
+            .map(|b| b.to_string())
+            .collect();
+        if !(added.is_empty() && removed.is_empty() && reweighted.is_empty()) {
+            out.push(format!(
+                "VIP {}: added [{}], removed [{}], re-weighted [{}]",
+                new.vip,
+                added.join(", "),
+                removed.join(", "),
+                reweighted.join(", ")
+            ));
+        }
+    }
+    out
+}

@@ -16,8 +16,6 @@ use serde::Deserialize;
 
 use crate::settings::error::ConfigError;
 
-/// Where the discovery cache (and other state files) live by default.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
 /// At most this share of a VIP's backends is removed by one update.
 pub const DEFAULT_MAX_REMOVAL_PERCENT: u32 = 50;
 
@@ -45,10 +43,6 @@ pub struct DiscoveryArgs {
     /// The --vip takes its backends from the etcd keys under this prefix.
     #[arg(long, value_name = "PREFIX")]
     pub etcd_prefix: Option<String>,
-    /// Folder of state files, among them the last known discovered backends
-    /// (default /var/lib/lb-user).
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
     /// Largest share of a VIP's backends one discovery update may remove,
     /// in percent (default 50; never the last one).
     #[arg(long, value_name = "PERCENT")]
@@ -64,7 +58,6 @@ pub struct FileDiscovery {
     pub etcd_key: Option<PathBuf>,
     pub etcd_user: Option<String>,
     pub etcd_password: Option<String>,
-    pub state_dir: Option<PathBuf>,
     pub max_removal_percent: Option<u32>,
 }
 
@@ -84,7 +77,6 @@ pub struct EtcdSettings {
 pub struct Discovery {
     /// `None`: no etcd configured (then no VIP may name a prefix).
     pub etcd: Option<EtcdSettings>,
-    pub state_dir: PathBuf,
     pub max_removal_percent: u32,
 }
 
@@ -92,7 +84,6 @@ impl Default for Discovery {
     fn default() -> Self {
         Self {
             etcd: None,
-            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             max_removal_percent: DEFAULT_MAX_REMOVAL_PERCENT,
         }
     }
@@ -186,17 +177,8 @@ impl DiscoveryArgs {
                 "max removal percent {max_removal_percent} out of range (expected 1..=100)"
             )));
         }
-        let state_dir = self
-            .state_dir
-            .clone()
-            .or(file.state_dir.clone())
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-        if state_dir.as_os_str().is_empty() {
-            return Err(bad("--state-dir must not be empty".into()));
-        }
         Ok(Discovery {
             etcd,
-            state_dir,
             max_removal_percent,
         })
     }
@@ -334,7 +316,6 @@ mod tests {
         }
         let d = base.resolve(&none).unwrap();
         assert_eq!(d.max_removal_percent, DEFAULT_MAX_REMOVAL_PERCENT);
-        assert_eq!(d.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
     }
 
     #[test]

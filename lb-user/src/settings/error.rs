@@ -13,6 +13,8 @@ pub enum ConfigError {
     Unreadable { path: String, reason: String },
     #[error("invalid config file {path}: {reason}")]
     Invalid { path: String, reason: String },
+    #[error("--state-dir must not be empty")]
+    EmptyStateDir,
     #[error("no interface given (use --iface or iface in the config file)")]
     NoIface,
     #[error("invalid interface name '{0}'")]
@@ -53,6 +55,10 @@ pub enum ConfigError {
     LogLevel(String),
     #[error("{0}")]
     Ops(String),
+    #[error(
+        "cannot use the state file {path}: {reason} (move it away to start from the configuration alone)"
+    )]
+    State { path: String, reason: String },
 }
 
 /// Multi-line messages (verifier logs, clap usage, toml excerpts) folded

@@ -14,7 +14,9 @@ pub mod config;
 pub mod discovery;
 pub mod duration;
 pub mod error;
+pub mod faults;
 pub mod ops;
 pub mod ports;
+pub mod state;
 
 pub use error::{ConfigError, one_line};

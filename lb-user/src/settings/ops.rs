@@ -18,6 +18,7 @@
 //! max_ejection_percent = 50
 //! max_new_flows = 0              # new connections per second, 0: no cap
 //! metrics_addr = "127.0.0.1:9470"   # or "off"
+//! control_group = "lbops"         # may use the control socket besides root
 //!
 //! [operations.health]            # default check of every VIP
 //! check = "http"                 # none (default) | tcp | http
@@ -281,6 +282,9 @@ pub struct OpsSettings {
     /// Prometheus metrics listener, IP:PORT or "off" (default 127.0.0.1:9470).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// A group whose members may use the control socket (default: root only).
+    #[arg(long, value_name = "NAME")]
+    pub control_group: Option<String>,
 }
 
 impl OpsSettings {
@@ -301,6 +305,7 @@ impl OpsSettings {
             max_ejection_percent: self.max_ejection_percent.or(file.max_ejection_percent),
             max_new_flows: self.max_new_flows.or(file.max_new_flows),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
+            control_group: self.control_group.or(file.control_group),
         }
     }
 
@@ -370,12 +375,18 @@ impl OpsSettings {
                 ConfigError::Ops(format!("metrics address '{text}' is not IP:PORT or off"))
             })?),
         };
+        let control_group = self
+            .control_group
+            .as_deref()
+            .map(ControlGroup::lookup)
+            .transpose()?;
         Ok(Ops {
             lifecycle,
             outlier,
             max_ejection_percent,
             max_new_flows: self.max_new_flows.unwrap_or(0),
             metrics_addr,
+            control_group,
         })
     }
 }
@@ -399,6 +410,31 @@ pub struct Ops {
     /// New flows per second for the whole balancer (0: no cap).
     pub max_new_flows: u32,
     pub metrics_addr: Option<SocketAddr>,
+    /// Besides root, who may use the control socket.
+    pub control_group: Option<ControlGroup>,
+}
+
+/// A group allowed on the control socket, by name and id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlGroup {
+    pub name: String,
+    pub gid: u32,
+}
+
+impl ControlGroup {
+    /// The group `name` of this host's group database.
+    pub fn lookup(name: &str) -> Result<Self, ConfigError> {
+        match nix::unistd::Group::from_name(name) {
+            Ok(Some(group)) => Ok(Self {
+                name: name.to_string(),
+                gid: group.gid.as_raw(),
+            }),
+            Ok(None) => Err(ConfigError::Ops(format!("unknown control group '{name}'"))),
+            Err(e) => Err(ConfigError::Ops(format!(
+                "cannot look up control group '{name}': {e}"
+            ))),
+        }
+    }
 }
 
 impl Ops {
@@ -471,5 +507,18 @@ mod tests {
                 .is_err()
         );
         assert!(toml::from_str::<OpsSettings>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn the_control_group_is_looked_up_by_name() {
+        assert_eq!(
+            ControlGroup::lookup("root").unwrap(),
+            ControlGroup {
+                name: "root".into(),
+                gid: 0
+            }
+        );
+        let err = ControlGroup::lookup("no-such-group-lb").unwrap_err();
+        assert_eq!(err.to_string(), "unknown control group 'no-such-group-lb'");
     }
 }

@@ -9,32 +9,56 @@
 //! ```
 //!
 //! Commands: `add` (backend may carry `@WEIGHT`), `remove`, `weight`,
-//! `drain`, `undrain`. The socket is only reachable by root (mode 0600).
-//! `lb-user backend ...` is the client.
+//! `drain`, `undrain`. `lb-user backend ...` is the client.
+//!
+//! Who may connect: root, and with `--control-group NAME` the processes
+//! whose primary or supplementary groups include NAME. The file system
+//! says so first (the directory is 0700 root, or 0750 root:NAME; the socket
+//! 0600, or 0660 root:NAME), then each connection's `SO_PEERCRED`: a peer
+//! that got past the file modes but is neither (a process that kept its
+//! file-system identity) is answered `permission denied` and dropped.
+//! Each connection is bounded: one line of at most [`MAX_LINE`] bytes at a
+//! time, [`IDLE_TIMEOUT`] to send the next one, and at most
+//! [`MAX_CONNECTIONS`] at once. Every change is logged with its peer's pid
+//! and uid.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     os::unix::{fs::PermissionsExt as _, net::UnixStream as StdUnixStream},
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader as TokioBufReader},
-    net::UnixListener,
-    sync::{mpsc, oneshot},
+    io::{
+        AsyncBufReadExt, AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt,
+        BufReader as TokioBufReader,
+    },
+    net::{UnixListener, UnixStream},
+    sync::{Semaphore, mpsc, oneshot},
     task::JoinHandle,
+    time::{sleep, timeout},
 };
-use tracing::warn;
+use tracing::{info, warn};
 
-use crate::{kernel::instance::LOCK_DIR, settings::cli::BackendCommand};
+use crate::{
+    kernel::instance::LOCK_DIR,
+    settings::{cli::BackendCommand, ops::ControlGroup},
+};
 
-/// Longest request line accepted.
-const MAX_LINE: usize = 4096;
+/// Longest request line accepted (each line, not the connection).
+pub const MAX_LINE: usize = 4096;
+/// A connection that sends no complete line for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most control connections served at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 16;
 /// How long the client waits for the daemon's answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (e.g. out of file descriptors).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 pub fn socket_path(instance: &str) -> PathBuf {
     Path::new(LOCK_DIR).join(format!("{instance}.sock"))
@@ -48,6 +72,69 @@ pub struct Request {
     pub backend: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// Who sent it (set by the daemon from `SO_PEERCRED`, never read from
+    /// the wire).
+    #[serde(skip)]
+    pub peer: Option<Peer>,
+}
+
+/// A connected process, as the kernel reports it (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: Option<i32>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "pid={pid} uid={} gid={}", self.uid, self.gid),
+            None => write!(f, "pid=? uid={} gid={}", self.uid, self.gid),
+        }
+    }
+}
+
+impl Peer {
+    fn of(stream: &UnixStream) -> std::io::Result<Self> {
+        let cred = stream.peer_cred()?;
+        Ok(Self {
+            pid: cred.pid(),
+            uid: cred.uid(),
+            gid: cred.gid(),
+        })
+    }
+
+    /// Whether this peer may send commands: root, or a member of `group`
+    /// by its primary group or by a supplementary group of its process.
+    pub fn allowed(&self, group: Option<&ControlGroup>) -> bool {
+        if self.uid == 0 {
+            return true;
+        }
+        let Some(group) = group else {
+            return false;
+        };
+        if self.gid == group.gid {
+            return true;
+        }
+        self.pid
+            .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .is_some_and(|status| supplementary_groups(&status).contains(&group.gid))
+    }
+}
+
+/// The `Groups:` line of a /proc/PID/status text.
+fn supplementary_groups(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|groups| {
+            groups
+                .split_whitespace()
+                .filter_map(|g| g.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,27 +168,136 @@ impl Response {
 pub type Pending = (Request, oneshot::Sender<Response>);
 
 /// Listens on the instance's socket; requests go to `requests`.
-pub fn serve(instance: &str, requests: mpsc::Sender<Pending>) -> anyhow::Result<JoinHandle<()>> {
+pub fn serve(
+    instance: &str,
+    group: Option<ControlGroup>,
+    requests: mpsc::Sender<Pending>,
+) -> anyhow::Result<JoinHandle<()>> {
     let path = socket_path(instance);
+    restrict_dir(Path::new(LOCK_DIR), group.as_ref())?;
     // Only this process holds the instance lock, so a file here is stale.
     let _ = std::fs::remove_file(&path);
     let listener =
         UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("restricting {}", path.display()))?;
+    restrict(&path, group.as_ref(), 0o600, 0o660)?;
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(connection(stream, requests.clone()));
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!("control socket: accept: {e}");
+                    sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            };
+            let peer = match Peer::of(&stream) {
+                Ok(peer) => peer,
+                Err(e) => {
+                    warn!("control socket: no peer credentials: {e}");
+                    continue;
+                }
+            };
+            if !peer.allowed(group.as_ref()) {
+                warn!(%peer, "control socket: refused a peer that is neither root nor in the control group");
+                tokio::spawn(refuse(
+                    stream,
+                    "permission denied: only root or the control group may use this socket",
+                ));
+                continue;
+            }
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                warn!(%peer, "control socket: refused a connection over the cap of {MAX_CONNECTIONS}");
+                tokio::spawn(refuse(stream, "too many control connections; try again"));
+                continue;
+            };
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let (read, write) = stream.into_split();
+                connection(read, write, peer, requests).await;
+                drop(permit);
+            });
         }
     }))
 }
 
-async fn connection(stream: tokio::net::UnixStream, requests: mpsc::Sender<Pending>) {
-    let (read, mut write) = stream.into_split();
-    let mut lines = TokioBufReader::new(read.take_limit()).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let response = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => {
+/// The socket's directory: root's only, or root's and `group`'s.
+fn restrict_dir(dir: &Path, group: Option<&ControlGroup>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    restrict(dir, group, 0o700, 0o750)
+}
+
+/// Owner root, and `private` mode, or `shared` mode with group `group`.
+fn restrict(
+    path: &Path,
+    group: Option<&ControlGroup>,
+    private: u32,
+    shared: u32,
+) -> anyhow::Result<()> {
+    let gid = group.map_or(0, |g| g.gid);
+    std::os::unix::fs::chown(path, Some(0), Some(gid))
+        .with_context(|| format!("setting the owner of {}", path.display()))?;
+    let mode = if group.is_some() { shared } else { private };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("restricting {}", path.display()))
+}
+
+/// Answers one error line and closes.
+async fn refuse(mut stream: UnixStream, why: &str) {
+    let _ = timeout(IDLE_TIMEOUT, reply(&mut stream, &Response::failed(why))).await;
+}
+
+async fn reply<W: AsyncWrite + Unpin>(write: &mut W, response: &Response) -> std::io::Result<()> {
+    let mut text = serde_json::to_string(response).unwrap_or_default();
+    text.push('\n');
+    write.write_all(text.as_bytes()).await
+}
+
+/// What came of reading one request line.
+enum Line {
+    Text(Vec<u8>),
+    TooLong,
+    End,
+}
+
+/// Reads one line of at most [`MAX_LINE`] bytes, waiting at most
+/// [`IDLE_TIMEOUT`] for it.
+async fn read_line<R: AsyncRead + Unpin>(reader: &mut TokioBufReader<R>) -> Line {
+    let mut buf = Vec::new();
+    let mut limited = (&mut *reader).take(MAX_LINE as u64 + 1);
+    match timeout(IDLE_TIMEOUT, limited.read_until(b'\n', &mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) | Err(_) => Line::End,
+        Ok(Ok(_)) if buf.last() == Some(&b'\n') => {
+            buf.pop();
+            Line::Text(buf)
+        }
+        Ok(Ok(_)) if buf.len() > MAX_LINE => Line::TooLong,
+        // The last line, without a newline, before the end.
+        Ok(Ok(_)) => Line::Text(buf),
+    }
+}
+
+/// Serves one connection: a request per line, an answer per line.
+async fn connection<R, W>(read: R, mut write: W, peer: Peer, requests: mpsc::Sender<Pending>)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut reader = TokioBufReader::new(read);
+    loop {
+        let line = match read_line(&mut reader).await {
+            Line::Text(line) => line,
+            Line::TooLong => {
+                let why = format!("request line longer than {MAX_LINE} bytes");
+                let _ = timeout(IDLE_TIMEOUT, reply(&mut write, &Response::failed(why))).await;
+                return;
+            }
+            Line::End => return,
+        };
+        let response = match serde_json::from_slice::<Request>(&line) {
+            Ok(mut request) => {
+                request.peer = Some(peer);
+                info!(%peer, command = ?request.command, vip = %request.vip, backend = %request.backend, "control command received");
                 if request.command == BackendCommand::Add {
                     resolve_first(&request.backend).await;
                 }
@@ -114,11 +310,13 @@ async fn connection(stream: tokio::net::UnixStream, requests: mpsc::Sender<Pendi
             }
             Err(e) => Response::failed(format!("bad request: {e}")),
         };
-        let mut text = serde_json::to_string(&response).unwrap_or_default();
-        text.push('\n');
-        if let Err(e) = write.write_all(text.as_bytes()).await {
-            warn!("control socket: {e}");
-            return;
+        match timeout(IDLE_TIMEOUT, reply(&mut write, &response)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(%peer, "control socket: {e}");
+                return;
+            }
+            Err(_) => return,
         }
     }
 }
@@ -129,17 +327,6 @@ async fn resolve_first(backend: &str) {
     if let Ok(b) = backend.parse::<crate::settings::addr::BackendAddr>() {
         crate::kernel::neighbours::probe(b.addr.ip());
         tokio::time::sleep(crate::kernel::neighbours::STARTUP_RESOLVE_WAIT).await;
-    }
-}
-
-trait TakeLimit: Sized {
-    fn take_limit(self) -> tokio::io::Take<Self>;
-}
-
-impl<R: tokio::io::AsyncRead> TakeLimit for R {
-    /// Bounds what one connection can make the daemon buffer.
-    fn take_limit(self) -> tokio::io::Take<Self> {
-        tokio::io::AsyncReadExt::take(self, (MAX_LINE * 64) as u64)
     }
 }
 
@@ -182,6 +369,7 @@ mod tests {
             vip: "10.0.0.100:80".into(),
             backend: "10.0.0.21:8080".into(),
             weight: Some(3),
+            peer: None,
         };
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(
@@ -197,5 +385,119 @@ mod tests {
             serde_json::to_string(&Response::failed("no")).unwrap(),
             r#"{"ok":false,"error":"no"}"#
         );
+    }
+
+    const ROOT_PEER: Peer = Peer {
+        pid: None,
+        uid: 0,
+        gid: 0,
+    };
+
+    #[test]
+    fn only_root_or_the_control_group_is_allowed() {
+        let ops = ControlGroup {
+            name: "lbops".into(),
+            gid: 4242,
+        };
+        let user = |uid, gid| Peer {
+            pid: None,
+            uid,
+            gid,
+        };
+        assert!(ROOT_PEER.allowed(None));
+        assert!(!user(65534, 65534).allowed(None));
+        assert!(!user(65534, 65534).allowed(Some(&ops)));
+        assert!(user(1000, 4242).allowed(Some(&ops)));
+        assert!(!user(1000, 4242).allowed(None));
+        let status = "Name:\tx\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 4242 \nNgid:\t0\n";
+        assert_eq!(supplementary_groups(status), [4, 24, 4242]);
+        assert_eq!(supplementary_groups("Groups:\n"), Vec::<u32>::new());
+        // This test's own process, by pid: its supplementary groups count.
+        let me = Peer {
+            pid: Some(std::process::id() as i32),
+            uid: 65534,
+            gid: 65534,
+        };
+        let own = supplementary_groups(&std::fs::read_to_string("/proc/self/status").unwrap());
+        if let Some(&gid) = own.iter().find(|&&g| g != 65534) {
+            let group = ControlGroup {
+                name: "mine".into(),
+                gid,
+            };
+            assert!(me.allowed(Some(&group)));
+        }
+    }
+
+    /// Runs `connection` on one end of a pipe, answering every request
+    /// with backend id 1.
+    fn serve_pipe() -> tokio::io::DuplexStream {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (tx, mut rx) = mpsc::channel::<Pending>(4);
+        tokio::spawn(async move {
+            while let Some((_, reply)) = rx.recv().await {
+                let _ = reply.send(Response::done(1));
+            }
+        });
+        tokio::spawn(async move {
+            let (read, write) = tokio::io::split(server);
+            connection(read, write, ROOT_PEER, tx).await;
+        });
+        client
+    }
+
+    async fn answer_lines(client: tokio::io::DuplexStream) -> Vec<String> {
+        let mut lines = TokioBufReader::new(client).lines();
+        let mut out = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            out.push(line);
+        }
+        out
+    }
+
+    const DRAIN: &str = r#"{"command":"drain","vip":"10.0.0.100:80","backend":"10.0.0.21:80"}"#;
+
+    #[tokio::test]
+    async fn the_limit_is_per_line_and_a_longer_line_ends_the_connection() {
+        let mut client = serve_pipe();
+        // Many requests, far more than one line's limit in all.
+        let lines = MAX_LINE * 4 / DRAIN.len();
+        for _ in 0..lines {
+            client
+                .write_all(format!("{DRAIN}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        client.write_all(&vec![b' '; MAX_LINE + 1]).await.unwrap();
+        client
+            .write_all(format!("\n{DRAIN}\n").as_bytes())
+            .await
+            .unwrap();
+        let answers = answer_lines(client).await;
+        assert_eq!(answers.len(), lines + 1, "{answers:?}");
+        assert!(
+            answers[..lines]
+                .iter()
+                .all(|a| a == r#"{"ok":true,"backend_id":1}"#)
+        );
+        assert!(
+            answers[lines].contains("longer than 4096 bytes"),
+            "{}",
+            answers[lines]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed() {
+        let mut client = serve_pipe();
+        client
+            .write_all(format!("{DRAIN}\n").as_bytes())
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        // Half a line, then nothing.
+        client.write_all(b"{\"command\"").await.unwrap();
+        let answers = answer_lines(client).await;
+        assert_eq!(answers.len(), 1);
+        assert_eq!(started.elapsed().as_secs(), IDLE_TIMEOUT.as_secs());
     }
 }

@@ -8,24 +8,29 @@
 //! Names follow Prometheus conventions: `lb_` prefix, `_total` counters,
 //! base units (`_seconds`, `_bytes`). The reference is in the README.
 
-use std::{fmt::Write as _, net::SocketAddr, time::Duration};
+use std::{fmt::Write as _, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
-    sync::{mpsc, oneshot},
+    sync::{Semaphore, mpsc, oneshot},
     task::JoinHandle,
-    time::timeout,
+    time::{sleep, timeout},
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{pool::lifecycle::State, publish::writers::UpdateTimes};
 
 /// Largest request head read.
 const MAX_REQUEST: usize = 8 * 1024;
-/// A client that does not send its request in this time is dropped.
+/// A client that has not sent its whole request head in this time (all of
+/// it, not each read: a slow trickle is dropped too) is dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most scrapes served at once; more connections are closed unanswered.
+const MAX_CONNECTIONS: usize = 16;
+/// Pause after a failed accept (e.g. out of file descriptors).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// One backend's values.
@@ -66,6 +71,14 @@ pub struct Snapshot {
     pub flow_table_size: u64,
     /// etcd discovery, when a VIP uses it.
     pub discovery: Option<DiscoveryMetrics>,
+    /// Errors the control plane survived, per stage.
+    pub control_errors: Vec<(&'static str, u64)>,
+    /// Configurations applied: 1 at start, one more per applied SIGHUP.
+    pub config_generation: u64,
+    /// Map-update syscalls of the score writer.
+    pub score_syscalls: u64,
+    /// This process's CPU time and memory.
+    pub process: Option<ProcessStats>,
 }
 
 /// What etcd discovery reports (`lb_discovery_*`).
@@ -81,6 +94,43 @@ pub struct DiscoveryMetrics {
     pub resyncs: u64,
     /// `None` before the first update.
     pub seconds_since_update: Option<f64>,
+}
+
+/// CPU time and resident memory of this process.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProcessStats {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+}
+
+impl ProcessStats {
+    /// From /proc/self/stat.
+    pub fn read() -> Option<Self> {
+        let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        parse_stat(&text, u64::try_from(ticks).ok()?, u64::try_from(page).ok()?)
+    }
+}
+
+/// utime + stime (fields 14 and 15, in clock ticks) and rss (field 24, in
+/// pages) of a /proc/PID/stat line; the command name (field 2) may hold
+/// spaces and parentheses, so fields are counted after its last ')'.
+pub fn parse_stat(text: &str, ticks_per_second: u64, page_size: u64) -> Option<ProcessStats> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state).
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    let ticks = field(14)? + field(15)?;
+    Some(ProcessStats {
+        cpu_seconds: ticks as f64 / ticks_per_second.max(1) as f64,
+        resident_bytes: field(24)? * page_size,
+    })
 }
 
 /// Writes families in the text format.
@@ -238,6 +288,7 @@ pub fn render(s: &Snapshot) -> String {
     if let Some(d) = &s.discovery {
         render_discovery(&mut out, d);
     }
+    render_process(&mut out, s);
     out.0
 }
 
@@ -285,6 +336,54 @@ fn render_discovery(out: &mut Exposition, d: &DiscoveryMetrics) {
         &[],
         d.seconds_since_update.unwrap_or(-1.0),
     );
+}
+
+/// Build, configuration generation, score-writer syscalls and the process.
+fn render_process(out: &mut Exposition, s: &Snapshot) {
+    out.family(
+        "lb_build_info",
+        "gauge",
+        "Always 1; the version of this lb-user build.",
+    );
+    out.sample(
+        "lb_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    out.single(
+        (
+            "lb_config_generation",
+            "gauge",
+            "Configurations applied: 1 at start, one more per applied SIGHUP.",
+        ),
+        s.config_generation as f64,
+    );
+    out.single(
+        (
+            "lb_score_map_syscalls_total",
+            "counter",
+            "Map-update syscalls made to write scores and reference costs (one batch per tick at most for the scores).",
+        ),
+        s.score_syscalls as f64,
+    );
+    if let Some(p) = s.process {
+        out.single(
+            (
+                "process_cpu_seconds_total",
+                "counter",
+                "User and system CPU time of lb-user.",
+            ),
+            p.cpu_seconds,
+        );
+        out.single(
+            (
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory of lb-user.",
+            ),
+            p.resident_bytes as f64,
+        );
+    }
 }
 
 /// Bytes by direction, estimates, states, outlier counts and health checks.
@@ -431,6 +530,18 @@ fn render_pool_and_flows(out: &mut Exposition, s: &Snapshot) {
         ("lb_flow_table_capacity", "gauge", "Flow-table size."),
         s.flow_table_size as f64,
     );
+    out.family(
+        "lb_control_errors_total",
+        "counter",
+        "Control-plane errors survived (logged, retried; the data path kept running), per stage.",
+    );
+    for (stage, count) in &s.control_errors {
+        out.sample(
+            "lb_control_errors_total",
+            &[("stage", stage)],
+            *count as f64,
+        );
+    }
 }
 
 /// A scrape waiting for the event loop's snapshot.
@@ -445,28 +556,55 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the metrics listener {addr}"))?;
     info!(%addr, "metrics at http://{addr}/metrics");
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    warn!("metrics listener: accept: {e}");
+                    sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                debug!("metrics listener: over {MAX_CONNECTIONS} connections, closing one");
+                continue;
+            };
             let scrapes = scrapes.clone();
             tokio::spawn(async move {
                 if let Err(e) = answer(stream, scrapes).await {
-                    warn!("metrics request: {e:#}");
+                    debug!("metrics request: {e:#}");
                 }
+                drop(permit);
             });
         }
     }))
 }
 
-async fn answer(mut stream: TcpStream, scrapes: mpsc::Sender<Scrape>) -> anyhow::Result<()> {
+/// Reads a request head: up to its blank line, [`MAX_REQUEST`] bytes or
+/// the end, all within [`REQUEST_TIMEOUT`].
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(stream: &mut R) -> anyhow::Result<Vec<u8>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
-        let n = timeout(REQUEST_TIMEOUT, stream.read(&mut buf)).await??;
-        if n == 0 {
-            break;
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
         }
-        head.extend_from_slice(&buf[..n]);
-    }
+        anyhow::Ok(())
+    };
+    timeout(REQUEST_TIMEOUT, read)
+        .await
+        .context("request head not received in time")??;
+    Ok(head)
+}
+
+async fn answer(mut stream: TcpStream, scrapes: mpsc::Sender<Scrape>) -> anyhow::Result<()> {
+    let head = read_head(&mut stream).await?;
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
         let (tx, rx) = oneshot::channel();
@@ -503,6 +641,7 @@ mod tests {
             }],
             reasons: vec![("drop_snat_exhausted", 3)],
             events_lost: 2,
+            control_errors: vec![("tick", 4), ("health", 0)],
             ..Default::default()
         };
         let text = render(&s);
@@ -515,6 +654,7 @@ mod tests {
         assert!(text.contains("lb_packets_total{reason=\"drop_snat_exhausted\"} 3\n"));
         assert!(text.contains("lb_ring_buffer_events_lost_total 2\n"));
         assert!(text.contains("# TYPE lb_map_update_seconds summary\n"));
+        assert!(text.contains("lb_control_errors_total{stage=\"tick\"} 4\n"));
         // Every sample belongs to a declared family.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
@@ -553,5 +693,46 @@ mod tests {
             }
         }
         server.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_head_trickled_slowly_is_dropped_at_the_deadline() {
+        let (mut client, mut server) = tokio::io::duplex(64);
+        let started = tokio::time::Instant::now();
+        let trickle = tokio::spawn(async move {
+            for _ in 0..100 {
+                if client.write_all(b"G").await.is_err() {
+                    return;
+                }
+                sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let head = read_head(&mut server).await;
+        assert!(head.is_err(), "a trickled head must not be read to its end");
+        assert_eq!(started.elapsed().as_secs(), REQUEST_TIMEOUT.as_secs());
+        trickle.abort();
+        let (mut client, mut server) = tokio::io::duplex(64);
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(
+            read_head(&mut server)
+                .await
+                .unwrap()
+                .starts_with(b"GET /metrics")
+        );
+    }
+
+    #[test]
+    fn reads_cpu_and_memory_from_a_stat_line() {
+        // A command name with a space and a parenthesis.
+        let line = "4242 (lb user) x) S 1 4242 4242 0 -1 4194560 500 0 0 0 250 50 0 0 20 0 3 0 100 20000000 1500 18446744073709551615";
+        let p = parse_stat(line, 100, 4096).unwrap();
+        assert_eq!(p.cpu_seconds, 3.0);
+        assert_eq!(p.resident_bytes, 1500 * 4096);
+        assert_eq!(parse_stat("garbage", 100, 4096), None);
+        let me = ProcessStats::read().unwrap();
+        assert!(me.resident_bytes > 0);
     }
 }

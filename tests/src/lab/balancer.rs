@@ -179,6 +179,11 @@ impl Lab {
         format!("{INSTANCE_PREFIX}{}", self.balancer().iface)
     }
 
+    /// Where lb-user keeps this lab's runtime state file (`--state-dir`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.log_dir().join("state")
+    }
+
     /// Where lb-user pins this lab's instance.
     pub fn pin_dir(&self) -> PathBuf {
         PathBuf::from(PIN_ROOT).join(self.instance())
@@ -188,6 +193,16 @@ impl Lab {
     /// status is ready and lists every VIP. Fails, with its stderr, if it
     /// exits first.
     pub fn start_balancer(&self, spec: &BalancerSpec) -> Result<ProcessId> {
+        self.start_balancer_with_env(spec, &[])
+    }
+
+    /// [`Lab::start_balancer`] with environment variables set for lb-user
+    /// (e.g. its test-only `LB_USER_FAULTS`).
+    pub fn start_balancer_with_env(
+        &self,
+        spec: &BalancerSpec,
+        env: &[(&str, &str)],
+    ) -> Result<ProcessId> {
         let config = match spec.config_file() {
             Some(toml) => {
                 let path = self.log_dir().join("lb-user.toml");
@@ -197,8 +212,16 @@ impl Lab {
             }
             None => None,
         };
-        let command =
-            self.lb_user_command(&spec.args(&self.balancer().iface, config.as_deref()))?;
+        let mut args = spec.args(&self.balancer().iface, config.as_deref());
+        // Runtime state stays in the lab's folder, unless the test says where.
+        if !args.iter().any(|a| a == "--state-dir") {
+            args.extend([
+                "--state-dir".to_string(),
+                self.state_dir().display().to_string(),
+            ]);
+        }
+        let mut command = self.lb_user_command(&args)?;
+        command.envs(env.iter().copied());
         let process = self.processes.spawn("lb-user", command)?;
         let deadline = Instant::now() + READY_TIMEOUT;
         let lists_every_vip = |status: &Status| {

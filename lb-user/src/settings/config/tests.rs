@@ -303,3 +303,51 @@ fn unreadable_file_names_the_path() {
         "{e}"
     );
 }
+
+#[test]
+fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
+    let running = from_flags(&[
+        "--iface",
+        "eth0",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.21:8080",
+        "--backend",
+        "10.0.0.22:8080",
+    ])
+    .unwrap();
+    let reloaded = from_flags(&[
+        "--iface",
+        "eth0",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.22:8080@3",
+        "--backend",
+        "10.0.0.23:8080",
+        "--algorithm",
+        "maglev",
+        "--ewma-tau",
+        "5s",
+        "--slow-start",
+        "2s",
+    ])
+    .unwrap();
+    assert_eq!(
+        backend_changes(&running, &reloaded),
+        [
+            "VIP 10.0.0.100:80/tcp: added [10.0.0.23:8080@1], removed [10.0.0.21:8080], re-weighted [10.0.0.22:8080@3]"
+        ]
+    );
+    let restart = needs_restart(&running, &reloaded);
+    assert_eq!(restart.len(), 3, "{restart:?}");
+    assert!(restart[0].starts_with("ewma_tau (10s → 5s)"), "{restart:?}");
+    assert!(restart[1].starts_with("ops.lifecycle"), "{restart:?}");
+    assert_eq!(
+        restart[2],
+        "VIP 10.0.0.100:80/tcp algorithm (p2c-ewma → maglev)"
+    );
+    assert!(needs_restart(&running, &running).is_empty());
+    assert!(backend_changes(&running, &running).is_empty());
+}

@@ -1,0 +1,386 @@
+//! Runtime changes kept across restarts, like HAProxy's server-state-file:
+//! `<state_dir>/<instance>.state.json` (default `/var/lib/lb-user/`).
+//!
+//! Each entry is one backend of one VIP whose runtime state differs from
+//! the configuration: drained, removed, added at runtime, or re-weighted.
+//! With it is the configuration's own entry for that backend when the
+//! change was made (`config`, `"IP:PORT@WEIGHT"`, or null when the file
+//! did not have it). At start, and on SIGHUP, an entry is laid over the
+//! configuration only while the configuration still says the same of that
+//! backend: an edit of the backend in the file since then wins, and the
+//! entry is dropped.
+//!
+//! The file is written whole (temporary file, fsync, rename, fsync of the
+//! directory), so it is the old or the new state, never half of one. One
+//! that cannot be parsed stops the start with one error line naming it (a
+//! drained backend silently back in service would be worse); move it away
+//! to start from the configuration alone.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::{
+    ConfigError,
+    addr::{BackendAddr, VipAddr, Weight},
+    config::Config,
+};
+
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
+const VERSION: u32 = 1;
+
+/// The state file of `instance` in `dir`.
+pub fn path(dir: &Path, instance: &str) -> PathBuf {
+    dir.join(format!("{instance}.state.json"))
+}
+
+/// A backend's administrative state, as kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admin {
+    #[default]
+    Active,
+    Draining,
+    Removed,
+}
+
+/// One backend's runtime difference from the configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// `IP:PORT/PROTO`.
+    pub vip: String,
+    /// `IP:PORT`.
+    pub backend: String,
+    #[serde(default)]
+    pub admin: Admin,
+    /// A weight set at runtime (or the weight of a backend added at runtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// The configuration's entry for this backend when the change was made.
+    pub config: Option<String>,
+}
+
+/// Every runtime difference from the configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeState {
+    pub version: u32,
+    pub backends: Vec<Entry>,
+}
+
+/// A runtime change, as [`RuntimeState::record`] keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    Add(Weight),
+    Remove,
+    Drain,
+    Undrain,
+    Weight(Weight),
+}
+
+/// The configuration's entry for `backend` of `vip` (`None`: not there).
+fn fingerprint(config: &Config, vip: &VipAddr, backend: std::net::SocketAddr) -> Option<String> {
+    let v = config.vips.iter().find(|v| v.vip == *vip)?;
+    let b = v.backends.iter().find(|b| b.addr == backend)?;
+    Some(b.to_string())
+}
+
+impl RuntimeState {
+    /// Reads the state file; `None` when there is none.
+    pub fn load(path: &Path) -> Result<Option<Self>, ConfigError> {
+        let unreadable = |reason: String| ConfigError::State {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unreadable(e.to_string())),
+        };
+        let state: Self = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
+        if state.version != VERSION {
+            return Err(unreadable(format!("unknown version {}", state.version)));
+        }
+        for e in &state.backends {
+            e.vip
+                .parse::<VipAddr>()
+                .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
+            e.backend
+                .parse::<std::net::SocketAddr>()
+                .map_err(|err| unreadable(format!("backend '{}': {err}", e.backend)))?;
+        }
+        Ok(Some(state))
+    }
+
+    /// Writes the whole file atomically: a temporary file beside it,
+    /// fsync, rename over it, fsync of the directory.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let tmp = path.with_extension("json.tmp");
+        let mut file = std::fs::File::create(&tmp)?;
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        file.write_all(text.as_bytes())?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    }
+
+    /// Lays the entries that still hold over `config` (the configuration
+    /// as read): backends added, removed and re-weighted. Returns the
+    /// backends to drain (`(vip, backend)`), and drops the entries the
+    /// configuration has overtaken, with a note for each.
+    pub fn overlay(
+        &mut self,
+        config: &mut Config,
+    ) -> (Vec<(VipAddr, std::net::SocketAddr)>, Vec<String>) {
+        let base = config.clone();
+        let mut drains = Vec::new();
+        let mut notes = Vec::new();
+        self.backends.retain(|e| {
+            let (Ok(vip), Ok(addr)) = (
+                e.vip.parse::<VipAddr>(),
+                e.backend.parse::<std::net::SocketAddr>(),
+            ) else {
+                return false;
+            };
+            let now = fingerprint(&base, &vip, addr);
+            if now != e.config {
+                notes.push(format!(
+                    "backend {addr} of VIP {vip}: the configuration changed ({} → {}) since the runtime change; the configuration wins",
+                    e.config.as_deref().unwrap_or("absent"),
+                    now.as_deref().unwrap_or("absent")
+                ));
+                return false;
+            }
+            let Some(v) = config.vips.iter_mut().find(|v| v.vip == vip) else {
+                notes.push(format!("VIP {vip} is not configured: its runtime changes are dropped"));
+                return false;
+            };
+            let weight = e.weight.and_then(|w| Weight::new(u64::from(w)).ok());
+            let at = v.backends.iter().position(|b| b.addr == addr);
+            match (e.admin, at) {
+                (Admin::Removed, Some(i)) if v.backends.len() > 1 => {
+                    v.backends.remove(i);
+                }
+                (Admin::Removed, _) => {}
+                (_, None) => v.backends.push(BackendAddr {
+                    addr,
+                    weight: weight.unwrap_or(Weight::DEFAULT),
+                }),
+                (_, Some(i)) => {
+                    if let Some(w) = weight {
+                        v.backends[i].weight = w;
+                    }
+                }
+            }
+            if e.admin == Admin::Draining {
+                drains.push((vip, addr));
+            }
+            true
+        });
+        (drains, notes)
+    }
+
+    /// Records `change` of `backend` in `vip`; `config` is the
+    /// configuration as read (without this state). An entry that no longer
+    /// differs from the configuration is dropped.
+    pub fn record(
+        &mut self,
+        config: &Config,
+        vip: &VipAddr,
+        backend: std::net::SocketAddr,
+        change: Change,
+    ) {
+        let vip_text = vip.to_string();
+        let backend_text = backend.to_string();
+        let configured = fingerprint(config, vip, backend);
+        let at = self
+            .backends
+            .iter()
+            .position(|e| e.vip == vip_text && e.backend == backend_text);
+        let mut entry = match at {
+            Some(i) => self.backends.remove(i),
+            None => Entry {
+                vip: vip_text,
+                backend: backend_text,
+                admin: Admin::Active,
+                weight: None,
+                config: configured.clone(),
+            },
+        };
+        entry.config = configured.clone();
+        match change {
+            Change::Add(w) => {
+                entry.admin = Admin::Active;
+                entry.weight = Some(w.get());
+            }
+            Change::Remove => {
+                entry.admin = Admin::Removed;
+            }
+            Change::Drain => entry.admin = Admin::Draining,
+            Change::Undrain => entry.admin = Admin::Active,
+            Change::Weight(w) => entry.weight = Some(w.get()),
+        }
+        let config_weight = configured
+            .as_deref()
+            .and_then(|c| c.parse::<BackendAddr>().ok())
+            .map(|b| b.weight.get());
+        if entry.weight == config_weight {
+            entry.weight = None;
+        }
+        let same_as_config = match (&configured, entry.admin) {
+            // Not in the file, and removed: nothing to remember.
+            (None, Admin::Removed) => true,
+            (None, _) => false,
+            (Some(_), admin) => admin == Admin::Active && entry.weight.is_none(),
+        };
+        if !same_as_config {
+            self.backends.push(entry);
+        }
+        self.version = VERSION;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::settings::{cli::Cli, config::FileConfig};
+
+    fn config(backends: &[&str]) -> Config {
+        let mut argv = vec!["lb-user", "--iface", "eth0", "--vip", "10.0.0.100:80"];
+        for b in backends {
+            argv.extend(["--backend", b]);
+        }
+        Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap()
+    }
+
+    fn addr(s: &str) -> std::net::SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn backends(c: &Config) -> Vec<String> {
+        c.vips[0].backends.iter().map(|b| b.to_string()).collect()
+    }
+
+    #[test]
+    fn changes_are_laid_over_the_config_while_it_says_the_same() {
+        let base = config(&["10.0.0.21:80", "10.0.0.22:80@2", "10.0.0.23:80"]);
+        let vip = base.vips[0].vip;
+        let mut state = RuntimeState::default();
+        state.record(&base, &vip, addr("10.0.0.21:80"), Change::Drain);
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.22:80"),
+            Change::Weight(Weight::new(5).unwrap()),
+        );
+        state.record(&base, &vip, addr("10.0.0.23:80"), Change::Remove);
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.24:80"),
+            Change::Add(Weight::new(3).unwrap()),
+        );
+        // Added, then removed again: nothing left to remember of it.
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.25:80"),
+            Change::Add(Weight::DEFAULT),
+        );
+        state.record(&base, &vip, addr("10.0.0.25:80"), Change::Remove);
+        assert_eq!(state.backends.len(), 4);
+
+        // The saved state is read back the same.
+        let dir = std::env::temp_dir().join(format!("lb-state-{}", std::process::id()));
+        let file = path(&dir, "lb-test");
+        state.save(&file).unwrap();
+        let mut loaded = RuntimeState::load(&file).unwrap().unwrap();
+        assert_eq!(loaded, state);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let mut effective = base.clone();
+        let (drains, notes) = loaded.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(drains, [(vip, addr("10.0.0.21:80"))]);
+        assert_eq!(
+            backends(&effective),
+            ["10.0.0.21:80@1", "10.0.0.22:80@5", "10.0.0.24:80@3"]
+        );
+
+        // The file edits backend 22 and adds 24 itself: the file wins there.
+        let edited = config(&[
+            "10.0.0.21:80",
+            "10.0.0.22:80@7",
+            "10.0.0.23:80",
+            "10.0.0.24:80",
+        ]);
+        let mut effective = edited.clone();
+        let (drains, notes) = loaded.overlay(&mut effective);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(drains.len(), 1);
+        assert_eq!(
+            backends(&effective),
+            ["10.0.0.21:80@1", "10.0.0.22:80@7", "10.0.0.24:80@1"]
+        );
+        assert_eq!(loaded.backends.len(), 2);
+    }
+
+    #[test]
+    fn undoing_a_change_forgets_it() {
+        let base = config(&["10.0.0.21:80@2"]);
+        let vip = base.vips[0].vip;
+        let mut state = RuntimeState::default();
+        state.record(&base, &vip, addr("10.0.0.21:80"), Change::Drain);
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.21:80"),
+            Change::Weight(Weight::new(4).unwrap()),
+        );
+        assert_eq!(state.backends.len(), 1);
+        state.record(&base, &vip, addr("10.0.0.21:80"), Change::Undrain);
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.21:80"),
+            Change::Weight(Weight::new(2).unwrap()),
+        );
+        assert!(state.backends.is_empty(), "{state:?}");
+    }
+
+    #[test]
+    fn a_corrupt_or_foreign_file_is_refused_with_its_path() {
+        let dir = std::env::temp_dir().join(format!("lb-state-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = path(&dir, "x");
+        assert_eq!(RuntimeState::load(&file).unwrap(), None);
+        for (text, why) in [
+            ("{\"version\":1,\"backends\":[", "EOF"),
+            ("{\"version\":9,\"backends\":[]}", "unknown version 9"),
+            (
+                "{\"version\":1,\"backends\":[{\"vip\":\"nope\",\"backend\":\"10.0.0.1:1\",\"config\":null}]}",
+                "vip 'nope'",
+            ),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = RuntimeState::load(&file).unwrap_err().to_string();
+            assert!(err.contains(&file.display().to_string()), "{err}");
+            assert!(err.contains(why), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
