@@ -20,10 +20,7 @@ use tracing::{debug, info, warn};
 use super::startup::KernelHandles;
 use crate::{
     estimate::backend_load::{BackendLoad, LoadTable},
-    ingest::{
-        events::{CloseReason, Event},
-        reconcile::Scan,
-    },
+    ingest::{events::Event, reconcile::Scan},
     kernel::clock::Nanos,
     pool::{
         fleet::Fleet,
@@ -45,7 +42,7 @@ pub struct Runtime {
     /// Shared with the reconciler: the length of the id space.
     pub id_limit: Arc<AtomicUsize>,
     pub(super) events_received: u64,
-    /// Flows the LRU evicted, as the reconciler saw them vanish.
+    /// Lone flow entries the kernel sweep found (and cleaned up).
     pub(super) flows_evicted: u64,
     /// Entries in the flow table at the last reconciliation pass.
     pub(super) flow_entries: u64,
@@ -154,26 +151,18 @@ impl Runtime {
         Ok(())
     }
 
-    /// Accounts for what a reconciliation pass expired, and frees the ids
-    /// of removed backends whose last flow is gone.
-    pub fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()> {
-        if scan.vanished > 0 {
-            self.flows_evicted += scan.vanished;
-            debug!(evicted = scan.vanished, "flows left the full flow table");
-        }
-        self.flow_entries = scan.entries;
-        for backend in scan.expired_idle.iter().copied() {
-            self.on_event(
-                Event::Closed {
-                    backend,
-                    reason: CloseReason::Idle,
-                },
-                now,
+    /// Takes in what a kernel sweep pass counted, and frees the ids of
+    /// removed backends whose last flow and SNAT tuple are gone (the
+    /// sweep's expiries arrive as ring events).
+    pub fn on_scan(&mut self, scan: &Scan, _now: Nanos) -> anyhow::Result<()> {
+        if scan.orphans > 0 {
+            self.flows_evicted += scan.orphans;
+            debug!(
+                orphans = scan.orphans,
+                "the kernel sweep found lone flow entries"
             );
         }
-        for backend in scan.expired_syn.iter().copied() {
-            self.on_event(Event::Refused { backend }, now);
-        }
+        self.flow_entries = scan.entries;
         for id in self.fleet.free_drained(&scan.live) {
             self.kernel.publisher.clear_backend(id)?;
             self.checks.remove(&id);

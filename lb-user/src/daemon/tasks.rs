@@ -6,18 +6,12 @@ use tracing::{debug, warn};
 
 use crate::{
     ingest::reconcile::{RECONCILE_INTERVAL, Reconciler, Scan},
-    kernel::{
-        clock::Clock,
-        neighbours::{NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
-    },
+    kernel::neighbours::{NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
 };
 
-/// Runs a reconciliation pass every [`RECONCILE_INTERVAL`] on a blocking
-/// thread (a large flow table takes many syscalls to walk).
-pub fn spawn_reconciler<C: Clock + Send + 'static>(
-    reconciler: Reconciler<C>,
-    results: mpsc::Sender<Scan>,
-) -> JoinHandle<()> {
+/// Runs a pass (one kernel sweep) every [`RECONCILE_INTERVAL`] on a
+/// blocking thread (the sweep's syscall walks the whole flow table).
+pub fn spawn_reconciler(reconciler: Reconciler, results: mpsc::Sender<Scan>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut reconciler = reconciler;
         loop {

@@ -8,8 +8,9 @@
 //! ```toml
 //! iface = "eth0"
 //! xdp_mode = "native"            # or "skb"
-//! snat_ip = "10.0.0.1"           # default: the interface's primary IPv4 address
-//! snat_ip6 = "2001:db8::1"       # default: the interface's first global IPv6 address
+//! snat_ip = "10.0.0.1"           # or a pool: ["10.0.0.1", "10.0.0.2"]; default: the
+//!                                # interface's primary IPv4 address
+//! snat_ip6 = "2001:db8::1"       # or a pool; default: the interface's first global IPv6 address
 //! snat_ports = "20000-32767"
 //! flow_table_size = 262144
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
@@ -44,14 +45,14 @@
 
 use std::{
     collections::HashSet,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
     time::Duration,
 };
 
 use lb_common::{
     Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, MAX_BACKENDS, MAX_BACKENDS_PER_VIP,
-    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_VIPS, MIN_INFLIGHT_BIAS,
+    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_SNAT_ADDRS, MAX_VIPS, MIN_INFLIGHT_BIAS,
 };
 use serde::Deserialize;
 
@@ -91,11 +92,12 @@ const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 pub struct Config {
     pub iface: String,
     pub xdp_mode: XdpMode,
-    /// `None`: use the interface's primary IPv4 address (resolved at startup).
-    pub snat_ip: Option<Ipv4Addr>,
-    /// `None`: use the interface's first global IPv6 address (resolved at
-    /// startup, needed only when a VIP is IPv6).
-    pub snat_ip6: Option<Ipv6Addr>,
+    /// The IPv4 SNAT pool; empty: the interface's primary IPv4 address
+    /// (resolved at startup).
+    pub snat_ip: Vec<Ipv4Addr>,
+    /// The IPv6 SNAT pool; empty: the interface's first global IPv6 address
+    /// (resolved at startup, needed only when a VIP is IPv6).
+    pub snat_ip6: Vec<Ipv6Addr>,
     pub snat_ports: PortRange,
     pub flow_table_size: u32,
     pub ewma_tau: Duration,
@@ -133,8 +135,10 @@ pub struct VipConfig {
 pub struct FileConfig {
     iface: Option<String>,
     xdp_mode: Option<XdpMode>,
-    snat_ip: Option<Ipv4Addr>,
-    snat_ip6: Option<Ipv6Addr>,
+    #[serde(default, deserialize_with = "de::one_or_many")]
+    snat_ip: Vec<Ipv4Addr>,
+    #[serde(default, deserialize_with = "de::one_or_many")]
+    snat_ip6: Vec<Ipv6Addr>,
     #[serde(default, deserialize_with = "de::from_str_opt")]
     snat_ports: Option<PortRange>,
     flow_table_size: Option<u32>,
@@ -309,8 +313,16 @@ impl Config {
         };
         Self {
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
-            snat_ip: args.snat_ip.or(file.snat_ip),
-            snat_ip6: args.snat_ip6.or(file.snat_ip6),
+            snat_ip: if args.snat_ip.is_empty() {
+                file.snat_ip
+            } else {
+                args.snat_ip
+            },
+            snat_ip6: if args.snat_ip6.is_empty() {
+                file.snat_ip6
+            } else {
+                args.snat_ip6
+            },
             snat_ports: args.snat_ports.or(file.snat_ports).unwrap_or_default(),
             flow_table_size: args
                 .flow_table_size
@@ -396,7 +408,23 @@ impl Config {
         if self.flow_table_size < MIN_FLOW_TABLE_SIZE {
             return Err(ConfigError::FlowTableSize(self.flow_table_size));
         }
+        self.validate_snat()?;
         self.validate_vips()
+    }
+
+    /// Each SNAT pool: at most `MAX_SNAT_ADDRS` addresses, none twice.
+    fn validate_snat(&self) -> Result<(), ConfigError> {
+        check_count("IPv4 SNAT addresses", self.snat_ip.len(), MAX_SNAT_ADDRS)?;
+        check_count("IPv6 SNAT addresses", self.snat_ip6.len(), MAX_SNAT_ADDRS)?;
+        let v4 = self.snat_ip.iter().map(|a| IpAddr::V4(*a));
+        let v6 = self.snat_ip6.iter().map(|a| IpAddr::V6(*a));
+        let mut seen = HashSet::new();
+        for addr in v4.chain(v6) {
+            if !seen.insert(addr) {
+                return Err(ConfigError::DuplicateSnatIp(addr.to_string()));
+            }
+        }
+        Ok(())
     }
 
     fn validate_vips(&self) -> Result<(), ConfigError> {
@@ -485,6 +513,29 @@ mod de {
         T::Err: Display,
     {
         Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|s| s.parse().map_err(D::Error::custom))
+            .collect()
+    }
+
+    /// One address, or a list of them (`snat_ip = "a"` or `["a", "b"]`).
+    pub fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        let texts = match OneOrMany::deserialize(d)? {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        };
+        texts
             .iter()
             .map(|s| s.parse().map_err(D::Error::custom))
             .collect()
