@@ -98,6 +98,8 @@ pub const SNAT_ADDR_INDEX_MAP: &str = "SNAT_ADDR_INDEX";
 pub const SNAT_CURSORS_MAP: &str = "SNAT_CURSORS";
 pub const BACKEND_SNAT_USED_MAP: &str = "BACKEND_SNAT_USED";
 pub const SWEEP_STATS_MAP: &str = "SWEEP_STATS";
+pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
+pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).
@@ -132,4 +134,6 @@ pub const ALL_MAPS: &[&str] = &[
     SNAT_CURSORS_MAP,
     BACKEND_SNAT_USED_MAP,
     SWEEP_STATS_MAP,
+    BACKEND_LATENCY_MAP,
+    LATENCY_EPOCH_MAP,
 ];

@@ -424,7 +424,29 @@ pub struct TokenBucket {
 }
 assert_size!(TokenBucket, 16);
 
-/// Ring-buffer event kinds ([`FlowEvent::kind`]).
+/// Value of [`crate::BACKEND_LATENCY_MAP`] (per-CPU array indexed by backend
+/// id): latency samples (client payload → the backend's first payload
+/// after it) aggregated in the kernel instead of one ring event each. `sum`
+/// and `count` only grow; `peak` is the largest sample of epoch
+/// `peak_epoch` (the control plane advances [`crate::LATENCY_EPOCH_MAP`] at
+/// every score tick, so each tick's peak still feeds Peak-EWMA's jump).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyAgg {
+    pub sum_ns: u64,
+    pub count: u64,
+    pub peak_ns: u64,
+    pub peak_epoch: u64,
+}
+assert_size!(LatencyAgg, 32);
+
+/// Ring-buffer event kinds ([`FlowEvent::kind`]). The data path sends
+/// only what needs a reaction from the control plane: [`EVENT_REFUSED`]
+/// (an RST to the SYN, or no SYN-ACK within the SYN timeout) and
+/// [`EVENT_CLOSED`] with [`CLOSE_BACKEND_RST`]. Opens and closes are kernel
+/// counters ([`BackendConns`]), latency samples are aggregated
+/// ([`LatencyAgg`]); `EVENT_OPENED` and `EVENT_RESPONDED` stay defined
+/// for decoding but are no longer sent.
 pub const EVENT_OPENED: u8 = 1;
 /// `value_ns` is the latency from a client payload to the backend's first payload after it.
 pub const EVENT_RESPONDED: u8 = 2;
@@ -558,4 +580,5 @@ pod!(
     TokenBucket,
     SnatAddr,
     SweepStats,
+    LatencyAgg,
 );

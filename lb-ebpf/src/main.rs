@@ -195,7 +195,7 @@ fn try_new_flow(
     };
     let now = now();
     flow::create(pkt, client, cfg, picked.vip_id, &backend, now)?;
-    track::opened(backend.id, picked.vip_id, now);
+    track::opened(backend.id, now);
     Ok(())
 }
 

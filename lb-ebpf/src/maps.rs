@@ -67,3 +67,9 @@ pub static SNAT_CURSORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_BA
 pub static BACKEND_SNAT_USED: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "SWEEP_STATS")]
 pub static SWEEP_STATS: Array<SweepStats> = Array::with_max_entries(1, 0);
+#[map(name = "BACKEND_LATENCY")]
+pub static BACKEND_LATENCY: PerCpuArray<LatencyAgg> =
+    PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+/// Written by the control plane at every score tick.
+#[map(name = "LATENCY_EPOCH")]
+pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);

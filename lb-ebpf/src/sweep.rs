@@ -9,8 +9,8 @@
 //!
 //! - forward entry, closed: removed `closed_linger_ns` after the close;
 //! - forward entry, open: a SYN unanswered for `syn_timeout_ns` is closed as
-//!   refused, a flow idle past its protocol's timeout as idle (one ring
-//!   event each, as before); a forward entry without its reply entry is an
+//!   refused (a ring event), a flow idle past its protocol's timeout as
+//!   idle (only counted); a forward entry without its reply entry is an
 //!   orphan. Each is counted closed, its reply stamped closed, and it is
 //!   removed;
 //! - reply entry, closed: removed, and its SNAT tuple freed,
@@ -38,8 +38,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CLOSE_IDLE, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN,
-    FlowEntry, FlowKey, IPPROTO_TCP, IPPROTO_UDP, SweepStats,
+    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
+    IPPROTO_TCP, IPPROTO_UDP, SweepStats,
 };
 
 use crate::{
@@ -166,7 +166,8 @@ extern "C" fn visit(
         }
     {
         walk.stats.expired_idle += 1;
-        (EVENT_CLOSED, CLOSE_IDLE)
+        // Counted closed; no event (nothing to react to).
+        (0, 0)
     } else {
         return 0;
     };

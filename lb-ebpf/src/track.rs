@@ -15,16 +15,16 @@
 use core::mem::offset_of;
 
 use lb_common::{
-    CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED,
-    EVENT_RESPONDED, FLOW_CLOSING, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND,
-    FLOW_F_FIN_CLIENT, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
+    CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_REFUSED, FLOW_CLOSING,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND, FLOW_F_FIN_CLIENT, FLOW_F_REQUEST_PENDING,
+    FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
 };
 
 use crate::{
     atomic::{add_u64, fetch_add_u64, fetch_and_u64, fetch_or_u64},
     events::emit,
     flow::{Translation, lookup},
-    maps::BACKEND_CONNS,
+    maps::{BACKEND_CONNS, BACKEND_LATENCY, LATENCY_EPOCH},
     packet::Packet,
     progress,
     wire::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -34,15 +34,14 @@ use crate::{
 /// cache line bounce between CPUs) on every packet.
 const LAST_SEEN_GRANULARITY_NS: u64 = 1_000_000_000;
 
-/// A new connection to `backend_id`: count it open and announce it.
+/// A new connection to `backend_id`: count it open (a counter, no event).
 #[inline(always)]
-pub fn opened(backend_id: u32, vip_id: u32, now: u64) {
+pub fn opened(backend_id: u32, now: u64) {
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
         let before = unsafe { fetch_add_u64(&raw mut (*conns).opened, 1) };
         progress::connected(backend_id, before, now);
     }
-    emit(EVENT_OPENED, 0, backend_id, vip_id, now, 0);
 }
 
 /// A client packet of the connection whose forward entry is `fwd`.
@@ -91,18 +90,31 @@ pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         let before = flags.clear(FLOW_F_REQUEST_PENDING);
         if before & FLOW_F_REQUEST_PENDING != 0 {
             // SAFETY: live map value.
-            let (request_ns, backend_id, vip_id) =
-                unsafe { ((*fwd).request_ns, (*fwd).backend_id, (*fwd).vip_id) };
+            let (request_ns, backend_id) = unsafe { ((*fwd).request_ns, (*fwd).backend_id) };
             progress::answered(backend_id, now);
-            emit(
-                EVENT_RESPONDED,
-                0,
-                backend_id,
-                vip_id,
-                now,
-                now.saturating_sub(request_ns),
-            );
+            record_latency(backend_id, now.saturating_sub(request_ns));
         }
+    }
+}
+
+/// Adds one latency sample to this CPU's aggregate for the backend: sum
+/// and count, and the peak of the current epoch (see `lb_common::LatencyAgg`).
+#[inline(always)]
+fn record_latency(backend_id: u32, latency: u64) {
+    let epoch = LATENCY_EPOCH.get(0).copied().unwrap_or(0);
+    let Some(agg) = BACKEND_LATENCY.get_ptr_mut(backend_id) else {
+        return;
+    };
+    // SAFETY: this CPU's own copy of a per-CPU map value; XDP runs with
+    // preemption off, so a plain read-modify-write loses nothing.
+    let agg = unsafe { &mut *agg };
+    agg.sum_ns = agg.sum_ns.wrapping_add(latency);
+    agg.count = agg.count.wrapping_add(1);
+    if agg.peak_epoch != epoch {
+        agg.peak_epoch = epoch;
+        agg.peak_ns = latency;
+    } else if latency > agg.peak_ns {
+        agg.peak_ns = latency;
     }
 }
 
@@ -135,9 +147,13 @@ fn close(fwd: *mut FlowEntry, pkt: &Packet, kind: u8, close_reason: u8, now: u64
         return;
     }
     stamp_closed(lookup(&Translation::of(fwd).opposite_key(pkt)), now);
-    // SAFETY: live map value.
-    let (backend_id, vip_id) = unsafe { ((*fwd).backend_id, (*fwd).vip_id) };
-    emit(kind, close_reason, backend_id, vip_id, now, 0);
+    // Only what needs a reaction goes to the ring: a refused connection or
+    // a backend's reset. Ordinary closes are the `closed` counter.
+    if kind == EVENT_REFUSED || close_reason == CLOSE_BACKEND_RST {
+        // SAFETY: live map value.
+        let (backend_id, vip_id) = unsafe { ((*fwd).backend_id, (*fwd).vip_id) };
+        emit(kind, close_reason, backend_id, vip_id, now, 0);
+    }
 }
 
 /// Marks the forward entry `fwd` closed at `now` and counts its backend's

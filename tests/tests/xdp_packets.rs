@@ -9,10 +9,9 @@
 //! program) inside a fresh network namespace, where `bpf_fib_lookup` finds no
 //! routes, so next hops come from the `NEIGHBOURS` map deterministically.
 use lb_common::{
-    AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns, CLOSE_FIN,
-    CLOSE_IDLE, CLOSE_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_OPENED,
-    EVENT_REFUSED, EVENT_RESPONDED, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN,
-    IPPROTO_TCP, IPPROTO_UDP, reason,
+    AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
+    CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -68,9 +67,7 @@ fn open_tcp(lb: &mut Lb) -> u16 {
     assert_eq!((fwd.client_mac, fwd.client_ifindex), ([0; 6], 0));
     assert_eq!(lb.flow_count(), 2);
 
-    let events = lb.events();
-    assert_eq!(kinds(&events), [EVENT_OPENED]);
-    assert_eq!((events[0].backend_id, events[0].vip_id), (0, 0));
+    assert!(lb.events().is_empty(), "an open is a counter, not an event");
     assert_eq!(
         lb.conns(0),
         BackendConns {
@@ -140,18 +137,31 @@ fn case_request_response_latency(lb: &mut Lb) {
     let backend_ack = from_backend(0, snat_port, TCP_ACK);
     lb.expect(&backend_ack, XDP_TX, &to_client(backend_ack.clone()));
     assert!(lb.events().is_empty());
+    assert_eq!(lb.latency(0).count, 0);
     let response = from_backend(0, snat_port, TCP_ACK | TCP_PSH).payload(&[b'x'; 301]);
     lb.expect(&response, XDP_TX, &to_client(response.clone()));
-    let events = lb.events();
-    assert_eq!(kinds(&events), [EVENT_RESPONDED]);
-    assert!(
-        events[0].value_ns > 0,
-        "latency sample {}",
-        events[0].value_ns
-    );
-    assert_eq!(events[0].backend_id, 0);
+    // The sample is aggregated in the kernel, not sent on the ring.
+    assert!(lb.events().is_empty(), "no event per response");
+    let first = lb.latency(0);
+    assert_eq!(first.count, 1);
+    assert!(first.sum_ns > 0, "latency sample {}", first.sum_ns);
+    assert_eq!(first.peak_ns, first.sum_ns, "one sample is its own peak");
     // More response data for the same request: no second sample.
     lb.expect(&response, XDP_TX, &to_client(response.clone()));
+    assert_eq!(lb.latency(0).count, 1);
+    // A second request/response: sum and count grow; in a new epoch (the
+    // control plane's tick) the peak starts again from this sample.
+    lb.next_latency_epoch();
+    lb.expect(&request, XDP_TX, &to_backend(request.clone()));
+    lb.expect(&response, XDP_TX, &to_client(response.clone()));
+    let second = lb.latency(0);
+    assert_eq!(second.count, 2);
+    assert!(second.sum_ns > first.sum_ns);
+    assert_eq!(
+        second.peak_ns,
+        second.sum_ns - first.sum_ns,
+        "the new epoch's peak"
+    );
     assert!(lb.events().is_empty());
 }
 
@@ -183,9 +193,9 @@ fn case_fin_from_both_sides_closes_once(lb: &mut Lb) {
     lb.expect(&data, XDP_TX, &to_client_of(&data));
     let fin_back = from_backend(0, snat_port, TCP_FIN | TCP_ACK);
     lb.expect(&fin_back, XDP_TX, &to_client_of(&fin_back));
-    let events = lb.events();
-    assert_eq!(kinds(&events), [EVENT_CLOSED]);
-    assert_eq!(events[0].reason, CLOSE_FIN);
+    // Closed (a counter); an orderly close needs no event.
+    assert!(lb.events().is_empty());
+    assert_eq!(lb.conns(0).closed, 1);
     // Both entries carry the close time (the reply's starts the SNAT
     // tuple's quarantine).
     let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
@@ -216,12 +226,13 @@ fn case_syn_after_close_reselects(lb: &mut Lb) {
     let old_port = open_tcp(lb);
     let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
     assert_eq!(lb.run(&rst.build()).0, XDP_TX);
-    let events = lb.events();
-    assert_eq!(kinds(&events), [EVENT_CLOSED]);
-    assert_eq!(events[0].reason, CLOSE_RST);
+    assert!(
+        lb.events().is_empty(),
+        "a client's RST is counted, not sent"
+    );
     let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
     assert_eq!(lb.run(&syn.build()).0, XDP_TX);
-    assert_eq!(kinds(&lb.events()), [EVENT_OPENED]);
+    assert!(lb.events().is_empty());
     assert_eq!(
         lb.conns(0),
         BackendConns {
@@ -293,10 +304,10 @@ fn case_sweep_expires_idle_and_unanswered(lb: &mut Lb) {
     lb.timeouts(Timeouts::ZERO);
     let stats = lb.sweep();
     assert_eq!((stats.expired_syn, stats.expired_idle), (1, 1));
-    let mut events = lb.events();
-    events.sort_by_key(|e| e.kind);
-    assert_eq!(kinds(&events), [EVENT_CLOSED, EVENT_REFUSED]);
-    assert_eq!(events[0].reason, CLOSE_IDLE);
+    // The unanswered SYN is a failure the control plane reacts to; the
+    // idle flow is only counted.
+    let events = lb.events();
+    assert_eq!(kinds(&events), [EVENT_REFUSED]);
     assert_eq!(lb.conns(0).closed, 2, "both counted closed in the kernel");
     // The forward entries are gone; the reply entries hold their tuples
     // from the close, and the next sweep past the quarantine frees them.
@@ -389,6 +400,22 @@ fn case_rst_to_syn_refused(lb: &mut Lb) {
     );
 }
 
+fn case_backend_reset_reported(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let syn_ack = from_backend(0, snat_port, TCP_SYN | TCP_ACK);
+    lb.expect(&syn_ack, XDP_TX, &to_client_of(&syn_ack));
+    let rst = from_backend(0, snat_port, TCP_RST | TCP_ACK);
+    lb.expect(&rst, XDP_TX, &to_client_of(&rst));
+    let events = lb.events();
+    assert_eq!(
+        kinds(&events),
+        [EVENT_CLOSED],
+        "a backend's reset is a failure event"
+    );
+    assert_eq!(events[0].reason, CLOSE_BACKEND_RST);
+    assert_eq!(lb.conns(0).closed, 1);
+}
+
 fn case_udp_both_ways(lb: &mut Lb) {
     let query = Pkt::udp((CLIENT, CLIENT_PORT), (VIP, DNS)).payload(b"query");
     let (action, out) = lb.run(&query.build());
@@ -407,7 +434,7 @@ fn case_udp_both_ways(lb: &mut Lb) {
     );
     assert_checksums_valid(&out, "rewritten frame");
     assert_eq!(fwd.vip_id, 1);
-    assert_eq!(kinds(&lb.events()), [EVENT_OPENED]);
+    assert!(lb.events().is_empty());
 
     let answer = Pkt::udp((backend_addr(0), BACKEND_PORT), (SNAT, snat_port))
         .macs(LB_MAC, backend_mac(0))
@@ -421,7 +448,8 @@ fn case_udp_both_ways(lb: &mut Lb) {
             .build()
     );
     assert_checksums_valid(&out, "rewritten frame");
-    assert_eq!(kinds(&lb.events()), [EVENT_RESPONDED]);
+    assert!(lb.events().is_empty());
+    assert_eq!(lb.latency(0).count, 1, "the answer is a latency sample");
 
     // A datagram without checksum keeps having none, both ways.
     let mut bare = query.clone();
@@ -925,6 +953,7 @@ const CASES: &[Case] = &[
         case_reply_to_unknown_snat_tuple_dropped,
     ),
     ("rst to syn refused", case_rst_to_syn_refused),
+    ("backend reset reported", case_backend_reset_reported),
     ("udp both ways", case_udp_both_ways),
     ("non-vip traffic passes", case_non_vip_passes),
     ("vlan tag kept", case_vlan_tag_kept),

@@ -91,6 +91,25 @@ impl Runtime {
         self.fleet.on_event(event, now)
     }
 
+    /// Feeds the latency the kernel aggregated since the last tick: each
+    /// backend's peak to Peak-EWMA (a peak above the estimate replaces it,
+    /// as each sample above it would have), and every response to outlier
+    /// detection as a success.
+    fn take_latency(&mut self, now: Nanos) -> anyhow::Result<()> {
+        let limit = self.fleet.id_limit();
+        for a in self.kernel.latency.read(limit)? {
+            let event = Event::Responded {
+                backend: a.backend,
+                latency: a.peak,
+            };
+            self.on_event(event, now);
+            for _ in 1..a.count {
+                self.fleet.on_event(event, now);
+            }
+        }
+        Ok(())
+    }
+
     /// Applies a check result; a backend whose health flips leaves (or
     /// rejoins) the kernel's slots at once.
     pub fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()> {
@@ -113,6 +132,7 @@ impl Runtime {
     /// publishes every VIP's selection (scores first, so a backend that
     /// becomes selectable already has one).
     pub fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        self.take_latency(now)?;
         let loads = &self.loads;
         self.fleet.tick(now, |id| loads.ewma_ns(id, now));
         let selections: Vec<_> = (0..self.fleet.vips.len())

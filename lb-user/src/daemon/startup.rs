@@ -4,12 +4,15 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, LbConfig};
+use lb_common::{
+    CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, LbConfig, MAX_BACKENDS,
+};
 use tokio::time::sleep;
 use tracing::info;
 
 use crate::{
     estimate::backend_load::LoadTable,
+    ingest::latency::LatencyReader,
     kernel::{
         attach::Attachment,
         clock::Clock,
@@ -75,6 +78,8 @@ pub struct KernelHandles {
     pub counters: Counters,
     /// Mirrors the ARP table into NEIGHBOURS when backends join at runtime.
     pub neighbours: NeighbourSync,
+    /// Latency aggregated in the kernel, read at every score tick.
+    pub latency: LatencyReader,
 }
 
 /// Step 1: writes the configuration's [`Plan`] (backends with their cold
@@ -182,6 +187,7 @@ pub fn open_kernel_handles(
             ifindex,
             Vec::new(),
         ),
+        latency: LatencyReader::open(pin_dir, MAX_BACKENDS as usize)?,
     })
 }
 

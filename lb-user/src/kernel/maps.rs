@@ -13,8 +13,8 @@ use lb_common::{
     NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
 use lb_common::{
-    BACKEND_SNAT_USED_MAP, MAX_SNAT_ADDRS, SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP,
-    SnatAddr, SweepStats,
+    BACKEND_LATENCY_MAP, BACKEND_SNAT_USED_MAP, LATENCY_EPOCH_MAP, LatencyAgg, MAX_SNAT_ADDRS,
+    SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP, SnatAddr, SweepStats,
 };
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
 
@@ -50,6 +50,8 @@ pub type SnatAddrs = Array<MapData, SnatAddr>;
 pub type SnatAddrIndex = HashMap<MapData, IpKey, u32>;
 pub type SnatUsed = Array<MapData, u64>;
 pub type SweepStatsMap = Array<MapData, SweepStats>;
+pub type LatencyAggs = PerCpuArray<MapData, LatencyAgg>;
+pub type LatencyEpoch = Array<MapData, u64>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -83,6 +85,8 @@ openers! {
     snat_addr_index -> SnatAddrIndex = SNAT_ADDR_INDEX_MAP;
     snat_used -> SnatUsed = BACKEND_SNAT_USED_MAP;
     sweep_stats -> SweepStatsMap = SWEEP_STATS_MAP;
+    latency_aggs -> LatencyAggs = BACKEND_LATENCY_MAP;
+    latency_epoch -> LatencyEpoch = LATENCY_EPOCH_MAP;
 }
 
 /// Writes the SNAT pools (each at most [`MAX_SNAT_ADDRS`] addresses, as the

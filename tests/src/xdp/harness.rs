@@ -14,8 +14,8 @@ use aya::{
 use lb_common::{
     AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendScore,
     CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent,
-    FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LbConfig, MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS,
-    Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
+    FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP,
+    MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
 };
 
 use super::packet::{Pkt, TCP_SYN};
@@ -352,6 +352,50 @@ impl Lb {
         .expect("array")
         .get(&0, 0)
         .expect("SWEEP_STATS")
+    }
+
+    /// Backend `id`'s latency aggregate, summed over CPUs (the peak: the
+    /// largest of the current epoch).
+    pub fn latency(&self, id: u32) -> LatencyAgg {
+        let map: PerCpuArray<_, LatencyAgg> = PerCpuArray::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_LATENCY_MAP)
+                .expect("BACKEND_LATENCY"),
+        )
+        .expect("per-CPU array");
+        let epoch = self.latency_epoch();
+        map.get(&id, 0)
+            .expect("BACKEND_LATENCY")
+            .iter()
+            .fold(LatencyAgg::default(), |a, c| LatencyAgg {
+                sum_ns: a.sum_ns + c.sum_ns,
+                count: a.count + c.count,
+                peak_ns: if c.peak_epoch == epoch {
+                    a.peak_ns.max(c.peak_ns)
+                } else {
+                    a.peak_ns
+                },
+                peak_epoch: epoch,
+            })
+    }
+
+    pub fn latency_epoch(&self) -> u64 {
+        Array::<_, u64>::try_from(
+            self.ebpf
+                .map(lb_common::LATENCY_EPOCH_MAP)
+                .expect("LATENCY_EPOCH"),
+        )
+        .expect("array")
+        .get(&0, 0)
+        .expect("LATENCY_EPOCH")
+    }
+
+    /// Starts a new latency epoch, as the control plane does at each tick.
+    pub fn next_latency_epoch(&mut self) {
+        let next = self.latency_epoch() + 1;
+        self.array::<u64>(lb_common::LATENCY_EPOCH_MAP)
+            .set(0, next, 0)
+            .expect("set LATENCY_EPOCH");
     }
 
     /// SNAT tuples backend `id` holds.
