@@ -4,9 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{
-    CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, LbConfig, MAX_BACKENDS,
-};
+use lb_common::{CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, LbConfig, MAX_BACKENDS};
 use tokio::time::sleep;
 use tracing::info;
 
@@ -164,7 +162,7 @@ pub fn mark_ready(
             udp_idle_ns: ns(config.udp_idle_timeout),
             syn_timeout_ns: ns(config.syn_timeout),
             closed_linger_ns: DEFAULT_CLOSED_LINGER_NS,
-            snat_quarantine_ns: DEFAULT_SNAT_QUARANTINE_NS,
+            snat_quarantine_ns: ns(config.snat_quarantine),
         },
     )?;
     log_ready(config, &snat_ip, attachment);

@@ -159,6 +159,10 @@ pub struct RunArgs {
     /// A SYN without SYN-ACK for this long counts as refused and is removed.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub syn_timeout: Option<Duration>,
+    /// How long a closed connection's SNAT tuple stays reserved, counted
+    /// from the close (the backend's TIME_WAIT plus slack).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub snat_quarantine: Option<Duration>,
     /// Instance name (default lb-<iface>); pins live in /sys/fs/bpf/lb-user/<NAME>/.
     #[arg(long, value_name = "NAME")]
     pub instance: Option<String>,

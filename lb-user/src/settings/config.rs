@@ -22,6 +22,7 @@
 //! udp_idle_timeout = "30s"
 //! tcp_idle_timeout = "300s"
 //! syn_timeout = "3s"
+//! snat_quarantine = "65s"        # a closed connection's SNAT tuple, from the close
 //! instance = "lb-eth0"
 //! log_level = "info"
 //!
@@ -80,6 +81,9 @@ pub const MAX_SCORE_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_SYN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Linux's 60 s TIME_WAIT on the backend, plus slack.
+pub const DEFAULT_SNAT_QUARANTINE: Duration =
+    Duration::from_nanos(lb_common::DEFAULT_SNAT_QUARANTINE_NS);
 /// Each flow uses two entries (one per direction).
 pub const MIN_FLOW_TABLE_SIZE: u32 = 2;
 /// Linux's IFNAMSIZ minus the terminating NUL.
@@ -106,6 +110,8 @@ pub struct Config {
     pub udp_idle_timeout: Duration,
     pub tcp_idle_timeout: Duration,
     pub syn_timeout: Duration,
+    /// How long a closed connection's SNAT tuple stays reserved.
+    pub snat_quarantine: Duration,
     pub instance: String,
     pub log_level: String,
     /// Health checks, ejection, slow start, metrics (see `ops_config.rs`).
@@ -158,6 +164,8 @@ pub struct FileConfig {
     tcp_idle_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     syn_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    snat_quarantine: Option<Duration>,
     instance: Option<String>,
     log_level: Option<String>,
     #[serde(default)]
@@ -350,6 +358,11 @@ impl Config {
                 DEFAULT_TCP_IDLE_TIMEOUT,
             ),
             syn_timeout: pick(args.syn_timeout, file.syn_timeout, DEFAULT_SYN_TIMEOUT),
+            snat_quarantine: pick(
+                args.snat_quarantine,
+                file.snat_quarantine,
+                DEFAULT_SNAT_QUARANTINE,
+            ),
             log_level: args
                 .log_level
                 .or(file.log_level)
@@ -395,6 +408,7 @@ impl Config {
             ("udp idle timeout", self.udp_idle_timeout),
             ("tcp idle timeout", self.tcp_idle_timeout),
             ("syn timeout", self.syn_timeout),
+            ("snat quarantine", self.snat_quarantine),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { name });

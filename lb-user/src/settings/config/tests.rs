@@ -348,3 +348,25 @@ fn bad_snat_pools_are_refused() {
         .to_string();
     assert!(err.contains("test.toml"), "{err}");
 }
+
+#[test]
+fn snat_quarantine_from_flag_file_or_default() {
+    assert_eq!(
+        from_flags(MINIMAL).unwrap().snat_quarantine,
+        Duration::from_secs(65)
+    );
+    let mut argv = MINIMAL.to_vec();
+    argv.extend(["--snat-quarantine", "30s"]);
+    assert_eq!(
+        from_flags(&argv).unwrap().snat_quarantine,
+        Duration::from_secs(30)
+    );
+    let file = from_file(r#"snat_quarantine = "2m""#, MINIMAL).unwrap();
+    assert_eq!(file.snat_quarantine, Duration::from_secs(120));
+    argv.truncate(MINIMAL.len());
+    argv.extend(["--snat-quarantine", "0s"]);
+    assert_eq!(
+        from_flags(&argv).unwrap_err().to_string(),
+        "snat quarantine must be greater than zero"
+    );
+}
