@@ -297,6 +297,9 @@ pub struct FlowEntry {
     /// the interface they arrived on, learned when the flow is created. The
     /// reply goes there when neither `bpf_fib_lookup` nor the neighbour map
     /// knows the client (clients are not known to the control plane).
+    /// [`DIR_TO_BACKEND`] entries: the next hop towards the backend (MAC and
+    /// interface, 0 = none) cached by the data path when it sends the frame
+    /// back out of the ingress interface, dropped once a second.
     pub client_mac: [u8; 6],
     pub _pad3: [u8; 2],
     pub client_ifindex: u32,

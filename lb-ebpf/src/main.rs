@@ -228,7 +228,7 @@ fn forward_known(
     let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
     let verdict = match direction {
-        Direction::ToBackend => nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND, None)?,
+        Direction::ToBackend => nexthop::forward_to_backend(ctx, pkt, &to, entry)?,
         Direction::FromBackend => {
             let client = ReturnPath::of(entry);
             nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?

@@ -194,8 +194,8 @@ pub fn forward_key_of(key: &FlowKey, reply: *const FlowEntry) -> FlowKey {
     crate::flow::key(key.family, key.proto, t.dst, t.src, t.dport, t.sport)
 }
 
-/// Refreshes `last_seen_ns` when it is more than a granule old; a closed
-/// entry keeps its close time.
+/// Refreshes `last_seen_ns` when it is more than a granule old (and then
+/// drops the cached next hop); a closed entry keeps its close time.
 #[inline(always)]
 fn touch(fwd: *mut FlowEntry, flags: Flags, now: u64) {
     if flags.get() & FLOW_F_CLOSED != 0 {
@@ -205,6 +205,9 @@ fn touch(fwd: *mut FlowEntry, flags: Flags, now: u64) {
     unsafe {
         if now.saturating_sub((*fwd).last_seen_ns) > LAST_SEEN_GRANULARITY_NS {
             (*fwd).last_seen_ns = now;
+            // Drop the cached next hop (nexthop::forward_to_backend): the
+            // next packet resolves it again.
+            (&raw mut (*fwd).client_ifindex).write_volatile(0);
         }
     }
 }

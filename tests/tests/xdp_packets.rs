@@ -64,7 +64,8 @@ fn open_tcp(lb: &mut Lb) -> u16 {
     assert_eq!(rev.backend_id, 0);
     // The way back to the client, learned from its frame (lo in the test namespace).
     assert_eq!((rev.client_mac, rev.client_ifindex), (CLIENT_MAC, 1));
-    assert_eq!((fwd.client_mac, fwd.client_ifindex), ([0; 6], 0));
+    // The forward entry caches the next hop towards the backend.
+    assert_eq!((fwd.client_mac, fwd.client_ifindex), (backend_mac(0), 1));
     assert_eq!(lb.flow_count(), 2);
 
     assert!(lb.events().is_empty(), "an open is a counter, not an event");
@@ -414,6 +415,26 @@ fn case_backend_reset_reported(lb: &mut Lb) {
     );
     assert_eq!(events[0].reason, CLOSE_BACKEND_RST);
     assert_eq!(lb.conns(0).closed, 1);
+}
+
+fn case_next_hop_cached_per_flow(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let data = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK);
+    let via = |mac| data.rewritten((SNAT, snat_port), (backend_addr(0), BACKEND_PORT), mac);
+    // The backend's MAC changes: the flow keeps the hop it resolved...
+    let moved = [0x02, 0, 0, 9, 9, 9];
+    lb.neighbour(backend_addr(0), moved, 0);
+    lb.expect(&data, XDP_TX, &via(backend_mac(0)));
+    // ...until its once-a-second refresh (here: the entry made a second
+    // older) drops the cache; the next packet resolves the new MAC.
+    let fwd_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let mut fwd = lb.flow(&fwd_key).expect("forward entry");
+    fwd.last_seen_ns -= 2_000_000_000;
+    lb.set_flow(&fwd_key, fwd);
+    lb.expect(&data, XDP_TX, &via(backend_mac(0)));
+    lb.expect(&data, XDP_TX, &via(moved));
+    let fwd = lb.flow(&fwd_key).expect("forward entry");
+    assert_eq!((fwd.client_mac, fwd.client_ifindex), (moved, 1));
 }
 
 fn case_udp_both_ways(lb: &mut Lb) {
@@ -954,6 +975,7 @@ const CASES: &[Case] = &[
     ),
     ("rst to syn refused", case_rst_to_syn_refused),
     ("backend reset reported", case_backend_reset_reported),
+    ("next hop cached per flow", case_next_hop_cached_per_flow),
     ("udp both ways", case_udp_both_ways),
     ("non-vip traffic passes", case_non_vip_passes),
     ("vlan tag kept", case_vlan_tag_kept),

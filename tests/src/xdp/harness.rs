@@ -648,6 +648,14 @@ impl Lb {
         self.flows().get(key, 0).ok()
     }
 
+    /// Overwrites one entry (to age it, say).
+    pub fn set_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
+        let mut flows: HashMap<_, FlowKey, FlowEntry> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                .expect("hash");
+        flows.insert(key, entry, 0).expect("set flow entry");
+    }
+
     /// Removes one entry behind the program's back (to make an orphan).
     pub fn remove_flow(&mut self, key: &FlowKey) {
         let mut flows: HashMap<_, FlowKey, FlowEntry> =
