@@ -36,8 +36,19 @@ pub const MAX_BACKENDS_PER_VIP: u32 = 1024;
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 262_144;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size).
 pub const EVENTS_RING_BYTES: u32 = 1 << 20;
-/// Tries the data path makes to find a free SNAT port before refusing a flow.
+/// Steps a CPU's SNAT cursor may take past tuples still in use (by a
+/// long-lived connection, or in quarantine) before refusing a flow. Each
+/// step is a `BPF_NOEXIST` insert into the (non-LRU) flow table, which
+/// never evicts anything.
 pub const SNAT_PORT_TRIES: u32 = 8;
+/// Addresses per family in a SNAT pool.
+pub const MAX_SNAT_ADDRS: u32 = 64;
+/// Defaults for the kernel sweep (see [`LbConfig`]): how long a closed
+/// forward entry keeps translating late segments, and how long a freed SNAT
+/// tuple stays reserved after the close (Linux's 60 s TIME_WAIT on the
+/// backend, plus 5 s slack).
+pub const DEFAULT_CLOSED_LINGER_NS: u64 = 10_000_000_000;
+pub const DEFAULT_SNAT_QUARANTINE_NS: u64 = 65_000_000_000;
 /// Default SNAT source-port range, below Linux's default ephemeral range
 /// (32768..=60999) so the balancer host's own connections never collide.
 pub const DEFAULT_SNAT_PORT_MIN: u16 = 20_000;
@@ -82,6 +93,17 @@ pub const MAGLEV_MAP: &str = "MAGLEV";
 pub const BACKEND_PROGRESS_MAP: &str = "BACKEND_PROGRESS";
 pub const NEW_FLOW_LIMIT_MAP: &str = "NEW_FLOW_LIMIT";
 pub const NEW_FLOW_BUCKETS_MAP: &str = "NEW_FLOW_BUCKETS";
+pub const SNAT_ADDRS_MAP: &str = "SNAT_ADDRS";
+pub const SNAT_ADDR_INDEX_MAP: &str = "SNAT_ADDR_INDEX";
+pub const SNAT_CURSORS_MAP: &str = "SNAT_CURSORS";
+pub const BACKEND_SNAT_USED_MAP: &str = "BACKEND_SNAT_USED";
+pub const SWEEP_STATS_MAP: &str = "SWEEP_STATS";
+pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
+pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
+/// The kernel sweep: an XDP-typed program the control plane runs with
+/// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
+/// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).
+pub const SWEEP_PROGRAM: &str = "lb_sweep";
 /// Name of the XDP program function in the object.
 pub const XDP_PROGRAM: &str = "lb_xdp";
 
@@ -107,4 +129,11 @@ pub const ALL_MAPS: &[&str] = &[
     BACKEND_PROGRESS_MAP,
     NEW_FLOW_LIMIT_MAP,
     NEW_FLOW_BUCKETS_MAP,
+    SNAT_ADDRS_MAP,
+    SNAT_ADDR_INDEX_MAP,
+    SNAT_CURSORS_MAP,
+    BACKEND_SNAT_USED_MAP,
+    SWEEP_STATS_MAP,
+    BACKEND_LATENCY_MAP,
+    LATENCY_EPOCH_MAP,
 ];

@@ -257,8 +257,15 @@ pub const FLOW_F_CLOSED: u32 = 1;
 pub const FLOW_F_REQUEST_PENDING: u32 = 2;
 /// The backend answered the SYN.
 pub const FLOW_F_SYNACK_SEEN: u32 = 4;
+/// The client sent a FIN. A TCP connection is closed once both FIN flags
+/// are set (or on an RST), so a half-closed transfer stays in flight.
+pub const FLOW_F_FIN_CLIENT: u32 = 8;
+/// The backend sent a FIN.
+pub const FLOW_F_FIN_BACKEND: u32 = 16;
 
-/// Value of [`crate::FLOWS_MAP`]. Each connection has two entries: one keyed
+/// Value of [`crate::FLOWS_MAP`] (a plain hash, not an LRU: nothing is
+/// evicted behind the program's back; the kernel sweep, `lb_sweep`, removes
+/// entries). Each connection has two entries: one keyed
 /// by the client's 5-tuple ([`DIR_TO_BACKEND`]) and one keyed by the backend's
 /// reply 5-tuple ([`DIR_TO_CLIENT`]). The fields give the rewrite to apply.
 /// Connection state (flags, timestamps) lives in the `DIR_TO_BACKEND` entry;
@@ -278,6 +285,11 @@ pub struct FlowEntry {
     pub flags: u32,
     pub _pad2: u32,
     pub created_ns: u64,
+    /// Last activity (refreshed at most once a second). Once
+    /// [`FLOW_F_CLOSED`] is set it is the time of the close and no longer
+    /// moves: a closed forward entry lingers `closed_linger_ns` from it, and
+    /// a closed reply entry keeps its SNAT tuple quarantined
+    /// `snat_quarantine_ns` from it.
     pub last_seen_ns: u64,
     /// Time of the client payload awaiting a response (0 = none).
     pub request_ns: u64,
@@ -285,6 +297,9 @@ pub struct FlowEntry {
     /// the interface they arrived on, learned when the flow is created. The
     /// reply goes there when neither `bpf_fib_lookup` nor the neighbour map
     /// knows the client (clients are not known to the control plane).
+    /// [`DIR_TO_BACKEND`] entries: the next hop towards the backend (MAC and
+    /// interface, 0 = none) cached by the data path when it sends the frame
+    /// back out of the ingress interface, dropped once a second.
     pub client_mac: [u8; 6],
     pub _pad3: [u8; 2],
     pub client_ifindex: u32,
@@ -330,9 +345,64 @@ pub struct LbConfig {
     pub flags: u32,
     /// Interface the program is attached to.
     pub ifindex: u32,
+    /// Addresses in the IPv4 and IPv6 SNAT pools ([`crate::SNAT_ADDRS_MAP`]
+    /// slots `0..v4_count` and `MAX_SNAT_ADDRS..MAX_SNAT_ADDRS+v6_count`).
+    /// `snat_v4`/`snat_v6` above are each pool's first address.
+    pub snat_v4_count: u16,
+    pub snat_v6_count: u16,
+    /// Possible CPUs: the SNAT tuple space of a backend is split into this
+    /// many interleaved slices, one per CPU (0 counts as 1).
+    pub cpus: u32,
     pub _pad: u32,
+    /// Idle timeouts the kernel sweep applies to open flows.
+    pub tcp_idle_ns: u64,
+    pub udp_idle_ns: u64,
+    /// A TCP SYN without SYN-ACK for this long is closed as refused.
+    pub syn_timeout_ns: u64,
+    /// A closed forward entry stays this long after the close, so late
+    /// segments of the close are still translated.
+    pub closed_linger_ns: u64,
+    /// A freed SNAT tuple (closed reply entry) stays reserved this long
+    /// after the close: the backend's TIME_WAIT plus slack.
+    pub snat_quarantine_ns: u64,
 }
-assert_size!(LbConfig, 48);
+assert_size!(LbConfig, 96);
+
+/// Value of [`crate::SNAT_ADDRS_MAP`]: one SNAT pool address (network byte
+/// order words, IPv4 in word 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatAddr {
+    pub addr: [u32; 4],
+}
+assert_size!(SnatAddr, 16);
+
+/// Value of [`crate::SWEEP_STATS_MAP`] (one entry, written only by the
+/// sweep program, which the control plane runs one pass at a time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Sweeps run.
+    pub runs: u64,
+    /// Entries (both directions) the last sweep walked.
+    pub entries: u64,
+    /// Open flows closed for idleness (monotonic).
+    pub expired_idle: u64,
+    /// TCP flows closed because the SYN got no SYN-ACK in time.
+    pub expired_syn: u64,
+    /// Lone entries found (a reply whose forward entry is gone or belongs to
+    /// another connection, or a forward entry without its reply); each is
+    /// closed, and its SNAT tuple quarantined and then freed.
+    pub orphans: u64,
+    /// Entries removed (closed ones past their linger or quarantine, and
+    /// expired ones).
+    pub removed: u64,
+    /// SNAT tuples freed after their quarantine.
+    pub snat_freed: u64,
+    /// Time the last sweep ran.
+    pub last_run_ns: u64,
+}
+assert_size!(SweepStats, 64);
 
 /// Single entry of [`crate::NEW_FLOW_LIMIT_MAP`]: the cap on new flows,
 /// per CPU (each CPU has its own token bucket, so no atomics are needed).
@@ -357,7 +427,29 @@ pub struct TokenBucket {
 }
 assert_size!(TokenBucket, 16);
 
-/// Ring-buffer event kinds ([`FlowEvent::kind`]).
+/// Value of [`crate::BACKEND_LATENCY_MAP`] (per-CPU array indexed by backend
+/// id): latency samples (client payload → the backend's first payload
+/// after it) aggregated in the kernel instead of one ring event each. `sum`
+/// and `count` only grow; `peak` is the largest sample of epoch
+/// `peak_epoch` (the control plane advances [`crate::LATENCY_EPOCH_MAP`] at
+/// every score tick, so each tick's peak still feeds Peak-EWMA's jump).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyAgg {
+    pub sum_ns: u64,
+    pub count: u64,
+    pub peak_ns: u64,
+    pub peak_epoch: u64,
+}
+assert_size!(LatencyAgg, 32);
+
+/// Ring-buffer event kinds ([`FlowEvent::kind`]). The data path sends
+/// only what needs a reaction from the control plane: [`EVENT_REFUSED`]
+/// (an RST to the SYN, or no SYN-ACK within the SYN timeout) and
+/// [`EVENT_CLOSED`] with [`CLOSE_BACKEND_RST`]. Opens and closes are kernel
+/// counters ([`BackendConns`]), latency samples are aggregated
+/// ([`LatencyAgg`]); `EVENT_OPENED` and `EVENT_RESPONDED` stay defined
+/// for decoding but are no longer sent.
 pub const EVENT_OPENED: u8 = 1;
 /// `value_ns` is the latency from a client payload to the backend's first payload after it.
 pub const EVENT_RESPONDED: u8 = 2;
@@ -414,11 +506,13 @@ pub mod reason {
     pub const DROP_BAD_HEADER: u32 = 9;
     /// VIP with no selectable backend.
     pub const DROP_NO_BACKEND: u32 = 10;
-    /// No free SNAT port after [`crate::SNAT_PORT_TRIES`] tries.
+    /// No free SNAT tuple after [`crate::SNAT_PORT_TRIES`] steps of the
+    /// CPU's cursor.
     pub const DROP_SNAT_EXHAUSTED: u32 = 11;
     /// No next-hop MAC for the destination.
     pub const DROP_NO_NEIGHBOUR: u32 = 12;
-    /// The flow table refused an insert.
+    /// The flow table refused an insert (full: it is a plain hash, so a
+    /// full table refuses new flows instead of evicting live ones).
     pub const DROP_FLOW_INSERT: u32 = 13;
     /// TCP packet other than SYN to a VIP with no flow.
     pub const DROP_NO_FLOW: u32 = 14;
@@ -436,8 +530,13 @@ pub mod reason {
     /// kernel answers it, the VIP being an address of the interface), other
     /// types, and errors quoting a packet of no flow.
     pub const PASS_ICMP: u32 = 19;
+    /// A TCP/UDP packet to a SNAT pool address, port in the SNAT range,
+    /// with no flow (a backend's late reply after the flow ended, or a
+    /// stray): dropped, so it never reaches the host's sockets (which would
+    /// answer it with an RST).
+    pub const DROP_SNAT_NO_FLOW: u32 = 20;
     /// Number of reasons (size of the map).
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 21;
 
     /// Names used by `status` and metrics, indexed by reason.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -461,6 +560,7 @@ pub mod reason {
         "event_lost",
         "drop_new_flow_rate",
         "pass_icmp",
+        "drop_snat_no_flow",
     ];
 }
 
@@ -481,4 +581,7 @@ pod!(
     FlowEvent,
     NewFlowLimit,
     TokenBucket,
+    SnatAddr,
+    SweepStats,
+    LatencyAgg,
 );

@@ -1,14 +1,19 @@
 //! The flow table: two entries per connection, keyed by the 5-tuple seen on
 //! the wire in each direction (see `lb_common::FlowEntry`).
-use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
+use core::num::{NonZeroU32, NonZeroU64};
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::bpf_get_smp_processor_id,
+};
 use lb_common::{
     AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_SYN_SENT, FlowEntry, FlowKey,
-    LbConfig, Reason, SNAT_PORT_TRIES, reason,
+    LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, reason,
 };
 
 use crate::{
-    helpers::random,
-    maps::FLOWS,
+    atomic::add_u64,
+    maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
     select::Chosen,
 };
@@ -92,6 +97,24 @@ impl Translation {
             pkt.family, pkt.proto, self.dst, self.src, self.dport, self.sport,
         )
     }
+
+    /// [`Translation::opposite_key`] for the entry stored under `own`.
+    #[inline(always)]
+    pub fn opposite_key_of(&self, own: &FlowKey) -> FlowKey {
+        key(
+            own.family, own.proto, self.dst, self.src, self.dport, self.sport,
+        )
+    }
+}
+
+/// Whether the forward entry `fwd` rewrites client packets into the tuple
+/// the backend packet `pkt` answers (its SNAT address and port). Reads the
+/// two fields in place: a copied `Translation` here pushed the debug
+/// build's reply path over the 512-byte stack.
+#[inline(always)]
+pub fn translates_to(fwd: *const FlowEntry, pkt: &Packet) -> bool {
+    // SAFETY: live map value; written only when the entry is created.
+    unsafe { (*fwd).new_sport == pkt.dport && (*fwd).new_src == pkt.daddr }
 }
 
 #[inline(always)]
@@ -100,8 +123,8 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 }
 
 /// Creates both entries of a new connection from the client packet `pkt`
-/// (which arrived by `client`) to `backend`, picking a free SNAT port: the
-/// reply entry claims the port, then the forward entry is written.
+/// (which arrived by `client`) to `backend`, picking a free SNAT tuple: the
+/// reply entry claims the tuple, then the forward entry is written.
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
@@ -115,50 +138,82 @@ pub fn create(
     // One 96-byte entry, filled as the reply entry and then turned into
     // the forward one: two would not fit the 512-byte stack next to the rest.
     let mut entry = reply_entry(pkt, client, vip_id, backend.id, now);
-    let port = claim_snat_port(pkt, backend, &snat, &entry)?;
-    into_forward_entry(&mut entry, &snat, port, backend);
+    claim_snat_tuple(pkt, backend, &snat, &mut entry)?;
     insert_forward(pkt, &entry)
 }
 
-/// Where new flows' source addresses come from: the SNAT address of the
-/// packet's family and the port range.
+/// Where new flows' source tuples come from: the SNAT pool of the packet's
+/// family and the port range, seen as one tuple space per backend of
+/// `addrs × span` tuples (the reply key holds the backend, so the same
+/// address and port serve every backend at once).
+///
+/// Allocation is O(1): the space is cut into `cpus` interleaved slices (CPU
+/// `c` owns the tuples `c, c + cpus, c + 2·cpus, …`) and each CPU walks its
+/// own slice of each backend with a cursor. A tuple the cursor reaches was
+/// last handed out by this CPU one full turn ago, so it is free unless its
+/// connection is still open or in quarantine; the cursor then steps on, at
+/// most `SNAT_PORT_TRIES` times. No two CPUs ever race for a tuple, and a
+/// step is a `BPF_NOEXIST` insert into the non-LRU flow table, which never
+/// evicts anything.
 struct Snat {
-    addr: [u32; 4],
+    /// First slot of the family's pool in `SNAT_ADDRS`.
+    base: u32,
     port_min: u16,
-    /// Ports in the range, 1..=65536.
-    span: u32,
+    /// Ports in the range, 1..=65536. The divisors are `NonZero`, so no
+    /// division-by-zero panic path (which the verifier rejects) exists.
+    span: NonZeroU32,
+    /// Tuples in this CPU's slice.
+    slice: NonZeroU64,
+    /// Slices (CPUs) and this CPU's slice.
+    cpus: u32,
+    cpu: u32,
 }
 
 impl Snat {
-    /// The configured SNAT address and range, if they can serve `pkt`'s
+    /// The configured SNAT pool and range, if they can serve `pkt`'s
     /// family towards `backend`.
     #[inline(always)]
     fn of(cfg: &LbConfig, pkt: &Packet, backend: &Chosen) -> Result<Self, Reason> {
         let (min, max) = (cfg.snat_port_min, cfg.snat_port_max);
-        if min > max {
+        if min > max || backend.family != pkt.family {
             return Err(reason::DROP_BAD_CONFIG);
         }
-        let addr = if pkt.family == AF_INET6 {
-            cfg.snat_v6
+        let (base, addrs) = if pkt.family == AF_INET6 {
+            (MAX_SNAT_ADDRS, u32::from(cfg.snat_v6_count))
         } else {
-            cfg.snat_v4
+            (0, u32::from(cfg.snat_v4_count))
         };
-        if addr == [0; 4] || backend.family != pkt.family {
+        if addrs == 0 || addrs > MAX_SNAT_ADDRS {
             return Err(reason::DROP_BAD_CONFIG);
         }
+        let span = NonZeroU32::new(u32::from(max - min) + 1).ok_or(reason::DROP_BAD_CONFIG)?;
+        // At most 64 × 65536 = 2^22 tuples: no overflow.
+        let total = addrs * span.get();
+        let cpus = match NonZeroU32::new(cfg.cpus) {
+            Some(cpus) if cpus.get() <= total => cpus,
+            _ => NonZeroU32::MIN,
+        };
+        // SAFETY: helper without arguments.
+        let cpu = unsafe { bpf_get_smp_processor_id() } % cpus;
+        let slice = NonZeroU64::new(u64::from(total / cpus)).ok_or(reason::DROP_BAD_CONFIG)?;
         Ok(Self {
-            addr,
+            base,
             port_min: min,
-            span: u32::from(max - min) + 1,
+            span,
+            slice,
+            cpus: cpus.get(),
+            cpu,
         })
     }
 
-    /// A random port of the range, in network byte order.
+    /// The tuple at position `step` of this CPU's slice: its address's
+    /// slot in `SNAT_ADDRS` and its port (network byte order).
     #[inline(always)]
-    fn random_port(&self) -> u16 {
-        // span is in 1..=65536, so the remainder fits a u16 offset from min.
-        let port = (u32::from(self.port_min) + random() % self.span) as u16;
-        port.to_be()
+    fn tuple(&self, step: u64) -> (u32, u16) {
+        // cpu < cpus and the remainder < slice, so index < cpus × slice ≤ total.
+        let index = self.cpu + self.cpus * (step % self.slice) as u32;
+        let port = (u32::from(self.port_min) + index % self.span) as u16;
+        (self.base + index / self.span, port.to_be())
     }
 }
 
@@ -194,46 +249,75 @@ fn reply_entry(
     }
 }
 
-/// Inserts `reply` under a free SNAT port's key (`backend → SNAT:port`),
-/// trying up to `SNAT_PORT_TRIES` random ports; returns the port (network
-/// byte order).
+/// Inserts `entry` (the reply entry) under a free SNAT tuple's key
+/// (`backend → SNAT:port`), stepping this CPU's cursor over its slice of the
+/// backend's tuples at most `SNAT_PORT_TRIES` times, and on success turns
+/// `entry` into the forward entry using that tuple. Early returns and no
+/// tuple copied out keep the frame small: the debug build's `new_flow`
+/// frame is at the 512-byte stack limit.
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn claim_snat_port(
+fn claim_snat_tuple(
     pkt: &Packet,
     backend: &Chosen,
     snat: &Snat,
-    reply: &FlowEntry,
-) -> Result<u16, Reason> {
-    for _ in 0..SNAT_PORT_TRIES {
-        let port = snat.random_port();
+    entry: &mut FlowEntry,
+) -> Result<(), Reason> {
+    let cursor = SNAT_CURSORS
+        .get_ptr_mut(backend.id)
+        .ok_or(reason::DROP_BAD_CONFIG)?;
+    // SAFETY: this CPU's own copy of a per-CPU map value (XDP runs with
+    // preemption off, so nothing else touches it meanwhile).
+    let start = unsafe { *cursor };
+    for i in 0..u64::from(SNAT_PORT_TRIES) {
+        let step = start.wrapping_add(i);
+        let (slot, port) = snat.tuple(step);
+        let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
         let reverse = key(
             pkt.family,
             pkt.proto,
             backend.addr,
-            snat.addr,
+            addr.addr,
             backend.port,
             port,
         );
-        // NOEXIST makes the check and the claim one step: two CPUs racing
-        // for the same port cannot both win it.
-        match FLOWS.insert(reverse, reply, u64::from(BPF_NOEXIST)) {
-            Ok(()) => return Ok(port),
+        // NOEXIST makes the check and the claim one step.
+        match FLOWS.insert(reverse, &*entry, u64::from(BPF_NOEXIST)) {
+            Ok(()) => {
+                // SAFETY: as above.
+                unsafe { *cursor = step.wrapping_add(1) };
+                snat_used(backend.id, 1);
+                into_forward_entry(entry, addr.addr, port, backend);
+                return Ok(());
+            }
             Err(EEXIST) => {}
+            // Full table (E2BIG) or out of memory.
             Err(_) => return Err(reason::DROP_FLOW_INSERT),
         }
     }
+    // SAFETY: as above.
+    unsafe { *cursor = start.wrapping_add(u64::from(SNAT_PORT_TRIES)) };
     Err(reason::DROP_SNAT_EXHAUSTED)
+}
+
+/// Adds `delta` (wrapping: `u64::MAX` is −1) to the backend's count of
+/// SNAT tuples held.
+#[inline(always)]
+pub fn snat_used(backend_id: u32, delta: u64) {
+    if let Some(used) = BACKEND_SNAT_USED.get_ptr_mut(backend_id) {
+        // SAFETY: live, 8-byte aligned map value; every writer is atomic.
+        unsafe { add_u64(used, delta) };
+    }
 }
 
 /// Turns the reply entry into the forward (client → backend) one: it
 /// translates the client's packets to `SNAT:port → backend`.
 #[inline(always)]
-fn into_forward_entry(entry: &mut FlowEntry, snat: &Snat, port: u16, backend: &Chosen) {
-    entry.new_src = snat.addr;
+fn into_forward_entry(entry: &mut FlowEntry, addr: [u32; 4], port: u16, backend: &Chosen) {
+    entry.new_src = addr;
     entry.new_dst = backend.addr;
     entry.new_sport = port;
     entry.new_dport = backend.port;
@@ -256,7 +340,12 @@ fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
         .insert(&packet_key(pkt), forward, u64::from(BPF_ANY))
         .is_err()
     {
-        let _ = FLOWS.remove(Translation::of(forward).opposite_key(pkt));
+        if FLOWS
+            .remove(Translation::of(forward).opposite_key(pkt))
+            .is_ok()
+        {
+            snat_used(forward.backend_id, u64::MAX);
+        }
         return Err(reason::DROP_FLOW_INSERT);
     }
     Ok(())

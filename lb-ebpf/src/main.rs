@@ -45,6 +45,10 @@ mod track;
 
 mod progress;
 
+// 7b. the kernel sweep (a program of its own): idle expiry, SNAT
+//     quarantine, orphans
+mod sweep;
+
 // 8. the ring buffer to the control plane
 mod events;
 
@@ -61,14 +65,14 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, LbConfig, Reason, StageResult,
+    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, IpKey, LbConfig, Reason, StageResult,
     Verdict, action, proceed, reason,
 };
 
 use crate::{
     flow::{ReturnPath, Translation},
     helpers::now,
-    maps::{CONFIG, FLOWS},
+    maps::{CONFIG, SNAT_ADDR_INDEX},
     packet::{Packet, keep_ctx_pointer},
     parse::Parsed,
     select::Picked,
@@ -128,9 +132,12 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         if !(pkt.is_tcp() && pkt.is_syn() && flags & FLOW_F_CLOSED != 0) {
             return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }
-        // A new SYN on a closed connection's tuple starts a new connection:
-        // release the old reply entry (and its SNAT port), then re-select.
-        release_reply(pkt, entry);
+        // A new SYN on a closed connection's tuple starts a new connection;
+        // its forward entry replaces the old one. The old reply entry was
+        // stamped at the close and keeps its SNAT tuple in quarantine until
+        // the sweep frees it.
+    } else if is_snat_tuple(pkt, cfg) {
+        return Err(reason::DROP_SNAT_NO_FLOW);
     }
     let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
     proceed!(new_flow(ctx(), pkt, cfg, picked));
@@ -140,12 +147,29 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd)))
 }
 
-/// Removes the reply entry of the connection whose forward entry is `fwd`.
-/// A BPF function of its own, so its key is not in `lb_xdp`'s stack frame
-/// while `new_flow` runs.
+/// Whether `pkt` (of no flow) is addressed to a SNAT tuple: a pool
+/// address, a port in the SNAT range. Such a packet is a backend's reply
+/// after its flow ended (or a stray); the host must never see it, as its
+/// sockets would answer with an RST. The port test comes first, so other
+/// traffic costs no lookup. A BPF function of its own, so its key is not
+/// in `lb_xdp`'s stack frame (the 512-byte limit counts the deepest chain).
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the key is passed by reference; by value it would be copied again on the stack"
+)]
 #[inline(never)]
-fn release_reply(pkt: &Packet, fwd: *mut FlowEntry) {
-    let _ = FLOWS.remove(Translation::of(fwd).opposite_key(pkt));
+fn is_snat_tuple(pkt: &Packet, cfg: &LbConfig) -> bool {
+    let port = u16::from_be(pkt.dport);
+    if port < cfg.snat_port_min || port > cfg.snat_port_max {
+        return false;
+    }
+    let key = IpKey {
+        addr: pkt.daddr,
+        family: pkt.family,
+        _pad: [0; 3],
+    };
+    // SAFETY: read-only presence test.
+    unsafe { SNAT_ADDR_INDEX.get(&key) }.is_some()
 }
 
 /// Creates both flow entries of a new connection to the backend the pick
@@ -171,7 +195,7 @@ fn try_new_flow(
     };
     let now = now();
     flow::create(pkt, client, cfg, picked.vip_id, &backend, now)?;
-    track::opened(backend.id, picked.vip_id, now);
+    track::opened(backend.id, now);
     Ok(())
 }
 
@@ -204,7 +228,7 @@ fn forward_known(
     let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
     let verdict = match direction {
-        Direction::ToBackend => nexthop::forward(ctx, pkt, &to, reason::TX_TO_BACKEND, None)?,
+        Direction::ToBackend => nexthop::forward_to_backend(ctx, pkt, &to, entry)?,
         Direction::FromBackend => {
             let client = ReturnPath::of(entry);
             nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?
@@ -212,9 +236,13 @@ fn forward_known(
     };
     match direction {
         Direction::ToBackend => track::client_packet(pkt, entry, now()),
-        // The forward entry holds the state; it may have been evicted alone.
+        // The forward entry holds the state. After a new SYN reused the
+        // client tuple, it belongs to the new connection: a late packet of
+        // the old one (another SNAT tuple) must not touch it.
         Direction::FromBackend => {
-            if let Some(fwd) = flow::lookup(&to.opposite_key(pkt)) {
+            if let Some(fwd) = flow::lookup(&to.opposite_key(pkt))
+                && flow::translates_to(fwd, pkt)
+            {
                 track::backend_packet(pkt, fwd, now());
             }
         }

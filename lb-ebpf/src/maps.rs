@@ -1,7 +1,7 @@
 //! Every map of the program. Names match the `*_MAP` constants in lb-common.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::*;
 
@@ -22,10 +22,13 @@ pub static BACKEND_CORRECTION: Array<u64> = Array::with_max_entries(MAX_BACKENDS
 #[map(name = "BACKEND_STATS")]
 pub static BACKEND_STATS: PerCpuArray<BackendStats> =
     PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
-/// Resized at load time by the control plane (`--flow-table-size`).
+/// Resized at load time by the control plane (`--flow-table-size`). A
+/// plain hash: the kernel's LRU evicts before it checks `BPF_NOEXIST` and
+/// removes one direction of a connection without the other; here entries
+/// leave only through `sweep` (or an insert's own rollback).
 #[map(name = "FLOWS")]
-pub static FLOWS: LruHashMap<FlowKey, FlowEntry> =
-    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+pub static FLOWS: HashMap<FlowKey, FlowEntry> =
+    HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 #[map(name = "NEIGHBOURS")]
 pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "CONFIG")]
@@ -49,3 +52,24 @@ pub static BACKEND_PROGRESS: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 
 pub static NEW_FLOW_LIMIT: Array<NewFlowLimit> = Array::with_max_entries(1, 0);
 #[map(name = "NEW_FLOW_BUCKETS")]
 pub static NEW_FLOW_BUCKETS: PerCpuArray<TokenBucket> = PerCpuArray::with_max_entries(1, 0);
+#[map(name = "SNAT_ADDRS")]
+pub static SNAT_ADDRS: Array<SnatAddr> = Array::with_max_entries(2 * MAX_SNAT_ADDRS, 0);
+/// Pool address → its slot in `SNAT_ADDRS`; only its presence is used.
+#[map(name = "SNAT_ADDR_INDEX")]
+pub static SNAT_ADDR_INDEX: HashMap<IpKey, u32> = HashMap::with_max_entries(2 * MAX_SNAT_ADDRS, 0);
+/// Per CPU and backend: the next position in the CPU's slice of the
+/// backend's SNAT tuple space.
+#[map(name = "SNAT_CURSORS")]
+pub static SNAT_CURSORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+/// Per backend: SNAT tuples held (open, closed or quarantined reply
+/// entries), advanced atomically.
+#[map(name = "BACKEND_SNAT_USED")]
+pub static BACKEND_SNAT_USED: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
+#[map(name = "SWEEP_STATS")]
+pub static SWEEP_STATS: Array<SweepStats> = Array::with_max_entries(1, 0);
+#[map(name = "BACKEND_LATENCY")]
+pub static BACKEND_LATENCY: PerCpuArray<LatencyAgg> =
+    PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+/// Written by the control plane at every score tick.
+#[map(name = "LATENCY_EPOCH")]
+pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);

@@ -14,7 +14,7 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use lb_common::{IpKey, Reason, Verdict, reason};
+use lb_common::{FlowEntry, IpKey, Reason, Verdict, reason};
 
 use crate::{
     flow::{ReturnPath, Translation},
@@ -71,6 +71,50 @@ pub fn forward(
     // SAFETY: plain helper call; it only records the target for the driver.
     let action = unsafe { bpf_redirect(hop.ifindex, 0) };
     Ok(Verdict::new(action as u32, reason::REDIRECT))
+}
+
+/// [`forward`] for a packet towards the backend of the forward entry
+/// `fwd`, with the next hop resolved per flow rather than per packet: the
+/// first packet's answer is kept in the entry (`client_mac`/`client_ifindex`,
+/// unused otherwise in forward entries) when it sends the frame back out of
+/// the ingress interface, and later packets use it without a FIB or
+/// neighbour lookup. `track::touch` drops it once a second, so a changed
+/// neighbour is picked up within about a second.
+#[inline(always)]
+pub fn forward_to_backend(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    fwd: *mut FlowEntry,
+) -> Result<Verdict, Reason> {
+    let ingress = ctx.ingress_ifindex() as u32;
+    // SAFETY: live map value; a racing refresh stores the same kind of values.
+    let (cached_mac, cached_ifindex) = unsafe { ((*fwd).client_mac, (*fwd).client_ifindex) };
+    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    if cached_ifindex != 0 && cached_ifindex == ingress {
+        // SAFETY: bounds-checked above; [u8; 6] has alignment 1. Our MAC
+        // is the frame's destination (it reached this interface).
+        unsafe {
+            let our_mac = dmac_ptr.read_unaligned();
+            dmac_ptr.write(cached_mac);
+            smac_ptr.write(our_mac);
+        }
+        return Ok(Verdict::tx(reason::TX_TO_BACKEND));
+    }
+    let verdict = forward(ctx, pkt, to, reason::TX_TO_BACKEND, None)?;
+    if verdict.reason == reason::TX_TO_BACKEND {
+        // Sent back out of the ingress interface: remember the MAC just
+        // written. The MAC is stored before the interface that marks it valid.
+        let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
+        // SAFETY: bounds-checked; live map value.
+        unsafe {
+            let mac = dmac_ptr.read_unaligned();
+            (&raw mut (*fwd).client_mac).write_volatile(mac);
+            (&raw mut (*fwd).client_ifindex).write_volatile(ingress);
+        }
+    }
+    Ok(verdict)
 }
 
 /// [`forward`] as a BPF function of its own, for callers whose stack frame

@@ -2,18 +2,29 @@
 //! both directions update it, and ring-buffer events go out only when the
 //! state changes. Bits that several CPUs may race on are set and cleared
 //! with atomic read-modify-writes, and only the CPU that flipped a bit acts.
+//!
+//! A TCP connection is closed after both FINs (one from each side: a
+//! half-closed transfer is still in flight) or after an RST from either
+//! side. The RST is not checked against the sequence window: the balancer
+//! tracks no sequence numbers, and an RST must carry the connection's exact
+//! tuple (the backend side's includes the SNAT port); closing only ends the
+//! accounting, while both entries keep translating for `closed_linger_ns`,
+//! so a spoofed RST does not cut the connection at once. On close, both
+//! entries are stamped with the close time: the forward entry lingers from
+//! it, and the reply entry keeps the SNAT tuple in quarantine from it.
 use core::mem::offset_of;
 
 use lb_common::{
-    CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_OPENED, EVENT_REFUSED,
-    EVENT_RESPONDED, FLOW_CLOSING, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING,
-    FLOW_F_SYNACK_SEEN, FlowEntry,
+    CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_REFUSED, FLOW_CLOSING,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND, FLOW_F_FIN_CLIENT, FLOW_F_REQUEST_PENDING,
+    FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
 };
 
 use crate::{
     atomic::{add_u64, fetch_add_u64, fetch_and_u64, fetch_or_u64},
     events::emit,
-    maps::BACKEND_CONNS,
+    flow::{Translation, lookup},
+    maps::{BACKEND_CONNS, BACKEND_LATENCY, LATENCY_EPOCH},
     packet::Packet,
     progress,
     wire::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -23,22 +34,21 @@ use crate::{
 /// cache line bounce between CPUs) on every packet.
 const LAST_SEEN_GRANULARITY_NS: u64 = 1_000_000_000;
 
-/// A new connection to `backend_id`: count it open and announce it.
+/// A new connection to `backend_id`: count it open (a counter, no event).
 #[inline(always)]
-pub fn opened(backend_id: u32, vip_id: u32, now: u64) {
+pub fn opened(backend_id: u32, now: u64) {
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
         let before = unsafe { fetch_add_u64(&raw mut (*conns).opened, 1) };
         progress::connected(backend_id, before, now);
     }
-    emit(EVENT_OPENED, 0, backend_id, vip_id, now, 0);
 }
 
 /// A client packet of the connection whose forward entry is `fwd`.
 #[inline(always)]
 pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
-    touch(fwd, now);
     let flags = Flags::of(fwd);
+    touch(fwd, flags, now);
     if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING == 0 {
         // The time is stored before the flag is published; the reply path
         // reads it only after clearing the flag.
@@ -47,17 +57,17 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         flags.set(FLOW_F_REQUEST_PENDING);
     }
     if pkt.has(TCP_RST) {
-        close(fwd, EVENT_CLOSED, CLOSE_RST, now);
+        close(fwd, pkt, EVENT_CLOSED, CLOSE_RST, now);
     } else if pkt.has(TCP_FIN) {
-        close(fwd, EVENT_CLOSED, CLOSE_FIN, now);
+        fin(fwd, pkt, FLOW_F_FIN_CLIENT, now);
     }
 }
 
 /// A backend packet of the connection whose forward entry is `fwd`.
 #[inline(always)]
 pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
-    touch(fwd, now);
     let flags = Flags::of(fwd);
+    touch(fwd, flags, now);
     if pkt.has(TCP_SYN) && pkt.has(TCP_ACK) && flags.get() & FLOW_F_SYNACK_SEEN == 0 {
         flags.set(FLOW_F_SYNACK_SEEN);
         // SAFETY: live map value; a racing writer stores the same value.
@@ -72,56 +82,132 @@ pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         } else {
             (EVENT_CLOSED, CLOSE_BACKEND_RST)
         };
-        close(fwd, kind, close_reason, now);
+        close(fwd, pkt, kind, close_reason, now);
     } else if pkt.has(TCP_FIN) {
-        close(fwd, EVENT_CLOSED, CLOSE_FIN, now);
+        fin(fwd, pkt, FLOW_F_FIN_BACKEND, now);
     }
     if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING != 0 {
         let before = flags.clear(FLOW_F_REQUEST_PENDING);
         if before & FLOW_F_REQUEST_PENDING != 0 {
             // SAFETY: live map value.
-            let (request_ns, backend_id, vip_id) =
-                unsafe { ((*fwd).request_ns, (*fwd).backend_id, (*fwd).vip_id) };
+            let (request_ns, backend_id) = unsafe { ((*fwd).request_ns, (*fwd).backend_id) };
             progress::answered(backend_id, now);
-            emit(
-                EVENT_RESPONDED,
-                0,
-                backend_id,
-                vip_id,
-                now,
-                now.saturating_sub(request_ns),
-            );
+            record_latency(backend_id, now.saturating_sub(request_ns));
         }
     }
 }
 
-/// Counts the connection closed, once: only the CPU that sets
-/// `FLOW_F_CLOSED` advances `closed` and emits the event. The entries stay
-/// so the rest of the FIN handshake is still translated.
+/// Adds one latency sample to this CPU's aggregate for the backend: sum
+/// and count, and the peak of the current epoch (see `lb_common::LatencyAgg`).
 #[inline(always)]
-fn close(fwd: *mut FlowEntry, kind: u8, close_reason: u8, now: u64) {
-    if Flags::of(fwd).set(FLOW_F_CLOSED) & FLOW_F_CLOSED != 0 {
+fn record_latency(backend_id: u32, latency: u64) {
+    let epoch = LATENCY_EPOCH.get(0).copied().unwrap_or(0);
+    let Some(agg) = BACKEND_LATENCY.get_ptr_mut(backend_id) else {
+        return;
+    };
+    // SAFETY: this CPU's own copy of a per-CPU map value; XDP runs with
+    // preemption off, so a plain read-modify-write loses nothing.
+    let agg = unsafe { &mut *agg };
+    agg.sum_ns = agg.sum_ns.wrapping_add(latency);
+    agg.count = agg.count.wrapping_add(1);
+    if agg.peak_epoch != epoch {
+        agg.peak_epoch = epoch;
+        agg.peak_ns = latency;
+    } else if latency > agg.peak_ns {
+        agg.peak_ns = latency;
+    }
+}
+
+/// A FIN from one side (`side` is its `FLOW_F_FIN_*` bit): the connection
+/// closes when the other side's FIN is already there. The CPU whose
+/// atomic OR completed the pair closes it.
+#[inline(always)]
+fn fin(fwd: *mut FlowEntry, pkt: &Packet, side: u32, now: u64) {
+    let both = FLOW_F_FIN_CLIENT | FLOW_F_FIN_BACKEND;
+    let flags = Flags::of(fwd);
+    if flags.get() & side != 0 {
         return;
     }
+    let before = flags.set(side);
+    if before & side == 0 && (before | side) & both == both {
+        close(fwd, pkt, EVENT_CLOSED, CLOSE_FIN, now);
+    } else {
+        // SAFETY: live map value; informational only.
+        unsafe { (*fwd).state = FLOW_CLOSING };
+    }
+}
+
+/// Counts the connection closed, once: only the CPU that sets
+/// `FLOW_F_CLOSED` advances `closed`, stamps both entries with the close
+/// time and emits the event. The entries stay so late segments are still
+/// translated (see the module documentation).
+#[inline(always)]
+fn close(fwd: *mut FlowEntry, pkt: &Packet, kind: u8, close_reason: u8, now: u64) {
+    if !close_counted(fwd, now) {
+        return;
+    }
+    stamp_closed(lookup(&Translation::of(fwd).opposite_key(pkt)), now);
+    // Only what needs a reaction goes to the ring: a refused connection or
+    // a backend's reset. Ordinary closes are the `closed` counter.
+    if kind == EVENT_REFUSED || close_reason == CLOSE_BACKEND_RST {
+        // SAFETY: live map value.
+        let (backend_id, vip_id) = unsafe { ((*fwd).backend_id, (*fwd).vip_id) };
+        emit(kind, close_reason, backend_id, vip_id, now, 0);
+    }
+}
+
+/// Marks the forward entry `fwd` closed at `now` and counts its backend's
+/// `closed`, if this call was the one to set `FLOW_F_CLOSED`.
+#[inline(always)]
+pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
+    if Flags::of(fwd).set(FLOW_F_CLOSED) & FLOW_F_CLOSED != 0 {
+        return false;
+    }
     // SAFETY: live map value.
-    let (backend_id, vip_id) = unsafe {
+    let backend_id = unsafe {
         (*fwd).state = FLOW_CLOSING;
-        ((*fwd).backend_id, (*fwd).vip_id)
+        (*fwd).last_seen_ns = now;
+        (*fwd).backend_id
     };
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
         unsafe { add_u64(&raw mut (*conns).closed, 1) };
     }
-    emit(kind, close_reason, backend_id, vip_id, now, 0);
+    true
 }
 
-/// Refreshes `last_seen_ns` when it is more than a granule old.
+/// Marks a reply entry closed at `now`, starting its SNAT tuple's
+/// quarantine (a no-op for `None` or an entry already closed).
 #[inline(always)]
-fn touch(fwd: *mut FlowEntry, now: u64) {
+pub fn stamp_closed(reply: Option<*mut FlowEntry>, now: u64) {
+    let Some(reply) = reply else { return };
+    if Flags::of(reply).set(FLOW_F_CLOSED) & FLOW_F_CLOSED == 0 {
+        // SAFETY: live map value.
+        unsafe { (*reply).last_seen_ns = now };
+    }
+}
+
+/// The key of the forward entry a reply entry (`key`, `reply`) belongs to.
+#[inline(always)]
+pub fn forward_key_of(key: &FlowKey, reply: *const FlowEntry) -> FlowKey {
+    let t = Translation::of(reply);
+    crate::flow::key(key.family, key.proto, t.dst, t.src, t.dport, t.sport)
+}
+
+/// Refreshes `last_seen_ns` when it is more than a granule old (and then
+/// drops the cached next hop); a closed entry keeps its close time.
+#[inline(always)]
+fn touch(fwd: *mut FlowEntry, flags: Flags, now: u64) {
+    if flags.get() & FLOW_F_CLOSED != 0 {
+        return;
+    }
     // SAFETY: live map value; a torn race only writes a similar timestamp.
     unsafe {
         if now.saturating_sub((*fwd).last_seen_ns) > LAST_SEEN_GRANULARITY_NS {
             (*fwd).last_seen_ns = now;
+            // Drop the cached next hop (nexthop::forward_to_backend): the
+            // next packet resolves it again.
+            (&raw mut (*fwd).client_ifindex).write_volatile(0);
         }
     }
 }
@@ -136,11 +222,11 @@ const _: () = {
 /// only 64-bit atomics, so the bits are set and cleared in the aligned word
 /// made of `flags` and `_pad2` (which stays zero).
 #[derive(Clone, Copy)]
-struct Flags(*mut u64);
+pub struct Flags(*mut u64);
 
 impl Flags {
     #[inline(always)]
-    fn of(fwd: *mut FlowEntry) -> Self {
+    pub fn of(fwd: *mut FlowEntry) -> Self {
         // SAFETY: only computes the field address.
         Self(unsafe { (&raw mut (*fwd).flags).cast::<u64>() })
     }
@@ -166,7 +252,7 @@ impl Flags {
 
     /// A plain load, for cheap checks before an atomic update.
     #[inline(always)]
-    fn get(self) -> u32 {
+    pub fn get(self) -> u32 {
         // SAFETY: aligned word inside a live map value (RCU keeps it alive
         // for the whole program run); aligned loads are single instructions.
         Self::narrow(unsafe { self.0.read_volatile() })

@@ -130,13 +130,12 @@ impl<C: Clock, H: Handlers> EventLoop<C, H> {
     pub fn on_scan(&mut self, scan: &Scan) {
         let outcome = self.handlers.on_scan(scan, self.clock.now());
         self.errors.check(Stage::Scan, outcome);
-        if !scan.expired_idle.is_empty() || !scan.expired_syn.is_empty() {
-            debug!(
-                idle = scan.expired_idle.len(),
-                syn = scan.expired_syn.len(),
-                "expired flows"
-            );
-        }
+        debug!(
+            entries = scan.entries,
+            expired_idle = scan.sweep.expired_idle,
+            expired_syn = scan.sweep.expired_syn,
+            "kernel sweep"
+        );
     }
 
     pub fn on_check(&mut self, result: CheckResult) {

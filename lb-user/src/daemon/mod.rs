@@ -37,7 +37,7 @@ use crate::{
     discover::watch::{Update, Watcher},
     ingest::{
         events::{Event, EventStream},
-        reconcile::{Reconciler, Scan, Timeouts},
+        reconcile::{Reconciler, Scan},
     },
     kernel::{
         attach::Attachment,
@@ -152,7 +152,7 @@ impl Started<'_> {
         ];
         tasks.extend(self.serve_metrics(scrape_tx).await);
         tasks.extend(tasks::spawn_ebpf_log_drain(self.attachment.program_id));
-        let (reconcile_task, scan_rx) = self.start_reconciler(&runtime, clock.clone())?;
+        let (reconcile_task, scan_rx) = self.start_reconciler(&runtime)?;
         tasks.push(reconcile_task);
         let discovery_rx = discovery.map(|watcher| {
             let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
@@ -195,23 +195,12 @@ impl Started<'_> {
 
     /// Reconciliation passes on their own task, sharing the id space's
     /// length with the runtime.
-    fn start_reconciler<C: Clock + Send + 'static>(
+    fn start_reconciler(
         &self,
         runtime: &Runtime,
-        clock: C,
     ) -> anyhow::Result<(JoinHandle<()>, mpsc::Receiver<Scan>)> {
-        let config = self.config;
         let (scan_tx, scan_rx) = mpsc::channel(1);
-        let reconciler = Reconciler::open(
-            &self.attachment.pin_dir,
-            runtime.id_limit.clone(),
-            Timeouts {
-                tcp_idle: config.tcp_idle_timeout,
-                udp_idle: config.udp_idle_timeout,
-                syn: config.syn_timeout,
-            },
-            clock,
-        )?;
+        let reconciler = Reconciler::open(&self.attachment.pin_dir, runtime.id_limit.clone())?;
         Ok((tasks::spawn_reconciler(reconciler, scan_tx), scan_rx))
     }
 

@@ -25,10 +25,7 @@ use super::{
 };
 use crate::{
     estimate::backend_load::{BackendLoad, LoadTable},
-    ingest::{
-        events::{CloseReason, Event},
-        reconcile::Scan,
-    },
+    ingest::{events::Event, reconcile::Scan},
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
     pool::{
@@ -54,7 +51,7 @@ pub struct Runtime {
     /// Shared with the reconciler: the length of the id space.
     pub id_limit: Arc<AtomicUsize>,
     pub(super) events_received: u64,
-    /// Flows the LRU evicted, as the reconciler saw them vanish.
+    /// Lone flow entries the kernel sweep found (and cleaned up).
     pub(super) flows_evicted: u64,
     /// Entries in the flow table at the last reconciliation pass.
     pub(super) flow_entries: u64,
@@ -122,6 +119,25 @@ impl Runtime {
         self.fleet.on_event(event, now)
     }
 
+    /// Feeds the latency the kernel aggregated since the last tick: each
+    /// backend's peak to Peak-EWMA (a peak above the estimate replaces it,
+    /// as each sample above it would have), and every response to outlier
+    /// detection as a success.
+    fn take_latency(&mut self, now: Nanos) -> anyhow::Result<()> {
+        let limit = self.fleet.id_limit();
+        for a in self.kernel.latency.read(limit)? {
+            let event = Event::Responded {
+                backend: a.backend,
+                latency: a.peak,
+            };
+            self.on_event(event, now);
+            for _ in 1..a.count {
+                self.fleet.on_event(event, now);
+            }
+        }
+        Ok(())
+    }
+
     /// Applies a check result; a backend whose health flips leaves (or
     /// rejoins) the kernel's slots at once.
     pub fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()> {
@@ -144,6 +160,7 @@ impl Runtime {
     /// publishes every VIP's selection (scores first, so a backend that
     /// becomes selectable already has one).
     pub fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        self.take_latency(now)?;
         let loads = &self.loads;
         self.fleet.tick(now, |id| loads.ewma_ns(id, now));
         let selections: Vec<_> = (0..self.fleet.vips.len())
@@ -182,26 +199,18 @@ impl Runtime {
         Ok(())
     }
 
-    /// Accounts for what a reconciliation pass expired, and frees the ids
-    /// of removed backends whose last flow is gone.
-    pub fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()> {
-        if scan.vanished > 0 {
-            self.flows_evicted += scan.vanished;
-            debug!(evicted = scan.vanished, "flows left the full flow table");
-        }
-        self.flow_entries = scan.entries;
-        for backend in scan.expired_idle.iter().copied() {
-            self.on_event(
-                Event::Closed {
-                    backend,
-                    reason: CloseReason::Idle,
-                },
-                now,
+    /// Takes in what a kernel sweep pass counted, and frees the ids of
+    /// removed backends whose last flow and SNAT tuple are gone (the
+    /// sweep's expiries arrive as ring events).
+    pub fn on_scan(&mut self, scan: &Scan, _now: Nanos) -> anyhow::Result<()> {
+        if scan.orphans > 0 {
+            self.flows_evicted += scan.orphans;
+            debug!(
+                orphans = scan.orphans,
+                "the kernel sweep found lone flow entries"
             );
         }
-        for backend in scan.expired_syn.iter().copied() {
-            self.on_event(Event::Refused { backend }, now);
-        }
+        self.flow_entries = scan.entries;
         for id in self.fleet.free_drained(&scan.live) {
             self.kernel.publisher.clear_backend(id)?;
             self.checks.remove(&id);

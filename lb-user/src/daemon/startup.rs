@@ -5,65 +5,66 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::Context as _;
-use lb_common::{CONFIG_F_READY, LbConfig, MAX_BACKENDS};
+use lb_common::{CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, LbConfig, MAX_BACKENDS};
 use tokio::time::sleep;
 use tracing::info;
 
 use super::errors::{ControlErrors, Stage};
 use crate::{
     estimate::backend_load::LoadTable,
+    ingest::latency::LatencyReader,
     kernel::{
         attach::Attachment,
         clock::Clock,
         iface,
         maps::{self, Counters},
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
-        wire,
+        sysctl, wire,
     },
     pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
     settings::{addr::VipAddr, config::Config},
 };
 
-/// SNAT source addresses per family. A family without a VIP needs none
-/// (the data path then never uses it; its word stays zero).
-#[derive(Clone, Copy, Debug)]
+/// SNAT source address pools per family. A family without a VIP needs
+/// none (the data path then never uses it).
+#[derive(Clone, Debug)]
 pub struct Snat {
-    pub v4: Option<Ipv4Addr>,
-    pub v6: Option<Ipv6Addr>,
+    pub v4: Vec<Ipv4Addr>,
+    pub v6: Vec<Ipv6Addr>,
 }
 
 impl Snat {
-    /// The configured addresses, or the interface's for the families of the VIPs.
+    /// The configured pools, or the interface's address for the families
+    /// of the VIPs.
     pub fn resolve(config: &Config) -> anyhow::Result<Self> {
         let has = |v6: bool| config.vips.iter().any(|v| v.vip.addr.is_ipv6() == v6);
-        let v4 = match config.snat_ip {
-            Some(ip) => Some(ip),
-            None if has(false) => Some(iface::primary_ipv4(&config.iface)?),
-            None => None,
+        let v4 = match config.snat_ip.as_slice() {
+            [] if has(false) => vec![iface::primary_ipv4(&config.iface)?],
+            pool => pool.to_vec(),
         };
-        let v6 = match config.snat_ip6 {
-            Some(ip) => Some(ip),
-            None if has(true) => Some(iface::global_ipv6(&config.iface)?),
-            None => None,
+        let v6 = match config.snat_ip6.as_slice() {
+            [] if has(true) => vec![iface::global_ipv6(&config.iface)?],
+            pool => pool.to_vec(),
         };
         Ok(Self { v4, v6 })
-    }
-
-    fn words(self) -> ([u32; 4], [u32; 4]) {
-        let w = |ip: Option<IpAddr>| ip.map_or([0; 4], |ip| wire::ip_to_words(ip).0);
-        (w(self.v4.map(IpAddr::V4)), w(self.v6.map(IpAddr::V6)))
     }
 }
 
 impl std::fmt::Display for Snat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let show = |ip: Option<IpAddr>| ip.map_or("-".to_string(), |ip| ip.to_string());
+        let show = |ips: Vec<String>| {
+            if ips.is_empty() {
+                "-".to_string()
+            } else {
+                ips.join(",")
+            }
+        };
         write!(
             f,
             "{} {}",
-            show(self.v4.map(IpAddr::V4)),
-            show(self.v6.map(IpAddr::V6))
+            show(self.v4.iter().map(ToString::to_string).collect()),
+            show(self.v6.iter().map(ToString::to_string).collect())
         )
     }
 }
@@ -77,6 +78,8 @@ pub struct KernelHandles {
     pub counters: Counters,
     /// Mirrors the ARP table into NEIGHBOURS when backends join at runtime.
     pub neighbours: NeighbourSync,
+    /// Latency aggregated in the kernel, read at every score tick.
+    pub latency: LatencyReader,
 }
 
 /// What a previous instance left in the pinned maps: its VIPs (with their
@@ -184,20 +187,34 @@ pub fn mark_ready(
         .map(|c| c.len() as u32)
         .unwrap_or(1);
     maps::write_new_flow_limit(pin_dir, config.ops.max_new_flows, cpus)?;
-    let (snat_v4, snat_v6) = snat_ip.words();
+    sysctl::reserve_snat_ports(config.snat_ports)?;
+    let (snat_v4_count, snat_v6_count) = maps::write_snat_pools(pin_dir, &snat_ip.v4, &snat_ip.v6)?;
+    let first = |ip: Option<IpAddr>| ip.map_or([0; 4], |ip| wire::ip_to_words(ip).0);
+    // Slices of the SNAT tuple space: one per possible CPU (a CPU id
+    // indexes them).
+    let slices = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(cpus);
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     maps::write_config(
         pin_dir,
         &LbConfig {
-            snat_v4,
-            snat_v6,
+            snat_v4: first(snat_ip.v4.first().copied().map(IpAddr::V4)),
+            snat_v6: first(snat_ip.v6.first().copied().map(IpAddr::V6)),
             snat_port_min: config.snat_ports.min,
             snat_port_max: config.snat_ports.max,
             flags: CONFIG_F_READY,
             ifindex,
+            snat_v4_count,
+            snat_v6_count,
+            cpus: slices,
             _pad: 0,
+            tcp_idle_ns: ns(config.tcp_idle_timeout),
+            udp_idle_ns: ns(config.udp_idle_timeout),
+            syn_timeout_ns: ns(config.syn_timeout),
+            closed_linger_ns: DEFAULT_CLOSED_LINGER_NS,
+            snat_quarantine_ns: ns(config.snat_quarantine),
         },
     )?;
-    log_ready(config, snat_ip, attachment);
+    log_ready(config, &snat_ip, attachment);
     Ok(())
 }
 
@@ -217,10 +234,11 @@ pub fn open_kernel_handles(
             ifindex,
             Vec::new(),
         ),
+        latency: LatencyReader::open(pin_dir, MAX_BACKENDS as usize)?,
     })
 }
 
-fn log_ready(config: &Config, snat_ip: Snat, attachment: &Attachment) {
+fn log_ready(config: &Config, snat_ip: &Snat, attachment: &Attachment) {
     info!(
         iface = %config.iface,
         mode = if attachment.adopted { "unchanged" } else { config.xdp_mode.name() },

@@ -11,10 +11,7 @@ use tracing::{debug, info, warn};
 use super::errors::{ControlErrors, Stage};
 use crate::{
     ingest::reconcile::{RECONCILE_INTERVAL, Reconciler, Scan},
-    kernel::{
-        clock::Clock,
-        neighbours::{self, NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
-    },
+    kernel::neighbours::{self, NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
     settings::config::Config,
 };
 
@@ -24,12 +21,9 @@ const REFRESH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Re-reads the configuration (the file and the flags) on SIGHUP.
 pub type Reload = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
 
-/// Runs a reconciliation pass every [`RECONCILE_INTERVAL`] on a blocking
-/// thread (a large flow table takes many syscalls to walk).
-pub fn spawn_reconciler<C: Clock + Send + 'static>(
-    reconciler: Reconciler<C>,
-    results: mpsc::Sender<Scan>,
-) -> JoinHandle<()> {
+/// Runs a pass (one kernel sweep) every [`RECONCILE_INTERVAL`] on a
+/// blocking thread (the sweep's syscall walks the whole flow table).
+pub fn spawn_reconciler(reconciler: Reconciler, results: mpsc::Sender<Scan>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut reconciler = reconciler;
         loop {

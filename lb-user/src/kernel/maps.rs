@@ -12,6 +12,10 @@ use lb_common::{
     FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP, Neighbour,
     NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
+use lb_common::{
+    BACKEND_LATENCY_MAP, BACKEND_SNAT_USED_MAP, LATENCY_EPOCH_MAP, LatencyAgg, MAX_SNAT_ADDRS,
+    SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP, SnatAddr, SweepStats,
+};
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
 
 /// Opens a pinned map as the typed handle `T`.
@@ -42,6 +46,12 @@ pub type VipSchedule = Array<MapData, u32>;
 pub type VipWeightPrefix = Array<MapData, u32>;
 pub type Maglev = Array<MapData, u32>;
 pub type NewFlowLimits = Array<MapData, NewFlowLimit>;
+pub type SnatAddrs = Array<MapData, SnatAddr>;
+pub type SnatAddrIndex = HashMap<MapData, IpKey, u32>;
+pub type SnatUsed = Array<MapData, u64>;
+pub type SweepStatsMap = Array<MapData, SweepStats>;
+pub type LatencyAggs = PerCpuArray<MapData, LatencyAgg>;
+pub type LatencyEpoch = Array<MapData, u64>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -71,6 +81,53 @@ openers! {
     vip_weight_prefix -> VipWeightPrefix = VIP_WEIGHT_PREFIX_MAP;
     maglev -> Maglev = MAGLEV_MAP;
     new_flow_limits -> NewFlowLimits = NEW_FLOW_LIMIT_MAP;
+    snat_addrs -> SnatAddrs = SNAT_ADDRS_MAP;
+    snat_addr_index -> SnatAddrIndex = SNAT_ADDR_INDEX_MAP;
+    snat_used -> SnatUsed = BACKEND_SNAT_USED_MAP;
+    sweep_stats -> SweepStatsMap = SWEEP_STATS_MAP;
+    latency_aggs -> LatencyAggs = BACKEND_LATENCY_MAP;
+    latency_epoch -> LatencyEpoch = LATENCY_EPOCH_MAP;
+}
+
+/// Writes the SNAT pools (each at most [`MAX_SNAT_ADDRS`] addresses, as the
+/// config validated): `SNAT_ADDRS` slots `0..` for IPv4 and
+/// `MAX_SNAT_ADDRS..` for IPv6, and the address index the data path uses to
+/// recognise replies to a SNAT address. Returns the pool sizes.
+pub fn write_snat_pools(
+    pin_dir: &Path,
+    v4: &[std::net::Ipv4Addr],
+    v6: &[std::net::Ipv6Addr],
+) -> anyhow::Result<(u16, u16)> {
+    use std::net::IpAddr;
+    let mut addrs = snat_addrs(pin_dir)?;
+    let mut index = snat_addr_index(pin_dir)?;
+    let pools: [(u32, Vec<IpAddr>); 2] = [
+        (0, v4.iter().map(|a| IpAddr::V4(*a)).collect()),
+        (MAX_SNAT_ADDRS, v6.iter().map(|a| IpAddr::V6(*a)).collect()),
+    ];
+    for (base, pool) in &pools {
+        if pool.len() > MAX_SNAT_ADDRS as usize {
+            return Err(anyhow!(
+                "more than {MAX_SNAT_ADDRS} SNAT addresses in one family"
+            ));
+        }
+        for (i, ip) in pool.iter().enumerate() {
+            let slot = base + i as u32;
+            let (words, family) = crate::kernel::wire::ip_to_words(*ip);
+            addrs
+                .set(slot, SnatAddr { addr: words }, 0)
+                .map_err(|e| anyhow!("writing SNAT_ADDRS: {e}"))?;
+            let key = IpKey {
+                addr: words,
+                family,
+                _pad: [0; 3],
+            };
+            index
+                .insert(key, slot, 0)
+                .map_err(|e| anyhow!("writing SNAT_ADDR_INDEX: {e}"))?;
+        }
+    }
+    Ok((v4.len() as u16, v6.len() as u16))
 }
 
 /// One backend's kernel counters.

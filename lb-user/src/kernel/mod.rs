@@ -2,7 +2,8 @@
 //! and loading its program, attaching (or re-adopting) and upgrading it in
 //! place, bpffs pins and the instance lock, the interface, the neighbour
 //! table, typed handles to the pinned maps, the wire layout of addresses,
-//! and the kernel's clock.
+//! the kernel's clock, the kernel sweep and the
+//! reserved-ports sysctl.
 //!
 //! May use: settings.
 //! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
@@ -15,5 +16,7 @@ pub mod instance;
 pub mod maps;
 pub mod neighbours;
 pub mod object;
+pub mod sweep;
+pub mod sysctl;
 pub mod upgrade;
 pub mod wire;

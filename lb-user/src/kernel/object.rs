@@ -28,6 +28,9 @@ pub fn load_program(ebpf: &mut aya::Ebpf) -> anyhow::Result<&mut Xdp> {
 /// The layout the embedded object declares for one map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapLayout {
+    /// The kernel's `bpf_map_type` (e.g. the flow table became a plain hash
+    /// where it was an LRU: same sizes, other behaviour).
+    pub map_type: u32,
     pub key_size: u32,
     pub value_size: u32,
     pub max_entries: u32,
@@ -43,6 +46,7 @@ pub fn map_layouts() -> anyhow::Result<std::collections::HashMap<String, MapLayo
         .iter()
         .map(|(name, map)| {
             let layout = MapLayout {
+                map_type: map.map_type(),
                 key_size: map.key_size(),
                 value_size: map.value_size(),
                 max_entries: map.max_entries(),

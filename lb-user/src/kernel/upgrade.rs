@@ -29,7 +29,8 @@ use crate::kernel::object::{EBPF_OBJECT, MapLayout, load_program, map_layouts};
 /// ring buffer (whose length is bytes, not entries).
 fn layout_fits(name: &str, pinned: MapLayout, wanted: MapLayout) -> bool {
     let sized_elsewhere = name == FLOWS_MAP || name == EVENTS_MAP;
-    pinned.key_size == wanted.key_size
+    pinned.map_type == wanted.map_type
+        && pinned.key_size == wanted.key_size
         && pinned.value_size == wanted.value_size
         && (sized_elsewhere || pinned.max_entries == wanted.max_entries)
 }
@@ -48,7 +49,11 @@ fn check_layout(pin_dir: &Path) -> anyhow::Result<()> {
             .get(*name)
             .ok_or_else(|| anyhow!("the eBPF object has no map {name}"))?;
         let info = MapInfo::from_pin(&path).with_context(|| format!("inspecting {name}"))?;
+        let map_type = info.map_type().map(|t| t as u32).map_err(|e| {
+            anyhow!("the pinned map {name} has a type this build does not know: {e}")
+        })?;
         let pinned = MapLayout {
+            map_type,
             key_size: info.key_size(),
             value_size: info.value_size(),
             max_entries: info.max_entries(),
@@ -56,7 +61,8 @@ fn check_layout(pin_dir: &Path) -> anyhow::Result<()> {
         if !layout_fits(name, pinned, want) {
             bail!(
                 "cannot upgrade in place: the pinned map {name} has another layout than this build \
-                 (key {} value {} entries {}); stop the old instance cleanly (its flows end) and start again",
+                 (type {map_type} key {} value {} entries {}); stop the old instance cleanly (its flows end) \
+                 and start again",
                 info.key_size(),
                 info.value_size(),
                 info.max_entries()
@@ -153,7 +159,10 @@ mod tests {
 
     #[test]
     fn a_pinned_map_fits_only_with_the_same_layout() {
+        const HASH: u32 = 1;
+        const LRU_HASH: u32 = 9;
         let l = |key_size, value_size, max_entries| MapLayout {
+            map_type: HASH,
             key_size,
             value_size,
             max_entries,
@@ -163,5 +172,18 @@ mod tests {
         assert!(!layout_fits(REASON_STATS_MAP, l(4, 8, 30), l(4, 8, 31)));
         assert!(layout_fits(FLOWS_MAP, l(40, 64, 1024), l(40, 64, 262_144)));
         assert!(!layout_fits(FLOWS_MAP, l(40, 72, 1024), l(40, 64, 1024)));
+        // The same sizes in a map of another type (an older build's LRU
+        // flow table) do not fit either.
+        let lru = MapLayout {
+            map_type: LRU_HASH,
+            ..l(40, 64, 1024)
+        };
+        assert!(!layout_fits(FLOWS_MAP, lru, l(40, 64, 1024)));
+    }
+
+    #[test]
+    fn the_flow_table_is_a_plain_hash() {
+        // BPF_MAP_TYPE_HASH: nothing evicts one direction of a connection.
+        assert_eq!(map_layouts().unwrap()[FLOWS_MAP].map_type, 1);
     }
 }

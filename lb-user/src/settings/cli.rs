@@ -130,12 +130,14 @@ pub struct RunArgs {
     /// XDP attach mode.
     #[arg(long, value_enum, value_name = "MODE")]
     pub xdp_mode: Option<XdpMode>,
-    /// Source address of balanced flows (default: the interface's primary IPv4 address).
+    /// Source address of balanced flows; repeat for a pool (default: the
+    /// interface's primary IPv4 address).
     #[arg(long, value_name = "IPV4")]
-    pub snat_ip: Option<Ipv4Addr>,
-    /// Source address of balanced IPv6 flows (default: the interface's first global IPv6 address).
+    pub snat_ip: Vec<Ipv4Addr>,
+    /// Source address of balanced IPv6 flows; repeat for a pool (default:
+    /// the interface's first global IPv6 address).
     #[arg(long, value_name = "IPV6")]
-    pub snat_ip6: Option<Ipv6Addr>,
+    pub snat_ip6: Vec<Ipv6Addr>,
     /// SNAT source-port range, MIN-MAX inclusive.
     #[arg(long, value_name = "MIN-MAX")]
     pub snat_ports: Option<PortRange>,
@@ -160,6 +162,10 @@ pub struct RunArgs {
     /// A SYN without SYN-ACK for this long counts as refused and is removed.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub syn_timeout: Option<Duration>,
+    /// How long a closed connection's SNAT tuple stays reserved, counted
+    /// from the close (the backend's TIME_WAIT plus slack).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub snat_quarantine: Option<Duration>,
     /// Instance name (default lb-<iface>); pins live in /sys/fs/bpf/lb-user/<NAME>/.
     #[arg(long, value_name = "NAME")]
     pub instance: Option<String>,

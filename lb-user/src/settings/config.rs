@@ -8,8 +8,9 @@
 //! ```toml
 //! iface = "eth0"
 //! xdp_mode = "native"            # or "skb"
-//! snat_ip = "10.0.0.1"           # default: the interface's primary IPv4 address
-//! snat_ip6 = "2001:db8::1"       # default: the interface's first global IPv6 address
+//! snat_ip = "10.0.0.1"           # or a pool: ["10.0.0.1", "10.0.0.2"]; default: the
+//!                                # interface's primary IPv4 address
+//! snat_ip6 = "2001:db8::1"       # or a pool; default: the interface's first global IPv6 address
 //! snat_ports = "20000-32767"
 //! flow_table_size = 262144
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
@@ -21,6 +22,7 @@
 //! udp_idle_timeout = "30s"
 //! tcp_idle_timeout = "300s"
 //! syn_timeout = "3s"
+//! snat_quarantine = "65s"        # a closed connection's SNAT tuple, from the close
 //! instance = "lb-eth0"
 //! log_level = "info"
 //! state_dir = "/var/lib/lb-user"   # runtime changes kept across restarts
@@ -45,14 +47,14 @@
 
 use std::{
     collections::HashSet,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use lb_common::{
     Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, MAX_BACKENDS, MAX_BACKENDS_PER_VIP,
-    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_VIPS, MIN_INFLIGHT_BIAS,
+    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_SNAT_ADDRS, MAX_VIPS, MIN_INFLIGHT_BIAS,
 };
 use serde::Deserialize;
 
@@ -81,6 +83,9 @@ pub const MAX_SCORE_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_SYN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Linux's 60 s TIME_WAIT on the backend, plus slack.
+pub const DEFAULT_SNAT_QUARANTINE: Duration =
+    Duration::from_nanos(lb_common::DEFAULT_SNAT_QUARANTINE_NS);
 /// Each flow uses two entries (one per direction).
 pub const MIN_FLOW_TABLE_SIZE: u32 = 2;
 /// Linux's IFNAMSIZ minus the terminating NUL.
@@ -93,11 +98,12 @@ const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 pub struct Config {
     pub iface: String,
     pub xdp_mode: XdpMode,
-    /// `None`: use the interface's primary IPv4 address (resolved at startup).
-    pub snat_ip: Option<Ipv4Addr>,
-    /// `None`: use the interface's first global IPv6 address (resolved at
-    /// startup, needed only when a VIP is IPv6).
-    pub snat_ip6: Option<Ipv6Addr>,
+    /// The IPv4 SNAT pool; empty: the interface's primary IPv4 address
+    /// (resolved at startup).
+    pub snat_ip: Vec<Ipv4Addr>,
+    /// The IPv6 SNAT pool; empty: the interface's first global IPv6 address
+    /// (resolved at startup, needed only when a VIP is IPv6).
+    pub snat_ip6: Vec<Ipv6Addr>,
     pub snat_ports: PortRange,
     pub flow_table_size: u32,
     pub ewma_tau: Duration,
@@ -106,6 +112,8 @@ pub struct Config {
     pub udp_idle_timeout: Duration,
     pub tcp_idle_timeout: Duration,
     pub syn_timeout: Duration,
+    /// How long a closed connection's SNAT tuple stays reserved.
+    pub snat_quarantine: Duration,
     pub instance: String,
     pub log_level: String,
     /// Where the runtime state file lives (see `settings::state`).
@@ -142,8 +150,10 @@ pub struct VipConfig {
 pub struct FileConfig {
     iface: Option<String>,
     xdp_mode: Option<XdpMode>,
-    snat_ip: Option<Ipv4Addr>,
-    snat_ip6: Option<Ipv6Addr>,
+    #[serde(default, deserialize_with = "de::one_or_many")]
+    snat_ip: Vec<Ipv4Addr>,
+    #[serde(default, deserialize_with = "de::one_or_many")]
+    snat_ip6: Vec<Ipv6Addr>,
     #[serde(default, deserialize_with = "de::from_str_opt")]
     snat_ports: Option<PortRange>,
     flow_table_size: Option<u32>,
@@ -163,6 +173,8 @@ pub struct FileConfig {
     tcp_idle_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     syn_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    snat_quarantine: Option<Duration>,
     instance: Option<String>,
     log_level: Option<String>,
     state_dir: Option<std::path::PathBuf>,
@@ -346,8 +358,16 @@ impl Config {
         };
         Self {
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
-            snat_ip: args.snat_ip.or(file.snat_ip),
-            snat_ip6: args.snat_ip6.or(file.snat_ip6),
+            snat_ip: if args.snat_ip.is_empty() {
+                file.snat_ip
+            } else {
+                args.snat_ip
+            },
+            snat_ip6: if args.snat_ip6.is_empty() {
+                file.snat_ip6
+            } else {
+                args.snat_ip6
+            },
             snat_ports: args.snat_ports.or(file.snat_ports).unwrap_or_default(),
             flow_table_size: args
                 .flow_table_size
@@ -375,6 +395,11 @@ impl Config {
                 DEFAULT_TCP_IDLE_TIMEOUT,
             ),
             syn_timeout: pick(args.syn_timeout, file.syn_timeout, DEFAULT_SYN_TIMEOUT),
+            snat_quarantine: pick(
+                args.snat_quarantine,
+                file.snat_quarantine,
+                DEFAULT_SNAT_QUARANTINE,
+            ),
             log_level: args
                 .log_level
                 .or(file.log_level)
@@ -428,6 +453,7 @@ impl Config {
             ("udp idle timeout", self.udp_idle_timeout),
             ("tcp idle timeout", self.tcp_idle_timeout),
             ("syn timeout", self.syn_timeout),
+            ("snat quarantine", self.snat_quarantine),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { name });
@@ -441,7 +467,23 @@ impl Config {
         if self.flow_table_size < MIN_FLOW_TABLE_SIZE {
             return Err(ConfigError::FlowTableSize(self.flow_table_size));
         }
+        self.validate_snat()?;
         self.validate_vips()
+    }
+
+    /// Each SNAT pool: at most `MAX_SNAT_ADDRS` addresses, none twice.
+    fn validate_snat(&self) -> Result<(), ConfigError> {
+        check_count("IPv4 SNAT addresses", self.snat_ip.len(), MAX_SNAT_ADDRS)?;
+        check_count("IPv6 SNAT addresses", self.snat_ip6.len(), MAX_SNAT_ADDRS)?;
+        let v4 = self.snat_ip.iter().map(|a| IpAddr::V4(*a));
+        let v6 = self.snat_ip6.iter().map(|a| IpAddr::V6(*a));
+        let mut seen = HashSet::new();
+        for addr in v4.chain(v6) {
+            if !seen.insert(addr) {
+                return Err(ConfigError::DuplicateSnatIp(addr.to_string()));
+            }
+        }
+        Ok(())
     }
 
     fn validate_vips(&self) -> Result<(), ConfigError> {
@@ -542,6 +584,29 @@ mod de {
         T::Err: Display,
     {
         Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|s| s.parse().map_err(D::Error::custom))
+            .collect()
+    }
+
+    /// One address, or a list of them (`snat_ip = "a"` or `["a", "b"]`).
+    pub fn one_or_many<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr,
+        T::Err: Display,
+    {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        let texts = match OneOrMany::deserialize(d)? {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        };
+        texts
             .iter()
             .map(|s| s.parse().map_err(D::Error::custom))
             .collect()

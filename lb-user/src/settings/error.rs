@@ -25,6 +25,8 @@ pub enum ConfigError {
     BackendWithoutVip,
     #[error("VIP {0} has no backends")]
     NoBackends(String),
+    #[error("SNAT address {0} given twice")]
+    DuplicateSnatIp(String),
     #[error("duplicate VIP {0}")]
     DuplicateVip(String),
     #[error("duplicate backend {backend} in VIP {vip}")]

@@ -7,9 +7,10 @@
 //!   "instance": "lb-eth0",
 //!   "ifindex": 2,
 //!   "ready": true,                     // CONFIG_F_READY is set
-//!   "snat_ip": "10.0.0.1",
+//!   "snat_ip": "10.0.0.1",            // the IPv4 pool's first address
+//!   "snat_pool": ["10.0.0.1", "10.0.0.2"],   // every SNAT address, both families
 //!   "snat_ports": "20000-32767",
-//!   "flow_entries": 4,                 // FLOWS entries (two per connection)
+//!   "flow_entries": 4,                 // FLOWS entries (two per connection) at the last kernel sweep
 //!   "vips": [{
 //!     "id": 0,
 //!     "address": "10.0.0.100:80",
@@ -27,6 +28,8 @@
 //!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
 //!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
 //!       "opened": 10, "closed": 7, "correction": 0,
+//!       "snat_free": 25534,            // SNAT tuples (addresses × ports) free towards it
+//!       "snat_used": 2,                // held: open, lingering or in quarantine
 //!       "packets_to_backend": 0, "bytes_to_backend": 0,
 //!       "packets_from_backend": 0, "bytes_from_backend": 0   // summed over CPUs
 //!     }]
@@ -40,7 +43,7 @@ use std::path::Path;
 use anyhow::{Context as _, anyhow, bail};
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
-    reason,
+    MAX_SNAT_ADDRS, reason,
 };
 use serde::Serialize;
 
@@ -55,6 +58,7 @@ pub struct Status {
     pub ifindex: u32,
     pub ready: bool,
     pub snat_ip: String,
+    pub snat_pool: Vec<String>,
     pub snat_ports: String,
     pub flow_entries: u64,
     pub vips: Vec<VipStatus>,
@@ -121,6 +125,8 @@ pub struct BackendStatus {
     pub opened: u64,
     pub closed: u64,
     pub correction: u64,
+    pub snat_free: u64,
+    pub snat_used: u64,
     pub packets_to_backend: u64,
     pub bytes_to_backend: u64,
     pub packets_from_backend: u64,
@@ -174,15 +180,30 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
     let snat_ip = wire::words_to_ip(config.snat_v4, lb_common::AF_INET)
         .map(|ip| ip.to_string())
         .unwrap_or_default();
-    let mut vips = read_vips(&dir)?;
+    let snat_addrs = maps::snat_addrs(&dir)?;
+    let mut snat_pool = Vec::new();
+    for (base, count, family) in [
+        (0, config.snat_v4_count, lb_common::AF_INET),
+        (MAX_SNAT_ADDRS, config.snat_v6_count, lb_common::AF_INET6),
+    ] {
+        for slot in base..base + u32::from(count).min(MAX_SNAT_ADDRS) {
+            let a = snat_addrs.get(&slot, 0).context("reading SNAT_ADDRS")?;
+            snat_pool.extend(wire::words_to_ip(a.addr, family).map(|ip| ip.to_string()));
+        }
+    }
+    let sweep = maps::sweep_stats(&dir)?
+        .get(&0, 0)
+        .context("reading SWEEP_STATS")?;
+    let mut vips = read_vips(&dir, &config)?;
     apply_sources(instance, &mut vips);
     Ok(Status {
         instance: instance.to_string(),
         ifindex: config.ifindex,
         ready: config.flags & CONFIG_F_READY != 0,
         snat_ip,
+        snat_pool,
         snat_ports: format!("{}-{}", config.snat_port_min, config.snat_port_max),
-        flow_entries: maps::flows(&dir)?.keys().filter(Result::is_ok).count() as u64,
+        flow_entries: sweep.entries,
         vips,
         reasons: read_reasons(&dir)?,
     })
@@ -195,8 +216,10 @@ fn backend_status(
     score: lb_common::BackendScore,
     c: lb_common::BackendConns,
     correction: u64,
+    snat: (u64, u64),
     per_cpu: &[lb_common::BackendStats],
 ) -> BackendStatus {
+    let (snat_tuples, snat_used) = snat;
     let sum = |f: fn(&lb_common::BackendStats) -> u64| per_cpu.iter().map(f).sum::<u64>();
     BackendStatus {
         id,
@@ -215,6 +238,8 @@ fn backend_status(
         opened: c.opened,
         closed: c.closed,
         correction,
+        snat_free: snat_tuples.saturating_sub(snat_used),
+        snat_used,
         packets_to_backend: sum(|s| s.packets_to_backend),
         bytes_to_backend: sum(|s| s.bytes_to_backend),
         packets_from_backend: sum(|s| s.packets_from_backend),
@@ -222,7 +247,19 @@ fn backend_status(
     }
 }
 
-fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
+/// SNAT tuples towards one backend of `family`: pool addresses × ports.
+pub fn snat_tuples(config: &lb_common::LbConfig, family: u8) -> u64 {
+    let addrs = if family == lb_common::AF_INET6 {
+        config.snat_v6_count
+    } else {
+        config.snat_v4_count
+    };
+    let ports = u64::from(config.snat_port_max.saturating_sub(config.snat_port_min)) + 1;
+    u64::from(addrs) * ports
+}
+
+fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<VipStatus>> {
+    let snat_used = maps::snat_used(dir)?;
     let backends = maps::backends(dir)?;
     let scores = maps::scores(dir)?;
     let conns = maps::conns(dir)?;
@@ -245,7 +282,9 @@ fn read_vips(dir: &Path) -> anyhow::Result<Vec<VipStatus>> {
                 .get(&id, 0)
                 .context("reading BACKEND_CORRECTION")?;
             let per_cpu = stats.get(&id, 0).context("reading BACKEND_STATS")?;
-            list.push(backend_status(id, &b, score, c, correction, &per_cpu));
+            let used = snat_used.get(&id, 0).context("reading BACKEND_SNAT_USED")?;
+            let snat = (snat_tuples(config, b.family), used);
+            list.push(backend_status(id, &b, score, c, correction, snat, &per_cpu));
         }
         vips.push(VipStatus {
             id: meta.vip_id,
@@ -285,7 +324,7 @@ pub fn render_table(s: &Status) -> String {
         s.instance,
         s.ifindex,
         if s.ready { "ready" } else { "NOT READY" },
-        s.snat_ip,
+        s.snat_pool.join(","),
         s.snat_ports,
         s.flow_entries
     );
@@ -302,7 +341,7 @@ pub fn render_table(s: &Status) -> String {
                 .unwrap_or_default()
         );
         out += &format!(
-            "  {:>3} {:<22} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
+            "  {:>3} {:<22} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
             "id",
             "backend",
             "weight",
@@ -312,12 +351,13 @@ pub fn render_table(s: &Status) -> String {
             "cost",
             "opened",
             "closed",
+            "snat_free",
             "bytes_to",
             "bytes_from"
         );
         for b in &v.backends {
             out += &format!(
-                "  {:>3} {:<22} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>12} {:>12}\n",
+                "  {:>3} {:<22} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
                 b.id,
                 b.address,
                 b.weight,
@@ -327,6 +367,7 @@ pub fn render_table(s: &Status) -> String {
                 b.cost,
                 b.opened,
                 b.closed,
+                b.snat_free,
                 b.bytes_to_backend,
                 b.bytes_from_backend
             );

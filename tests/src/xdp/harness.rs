@@ -13,8 +13,9 @@ use aya::{
 };
 use lb_common::{
     AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendScore,
-    CONFIG_F_READY, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LbConfig,
-    MAX_BACKENDS_PER_VIP, Neighbour, VipKey, VipMeta, reason,
+    CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent,
+    FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP,
+    MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
 };
 
 use super::packet::{Pkt, TCP_SYN};
@@ -25,7 +26,7 @@ pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
 pub const XDP_REDIRECT: u32 = 4;
 
-/// Small, so the LRU table stays cheap to create for every case.
+/// Small, so the flow table stays cheap to create for every case.
 pub const FLOW_TABLE_SIZE: u32 = 1024;
 
 // The standard topology every case starts from.
@@ -42,6 +43,43 @@ pub const DNS: u16 = 53;
 pub const BACKEND_PORT: u16 = 8080;
 pub const SNAT_PORT_MIN: u16 = 20_000;
 pub const SNAT_PORT_MAX: u16 = 29_999;
+/// The sweep's timeouts the harness configures (the CLI's defaults).
+pub const TCP_IDLE_NS: u64 = 300_000_000_000;
+pub const UDP_IDLE_NS: u64 = 30_000_000_000;
+pub const SYN_TIMEOUT_NS: u64 = 3_000_000_000;
+
+/// The kernel sweep's timeouts, as `LbConfig` carries them.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub tcp_idle_ns: u64,
+    pub udp_idle_ns: u64,
+    pub syn_timeout_ns: u64,
+    pub closed_linger_ns: u64,
+    pub snat_quarantine_ns: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            tcp_idle_ns: TCP_IDLE_NS,
+            udp_idle_ns: UDP_IDLE_NS,
+            syn_timeout_ns: SYN_TIMEOUT_NS,
+            closed_linger_ns: DEFAULT_CLOSED_LINGER_NS,
+            snat_quarantine_ns: DEFAULT_SNAT_QUARANTINE_NS,
+        }
+    }
+}
+
+impl Timeouts {
+    /// Every timeout 0: the next sweep ends every flow and frees every tuple.
+    pub const ZERO: Self = Self {
+        tcp_idle_ns: 0,
+        udp_idle_ns: 0,
+        syn_timeout_ns: 0,
+        closed_linger_ns: 0,
+        snat_quarantine_ns: 0,
+    };
+}
 
 /// IPv4 address of backend `id`: 10.1.0.1 upwards.
 pub fn backend_addr(id: u32) -> Ipv4Addr {
@@ -151,6 +189,19 @@ impl Lb {
             }) => panic!("the verifier rejected lb_xdp: {io_error}\n{verifier_log}"),
             Err(e) => panic!("loading lb_xdp: {e}"),
         }
+        let sweep: &mut Xdp = ebpf
+            .program_mut(lb_common::SWEEP_PROGRAM)
+            .expect("lb_sweep in object")
+            .try_into()
+            .expect("lb_sweep is XDP");
+        match sweep.load() {
+            Ok(()) => {}
+            Err(ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            }) => panic!("the verifier rejected lb_sweep: {io_error}\n{verifier_log}"),
+            Err(e) => panic!("loading lb_sweep: {e}"),
+        }
         let events = RingBuf::try_from(ebpf.take_map(lb_common::EVENTS_MAP).expect("EVENTS"))
             .expect("EVENTS is a ring buffer");
         Self { ebpf, events }
@@ -207,19 +258,156 @@ impl Lb {
             .unwrap_or_else(|e| panic!("loading {name}: {e}"));
     }
 
+    /// Ready (or not) with the one-address pools `SNAT`/`SNAT6`, the port
+    /// range and the default timeouts, on one CPU slice.
     pub fn config(&mut self, ready: bool, port_min: u16, port_max: u16) {
-        let cfg = LbConfig {
-            snat_v4: words(SNAT.into()).0,
-            snat_v6: words(SNAT6.into()).0,
-            snat_port_min: port_min,
-            snat_port_max: port_max,
-            flags: if ready { CONFIG_F_READY } else { 0 },
-            ifindex: 1,
-            ..LbConfig::default()
-        };
+        self.snat_pools(&[SNAT.into()], &[SNAT6.into()]);
+        let mut cfg = self.current_config();
+        cfg.snat_port_min = port_min;
+        cfg.snat_port_max = port_max;
+        cfg.flags = if ready { CONFIG_F_READY } else { 0 };
+        cfg.ifindex = 1;
+        cfg.cpus = 1;
+        self.write_config(cfg);
+        self.timeouts(Timeouts::default());
+    }
+
+    fn current_config(&self) -> LbConfig {
+        Array::<_, LbConfig>::try_from(self.ebpf.map(lb_common::CONFIG_MAP).expect("CONFIG"))
+            .expect("array")
+            .get(&0, 0)
+            .expect("CONFIG")
+    }
+
+    fn write_config(&mut self, cfg: LbConfig) {
         self.array::<LbConfig>(lb_common::CONFIG_MAP)
             .set(0, cfg, 0)
             .expect("set CONFIG");
+    }
+
+    /// The sweep's timeouts.
+    pub fn timeouts(&mut self, t: Timeouts) {
+        let mut cfg = self.current_config();
+        cfg.tcp_idle_ns = t.tcp_idle_ns;
+        cfg.udp_idle_ns = t.udp_idle_ns;
+        cfg.syn_timeout_ns = t.syn_timeout_ns;
+        cfg.closed_linger_ns = t.closed_linger_ns;
+        cfg.snat_quarantine_ns = t.snat_quarantine_ns;
+        self.write_config(cfg);
+    }
+
+    /// Number of CPU slices of the SNAT tuple space.
+    pub fn cpus(&mut self, cpus: u32) {
+        let mut cfg = self.current_config();
+        cfg.cpus = cpus;
+        self.write_config(cfg);
+    }
+
+    /// The SNAT pools (at most `MAX_SNAT_ADDRS` each).
+    pub fn snat_pools(&mut self, v4: &[IpAddr], v6: &[IpAddr]) {
+        let mut cfg = self.current_config();
+        for (base, pool) in [(0, v4), (MAX_SNAT_ADDRS, v6)] {
+            for (i, addr) in pool.iter().enumerate() {
+                let slot = base + i as u32;
+                self.array::<SnatAddr>(lb_common::SNAT_ADDRS_MAP)
+                    .set(
+                        slot,
+                        SnatAddr {
+                            addr: words(*addr).0,
+                        },
+                        0,
+                    )
+                    .expect("set SNAT_ADDRS");
+                let mut index: HashMap<_, IpKey, u32> = HashMap::try_from(
+                    self.ebpf
+                        .map_mut(lb_common::SNAT_ADDR_INDEX_MAP)
+                        .expect("SNAT_ADDR_INDEX"),
+                )
+                .expect("hash");
+                index
+                    .insert(ip_key(*addr), slot, 0)
+                    .expect("set SNAT_ADDR_INDEX");
+            }
+        }
+        cfg.snat_v4 = v4.first().map_or([0; 4], |a| words(*a).0);
+        cfg.snat_v6 = v6.first().map_or([0; 4], |a| words(*a).0);
+        cfg.snat_v4_count = v4.len() as u16;
+        cfg.snat_v6_count = v6.len() as u16;
+        self.write_config(cfg);
+    }
+
+    /// Runs one kernel sweep (`lb_sweep`) and returns its counters.
+    pub fn sweep(&self) -> SweepStats {
+        let (action, _, _) = self.run_program(lb_common::SWEEP_PROGRAM, &[0u8; 64], 1);
+        assert_eq!(action, XDP_PASS, "lb_sweep ran");
+        self.sweep_stats()
+    }
+
+    pub fn sweep_stats(&self) -> SweepStats {
+        Array::<_, SweepStats>::try_from(
+            self.ebpf
+                .map(lb_common::SWEEP_STATS_MAP)
+                .expect("SWEEP_STATS"),
+        )
+        .expect("array")
+        .get(&0, 0)
+        .expect("SWEEP_STATS")
+    }
+
+    /// Backend `id`'s latency aggregate, summed over CPUs (the peak: the
+    /// largest of the current epoch).
+    pub fn latency(&self, id: u32) -> LatencyAgg {
+        let map: PerCpuArray<_, LatencyAgg> = PerCpuArray::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_LATENCY_MAP)
+                .expect("BACKEND_LATENCY"),
+        )
+        .expect("per-CPU array");
+        let epoch = self.latency_epoch();
+        map.get(&id, 0)
+            .expect("BACKEND_LATENCY")
+            .iter()
+            .fold(LatencyAgg::default(), |a, c| LatencyAgg {
+                sum_ns: a.sum_ns + c.sum_ns,
+                count: a.count + c.count,
+                peak_ns: if c.peak_epoch == epoch {
+                    a.peak_ns.max(c.peak_ns)
+                } else {
+                    a.peak_ns
+                },
+                peak_epoch: epoch,
+            })
+    }
+
+    pub fn latency_epoch(&self) -> u64 {
+        Array::<_, u64>::try_from(
+            self.ebpf
+                .map(lb_common::LATENCY_EPOCH_MAP)
+                .expect("LATENCY_EPOCH"),
+        )
+        .expect("array")
+        .get(&0, 0)
+        .expect("LATENCY_EPOCH")
+    }
+
+    /// Starts a new latency epoch, as the control plane does at each tick.
+    pub fn next_latency_epoch(&mut self) {
+        let next = self.latency_epoch() + 1;
+        self.array::<u64>(lb_common::LATENCY_EPOCH_MAP)
+            .set(0, next, 0)
+            .expect("set LATENCY_EPOCH");
+    }
+
+    /// SNAT tuples backend `id` holds.
+    pub fn snat_used(&self, id: u32) -> u64 {
+        Array::<_, u64>::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_SNAT_USED_MAP)
+                .expect("BACKEND_SNAT_USED"),
+        )
+        .expect("array")
+        .get(&id, 0)
+        .expect("BACKEND_SNAT_USED")
     }
 
     /// IPv4 backend `id` at `backend_addr(id)`:8080, with a neighbour entry on the ingress interface.
@@ -458,6 +646,22 @@ impl Lb {
 
     pub fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
         self.flows().get(key, 0).ok()
+    }
+
+    /// Overwrites one entry (to age it, say).
+    pub fn set_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
+        let mut flows: HashMap<_, FlowKey, FlowEntry> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                .expect("hash");
+        flows.insert(key, entry, 0).expect("set flow entry");
+    }
+
+    /// Removes one entry behind the program's back (to make an orphan).
+    pub fn remove_flow(&mut self, key: &FlowKey) {
+        let mut flows: HashMap<_, FlowKey, FlowEntry> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                .expect("hash");
+        flows.remove(key).expect("remove flow entry");
     }
 
     pub fn flow_count(&self) -> usize {

@@ -35,7 +35,7 @@ fn minimal_flags_get_the_documented_defaults() {
     assert_eq!(c.iface, "eth0");
     assert_eq!(c.instance, "lb-eth0");
     assert_eq!(c.xdp_mode, XdpMode::Native);
-    assert_eq!(c.snat_ip, None);
+    assert!(c.snat_ip.is_empty());
     assert_eq!(c.snat_ports, PortRange::default());
     assert_eq!(c.flow_table_size, DEFAULT_FLOW_TABLE_SIZE);
     assert_eq!(c.ewma_tau, Duration::from_secs(10));
@@ -350,4 +350,71 @@ fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
     );
     assert!(needs_restart(&running, &running).is_empty());
     assert!(backend_changes(&running, &running).is_empty());
+}
+
+#[test]
+fn snat_pools_from_flags_and_file() {
+    let mut argv = MINIMAL.to_vec();
+    argv.extend(["--snat-ip", "10.0.0.1", "--snat-ip", "10.0.0.2"]);
+    let c = from_flags(&argv).unwrap();
+    assert_eq!(
+        c.snat_ip,
+        [
+            "10.0.0.1".parse::<std::net::Ipv4Addr>().unwrap(),
+            "10.0.0.2".parse().unwrap()
+        ]
+    );
+    // The old single value still works; a list makes a pool.
+    let one = from_file(r#"snat_ip = "10.0.0.9""#, MINIMAL).unwrap();
+    assert_eq!(
+        one.snat_ip,
+        ["10.0.0.9".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    let pool = from_file(r#"snat_ip6 = ["2001:db8::5", "2001:db8::6"]"#, MINIMAL).unwrap();
+    assert_eq!(pool.snat_ip6.len(), 2);
+    // Flags replace the file's pool.
+    let flags_win = from_file(r#"snat_ip = ["10.0.0.7", "10.0.0.8"]"#, &argv).unwrap();
+    assert_eq!(flags_win.snat_ip, c.snat_ip);
+}
+
+#[test]
+fn bad_snat_pools_are_refused() {
+    let mut argv = MINIMAL.to_vec();
+    argv.extend(["--snat-ip", "10.0.0.1", "--snat-ip", "10.0.0.1"]);
+    assert_eq!(
+        from_flags(&argv).unwrap_err().to_string(),
+        "SNAT address 10.0.0.1 given twice"
+    );
+    let many: Vec<String> = (0..=lb_common::MAX_SNAT_ADDRS)
+        .map(|i| format!("\"10.9.{}.{}\"", i / 200, i % 200 + 1))
+        .collect();
+    let text = format!("snat_ip = [{}]", many.join(", "));
+    let err = from_file(&text, MINIMAL).unwrap_err().to_string();
+    assert!(err.contains("IPv4 SNAT addresses"), "{err}");
+    let err = from_file(r#"snat_ip = ["10.0.0.1", "nope"]"#, MINIMAL)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("test.toml"), "{err}");
+}
+
+#[test]
+fn snat_quarantine_from_flag_file_or_default() {
+    assert_eq!(
+        from_flags(MINIMAL).unwrap().snat_quarantine,
+        Duration::from_secs(65)
+    );
+    let mut argv = MINIMAL.to_vec();
+    argv.extend(["--snat-quarantine", "30s"]);
+    assert_eq!(
+        from_flags(&argv).unwrap().snat_quarantine,
+        Duration::from_secs(30)
+    );
+    let file = from_file(r#"snat_quarantine = "2m""#, MINIMAL).unwrap();
+    assert_eq!(file.snat_quarantine, Duration::from_secs(120));
+    argv.truncate(MINIMAL.len());
+    argv.extend(["--snat-quarantine", "0s"]);
+    assert_eq!(
+        from_flags(&argv).unwrap_err().to_string(),
+        "snat quarantine must be greater than zero"
+    );
 }

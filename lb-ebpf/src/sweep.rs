@@ -1,0 +1,198 @@
+//! The kernel sweep: idle expiry, SNAT quarantine and orphan cleanup, done
+//! in the kernel so the control plane does no work proportional to the
+//! flow table.
+//!
+//! `lb_sweep` is an XDP-typed program that is never attached: the control
+//! plane runs it with `BPF_PROG_TEST_RUN` (one syscall) once a second. It
+//! walks `FLOWS` with `bpf_for_each_map_elem` (kernel ≥ 5.13) and decides
+//! for each entry:
+//!
+//! - forward entry, closed: removed `closed_linger_ns` after the close;
+//! - forward entry, open: a SYN unanswered for `syn_timeout_ns` is closed as
+//!   refused (a ring event), a flow idle past its protocol's timeout as
+//!   idle (only counted); a forward entry without its reply entry is an
+//!   orphan. Each is counted closed, its reply stamped closed, and it is
+//!   removed;
+//! - reply entry, closed: removed, and its SNAT tuple freed,
+//!   `snat_quarantine_ns` after the close (the backend's TIME_WAIT plus
+//!   slack, counted from the close);
+//! - reply entry, open, whose forward entry is gone or now belongs to
+//!   another connection (a new SYN on the same client tuple): an orphan,
+//!   stamped closed now, so its tuple is freed after a quarantine.
+//!
+//! Both entries of a connection therefore leave together or the reply
+//! entry outlives its forward entry only as a stamped quarantine holder.
+//! Deleting the element the walk stands on is allowed: the hash walk holds
+//! only RCU, not the bucket lock, and preallocated elements stay valid
+//! memory; an element moved by a concurrent insert may be skipped, and the
+//! next sweep sees it.
+#![allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "40-byte keys are passed by reference; by value each would be copied again on the stack"
+)]
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::xdp_action, helpers::generated::bpf_for_each_map_elem, macros::xdp,
+    programs::XdpContext,
+};
+use lb_common::{
+    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
+    IPPROTO_TCP, IPPROTO_UDP, SweepStats,
+};
+
+use crate::{
+    events::emit,
+    flow::{Translation, snat_used},
+    helpers::now,
+    maps::{CONFIG, FLOWS, SWEEP_STATS},
+    track::{Flags, close_counted, forward_key_of, stamp_closed},
+};
+
+/// The walk's inputs and tallies, shared with the callback.
+#[repr(C)]
+struct Walk {
+    now: u64,
+    tcp_idle_ns: u64,
+    udp_idle_ns: u64,
+    syn_timeout_ns: u64,
+    closed_linger_ns: u64,
+    snat_quarantine_ns: u64,
+    stats: SweepStats,
+}
+
+#[xdp]
+pub fn lb_sweep(_ctx: XdpContext) -> u32 {
+    let Some(cfg) = CONFIG.get(0) else {
+        return xdp_action::XDP_ABORTED;
+    };
+    let Some(stats) = SWEEP_STATS.get_ptr_mut(0) else {
+        return xdp_action::XDP_ABORTED;
+    };
+    let mut walk = Walk {
+        now: now(),
+        tcp_idle_ns: cfg.tcp_idle_ns,
+        udp_idle_ns: cfg.udp_idle_ns,
+        syn_timeout_ns: cfg.syn_timeout_ns,
+        closed_linger_ns: cfg.closed_linger_ns,
+        snat_quarantine_ns: cfg.snat_quarantine_ns,
+        // SAFETY: live map value; only this program writes it, one run at a time.
+        stats: unsafe { *stats },
+    };
+    // SAFETY: the map pointer is the map's own symbol (aya-ebpf's map types
+    // are `repr(transparent)` over the definition the loader relocates);
+    // `visit` has the callback signature the helper expects and only
+    // touches `walk`, which outlives the call.
+    let entries = unsafe {
+        bpf_for_each_map_elem(
+            (&raw const FLOWS).cast_mut().cast::<c_void>(),
+            visit as *mut c_void,
+            (&raw mut walk).cast::<c_void>(),
+            0,
+        )
+    };
+    walk.stats.entries = entries.max(0) as u64;
+    walk.stats.runs += 1;
+    walk.stats.last_run_ns = walk.now;
+    // SAFETY: as above.
+    unsafe { *stats = walk.stats };
+    xdp_action::XDP_PASS
+}
+
+/// One entry of the walk; returns 0 to go on.
+extern "C" fn visit(
+    _map: *mut c_void,
+    key: *mut FlowKey,
+    entry: *mut FlowEntry,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes back the pointer `lb_sweep` gave it, and
+    // the element's key and value.
+    let (walk, key) = unsafe { (&mut *ctx.cast::<Walk>(), *key) };
+    // SAFETY: live map value.
+    let (direction, created, last_seen) = unsafe {
+        (
+            (*entry).direction,
+            (*entry).created_ns,
+            (*entry).last_seen_ns,
+        )
+    };
+    let closed = Flags::of(entry).get() & FLOW_F_CLOSED != 0;
+    let age = walk.now.saturating_sub(last_seen);
+    if direction == DIR_TO_CLIENT {
+        if closed {
+            if age > walk.snat_quarantine_ns {
+                // SAFETY: live map value.
+                let backend_id = unsafe { (*entry).backend_id };
+                if FLOWS.remove(&key).is_ok() {
+                    snat_used(backend_id, u64::MAX);
+                    walk.stats.removed += 1;
+                    walk.stats.snat_freed += 1;
+                }
+            }
+        } else if !forward_points_back(&key, entry) {
+            stamp_closed(Some(entry), walk.now);
+            walk.stats.orphans += 1;
+        }
+        return 0;
+    }
+    if closed {
+        if age > walk.closed_linger_ns && FLOWS.remove(&key).is_ok() {
+            walk.stats.removed += 1;
+        }
+        return 0;
+    }
+    let reply_key = Translation::of(entry).opposite_key_of(&key);
+    let reply = FLOWS.get_ptr_mut(&reply_key);
+    let flags = Flags::of(entry).get();
+    // (event kind, close reason); kind 0: none. Plain integers rather than
+    // an `Option` of a tuple: LLVM copied the `None` case's undefined
+    // payload register, a read the verifier rejects (`R5 !read_ok`).
+    let (kind, close_reason) = if reply.is_none() {
+        walk.stats.orphans += 1;
+        (0, 0)
+    } else if key.proto == IPPROTO_TCP
+        && flags & FLOW_F_SYNACK_SEEN == 0
+        && walk.now.saturating_sub(created) > walk.syn_timeout_ns
+    {
+        walk.stats.expired_syn += 1;
+        (EVENT_REFUSED, 0)
+    } else if age
+        > if key.proto == IPPROTO_UDP {
+            walk.udp_idle_ns
+        } else {
+            walk.tcp_idle_ns
+        }
+    {
+        walk.stats.expired_idle += 1;
+        // Counted closed; no event (nothing to react to).
+        (0, 0)
+    } else {
+        return 0;
+    };
+    if close_counted(entry, walk.now) {
+        stamp_closed(reply, walk.now);
+        if kind != 0 {
+            // SAFETY: live map value.
+            let (backend_id, vip_id) = unsafe { ((*entry).backend_id, (*entry).vip_id) };
+            emit(kind, close_reason, backend_id, vip_id, walk.now, 0);
+        }
+    }
+    if FLOWS.remove(&key).is_ok() {
+        walk.stats.removed += 1;
+    }
+    0
+}
+
+/// Whether the reply entry (`key`, `reply`) is still the one its forward
+/// entry translates to: the forward entry exists and its rewrite is this
+/// entry's key reversed (same SNAT tuple, same backend).
+#[inline(always)]
+fn forward_points_back(key: &FlowKey, reply: *const FlowEntry) -> bool {
+    let Some(fwd) = FLOWS.get_ptr(&forward_key_of(key, reply)) else {
+        return false;
+    };
+    let t = Translation::of(fwd);
+    t.src == key.dst && t.sport == key.dport && t.dst == key.src && t.dport == key.sport
+}

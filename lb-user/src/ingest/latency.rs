@@ -1,0 +1,158 @@
+//! Latency samples aggregated in the kernel (`BACKEND_LATENCY`, per CPU and
+//! backend: sum, count and the peak of the current epoch), read at every
+//! score tick instead of one ring-buffer event per response.
+//!
+//! A read first advances `LATENCY_EPOCH`, so samples from then on start
+//! the next peak, then sums the finished epoch's peaks and the counters
+//! over the CPUs. Nothing is written to the per-CPU values, so no sample is
+//! lost to a race with the data path; a sample that lands on a CPU after
+//! the epoch moved but before that CPU saw it counts towards the next tick.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use lb_common::LatencyAgg;
+
+use crate::kernel::maps::{self, LatencyAggs, LatencyEpoch};
+
+/// One backend's samples since the previous read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answered {
+    pub backend: u32,
+    /// Responses (latency samples) since the previous read.
+    pub count: u64,
+    /// Their mean latency.
+    pub mean: Duration,
+    /// The largest sample of the finished epoch (Peak-EWMA's jump).
+    pub peak: Duration,
+}
+
+/// Folds the per-CPU aggregates of one backend against the totals of the
+/// previous read: `None` without new samples. `epoch` is the finished one.
+pub fn fold(
+    backend: u32,
+    per_cpu: &[LatencyAgg],
+    previous: (u64, u64),
+    epoch: u64,
+) -> (Option<Answered>, (u64, u64)) {
+    let sum = per_cpu.iter().fold(0u64, |a, c| a.wrapping_add(c.sum_ns));
+    let count = per_cpu.iter().fold(0u64, |a, c| a.wrapping_add(c.count));
+    let new_count = count.wrapping_sub(previous.1);
+    let new_sum = sum.wrapping_sub(previous.0);
+    let peak = per_cpu
+        .iter()
+        .filter(|c| c.peak_epoch == epoch)
+        .map(|c| c.peak_ns)
+        .max()
+        .unwrap_or(0);
+    if new_count == 0 {
+        return (None, (sum, count));
+    }
+    let mean = new_sum / new_count;
+    let answered = Answered {
+        backend,
+        count: new_count,
+        mean: Duration::from_nanos(mean),
+        // A sample that raced the epoch change may be missing from the
+        // peaks; the mean then stands in for it.
+        peak: Duration::from_nanos(peak.max(mean)),
+    };
+    (Some(answered), (sum, count))
+}
+
+/// Reads the aggregates of every backend id at each tick.
+pub struct LatencyReader {
+    aggs: LatencyAggs,
+    epoch_map: LatencyEpoch,
+    epoch: u64,
+    /// (sum, count) per backend id at the previous read.
+    previous: Vec<(u64, u64)>,
+}
+
+impl LatencyReader {
+    /// Opens the maps; what the kernel aggregated before (another process,
+    /// before a restart) becomes the baseline rather than one huge tick.
+    pub fn open(pin_dir: &std::path::Path, id_limit: usize) -> anyhow::Result<Self> {
+        let epoch_map = maps::latency_epoch(pin_dir)?;
+        let epoch = epoch_map.get(&0, 0).context("reading LATENCY_EPOCH")?;
+        let mut reader = Self {
+            aggs: maps::latency_aggs(pin_dir)?,
+            epoch_map,
+            epoch,
+            previous: Vec::new(),
+        };
+        reader.read(id_limit)?;
+        Ok(reader)
+    }
+
+    /// The backends (ids below `id_limit`) with samples since the last read.
+    pub fn read(&mut self, id_limit: usize) -> anyhow::Result<Vec<Answered>> {
+        let finished = self.epoch;
+        self.epoch = finished.wrapping_add(1);
+        self.epoch_map
+            .set(0, self.epoch, 0)
+            .map_err(|e| anyhow!("writing LATENCY_EPOCH: {e}"))?;
+        let first = self.previous.is_empty();
+        self.previous
+            .resize(id_limit.max(self.previous.len()), (0, 0));
+        let mut out = Vec::new();
+        for id in 0..id_limit as u32 {
+            let per_cpu = self.aggs.get(&id, 0).context("reading BACKEND_LATENCY")?;
+            let (answered, totals) = fold(id, &per_cpu, self.previous[id as usize], finished);
+            self.previous[id as usize] = totals;
+            if !first {
+                out.extend(answered);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agg(sum_ns: u64, count: u64, peak_ns: u64, peak_epoch: u64) -> LatencyAgg {
+        LatencyAgg {
+            sum_ns,
+            count,
+            peak_ns,
+            peak_epoch,
+        }
+    }
+
+    #[test]
+    fn sums_over_cpus_and_takes_the_finished_epochs_peak() {
+        let cpus = [agg(3_000, 3, 2_000, 7), agg(10_000, 1, 10_000, 7)];
+        let (a, totals) = fold(4, &cpus, (0, 0), 7);
+        let a = a.unwrap();
+        assert_eq!(totals, (13_000, 4));
+        assert_eq!((a.backend, a.count), (4, 4));
+        assert_eq!(a.mean, Duration::from_nanos(3_250));
+        assert_eq!(a.peak, Duration::from_nanos(10_000));
+        // Only the new samples count; an old epoch's peak is ignored.
+        let later = [agg(5_000, 5, 2_000, 7), agg(10_000, 1, 10_000, 7)];
+        let (a, _) = fold(4, &later, totals, 8);
+        let a = a.unwrap();
+        assert_eq!(a.count, 2);
+        assert_eq!(a.mean, Duration::from_nanos(1_000));
+        assert_eq!(a.peak, a.mean, "no peak of epoch 8 yet: the mean stands in");
+    }
+
+    #[test]
+    fn no_new_samples_no_answer() {
+        let cpus = [agg(3_000, 3, 2_000, 1)];
+        let (a, totals) = fold(0, &cpus, (3_000, 3), 1);
+        assert_eq!(a, None);
+        assert_eq!(totals, (3_000, 3));
+    }
+
+    #[test]
+    fn counters_that_wrap_still_give_the_difference() {
+        let cpus = [agg(5, 2, 9, 0)];
+        let (a, _) = fold(0, &cpus, (u64::MAX - 4, u64::MAX), 0);
+        let a = a.unwrap();
+        assert_eq!(a.count, 3);
+        assert_eq!(a.mean, Duration::from_nanos(10 / 3));
+    }
+}
