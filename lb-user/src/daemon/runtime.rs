@@ -203,6 +203,9 @@ impl Runtime {
             self.kernel.publisher.clear_backend(id)?;
             self.checks.remove(&id);
         }
+        for (index, vip_id) in self.fleet.free_drained_vips() {
+            self.kernel.publisher.forget_vip(index, vip_id);
+        }
         self.checker.sync(self.fleet.checks());
         Ok(())
     }
@@ -236,26 +239,19 @@ impl Runtime {
         for change in config::backend_changes(&running, base) {
             info!("reload applies: {change}");
         }
-        for vip in base
-            .vips
-            .iter()
-            .filter(|v| !running.vips.iter().any(|r| r.vip == v.vip))
-        {
-            warn!("reload: new VIP {} needs a restart (not applied)", vip.vip);
-        }
         for setting in config::needs_restart(&running, base) {
             warn!("reload: {setting} changed: needs a restart (not applied)");
         }
         let effective = self.state.reload(base);
         self.config_generation += 1;
         let config = &effective.config;
-        let before = self.fleet.id_limit();
-        for note in self.fleet.reload(config, now) {
+        let (notes, added) = self.fleet.reload(config, now);
+        for note in notes {
             warn!("reload: {note}");
         }
         self.drain_kept(&effective.drains, now);
-        for id in before..self.fleet.id_limit() {
-            self.loads.reset(id as u32, self.fresh_load.clone());
+        for id in added {
+            self.loads.reset(id, self.fresh_load.clone());
         }
         self.after_membership_change();
         info!(

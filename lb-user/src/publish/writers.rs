@@ -119,7 +119,9 @@ impl TableWriter {
         if let Some(planned) = maglev_table
             && !set.maglev.is_empty()
         {
-            let current = *self.current.entry(vip_id).or_insert(planned);
+            // A VIP added at runtime takes a table no VIP uses.
+            let fresh = spare_table(&self.current).unwrap_or(planned);
+            let current = *self.current.entry(vip_id).or_insert(fresh);
             let table = spare_table(&self.current).unwrap_or_else(|| {
                 self.maglev_in_place += 1;
                 current
@@ -141,6 +143,11 @@ impl TableWriter {
         self.descriptors
             .set(vip_id, descriptor, 0)
             .context("writing VIP_TABLES")
+    }
+
+    /// Frees the Maglev table of VIP `vip_id` (removed and drained).
+    pub fn release(&mut self, vip_id: u32) {
+        self.current.remove(&vip_id);
     }
 
     /// The Maglev table VIP `vip_id` uses now.

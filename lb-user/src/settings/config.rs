@@ -407,7 +407,7 @@ impl Config {
         self.validate_vips()
     }
 
-    fn validate_vips(&self) -> Result<(), ConfigError> {
+    pub fn validate_vips(&self) -> Result<(), ConfigError> {
         if self.vips.is_empty() {
             return Err(ConfigError::NoVip);
         }
