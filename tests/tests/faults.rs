@@ -1023,6 +1023,13 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
         ],
     );
     assert!(added.contains("added (VIP id 1)"), "{added}");
+    let listed = |lab: &Lab| {
+        lab.status()
+            .unwrap()
+            .vip(&vip.to_string())
+            .map(|v| v.backends.len())
+    };
+    assert_eq!(listed(&lab), Some(2));
     // A bad command changes nothing and says why in one line.
     let instance = lab.instance();
     let out = lab
@@ -1071,6 +1078,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     let (mut kept, backend) = kept_connection(&lab, vip);
     let removed = vip_command(&lab, &["remove", "--vip", &vip_arg]);
     assert!(removed.contains("removed"), "{removed}");
+    assert_eq!(listed(&lab), None, "the removed VIP is still in VIPS");
     thread::sleep(Duration::from_millis(300));
     assert!(
         try_connect(&lab, vip, Duration::from_secs(1)).is_none(),
