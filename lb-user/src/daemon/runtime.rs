@@ -36,6 +36,7 @@ use crate::{
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
+    publish::writers::UpdateTimes,
     settings::{
         addr::{VipAddr, Weight},
         config::{self, Config},
@@ -65,6 +66,8 @@ pub struct Runtime {
     pub(super) state: StateKeeper,
     /// Configurations applied: 1 at start, one more per SIGHUP.
     pub(super) config_generation: u64,
+    /// How long each score tick (scores and selections) takes.
+    pub(super) tick_times: UpdateTimes,
 }
 
 impl Runtime {
@@ -102,6 +105,7 @@ impl Runtime {
             errors,
             state,
             config_generation: 1,
+            tick_times: UpdateTimes::default(),
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -141,6 +145,13 @@ impl Runtime {
     /// publishes every VIP's selection (scores first, so a backend that
     /// becomes selectable already has one).
     pub fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        let tick = Instant::now();
+        let result = self.tick(now);
+        self.tick_times.record(tick);
+        result
+    }
+
+    fn tick(&mut self, now: Nanos) -> anyhow::Result<()> {
         let loads = &self.loads;
         self.fleet.tick(now, |id| loads.ewma_ns(id, now));
         let selections: Vec<_> = (0..self.fleet.vips.len())
