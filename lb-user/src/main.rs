@@ -9,7 +9,10 @@ use lb_user::{
     daemon, discover,
     kernel::{bpffs, iface, instance::InstanceLock},
     settings::{
-        cli::{BackendArgs, BackendCommand, Cli, Command, RunArgs, StatusArgs},
+        cli::{
+            BackendArgs, BackendCommand, Cli, Command, ControlCommand, RunArgs, StatusArgs,
+            VipArgs, VipCommand,
+        },
         config::Config,
         discovery::RegisterArgs,
         faults, one_line,
@@ -49,6 +52,7 @@ fn run() -> anyhow::Result<()> {
         Some(Command::Status(args)) => show_status(args),
         Some(Command::Backend(args)) => change_backend(args),
         Some(Command::Register(args)) => register(args),
+        Some(Command::Vip(args)) => change_vip(args),
         None => run_balancer(cli.run),
     }
 }
@@ -174,6 +178,48 @@ fn show_status(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Adds or removes a whole VIP through the control socket.
+fn change_vip(args: VipArgs) -> anyhow::Result<()> {
+    let command = match args.action {
+        VipCommand::Add if args.backends.is_empty() => {
+            bail!("vip add needs at least one --backend IP:PORT[@WEIGHT]")
+        }
+        VipCommand::Add => ControlCommand::VipAdd,
+        VipCommand::Remove if !args.backends.is_empty() || args.algorithm.is_some() => {
+            bail!("vip remove takes only --vip (and --instance)")
+        }
+        VipCommand::Remove => ControlCommand::VipRemove,
+    };
+    require_root()?;
+    bpffs::join_host_mount_ns_if_hidden()?;
+    let instance = status::resolve_instance(args.instance)?;
+    let request = control::Request {
+        command,
+        vip: args.vip.to_string(),
+        backend: String::new(),
+        weight: None,
+        backends: args.backends.iter().map(ToString::to_string).collect(),
+        algorithm: args.algorithm.map(|a| a.name().to_string()),
+        peer: None,
+    };
+    let response = control::send(&instance, &request)?;
+    match (response.ok, response.error) {
+        (true, _) => {
+            let what = match args.action {
+                VipCommand::Add => "added",
+                VipCommand::Remove => "removed (draining its flows)",
+            };
+            println!(
+                "VIP {}: {what} (VIP id {})",
+                args.vip,
+                response.backend_id.unwrap_or_default()
+            );
+            Ok(())
+        }
+        (false, error) => bail!("{}", error.unwrap_or_else(|| "refused".into())),
+    }
+}
+
 /// Sends one command to the running instance's control socket.
 fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
     require_root()?;
@@ -183,10 +229,12 @@ fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
     bpffs::join_host_mount_ns_if_hidden()?;
     let instance = status::resolve_instance(args.instance)?;
     let request = control::Request {
-        command: args.action,
+        command: args.action.into(),
         vip: args.vip.to_string(),
         backend: args.backend.to_string(),
         weight: args.weight,
+        backends: Vec::new(),
+        algorithm: None,
         peer: None,
     };
     let response = control::send(&instance, &request)?;

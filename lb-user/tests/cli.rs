@@ -511,6 +511,71 @@ const NOBODY: u32 = 65534;
 /// `LB_CLI_TEST_PEER_SOCKET` set). Without it, it returns at once. It
 /// prints `ANSWER <line>` or `CONNECT <error>`.
 #[test]
+fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
+    let instance = unique("novip");
+    let run = |args: &[&str], expected: &str| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--instance", &instance])
+            .output()
+            .expect("run lb-user");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "should fail: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in {stderr}"
+        );
+    };
+    run(
+        &["vip", "add", "--vip", "10.0.0.100:81"],
+        "vip add needs at least one --backend",
+    );
+    run(
+        &[
+            "vip",
+            "remove",
+            "--vip",
+            "10.0.0.100:81",
+            "--backend",
+            "10.0.0.21:80",
+        ],
+        "vip remove takes only --vip",
+    );
+    run(
+        &[
+            "vip",
+            "add",
+            "--vip",
+            "10.0.0.100:81",
+            "--backend",
+            "10.0.0.21:80",
+            "--algorithm",
+            "nope",
+        ],
+        "unknown algorithm 'nope'",
+    );
+    run(
+        &["vip", "rename", "--vip", "10.0.0.100:81"],
+        "invalid value 'rename'",
+    );
+    if is_root() {
+        // Well-formed, but no such instance runs: nothing to change.
+        run(
+            &[
+                "vip",
+                "add",
+                "--vip",
+                "10.0.0.100:81",
+                "--backend",
+                "10.0.0.21:80",
+            ],
+            &instance,
+        );
+    }
+}
+
+#[test]
 fn control_socket_client() {
     use std::io::{BufRead as _, Write as _};
     let Some(path) = std::env::var_os(PEER_SOCKET_ENV) else {

@@ -960,3 +960,223 @@ fn runtime_changes_survive_a_restart_until_the_file_changes_the_backend() {
     assert_eq!(b(0).state, "draining");
     assert_eq!(b(2).weight, 2.0);
 }
+
+/// `lb-user vip ARGS...` against the lab's instance: its stdout; panics on
+/// failure.
+fn vip_command(lab: &Lab, args: &[&str]) -> String {
+    let instance = lab.instance();
+    let mut argv = vec!["vip"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--instance", &instance]);
+    let out = lab.run_lb_user(&argv).unwrap();
+    assert!(
+        out.status.success(),
+        "lb-user {argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The TCP VIP's address on another port.
+fn other_vip(lab: &Lab, port: u16) -> SocketAddr {
+    SocketAddr::new(lab.tcp_vip().ip(), port)
+}
+
+/// `rate` new connections per second to `vip` for `duration_s` seconds.
+fn load_to(vip: SocketAddr, rate: f64, duration_s: f64) -> LoadConfig {
+    LoadConfig::open_loop(vip, Protocol::Tcp, rate, duration_s).with_timeout_ms(2_000)
+}
+
+/// A keep-alive connection to `vip` with one answered request; the backend
+/// that answered.
+fn kept_connection(lab: &Lab, vip: SocketAddr) -> (TcpStream, String) {
+    let mut s = probe::connect(&lab.client().ns, vip).unwrap();
+    let answer = probe::request(&mut s, "/", b"", true).unwrap();
+    assert_eq!(answer.status, 200);
+    (s, answer.backend.expect("the backend names itself"))
+}
+
+#[test]
+fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
+    require_root!();
+    let lab = Fault::new("runtime-vip", 3);
+    // Closed flows leave the table quickly, so the removed VIP's id is
+    // freed within the test.
+    let extra = ["--tcp-idle-timeout", "2s"];
+    let first = lab.start(&[0, 1], &extra);
+    let vip = other_vip(&lab, 81);
+    let vip_arg = format!("{vip}/tcp");
+    let be = |i: usize| lab.backends()[i].addr().to_string();
+    let name = |i: usize| lab.backends()[i].name.clone();
+    let added = vip_command(
+        &lab,
+        &[
+            "add",
+            "--vip",
+            &vip_arg,
+            "--backend",
+            &be(0),
+            "--backend",
+            &be(2),
+            "--algorithm",
+            "round-robin",
+        ],
+    );
+    assert!(added.contains("added (VIP id 1)"), "{added}");
+    let listed = |lab: &Lab| {
+        lab.status()
+            .unwrap()
+            .vip(&vip.to_string())
+            .map(|v| v.backends.len())
+    };
+    assert_eq!(listed(&lab), Some(2));
+    // A bad command changes nothing and says why in one line.
+    let instance = lab.instance();
+    let out = lab
+        .run_lb_user(&[
+            "vip",
+            "add",
+            "--vip",
+            &vip_arg,
+            "--backend",
+            &be(1),
+            "--instance",
+            &instance,
+        ])
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("already exists"), "{err}");
+
+    let run = lab.measure(load_to(vip, 100.0, 1.5));
+    lab.report(&run, &format!("runtime VIP: {:?}", run.summary.per_backend));
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    let names: Vec<&String> = run.summary.per_backend.keys().collect();
+    assert_eq!(names, [&name(0), &name(2)], "{:?}", run.summary);
+
+    // kill -9 and a restart from the same flags: the state file brings it back.
+    wait_for("the state file", Duration::from_secs(5), || {
+        std::fs::read_dir(lab.state_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains(&vip_arg)))
+    });
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    let second = lab.start(&[0, 1], &extra);
+    wait_until_configured(&lab, second);
+    let run = lab.measure(load_to(vip, 100.0, 1.5));
+    lab.report(
+        &run,
+        &format!("after kill -9: {:?}", run.summary.per_backend),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(run.summary.per_backend.len(), 2, "{:?}", run.summary);
+
+    // Removed: new connections find no VIP, the established one finishes.
+    let (mut kept, backend) = kept_connection(&lab, vip);
+    let removed = vip_command(&lab, &["remove", "--vip", &vip_arg]);
+    assert!(removed.contains("removed"), "{removed}");
+    assert_eq!(listed(&lab), None, "the removed VIP is still in VIPS");
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        try_connect(&lab, vip, Duration::from_secs(1)).is_none(),
+        "a removed VIP took a new connection"
+    );
+    let answer = probe::request(&mut kept, "/after-remove", b"", true).unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.backend.as_deref(), Some(backend.as_str()));
+    // The other VIP is untouched.
+    let run = lab.measure(lab.load(100.0, 1.0, 2_000));
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    // Its id is taken until its last flow is gone; then it is freed and reused.
+    let out = lab
+        .run_lb_user(&[
+            "vip",
+            "add",
+            "--vip",
+            &vip_arg,
+            "--backend",
+            &be(1),
+            "--instance",
+            &instance,
+        ])
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("still drains"), "{err}");
+    drop(kept);
+    wait_for(
+        "the removed VIP's id to be freed",
+        Duration::from_secs(20),
+        || {
+            lab.stderr(second)
+                .contains("removed VIP has no flows left; id freed")
+        },
+    );
+    let again = vip_command(&lab, &["add", "--vip", &vip_arg, "--backend", &be(1)]);
+    assert!(again.contains("added (VIP id 1)"), "{again}");
+    let run = lab.measure(load_to(vip, 100.0, 1.0));
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    let names: Vec<&String> = run.summary.per_backend.keys().collect();
+    assert_eq!(names, [&name(1)], "{:?}", run.summary);
+}
+
+#[test]
+fn sighup_adds_one_vip_and_removes_another_and_says_so() {
+    require_root!();
+    let lab = Fault::new("sighup-vips", 2);
+    let path = lab.log_dir().join("vips.toml");
+    let write = |vips: &[SocketAddr]| {
+        let backends: Vec<String> = lab
+            .backends()
+            .iter()
+            .map(|b| format!("\"{}\"", b.addr()))
+            .collect();
+        let text: Vec<String> = vips
+            .iter()
+            .map(|v| {
+                format!(
+                    "[[vip]]\naddress = \"{v}\"\nbackends = [{}]\n",
+                    backends.join(", ")
+                )
+            })
+            .collect();
+        std::fs::write(&path, text.join("\n")).unwrap();
+    };
+    let (a, b, c) = (lab.tcp_vip(), other_vip(&lab, 81), other_vip(&lab, 82));
+    write(&[a, b]);
+    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    let lb = lab.start_balancer(&base).unwrap();
+    assert_eq!(lab.measure(load_to(b, 100.0, 1.0)).summary.error_count(), 0);
+    assert!(try_connect(&lab, c, Duration::from_secs(1)).is_none());
+
+    write(&[a, c]);
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    wait_for("the reload", Duration::from_secs(10), || {
+        lab.stderr(lb).contains("configuration reloaded")
+    });
+    let log = lab.stderr(lb);
+    assert!(
+        log.contains(&format!("reload added VIP {c}/tcp (id 2)")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("reload removed VIP {b}/tcp: draining")),
+        "{log}"
+    );
+    assert!(!log.contains("needs a restart"), "{log}");
+    let run = lab.measure(load_to(c, 100.0, 1.5));
+    lab.report(
+        &run,
+        &format!("VIP added by SIGHUP: {:?}", run.summary.per_backend),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(run.summary.per_backend.len(), 2, "{:?}", run.summary);
+    assert!(
+        try_connect(&lab, b, Duration::from_secs(1)).is_none(),
+        "the VIP removed by SIGHUP took a new connection"
+    );
+    assert_eq!(lab.measure(load_to(a, 100.0, 1.0)).summary.error_count(), 0);
+}

@@ -9,7 +9,9 @@ use crate::{
     pool::lifecycle::Admin,
     settings::{
         addr::{BackendAddr, VipAddr, Weight},
-        cli::BackendCommand,
+        cli::{BackendCommand, ControlCommand},
+        config::VipConfig,
+        state::AddedVip,
     },
     surface::control::{Request, Response},
 };
@@ -47,9 +49,27 @@ impl Runtime {
 
     fn apply_command(&mut self, request: &Request, now: Nanos) -> anyhow::Result<u32> {
         let vip: VipAddr = request.vip.parse().context("vip")?;
+        let command = match request.command.backend() {
+            Some(command) => command,
+            None if request.command == ControlCommand::VipAdd => {
+                let v = self.vip_to_add(vip, request)?;
+                let params = self.state.base().ops.lifecycle_for(None);
+                let (vip_id, ids) = self.fleet.add_vip(&v, params, now)?;
+                for id in ids {
+                    self.loads.reset(id, self.fresh_load.clone());
+                }
+                self.state.record_vip_added(&v);
+                return Ok(vip_id);
+            }
+            None => {
+                let vip_id = self.fleet.remove_vip(&vip, now)?;
+                self.state.record_vip_removed(&vip);
+                return Ok(vip_id);
+            }
+        };
         let backend: BackendAddr = request.backend.parse().context("backend")?;
         let fleet = &mut self.fleet;
-        let id = match request.command {
+        let id = match command {
             BackendCommand::Add => {
                 // The control socket resolved its MAC already.
                 let id = fleet.add(&vip, backend, now)?;
@@ -68,5 +88,22 @@ impl Runtime {
             }
         };
         Ok(id)
+    }
+
+    /// The VIP a `vip-add` request asks for, validated as a configured
+    /// one would be (no health check, the default in-flight bias).
+    fn vip_to_add(&self, vip: VipAddr, request: &Request) -> anyhow::Result<VipConfig> {
+        let added = AddedVip {
+            algorithm: request
+                .algorithm
+                .clone()
+                .unwrap_or_else(|| lb_common::Algorithm::P2cEwma.name().to_string()),
+            backends: request.backends.clone(),
+        };
+        let v = added.config(vip).map_err(anyhow::Error::msg)?;
+        let mut alone = self.state.base().clone();
+        alone.vips = vec![v.clone()];
+        alone.validate_vips()?;
+        Ok(v)
     }
 }

@@ -23,7 +23,7 @@ use crate::{
     pool::lifecycle::Admin,
     settings::{
         addr::{BackendAddr, Weight},
-        cli::BackendCommand,
+        cli::ControlCommand,
         config::Config,
     },
     surface::{control::Request, metrics::DiscoveryMetrics},
@@ -83,10 +83,10 @@ impl Runtime {
         };
         let key = (index, addr.addr);
         match request.command {
-            BackendCommand::Weight => {
+            ControlCommand::Weight => {
                 self.discovery.weight_overrides.insert(key);
             }
-            BackendCommand::Undrain | BackendCommand::Remove => {
+            ControlCommand::Undrain | ControlCommand::Remove => {
                 self.discovery.weight_overrides.remove(&key);
             }
             _ => {}

@@ -314,10 +314,12 @@ mod tests {
         });
         let (tx, mut rx) = oneshot::channel();
         let request = Request {
-            command: crate::settings::cli::BackendCommand::Drain,
+            command: crate::settings::cli::ControlCommand::Drain,
             vip: "10.0.0.100:80".into(),
             backend: "10.0.0.21:80".into(),
             weight: None,
+            backends: Vec::new(),
+            algorithm: None,
             peer: None,
         };
         event_loop.on_command((request, tx));

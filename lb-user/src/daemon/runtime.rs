@@ -33,6 +33,7 @@ use crate::{
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
+    publish::writers::UpdateTimes,
     settings::{
         addr::{VipAddr, Weight},
         config::{self, Config},
@@ -64,6 +65,8 @@ pub struct Runtime {
     pub(super) state: StateKeeper,
     /// Configurations applied: 1 at start, one more per SIGHUP.
     pub(super) config_generation: u64,
+    /// How long each score tick (scores and selections) takes.
+    pub(super) tick_times: UpdateTimes,
 }
 
 impl Runtime {
@@ -102,6 +105,7 @@ impl Runtime {
             errors,
             state,
             config_generation: 1,
+            tick_times: UpdateTimes::default(),
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -160,6 +164,13 @@ impl Runtime {
     /// publishes every VIP's selection (scores first, so a backend that
     /// becomes selectable already has one).
     pub fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        let tick = Instant::now();
+        let result = self.tick(now);
+        self.tick_times.record(tick);
+        result
+    }
+
+    fn tick(&mut self, now: Nanos) -> anyhow::Result<()> {
         self.take_latency(now)?;
         let loads = &self.loads;
         self.fleet.tick(now, |id| loads.ewma_ns(id, now));
@@ -215,6 +226,9 @@ impl Runtime {
             self.kernel.publisher.clear_backend(id)?;
             self.checks.remove(&id);
         }
+        for (index, vip_id) in self.fleet.free_drained_vips() {
+            self.kernel.publisher.forget_vip(index, vip_id);
+        }
         self.checker.sync(self.fleet.checks());
         Ok(())
     }
@@ -249,26 +263,19 @@ impl Runtime {
         for change in config::backend_changes(&running, base) {
             info!("reload applies: {change}");
         }
-        for vip in base
-            .vips
-            .iter()
-            .filter(|v| !running.vips.iter().any(|r| r.vip == v.vip))
-        {
-            warn!("reload: new VIP {} needs a restart (not applied)", vip.vip);
-        }
         for setting in config::needs_restart(&running, base) {
             warn!("reload: {setting} changed: needs a restart (not applied)");
         }
         let effective = self.state.reload(base);
         self.config_generation += 1;
         let config = &effective.config;
-        let before = self.fleet.id_limit();
-        for note in self.fleet.reload(config, now) {
+        let (notes, added) = self.fleet.reload(config, now);
+        for note in notes {
             warn!("reload: {note}");
         }
         self.drain_kept(&effective.drains, now);
-        for id in before..self.fleet.id_limit() {
-            self.loads.reset(id as u32, self.fresh_load.clone());
+        for id in added {
+            self.loads.reset(id, self.fresh_load.clone());
         }
         self.after_membership_change();
         info!(

@@ -86,6 +86,18 @@ impl StateKeeper {
         self.lay_over(base)
     }
 
+    /// Records VIP `v` added at runtime and hands the state to the writer.
+    pub fn record_vip_added(&mut self, v: &crate::settings::config::VipConfig) {
+        self.state.record_vip_added(&self.base, v);
+        self.saves.send_replace(self.state.clone());
+    }
+
+    /// Records VIP `vip` removed at runtime and hands the state to the writer.
+    pub fn record_vip_removed(&mut self, vip: &VipAddr) {
+        self.state.record_vip_removed(&self.base, vip);
+        self.saves.send_replace(self.state.clone());
+    }
+
     /// Records an applied operator command and hands the state to the writer.
     pub fn record(&mut self, request: &Request) {
         let (Ok(vip), Ok(backend)) = (
@@ -95,7 +107,10 @@ impl StateKeeper {
             return;
         };
         let weight = request.weight.and_then(|w| Weight::new(u64::from(w)).ok());
-        let change = match request.command {
+        let Some(command) = request.command.backend() else {
+            return;
+        };
+        let change = match command {
             BackendCommand::Add => Change::Add(backend.weight),
             BackendCommand::Remove => Change::Remove,
             BackendCommand::Drain => Change::Drain,

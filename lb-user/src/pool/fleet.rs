@@ -14,7 +14,8 @@
 use std::net::SocketAddr;
 
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta,
+    Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
+    MAX_VIPS, VipKey, VipMeta,
 };
 use thiserror::Error;
 use tracing::{info, warn};
@@ -26,7 +27,7 @@ use crate::{
     kernel::wire,
     pool::lifecycle::{Admin, Lifecycle, State},
     pool::outlier::{Detector, Finding, ejection_cap, latency_outliers},
-    pool::plan::Plan,
+    pool::plan::{Plan, vip_key, vip_meta},
     settings::addr::{BackendAddr, VipAddr},
     settings::config::{Config, VipConfig},
     settings::ops::{HealthCheck, LifecycleParams, OutlierParams},
@@ -45,6 +46,16 @@ pub enum FleetError {
     Full,
     #[error("VIP {0} is full ({MAX_BACKENDS_PER_VIP} backends)")]
     VipFull(String),
+    #[error("VIP {0} already exists")]
+    VipExists(String),
+    #[error("VIP {0} was removed and still drains its flows; add it again once they ended")]
+    VipDraining(String),
+    #[error("no free VIP id (at most {MAX_VIPS}, including removed ones still draining)")]
+    VipsFull,
+    #[error(
+        "no free Maglev table (at most {MAX_MAGLEV_TABLES} Maglev VIPs, including removed ones still draining)"
+    )]
+    MaglevFull,
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +80,10 @@ pub struct FleetVip {
     pub panic: bool,
     /// Index of the VIP's Maglev table (maglev VIPs only).
     pub maglev_table: Option<u32>,
+    /// Removed: out of VIPS (the kernel passes its new connections on
+    /// like any unknown address) while its flows drain; its id and its
+    /// backends' ids are freed once no flow is left.
+    pub removed: bool,
 }
 
 /// Steps a ramp (slow start, weight smoothing) takes on a VIP whose
@@ -138,6 +153,7 @@ impl Fleet {
                     members: p.slots.clone(),
                     panic: false,
                     maglev_table: p.maglev_table,
+                    removed: false,
                 }
             })
             .collect();
@@ -170,10 +186,11 @@ impl Fleet {
         self.members.get_mut(id as usize)?.as_mut()
     }
 
+    /// The index of VIP `vip` (not one removed and draining).
     pub fn vip_index(&self, vip: &VipAddr) -> Result<usize, FleetError> {
         self.vips
             .iter()
-            .position(|v| v.addr == *vip)
+            .position(|v| v.addr == *vip && !v.removed)
             .ok_or_else(|| FleetError::NoVip(vip.to_string()))
     }
 
@@ -261,6 +278,114 @@ impl Fleet {
         Ok(id)
     }
 
+    /// The lowest VIP id no VIP has; a removed VIP keeps its id until it
+    /// is freed by [`Self::free_drained`].
+    pub fn free_vip_id(&self) -> Option<u32> {
+        (0..MAX_VIPS).find(|id| !self.vips.iter().any(|v| v.meta.vip_id == *id))
+    }
+
+    /// Adds VIP `v` with its backends under the lowest free VIP id (and
+    /// backend ids); returns the VIP id and the backend ids. Nothing
+    /// changes if it fails.
+    pub fn add_vip(
+        &mut self,
+        v: &VipConfig,
+        params: LifecycleParams,
+        now: Nanos,
+    ) -> Result<(u32, Vec<u32>), FleetError> {
+        let name = v.vip.to_string();
+        if let Some(old) = self.vips.iter().find(|f| f.addr == v.vip) {
+            return Err(if old.removed {
+                FleetError::VipDraining(name)
+            } else {
+                FleetError::VipExists(name)
+            });
+        }
+        if v.backends.len() > MAX_BACKENDS_PER_VIP as usize {
+            return Err(FleetError::VipFull(name));
+        }
+        let vip_id = self.free_vip_id().ok_or(FleetError::VipsFull)?;
+        let maglev_table = if v.algorithm == Algorithm::Maglev {
+            let used: Vec<u32> = self.vips.iter().filter_map(|f| f.maglev_table).collect();
+            let table = (0..MAX_MAGLEV_TABLES).find(|t| !used.contains(t));
+            Some(table.ok_or(FleetError::MaglevFull)?)
+        } else {
+            None
+        };
+        let free = self.members.iter().filter(|m| m.is_none()).count()
+            + (MAX_BACKENDS as usize).saturating_sub(self.members.len());
+        if free < v.backends.len() {
+            return Err(FleetError::Full);
+        }
+        self.vips.push(FleetVip {
+            addr: v.vip,
+            key: vip_key(v),
+            meta: vip_meta(v, vip_id, 0),
+            health: v.health.clone(),
+            params,
+            members: Vec::new(),
+            panic: false,
+            maglev_table,
+            removed: false,
+        });
+        let mut ids = Vec::with_capacity(v.backends.len());
+        for b in &v.backends {
+            match self.add(&v.vip, *b, now) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    // Checked above; undone all the same.
+                    for id in ids {
+                        self.members[id as usize] = None;
+                    }
+                    self.vips.pop();
+                    return Err(e);
+                }
+            }
+        }
+        info!(vip = %v.vip, vip_id, backends = ids.len(), "VIP added");
+        Ok((vip_id, ids))
+    }
+
+    /// Removes VIP `vip`: every backend is removed and drains; the VIP
+    /// leaves VIPS at the next publish. Returns its id.
+    pub fn remove_vip(&mut self, vip: &VipAddr, now: Nanos) -> Result<u32, FleetError> {
+        let index = self.vip_index(vip)?;
+        let params = self.vips[index].params;
+        let ids = self.vips[index].members.clone();
+        for id in ids {
+            if let Some(m) = self.member_mut(id) {
+                m.life.set_admin(Admin::Removed, now, &params);
+            }
+        }
+        let v = &mut self.vips[index];
+        v.removed = true;
+        v.panic = false;
+        info!(vip = %vip, vip_id = v.meta.vip_id, "VIP removed: draining until its flows end");
+        Ok(v.meta.vip_id)
+    }
+
+    /// Drops removed VIPs whose backends are all freed; returns the
+    /// indices they had (highest first) and their ids. Member indices are
+    /// renumbered.
+    pub fn free_drained_vips(&mut self) -> Vec<(usize, u32)> {
+        let mut freed = Vec::new();
+        for index in (0..self.vips.len()).rev() {
+            let v = &self.vips[index];
+            if !v.removed || !v.members.is_empty() {
+                continue;
+            }
+            let v = self.vips.remove(index);
+            for m in self.members.iter_mut().flatten() {
+                if m.vip > index {
+                    m.vip -= 1;
+                }
+            }
+            info!(vip = %v.addr, vip_id = v.meta.vip_id, "removed VIP has no flows left; id freed");
+            freed.push((index, v.meta.vip_id));
+        }
+        freed
+    }
+
     /// Sets the administrative state of `backend` in `vip`.
     pub fn set_admin(
         &mut self,
@@ -292,29 +417,48 @@ impl Fleet {
         Ok(id)
     }
 
-    /// Applies a reloaded configuration to the VIPs that exist in both:
-    /// adds, removes and re-weights backends. VIPs added or removed in the
-    /// file need a restart; they are reported, not applied.
-    pub fn reload(&mut self, config: &Config, now: Nanos) -> Vec<String> {
+    /// Applies a reloaded configuration: adds, removes and re-weights
+    /// the backends of VIPs in both; removes (drains) the VIPs the file no
+    /// longer has, then adds the new ones (so a freed id can be reused).
+    /// Returns what it refused, and the ids of the backends it added.
+    pub fn reload(&mut self, config: &Config, now: Nanos) -> (Vec<String>, Vec<u32>) {
         let mut notes = Vec::new();
+        let mut added = Vec::new();
+        let gone: Vec<VipAddr> = self
+            .vips
+            .iter()
+            .filter(|f| !f.removed && !config.vips.iter().any(|v| v.vip == f.addr))
+            .map(|f| f.addr)
+            .collect();
+        for vip in gone {
+            if self.remove_vip(&vip, now).is_ok() {
+                info!(%vip, "reload removed VIP {vip}: draining");
+            }
+        }
         for v in &config.vips {
-            if v.etcd_prefix.is_some() {
-                continue; // its backends follow etcd, not the file
+            match self.vip_index(&v.vip) {
+                // Its backends follow etcd, not the file.
+                Ok(_) if v.etcd_prefix.is_some() => {}
+                Ok(index) => {
+                    let before = self.vips[index].members.clone();
+                    self.reload_vip(index, v, now, &mut notes);
+                    added.extend(
+                        self.vips[index]
+                            .members
+                            .iter()
+                            .filter(|id| !before.contains(id)),
+                    );
+                }
+                Err(_) => match self.add_vip(v, config.ops.lifecycle_for(v.health.as_ref()), now) {
+                    Ok((vip_id, ids)) => {
+                        info!(vip = %v.vip, vip_id, "reload added VIP {} (id {vip_id})", v.vip);
+                        added.extend(ids);
+                    }
+                    Err(e) => notes.push(format!("VIP {} not added: {e}", v.vip)),
+                },
             }
-            let Ok(index) = self.vip_index(&v.vip) else {
-                continue;
-            };
-            self.reload_vip(index, v, now, &mut notes);
         }
-        for fv in &self.vips {
-            if !config.vips.iter().any(|v| v.vip == fv.addr) {
-                notes.push(format!(
-                    "VIP {} left the config but stays until a restart",
-                    fv.addr
-                ));
-            }
-        }
-        notes
+        (notes, added)
     }
 
     fn reload_vip(&mut self, index: usize, v: &VipConfig, now: Nanos, notes: &mut Vec<String>) {
@@ -705,10 +849,102 @@ mod tests {
         )
         .unwrap();
         let now = Nanos(2 * SEC);
-        assert!(f.reload(&config, now).is_empty());
+        assert!(f.reload(&config, now).0.is_empty());
         let s = f.selection(0, now + Duration::from_secs(20));
         assert_eq!(s.slots, [0, 1, 4]);
         assert_eq!(s.weights[0], 300);
+    }
+
+    fn vip_config(vip: &str, backends: &[&str]) -> Config {
+        let mut argv = vec!["lb-user", "--iface", "eth0", "--vip", vip];
+        for b in backends {
+            argv.extend(["--backend", b]);
+        }
+        Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn vip_ids_come_from_a_free_list_and_a_removed_vip_is_reused_only_once_drained() {
+        let (mut f, vip0) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        let params = f.vips[0].params;
+        let b = vip_config("10.0.0.101:80", &["10.0.0.31:80", "10.0.0.32:80"]);
+        let (id_b, ids_b) = f.add_vip(&b.vips[0], params, now).unwrap();
+        assert_eq!((id_b, ids_b.clone()), (1, vec![4, 5]));
+        assert_eq!(
+            f.add_vip(&b.vips[0], params, now),
+            Err(FleetError::VipExists("10.0.0.101:80/tcp".into()))
+        );
+        // Removing VIP 0 keeps its id and its backends' ids while they drain.
+        assert_eq!(f.remove_vip(&vip0, now), Ok(0));
+        let s = f.selection(0, now);
+        assert!(s.slots.is_empty(), "a removed VIP selects nothing");
+        assert!(
+            s.states.iter().all(|&(_, st)| st != BACKEND_ACTIVE),
+            "{s:?}"
+        );
+        assert_eq!(f.vip_index(&vip0), Err(FleetError::NoVip(vip0.to_string())));
+        let again = vip_config("10.0.0.100:80", &["10.0.0.21:80"]);
+        assert_eq!(
+            f.add_vip(&again.vips[0], params, now),
+            Err(FleetError::VipDraining("10.0.0.100:80/tcp".into()))
+        );
+        let c = vip_config("10.0.0.102:80", &["10.0.0.41:80"]);
+        let (id_c, ids_c) = f.add_vip(&c.vips[0], params, now).unwrap();
+        assert_eq!((id_c, ids_c), (2, vec![6]), "id 0 still drains");
+        // Backend 1 of VIP 0 still has a flow: nothing of VIP 0 is freed.
+        let mut live = vec![0u64; 8];
+        live[1] = 1;
+        assert_eq!(f.free_drained(&live), vec![0, 2, 3]);
+        assert!(f.free_drained_vips().is_empty());
+        assert_eq!(f.free_vip_id(), Some(3));
+        // Its last flow ends: the VIP is dropped, members renumbered.
+        assert_eq!(f.free_drained(&[0; 8]), vec![1]);
+        assert_eq!(f.free_drained_vips(), vec![(0, 0)]);
+        assert_eq!(f.free_vip_id(), Some(0));
+        assert_eq!(f.member(4).unwrap().vip, 0);
+        assert_eq!(f.vips[f.member(6).unwrap().vip].addr, c.vips[0].vip);
+        let (id_d, ids_d) = f.add_vip(&again.vips[0], params, now).unwrap();
+        assert_eq!((id_d, ids_d), (0, vec![0]));
+    }
+
+    #[test]
+    fn reload_adds_and_removes_whole_vips() {
+        let (mut f, vip0) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        let config = vip_config("10.0.0.101:80", &["10.0.0.31:80", "10.0.0.32:80"]);
+        let (notes, added) = f.reload(&config, now);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(added, [4, 5]);
+        assert!(f.vips[0].removed && f.vips[0].addr == vip0);
+        let index = f.vip_index(&config.vips[0].vip).unwrap();
+        assert_eq!(f.vips[index].meta.vip_id, 1);
+        // A full id space refuses the VIP and changes nothing.
+        let many: Vec<String> = (0..MAX_BACKENDS_PER_VIP)
+            .map(|i| format!("10.1.{}.{}:80", i / 250, i % 250 + 1))
+            .collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let mut big = vip_config("10.0.0.101:80", &["10.0.0.31:80", "10.0.0.32:80"]);
+        big.vips.extend(vip_config("10.0.0.103:80", &refs).vips);
+        let vips = f.vips.len();
+        f.members.resize(MAX_BACKENDS as usize - 10, None);
+        for m in f.members.iter_mut().skip(6) {
+            *m = Some(Member {
+                addr: "10.9.9.9:1".parse().unwrap(),
+                vip: 0,
+                life: Lifecycle::new(0, 1, now),
+                outlier: Detector::default(),
+            });
+        }
+        let (notes, added) = f.reload(&big, now);
+        assert!(added.is_empty());
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("no free backend id"), "{notes:?}");
+        assert_eq!(f.vips.len(), vips);
     }
 
     impl std::ops::Add<Duration> for Nanos {

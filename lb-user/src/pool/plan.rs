@@ -87,13 +87,30 @@ impl Ids {
     }
 }
 
-fn vip_key(v: &VipConfig) -> VipKey {
+/// The VIPS key of `v`.
+pub fn vip_key(v: &VipConfig) -> VipKey {
     let (addr, family) = wire::ip_to_words(v.vip.addr.ip());
     VipKey {
         addr,
         port: wire::port_to_wire(v.vip.addr.port()),
         proto: v.vip.protocol.ip_proto(),
         family,
+    }
+}
+
+/// The VIPS value of `v` under id `vip_id`.
+pub fn vip_meta(v: &VipConfig, vip_id: u32, backend_count: u32) -> VipMeta {
+    VipMeta {
+        vip_id,
+        backend_count,
+        algorithm: v.algorithm as u8,
+        inflight_bias: v.inflight_bias,
+        flags: if v.maglev_source_affinity {
+            VIP_F_SOURCE_AFFINITY
+        } else {
+            0
+        },
+        _pad: 0,
     }
 }
 
@@ -194,18 +211,7 @@ impl Plan {
             }
             vips.push(PlannedVip {
                 key: keys[i],
-                meta: VipMeta {
-                    vip_id: vip_id[i],
-                    backend_count: chosen[i].len() as u32,
-                    algorithm: v.algorithm as u8,
-                    inflight_bias: v.inflight_bias,
-                    flags: if v.maglev_source_affinity {
-                        VIP_F_SOURCE_AFFINITY
-                    } else {
-                        0
-                    },
-                    _pad: 0,
-                },
+                meta: vip_meta(v, vip_id[i], chosen[i].len() as u32),
                 slots: chosen[i].clone(),
                 maglev_table: maglev_table[i],
             });

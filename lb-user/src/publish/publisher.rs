@@ -172,6 +172,18 @@ impl Publisher {
                 Some(SlotBackend::new(id, backend, weight))
             })
             .collect();
+        if vip.removed {
+            // Unknown to the kernel from now on: new connections are passed
+            // on as for any other address; established flows are found in
+            // the flow table before the VIP is looked up, and finish.
+            match self.vips.remove(&vip.key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(e).context("removing a VIP from VIPS"),
+            }
+            self.times.record(started);
+            self.last[index] = Some((selection.clone(), values));
+            return Ok(());
+        }
         self.tables.write(
             vip.meta.vip_id,
             vip.meta.algorithm,
@@ -186,6 +198,16 @@ impl Publisher {
         self.times.record(started);
         self.last[index] = Some((selection.clone(), values));
         Ok(())
+    }
+
+    /// Forgets a removed VIP that had index `index` and id `vip_id` once
+    /// it is freed (later VIPs move down one index); its Maglev table
+    /// becomes a spare.
+    pub fn forget_vip(&mut self, index: usize, vip_id: u32) {
+        if index < self.last.len() {
+            self.last.remove(index);
+        }
+        self.tables.release(vip_id);
     }
 
     /// Clears the BACKENDS entry of a freed id.

@@ -14,6 +14,7 @@ use lb_common::{
     Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, VipTables,
     WRR_SCHEDULE_LEN,
 };
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::{
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix},
@@ -21,19 +22,31 @@ use crate::{
     settings::faults::{self, Fault},
 };
 
-/// Count, total and worst time of map updates (for metrics).
-#[derive(Clone, Copy, Debug, Default)]
+/// Durations of map updates (for metrics): a histogram, and the worst.
+#[derive(Clone, Debug)]
 pub struct UpdateTimes {
-    pub count: u64,
-    pub sum_seconds: f64,
+    pub histogram: Histogram,
     pub max_seconds: f64,
+}
+
+/// Histogram buckets of control-plane durations: 10 µs × 4ⁿ, to about 2.6 s.
+pub fn duration_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(1e-5, 4.0, 10)
+}
+
+impl Default for UpdateTimes {
+    fn default() -> Self {
+        Self {
+            histogram: Histogram::new(duration_buckets()),
+            max_seconds: 0.0,
+        }
+    }
 }
 
 impl UpdateTimes {
     pub fn record(&mut self, started: Instant) {
         let s = started.elapsed().as_secs_f64();
-        self.count += 1;
-        self.sum_seconds += s;
+        self.histogram.observe(s);
         self.max_seconds = self.max_seconds.max(s);
     }
 }
@@ -119,7 +132,9 @@ impl TableWriter {
         if let Some(planned) = maglev_table
             && !set.maglev.is_empty()
         {
-            let current = *self.current.entry(vip_id).or_insert(planned);
+            // A VIP added at runtime takes a table no VIP uses.
+            let fresh = spare_table(&self.current).unwrap_or(planned);
+            let current = *self.current.entry(vip_id).or_insert(fresh);
             let table = spare_table(&self.current).unwrap_or_else(|| {
                 self.maglev_in_place += 1;
                 current
@@ -141,6 +156,11 @@ impl TableWriter {
         self.descriptors
             .set(vip_id, descriptor, 0)
             .context("writing VIP_TABLES")
+    }
+
+    /// Frees the Maglev table of VIP `vip_id` (removed and drained).
+    pub fn release(&mut self, vip_id: u32) {
+        self.current.remove(&vip_id);
     }
 
     /// The Maglev table VIP `vip_id` uses now.

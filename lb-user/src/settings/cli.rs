@@ -39,6 +39,71 @@ pub enum Command {
     Backend(BackendArgs),
     /// Register a backend in etcd under a lease until SIGTERM (the sidecar).
     Register(RegisterArgs),
+    /// Add or remove a whole VIP of a running instance (kept across
+    /// restarts in the state file).
+    Vip(VipArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VipArgs {
+    #[arg(value_enum)]
+    pub action: VipCommand,
+    /// The instance to talk to (default: the only one running).
+    #[arg(long)]
+    pub instance: Option<String>,
+    #[arg(long, value_name = "IP:PORT[/PROTO]")]
+    pub vip: VipAddr,
+    /// A backend of the new VIP (add: at least one; repeat it).
+    #[arg(long = "backend", value_name = "IP:PORT[@WEIGHT]")]
+    pub backends: Vec<BackendAddr>,
+    /// Algorithm of the new VIP (default p2c-ewma).
+    #[arg(long, value_name = "NAME", value_parser = parse_algorithm)]
+    pub algorithm: Option<Algorithm>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VipCommand {
+    Add,
+    Remove,
+}
+
+/// A control-socket command, as sent on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ControlCommand {
+    Add,
+    Remove,
+    Weight,
+    Drain,
+    Undrain,
+    VipAdd,
+    VipRemove,
+}
+
+impl ControlCommand {
+    /// The backend command this is, if it is one.
+    pub fn backend(self) -> Option<BackendCommand> {
+        Some(match self {
+            Self::Add => BackendCommand::Add,
+            Self::Remove => BackendCommand::Remove,
+            Self::Weight => BackendCommand::Weight,
+            Self::Drain => BackendCommand::Drain,
+            Self::Undrain => BackendCommand::Undrain,
+            Self::VipAdd | Self::VipRemove => return None,
+        })
+    }
+}
+
+impl From<BackendCommand> for ControlCommand {
+    fn from(c: BackendCommand) -> Self {
+        match c {
+            BackendCommand::Add => Self::Add,
+            BackendCommand::Remove => Self::Remove,
+            BackendCommand::Weight => Self::Weight,
+            BackendCommand::Drain => Self::Drain,
+            BackendCommand::Undrain => Self::Undrain,
+        }
+    }
 }
 
 #[derive(Debug, Args)]

@@ -486,7 +486,7 @@ impl Config {
         Ok(())
     }
 
-    fn validate_vips(&self) -> Result<(), ConfigError> {
+    pub fn validate_vips(&self) -> Result<(), ConfigError> {
         if self.vips.is_empty() {
             return Err(ConfigError::NoVip);
         }

@@ -10,6 +10,13 @@
 //! backend: an edit of the backend in the file since then wins, and the
 //! entry is dropped.
 //!
+//! Whole VIPs added or removed at runtime (`lb-user vip add|remove`) are
+//! kept the same way in `vips`: the VIP as added (algorithm and backends,
+//! which later `backend add|remove|weight` commands on it update), or
+//! null for a VIP removed at runtime, with the configuration's own
+//! definition of that VIP when the change was made. A VIP the file has
+//! since defined differently (added, edited or dropped) is the file's.
+//!
 //! The file is written whole (temporary file, fsync, rename, fsync of the
 //! directory), so it is the old or the new state, never half of one. One
 //! that cannot be parsed stops the start with one error line naming it (a
@@ -26,7 +33,8 @@ use serde::{Deserialize, Serialize};
 use crate::settings::{
     ConfigError,
     addr::{BackendAddr, VipAddr, Weight},
-    config::Config,
+    algorithm::parse_algorithm,
+    config::{Config, VipConfig},
 };
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
@@ -64,12 +72,80 @@ pub struct Entry {
     pub config: Option<String>,
 }
 
+/// A VIP added at runtime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddedVip {
+    pub algorithm: String,
+    /// `IP:PORT@WEIGHT`, in order.
+    pub backends: Vec<String>,
+}
+
+/// One whole VIP's runtime difference from the configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipEntry {
+    /// `IP:PORT/PROTO`.
+    pub vip: String,
+    /// The VIP as added at runtime; null: removed at runtime.
+    pub added: Option<AddedVip>,
+    /// The configuration's definition of this VIP when the change was made.
+    pub config: Option<String>,
+}
+
 /// Every runtime difference from the configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeState {
     pub version: u32,
     pub backends: Vec<Entry>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vips: Vec<VipEntry>,
+}
+
+/// The configuration's definition of VIP `vip` (`None`: not there).
+fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
+    let v = config.vips.iter().find(|v| v.vip == *vip)?;
+    let backends: Vec<String> = v.backends.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "{} bias={} affinity={} health={:?} backends={}",
+        v.algorithm.name(),
+        v.inflight_bias,
+        v.maglev_source_affinity,
+        v.health,
+        backends.join(",")
+    ))
+}
+
+impl AddedVip {
+    pub fn of(v: &VipConfig) -> Self {
+        Self {
+            algorithm: v.algorithm.name().to_string(),
+            backends: v.backends.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// The VIP `vip` this stands for (no health check, default bias).
+    pub fn config(&self, vip: VipAddr) -> Result<VipConfig, String> {
+        let algorithm = parse_algorithm(&self.algorithm)?;
+        let backends = self
+            .backends
+            .iter()
+            .map(|b| {
+                b.parse::<BackendAddr>()
+                    .map_err(|e| format!("backend '{b}': {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(VipConfig {
+            vip,
+            algorithm,
+            inflight_bias: lb_common::DEFAULT_INFLIGHT_BIAS,
+            maglev_source_affinity: false,
+            backends,
+            health: None,
+            etcd_prefix: None,
+        })
+    }
 }
 
 /// A runtime change, as [`RuntimeState::record`] keeps it.
@@ -104,6 +180,17 @@ impl RuntimeState {
         let state: Self = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
         if state.version != VERSION {
             return Err(unreadable(format!("unknown version {}", state.version)));
+        }
+        for e in &state.vips {
+            let vip = e
+                .vip
+                .parse::<VipAddr>()
+                .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
+            if let Some(added) = &e.added {
+                added
+                    .config(vip)
+                    .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
+            }
         }
         for e in &state.backends {
             e.vip
@@ -143,6 +230,37 @@ impl RuntimeState {
         let base = config.clone();
         let mut drains = Vec::new();
         let mut notes = Vec::new();
+        self.vips.retain(|e| {
+            let Ok(vip) = e.vip.parse::<VipAddr>() else {
+                return false;
+            };
+            let now = vip_fingerprint(&base, &vip);
+            if now != e.config {
+                notes.push(format!(
+                    "VIP {vip}: the configuration changed since it was {} at runtime; the configuration wins",
+                    if e.added.is_some() { "added" } else { "removed" }
+                ));
+                return false;
+            }
+            let at = config.vips.iter().position(|v| v.vip == vip);
+            match (&e.added, at) {
+                (Some(added), at) => match added.config(vip) {
+                    Ok(v) => match at {
+                        Some(i) => config.vips[i] = v,
+                        None => config.vips.push(v),
+                    },
+                    Err(err) => {
+                        notes.push(format!("VIP {vip}: {err}"));
+                        return false;
+                    }
+                },
+                (None, Some(i)) if config.vips.len() > 1 => {
+                    config.vips.remove(i);
+                }
+                (None, _) => {}
+            }
+            true
+        });
         self.backends.retain(|e| {
             let (Ok(vip), Ok(addr)) = (
                 e.vip.parse::<VipAddr>(),
@@ -188,6 +306,37 @@ impl RuntimeState {
         (drains, notes)
     }
 
+    /// Records VIP `v` added at runtime (`config`: the configuration as
+    /// read, without this state); replaces what was kept of that VIP.
+    pub fn record_vip_added(&mut self, config: &Config, v: &VipConfig) {
+        let text = v.vip.to_string();
+        self.vips.retain(|e| e.vip != text);
+        self.backends.retain(|e| e.vip != text);
+        self.vips.push(VipEntry {
+            vip: text,
+            added: Some(AddedVip::of(v)),
+            config: vip_fingerprint(config, &v.vip),
+        });
+        self.version = VERSION;
+    }
+
+    /// Records VIP `vip` removed at runtime: forgets a VIP added at
+    /// runtime, or keeps a configured one removed.
+    pub fn record_vip_removed(&mut self, config: &Config, vip: &VipAddr) {
+        let text = vip.to_string();
+        self.vips.retain(|e| e.vip != text);
+        self.backends.retain(|e| e.vip != text);
+        let configured = vip_fingerprint(config, vip);
+        if configured.is_some() {
+            self.vips.push(VipEntry {
+                vip: text,
+                added: None,
+                config: configured,
+            });
+        }
+        self.version = VERSION;
+    }
+
     /// Records `change` of `backend` in `vip`; `config` is the
     /// configuration as read (without this state). An entry that no longer
     /// differs from the configuration is dropped.
@@ -199,6 +348,46 @@ impl RuntimeState {
         change: Change,
     ) {
         let vip_text = vip.to_string();
+        self.version = VERSION;
+        // A VIP added at runtime keeps its backends in its own entry.
+        if let Some(added) = self
+            .vips
+            .iter_mut()
+            .find(|e| e.vip == vip_text)
+            .and_then(|e| e.added.as_mut())
+        {
+            let at = added
+                .backends
+                .iter()
+                .position(|b| b.parse::<BackendAddr>().is_ok_and(|b| b.addr == backend));
+            match (change, at) {
+                (Change::Add(w), None) => {
+                    added.backends.push(
+                        BackendAddr {
+                            addr: backend,
+                            weight: w,
+                        }
+                        .to_string(),
+                    );
+                    return;
+                }
+                (Change::Add(w) | Change::Weight(w), Some(i)) => {
+                    added.backends[i] = BackendAddr {
+                        addr: backend,
+                        weight: w,
+                    }
+                    .to_string();
+                    return;
+                }
+                (Change::Remove, Some(i)) if added.backends.len() > 1 => {
+                    added.backends.remove(i);
+                    self.backends
+                        .retain(|e| !(e.vip == vip_text && e.backend == backend.to_string()));
+                    return;
+                }
+                _ => {}
+            }
+        }
         let backend_text = backend.to_string();
         let configured = fingerprint(config, vip, backend);
         let at = self
@@ -273,6 +462,84 @@ mod tests {
 
     fn backends(c: &Config) -> Vec<String> {
         c.vips[0].backends.iter().map(|b| b.to_string()).collect()
+    }
+
+    #[test]
+    fn vips_added_and_removed_at_runtime_are_laid_over_until_the_file_defines_them() {
+        let base = config(&["10.0.0.21:80", "10.0.0.22:80"]);
+        let mut state = RuntimeState::default();
+        let added = AddedVip {
+            algorithm: "maglev".into(),
+            backends: vec!["10.0.0.31:80@1".into(), "10.0.0.32:80@2".into()],
+        };
+        let new_vip: VipAddr = "10.0.0.101:80".parse().unwrap();
+        let v = added.config(new_vip).unwrap();
+        state.record_vip_added(&base, &v);
+        // Backend commands on a runtime VIP change its own entry.
+        state.record(
+            &base,
+            &new_vip,
+            addr("10.0.0.33:80"),
+            Change::Add(Weight::new(4).unwrap()),
+        );
+        state.record(&base, &new_vip, addr("10.0.0.31:80"), Change::Remove);
+        state.record(
+            &base,
+            &new_vip,
+            addr("10.0.0.32:80"),
+            Change::Weight(Weight::new(7).unwrap()),
+        );
+        assert!(state.backends.is_empty(), "{:?}", state.backends);
+
+        let dir = std::env::temp_dir().join(format!("lb-state-vips-{}", std::process::id()));
+        let file = path(&dir, "lb-test");
+        state.save(&file).unwrap();
+        let mut read = RuntimeState::load(&file).unwrap().unwrap();
+        assert_eq!(read, state);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let mut effective = base.clone();
+        let (_, notes) = read.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(effective.vips.len(), 2);
+        let v = &effective.vips[1];
+        assert_eq!(v.vip, new_vip);
+        assert_eq!(v.algorithm, lb_common::Algorithm::Maglev);
+        let got: Vec<String> = v.backends.iter().map(ToString::to_string).collect();
+        assert_eq!(got, ["10.0.0.32:80@7", "10.0.0.33:80@4"]);
+
+        // The configured VIP removed at runtime stays removed while the
+        // file says the same of it.
+        let old_vip = base.vips[0].vip;
+        state.record_vip_removed(&base, &old_vip);
+        let mut effective = base.clone();
+        state.clone().overlay(&mut effective);
+        assert_eq!(effective.vips.len(), 1);
+        assert_eq!(effective.vips[0].vip, new_vip);
+
+        // The file now defines both: it wins, and the entries go.
+        let mut edited = config(&["10.0.0.21:80", "10.0.0.22:80@3"]);
+        let mut other = edited.vips[0].clone();
+        other.vip = new_vip;
+        other.backends.truncate(1);
+        edited.vips.push(other);
+        let mut effective = edited.clone();
+        let (_, notes) = state.overlay(&mut effective);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(state.vips.is_empty());
+        assert_eq!(effective.vips, edited.vips);
+
+        // Removing a runtime VIP forgets it.
+        let mut state = RuntimeState::default();
+        state.record_vip_added(&base, v);
+        state.record_vip_removed(&base, &new_vip);
+        assert!(state.vips.is_empty());
+        // A broken VIP entry refuses the file.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&file, r#"{"version":1,"backends":[],"vips":[{"vip":"10.0.0.9:80","added":{"algorithm":"nope","backends":[]},"config":null}]}"#).unwrap();
+        let err = RuntimeState::load(&file).unwrap_err().to_string();
+        assert!(err.contains("unknown algorithm 'nope'"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -46,7 +46,7 @@ use tracing::{info, warn};
 
 use crate::{
     kernel::instance::LOCK_DIR,
-    settings::{cli::BackendCommand, ops::ControlGroup},
+    settings::{cli::ControlCommand, ops::ControlGroup},
 };
 
 /// Longest request line accepted (each line, not the connection).
@@ -67,11 +67,19 @@ pub fn socket_path(instance: &str) -> PathBuf {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
-    pub command: BackendCommand,
+    pub command: ControlCommand,
     pub vip: String,
+    /// The backend of a backend command (empty for VIP commands).
+    #[serde(default)]
     pub backend: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// `vip-add`: the new VIP's backends (`IP:PORT@WEIGHT`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<String>,
+    /// `vip-add`: the new VIP's algorithm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
     /// Who sent it (set by the daemon from `SO_PEERCRED`, never read from
     /// the wire).
     #[serde(skip)]
@@ -298,8 +306,10 @@ where
             Ok(mut request) => {
                 request.peer = Some(peer);
                 info!(%peer, command = ?request.command, vip = %request.vip, backend = %request.backend, "control command received");
-                if request.command == BackendCommand::Add {
-                    resolve_first(&request.backend).await;
+                match request.command {
+                    ControlCommand::Add => resolve_first([&request.backend]).await,
+                    ControlCommand::VipAdd => resolve_first(&request.backends).await,
+                    _ => {}
                 }
                 let (tx, rx) = oneshot::channel();
                 if requests.send((request, tx)).await.is_err() {
@@ -323,9 +333,15 @@ where
 
 /// Makes the kernel resolve a new backend's MAC before it can be selected,
 /// so its first flows are not dropped for want of a next hop.
-async fn resolve_first(backend: &str) {
-    if let Ok(b) = backend.parse::<crate::settings::addr::BackendAddr>() {
-        crate::kernel::neighbours::probe(b.addr.ip());
+async fn resolve_first(backends: impl IntoIterator<Item = &String>) {
+    let mut probed = false;
+    for backend in backends {
+        if let Ok(b) = backend.parse::<crate::settings::addr::BackendAddr>() {
+            crate::kernel::neighbours::probe(b.addr.ip());
+            probed = true;
+        }
+    }
+    if probed {
         tokio::time::sleep(crate::kernel::neighbours::STARTUP_RESOLVE_WAIT).await;
     }
 }
@@ -365,10 +381,12 @@ mod tests {
     #[test]
     fn requests_round_trip_and_unknown_fields_are_refused() {
         let r = Request {
-            command: BackendCommand::Weight,
+            command: ControlCommand::Weight,
             vip: "10.0.0.100:80".into(),
             backend: "10.0.0.21:8080".into(),
             weight: Some(3),
+            backends: Vec::new(),
+            algorithm: None,
             peer: None,
         };
         let text = serde_json::to_string(&r).unwrap();

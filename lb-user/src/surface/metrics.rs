@@ -1,16 +1,23 @@
 //! Prometheus metrics on `--metrics-addr` (default 127.0.0.1:9470), in the
-//! text exposition format 0.0.4, at `GET /metrics`.
+//! OpenMetrics text format (the `prometheus-client` crate's encoder), at
+//! `GET /metrics`.
 //!
 //! The values are snapshots: kernel counters read from the maps and the
 //! control plane's own state, taken by the event loop when a scrape
-//! arrives. That makes a registry of live metric objects unnecessary, so
-//! the exposition is written directly (a dozen families, no dependency).
-//! Names follow Prometheus conventions: `lb_` prefix, `_total` counters,
+//! arrives, and encoded by a `prometheus-client` collector; durations
+//! (map updates, score ticks) are the crate's histograms, observed as they
+//! happen. Names follow Prometheus conventions: `lb_` prefix, `_total` counters,
 //! base units (`_seconds`, `_bytes`). The reference is in the README.
 
-use std::{fmt::Write as _, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, MetricEncoder},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge, histogram::Histogram},
+    registry::Registry,
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -31,7 +38,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 16;
 /// Pause after a failed accept (e.g. out of file descriptors).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One backend's values.
 #[derive(Clone, Debug, Default)]
@@ -64,6 +71,8 @@ pub struct Snapshot {
     pub events_received: u64,
     pub publish_times: UpdateTimes,
     pub score_times: UpdateTimes,
+    /// Whole score ticks (scores and selections).
+    pub tick_times: UpdateTimes,
     /// VIPs currently in panic mode (serving backends that fail checks).
     pub vips_in_panic: u64,
     pub flows_evicted: u64,
@@ -133,35 +142,111 @@ pub fn parse_stat(text: &str, ticks_per_second: u64, page_size: u64) -> Option<P
     })
 }
 
-/// Writes families in the text format.
-struct Exposition(String);
+/// One sample's value.
+#[derive(Debug)]
+enum Value {
+    Number(f64),
+    Histogram(Histogram),
+}
+
+/// One family as the render functions describe it.
+#[derive(Debug)]
+struct Family {
+    /// The full name (a counter's with its `_total`).
+    name: String,
+    kind: MetricType,
+    help: String,
+    samples: Vec<(Vec<(String, String)>, Value)>,
+}
+
+/// The families of one scrape, encoded by `prometheus-client` as a
+/// [`Collector`].
+#[derive(Debug, Default)]
+struct Exposition(Vec<Family>);
 
 impl Exposition {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let kind = match kind {
+            "counter" => MetricType::Counter,
+            "histogram" => MetricType::Histogram,
+            _ => MetricType::Gauge,
+        };
+        self.0.push(Family {
+            name: name.to_string(),
+            kind,
+            help: help.to_string(),
+            samples: Vec::new(),
+        });
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.0.push_str(name);
-        if !labels.is_empty() {
-            self.0.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.0.push(',');
-                }
-                let _ = write!(self.0, "{k}=\"{}\"", escape(v));
-            }
-            self.0.push('}');
+    fn push(&mut self, labels: &[(&str, &str)], value: Value) {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), escape(v)))
+            .collect();
+        if let Some(family) = self.0.last_mut() {
+            family.samples.push((labels, value));
         }
-        let _ = writeln!(self.0, " {value}");
+    }
+
+    /// A sample of the family last begun (`name` is that family's).
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        debug_assert_eq!(self.0.last().map(|f| f.name.as_str()), Some(name));
+        self.push(labels, Value::Number(value));
+    }
+
+    fn histogram(&mut self, labels: &[(&str, &str)], histogram: &Histogram) {
+        self.push(labels, Value::Histogram(histogram.clone()));
     }
 }
 
+/// A label value as the text format needs it (the encoder of
+/// `prometheus-client` 0.23 writes label values as they are).
 fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// Encodes one sample; whole numbers as integers.
+fn encode_value(kind: MetricType, value: &Value, encoder: MetricEncoder) -> std::fmt::Result {
+    let whole = |v: f64| (v.fract() == 0.0 && (0.0..9.0e15).contains(&v)).then_some(v as u64);
+    match (value, kind) {
+        (Value::Histogram(h), _) => h.encode(encoder),
+        (Value::Number(v), MetricType::Counter) => match whole(*v) {
+            Some(n) => ConstCounter::new(n).encode(encoder),
+            None => ConstCounter::new(*v).encode(encoder),
+        },
+        (Value::Number(v), _) => match whole(*v) {
+            Some(n) => ConstGauge::new(n as i64).encode(encoder),
+            None => ConstGauge::new(*v).encode(encoder),
+        },
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for f in &self.0 {
+            // The OpenMetrics encoder adds a counter's `_total` itself.
+            let name = match f.kind {
+                MetricType::Counter => f.name.strip_suffix("_total").unwrap_or(&f.name),
+                _ => &f.name,
+            };
+            let mut family = encoder.encode_descriptor(name, &f.help, None, f.kind)?;
+            match f.samples.as_slice() {
+                [(labels, value)] if labels.is_empty() => {
+                    encode_value(f.kind, value, family)?;
+                }
+                samples => {
+                    for (labels, value) in samples {
+                        encode_value(f.kind, value, family.encode_family(labels)?)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A family with one sample per backend: `value` picks the number.
@@ -279,7 +364,7 @@ impl Exposition {
 }
 
 pub fn render(s: &Snapshot) -> String {
-    let mut out = Exposition(String::new());
+    let mut out = Exposition::default();
     out.per_backend(s, &CONNECTION_FAMILIES);
     render_backend_splits(&mut out, s);
     render_kernel_counters(&mut out, s);
@@ -289,7 +374,13 @@ pub fn render(s: &Snapshot) -> String {
         render_discovery(&mut out, d);
     }
     render_process(&mut out, s);
-    out.0
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(out));
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {
+        warn!("metrics: encoding failed: {e}");
+    }
+    text
 }
 
 /// etcd discovery's connection, revision and updates.
@@ -468,24 +559,21 @@ fn render_kernel_counters(out: &mut Exposition, s: &Snapshot) {
 
 /// How long the writes of selections and scores take.
 fn render_map_updates(out: &mut Exposition, s: &Snapshot) {
-    let kinds = [("publish", s.publish_times), ("scores", s.score_times)];
+    let kinds = [("publish", &s.publish_times), ("scores", &s.score_times)];
     out.family(
         "lb_map_update_seconds",
-        "summary",
+        "histogram",
         "Time to write map updates: a VIP's backends and slots (publish) or all scores (scores).",
     );
     for (kind, t) in kinds {
-        out.sample(
-            "lb_map_update_seconds_sum",
-            &[("kind", kind)],
-            t.sum_seconds,
-        );
-        out.sample(
-            "lb_map_update_seconds_count",
-            &[("kind", kind)],
-            t.count as f64,
-        );
+        out.histogram(&[("kind", kind)], &t.histogram);
     }
+    out.family(
+        "lb_score_tick_seconds",
+        "histogram",
+        "Time of one score tick: estimates, scores and every VIP's selection written.",
+    );
+    out.histogram(&[], &s.tick_times.histogram);
     out.family(
         "lb_map_update_max_seconds",
         "gauge",
@@ -644,6 +732,9 @@ mod tests {
             control_errors: vec![("tick", 4), ("health", 0)],
             ..Default::default()
         };
+        s.publish_times.histogram.observe(0.003);
+        s.publish_times.histogram.observe(5.0);
+        s.tick_times.histogram.observe(0.00002);
         let text = render(&s);
         assert!(text.contains(
             "lb_backend_connections_opened_total{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 5\n"
@@ -653,19 +744,42 @@ mod tests {
         assert!(text.contains("lb_backend_effective_weight{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 0.5\n"));
         assert!(text.contains("lb_packets_total{reason=\"drop_snat_exhausted\"} 3\n"));
         assert!(text.contains("lb_ring_buffer_events_lost_total 2\n"));
-        assert!(text.contains("# TYPE lb_map_update_seconds summary\n"));
         assert!(text.contains("lb_control_errors_total{stage=\"tick\"} 4\n"));
+        // OpenMetrics: counters typed by their name without `_total`, a
+        // histogram per map-update kind and one of score ticks, and EOF.
+        assert!(text.contains("# TYPE lb_backend_connections_opened counter\n"));
+        assert!(text.contains("# TYPE lb_map_update_seconds histogram\n"));
+        assert!(text.contains("lb_map_update_seconds_count{kind=\"publish\"} 2\n"));
+        assert!(text.contains("lb_map_update_seconds_sum{kind=\"publish\"} 5.003\n"));
+        assert!(text.contains("lb_map_update_seconds_bucket{le=\"0.00256\",kind=\"publish\"} 0\n"));
+        assert!(text.contains("lb_map_update_seconds_bucket{le=\"0.01024\",kind=\"publish\"} 1\n"));
+        assert!(text.contains("lb_map_update_seconds_bucket{le=\"+Inf\",kind=\"publish\"} 2\n"));
+        assert!(text.contains("lb_map_update_seconds_count{kind=\"scores\"} 0\n"));
+        assert!(text.contains("# TYPE lb_score_tick_seconds histogram\n"));
+        assert!(text.contains("lb_score_tick_seconds_bucket{le=\"0.00004\"} 1\n"));
+        assert!(text.ends_with("# EOF\n"));
         // Every sample belongs to a declared family.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
-            let base = name.trim_end_matches("_sum").trim_end_matches("_count");
+            let base = ["_total", "_sum", "_count", "_bucket"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
             assert!(text.contains(&format!("# TYPE {base} ")), "{line}");
         }
     }
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        let s = Snapshot {
+            backends: vec![BackendMetrics {
+                vip: "a\"b\\c\nd".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("vip=\"a\\\"b\\\\c\\nd\""), "{text}");
     }
 
     #[tokio::test]
