@@ -26,6 +26,15 @@ pub fn write_tables(
 
 /// Maglev table `table` of the instance pinned in `pin_dir`, as backend ids
 /// (read through the control plane's own map opener).
+/// The Maglev table VIP `vip_id` reads now: tables are built aside and
+/// swapped, so its descriptor in VIP_TABLES names the one in use.
+pub fn read_vip_maglev_table(pin_dir: &Path, vip_id: u32) -> anyhow::Result<Vec<u32>> {
+    let tables = lb_user::kernel::maps::vip_tables(pin_dir)?;
+    let descriptor = tables.get(&vip_id, 0)?;
+    anyhow::ensure!(descriptor.has_maglev != 0, "VIP {vip_id} has no Maglev table");
+    read_maglev_table(pin_dir, descriptor.maglev_table)
+}
+
 pub fn read_maglev_table(pin_dir: &Path, table: u32) -> anyhow::Result<Vec<u32>> {
     let map = lb_user::kernel::maps::maglev(pin_dir)?;
     let size = lb_common::MAGLEV_TABLE_SIZE;

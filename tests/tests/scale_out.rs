@@ -18,7 +18,7 @@ use lb_lab::{
         ScaleOut, VipSpec, XdpMode,
     },
     loadgen::{LoadConfig, Protocol},
-    production::read_maglev_table,
+    production::read_vip_maglev_table,
     require_root,
     status::Status,
 };
@@ -183,7 +183,7 @@ fn two_balancers_behind_ecmp_converge_spread_and_the_survivor_serves_on() {
     let table = |name: &str, pins: &std::path::Path| -> Vec<String> {
         let status = status_of(&lab, name).unwrap();
         let vip = status.vip(&lab.tcp_vip().to_string()).unwrap();
-        read_maglev_table(pins, 0)
+        read_vip_maglev_table(pins, 0)
             .unwrap()
             .into_iter()
             .map(|id| {
@@ -194,9 +194,9 @@ fn two_balancers_behind_ecmp_converge_spread_and_the_survivor_serves_on() {
             })
             .collect()
     };
-    // The writer rewrites a Maglev table entry by entry (65,537 map
-    // updates), so a table read right after the weights show can be half
-    // written: compare until both are settled.
+    // The status shows a weight as soon as the fleet has it; the table
+    // built from it is swapped in at the next score tick: compare until
+    // both instances have swapped.
     let compared = Instant::now();
     let differ = loop {
         let (ta, tb) = (
