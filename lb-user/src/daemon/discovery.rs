@@ -5,11 +5,7 @@
 //! end, weights ramped over `--weight-smoothing`), within the removal cap,
 //! and never over an operator's override.
 
-use std::{
-    collections::{HashMap, HashSet},
-    net::SocketAddr,
-    sync::{Arc, atomic::Ordering},
-};
+use std::sync::atomic::Ordering;
 
 use tracing::{info, warn};
 
@@ -17,7 +13,7 @@ use super::runtime::Runtime;
 use crate::{
     discover::{
         plan::{self, Member},
-        watch::{DiscoveryStatus, Update},
+        watch::Update,
     },
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
@@ -28,30 +24,6 @@ use crate::{
     },
     surface::{control::Request, metrics::DiscoveryMetrics},
 };
-
-/// What the runtime keeps of discovery.
-#[derive(Debug, Default)]
-pub struct DiscoveryState {
-    pub max_removal_percent: u32,
-    /// (VIP index, backend) whose weight an operator set: etcd's weight
-    /// waits until `backend undrain` clears it.
-    weight_overrides: HashSet<(usize, SocketAddr)>,
-    /// Zone of each discovered backend (for zone-aware routing).
-    pub zones: HashMap<(usize, SocketAddr), String>,
-    /// Last revision applied per VIP index.
-    pub revisions: HashMap<usize, i64>,
-    /// Shared with the watch tasks (metrics).
-    pub status: Option<Arc<DiscoveryStatus>>,
-}
-
-impl DiscoveryState {
-    pub fn new(max_removal_percent: u32) -> Self {
-        Self {
-            max_removal_percent,
-            ..Self::default()
-        }
-    }
-}
 
 impl Runtime {
     /// What metrics show of discovery (`None` without it).

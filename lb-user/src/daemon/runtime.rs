@@ -58,7 +58,7 @@ pub struct Runtime {
     pub(super) flow_entries: u64,
     pub(super) flow_table_size: u32,
     /// Overrides, zones and revisions of etcd discovery (`discovery.rs`).
-    pub discovery: super::discovery::DiscoveryState,
+    pub discovery: crate::discover::state::DiscoveryState,
     /// Errors the control plane survived, by stage.
     pub errors: ControlErrors,
     /// The runtime changes kept across restarts.
@@ -101,7 +101,7 @@ impl Runtime {
             flows_evicted: 0,
             flow_entries: 0,
             flow_table_size: config.flow_table_size,
-            discovery: super::discovery::DiscoveryState::new(config.discovery.max_removal_percent),
+            discovery: crate::discover::state::DiscoveryState::new(config.discovery.max_removal_percent),
             errors,
             state,
             config_generation: 1,

@@ -11,6 +11,8 @@
 //! - [`etcd`]: connecting with TLS and a user;
 //! - [`watch`]: snapshot at revision R, watch from R+1, reconnect with
 //!   backoff, re-read on compaction; fail static;
+//! - [`state`]: what the running balancer keeps between updates
+//!   (overrides, zones, revisions);
 //! - [`register`]: grant a lease, put the key, keep it alive, follow an
 //!   HTTP check, revoke on SIGTERM.
 //!
@@ -24,5 +26,6 @@ pub mod entry;
 pub mod etcd;
 pub mod plan;
 pub mod register;
+pub mod state;
 pub mod view;
 pub mod watch;

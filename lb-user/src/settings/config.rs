@@ -93,6 +93,9 @@ const MAX_IFACE_NAME: usize = 15;
 const MAX_INSTANCE_NAME: usize = 64;
 const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
+/// Where runtime state files live unless `--state-dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
+
 /// The validated configuration of a running balancer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -408,7 +411,7 @@ impl Config {
             state_dir: args
                 .state_dir
                 .or(file.state_dir)
-                .unwrap_or_else(|| crate::settings::state::DEFAULT_STATE_DIR.into()),
+                .unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
             instance: args
                 .instance
                 .or(file.instance)

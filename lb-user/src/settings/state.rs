@@ -37,7 +37,7 @@ use crate::settings::{
     config::{Config, VipConfig},
 };
 
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
+pub use super::config::DEFAULT_STATE_DIR;
 const VERSION: u32 = 1;
 
 /// The state file of `instance` in `dir`.
