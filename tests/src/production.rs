@@ -31,7 +31,10 @@ pub fn write_tables(
 pub fn read_vip_maglev_table(pin_dir: &Path, vip_id: u32) -> anyhow::Result<Vec<u32>> {
     let tables = lb_user::kernel::maps::vip_tables(pin_dir)?;
     let descriptor = tables.get(&vip_id, 0)?;
-    anyhow::ensure!(descriptor.has_maglev != 0, "VIP {vip_id} has no Maglev table");
+    anyhow::ensure!(
+        descriptor.has_maglev != 0,
+        "VIP {vip_id} has no Maglev table"
+    );
     read_maglev_table(pin_dir, descriptor.maglev_table)
 }
 

@@ -52,18 +52,23 @@ fn put(lab: &Lab, index: usize, weight: u32) {
 
 /// The TCP VIP fed from `PREFIX`, with `extra` flags.
 fn start(lab: &Lab, algorithm: Algorithm, extra: &[&str]) -> ProcessId {
+    lab.start_balancer(&spec(lab, &lab.etcd_url(), algorithm, extra))
+        .unwrap()
+}
+
+/// The balancer of [`start`], reaching etcd at `url`.
+fn spec(lab: &Lab, url: &str, algorithm: Algorithm, extra: &[&str]) -> BalancerSpec {
     let state = lab.log_dir().join("state");
-    let url = lab.etcd_url();
     let mut args = vec![
         "--etcd-endpoints",
-        &url,
+        url,
         "--etcd-prefix",
         PREFIX,
         "--state-dir",
         state.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let spec = BalancerSpec {
+    BalancerSpec {
         vips: vec![VipSpec {
             addr: lab.tcp_vip(),
             protocol: VipProtocol::Tcp,
@@ -72,8 +77,7 @@ fn start(lab: &Lab, algorithm: Algorithm, extra: &[&str]) -> ProcessId {
         algorithm,
         xdp_mode: XdpMode::Native,
         extra_args: args.iter().map(|s| s.to_string()).collect(),
-    };
-    lab.start_balancer(&spec).unwrap()
+    }
 }
 
 fn load(lab: &Lab, rate: f64, seconds: f64) -> LoadConfig {
@@ -942,4 +946,164 @@ fn sighup_keeps_the_backends_etcd_gave() {
     assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
     assert_eq!(configured_weight(&lab, 1), 2.0);
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
+}
+
+/// `put` through etcdctl with `flags` (a user, TLS files) against `url`.
+fn put_with(lab: &Lab, url: &str, flags: &[&str], index: usize, weight: u32) {
+    let addr = lab.backends()[index].addr();
+    lab.etcdctl_with(
+        url,
+        flags,
+        &["put", &format!("{PREFIX}{addr}"), &value(addr, weight)],
+    )
+    .unwrap();
+}
+
+/// Serves two backends put before the start under load, and follows a
+/// third put while the load runs: 0 errors. `put3` puts backend `i`.
+fn serves_and_follows(lab: &Lab, name: &str, what: &str, put3: impl Fn(usize)) {
+    assert_eq!(active(lab), addrs(lab, &[0, 1]));
+    let config = load(lab, 100.0, 5.0);
+    let loadgen = lab.spawn_loadgen(&config).unwrap();
+    thread::sleep(Duration::from_secs(1));
+    put3(2);
+    let took = wait_for(
+        "a backend put under load becomes active",
+        Duration::from_secs(5),
+        || active(lab) == addrs(lab, &[0, 1, 2]),
+    );
+    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
+    report(
+        name,
+        &config,
+        &summary,
+        &format!("{what}; a backend put under load was active {took:?} later"),
+    );
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert!(opened(lab, 2) > 0, "the new backend took connections");
+}
+
+const ROOT_PASSWORD: &str = "lab-Pw-1";
+
+/// etcd with authentication on (user root), the balancer with
+/// `--etcd-user/--etcd-password`. A wrong password is a configuration
+/// error, not an outage: the start fails with one `lb-user: error:` line,
+/// also when a cache of the last known backends exists (see the README).
+#[test]
+fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
+    require_root!();
+    let (lab, _etcd) = lab(3);
+    let url = lab.etcd_url();
+    let root = format!("root:{ROOT_PASSWORD}");
+    lab.etcdctl(&["user", "add", &root]).unwrap();
+    lab.etcdctl(&["auth", "enable"]).unwrap();
+    assert!(
+        lab.etcdctl(&["get", PREFIX, "--prefix"]).is_err(),
+        "authentication is on: no user, no read"
+    );
+    let user = format!("--user={root}");
+    put_with(&lab, &url, &[&user], 0, 1);
+    put_with(&lab, &url, &[&user], 1, 1);
+    let auth = ["--etcd-user", "root", "--etcd-password", ROOT_PASSWORD];
+    let lb = start(&lab, Algorithm::P2cEwma, &auth);
+    serves_and_follows(
+        &lab,
+        "auth",
+        "etcd with authentication, balancer as user root",
+        |i| put_with(&lab, &url, &[&user], i, 1),
+    );
+    // The cache now holds three backends; a wrong password still refuses.
+    lab.stop_balancer(lb, Signal::SIGTERM).unwrap();
+    for (case, flags) in [
+        (
+            "wrong password",
+            &["--etcd-user", "root", "--etcd-password", "wrong"][..],
+        ),
+        ("no user", &[][..]),
+    ] {
+        let error = lab
+            .start_balancer(&spec(&lab, &url, Algorithm::P2cEwma, flags))
+            .map(|_| ())
+            .expect_err(case);
+        let text = format!("{error:#}");
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("lb-user: error:"))
+            .collect();
+        eprintln!("DISCOVERY auth ({case}): {lines:?}");
+        assert_eq!(lines.len(), 1, "{case}: {text}");
+        assert!(
+            lines[0].contains("etcd rejected the balancer") && !text.contains("serving the cached"),
+            "{case}: {text}"
+        );
+    }
+}
+
+/// etcd over https with a throwaway CA; the balancer trusts it with
+/// `--etcd-ca`. Without the CA it cannot connect (and, with no cache yet,
+/// does not start).
+#[test]
+fn etcd_over_tls_serves_and_follows_a_change() {
+    tls_case(false);
+}
+
+/// etcd over https requiring client certificates (`--client-cert-auth`):
+/// the balancer presents one with `--etcd-cert/--etcd-key`; without it, it
+/// cannot connect.
+#[test]
+fn etcd_requiring_client_certificates_serves_with_etcd_cert_and_key() {
+    tls_case(true);
+}
+
+fn tls_case(client_cert_auth: bool) {
+    require_root!();
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let tls = lab.make_etcd_tls().unwrap();
+    lab.start_etcd_tls(&tls, client_cert_auth).unwrap();
+    let url = lab.etcd_tls_url();
+    let ctl = tls.etcdctl_flags();
+    let ctl: Vec<&str> = ctl.iter().map(String::as_str).collect();
+    let ca = tls.ca.display().to_string();
+    let cert = tls.client_cert.display().to_string();
+    let key = tls.client_key.display().to_string();
+    let mut flags = vec!["--etcd-ca", ca.as_str()];
+    // Each refused start: what is missing, and the flags it had.
+    let refused: Vec<(&str, Vec<&str>)> = if client_cert_auth {
+        flags.extend(["--etcd-cert", cert.as_str(), "--etcd-key", key.as_str()]);
+        vec![("no client certificate", vec!["--etcd-ca", ca.as_str()])]
+    } else {
+        vec![("no --etcd-ca", vec![])]
+    };
+    for (case, refused_flags) in &refused {
+        let error = lab
+            .start_balancer(&spec(&lab, &url, Algorithm::P2cEwma, refused_flags))
+            .map(|_| ())
+            .expect_err(case);
+        let text = format!("{error:#}");
+        let line = text
+            .lines()
+            .find(|l| l.contains("lb-user: error:"))
+            .unwrap_or_else(|| panic!("{case}: {text}"));
+        eprintln!("DISCOVERY tls ({case}): {line}");
+        assert!(
+            line.contains("etcd unreachable at startup"),
+            "{case}: {text}"
+        );
+    }
+    put_with(&lab, &url, &ctl, 0, 1);
+    put_with(&lab, &url, &ctl, 1, 1);
+    lab.start_balancer(&spec(&lab, &url, Algorithm::P2cEwma, &flags))
+        .unwrap();
+    let (name, what) = if client_cert_auth {
+        (
+            "tls_client_cert",
+            "etcd over https requiring client certificates; --etcd-ca, --etcd-cert, --etcd-key",
+        )
+    } else {
+        ("tls", "etcd over https; --etcd-ca")
+    };
+    serves_and_follows(&lab, name, what, |i| put_with(&lab, &url, &ctl, i, 1));
 }

@@ -563,13 +563,17 @@ fn full_flow_table_refuses_new_flows_and_evicts_no_live_one() {
     let mut idle = keep_alive(&lab, 4);
     let run = lab.measure(lab.load(200.0, 3.0, 1_000));
     let mut refused = 0.0;
-    wait_for("refused flows to be counted", Duration::from_secs(5), || {
-        refused = metric(
-            &scrape(&lab),
-            "lb_packets_total{reason=\"drop_flow_insert\"}",
-        );
-        refused >= 1.0
-    });
+    wait_for(
+        "refused flows to be counted",
+        Duration::from_secs(5),
+        || {
+            refused = metric(
+                &scrape(&lab),
+                "lb_packets_total{reason=\"drop_flow_insert\"}",
+            );
+            refused >= 1.0
+        },
+    );
     let metrics = scrape(&lab);
     let entries = metric(&metrics, "lb_flow_table_entries");
     let lone = metric(&metrics, "lb_flows_evicted_total");

@@ -7,7 +7,8 @@
 //! - iproute2, ethtool and nftables from Debian's packages for the lab;
 //! - protoc and the protobuf well-known types (protobuf-compiler,
 //!   libprotobuf-dev), which the etcd-client crate's build needs;
-//! - etcd (etcd-server, etcd-client) for the discovery tests.
+//! - etcd (etcd-server, etcd-client) for the discovery tests, and the
+//!   openssl CLI (openssl) that makes their throwaway TLS certificates.
 
 use std::{
     fs,
@@ -27,6 +28,7 @@ const LAB_TOOLS: &[(&str, &str)] = &[
     ("ethtool", "ethtool"),
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
+    ("openssl", "openssl"),
 ];
 /// What etcd-client's build script runs, and the imports its protos need.
 const PROTOC: &str = "protoc";

@@ -59,3 +59,20 @@ pub async fn connect(settings: &EtcdSettings) -> anyhow::Result<Client> {
     .context("connecting to etcd timed out")?
     .context("connecting to etcd")
 }
+
+/// Whether `error` is etcd refusing the client (wrong user or password, no
+/// user while authentication is on, no permission) rather than etcd being
+/// out of reach: the gRPC codes etcd answers those with.
+pub fn is_rejection(error: &anyhow::Error) -> bool {
+    // tonic::Code's values (the gRPC status codes).
+    const INVALID_ARGUMENT: i32 = 3;
+    const PERMISSION_DENIED: i32 = 7;
+    const UNAUTHENTICATED: i32 = 16;
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<etcd_client::Error>(),
+            Some(etcd_client::Error::GRpcStatus(status))
+                if matches!(status.code() as i32, INVALID_ARGUMENT | PERMISSION_DENIED | UNAUTHENTICATED)
+        )
+    })
+}

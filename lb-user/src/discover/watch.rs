@@ -2,7 +2,9 @@
 //!
 //! At startup ([`seed`]) every prefix is read at one revision R and the
 //! VIPs' backends are filled in from it; if etcd cannot be reached, from
-//! the cache of the last known backends. Then one task per VIP
+//! the cache of the last known backends. etcd refusing the balancer's
+//! credentials at startup is a configuration error, not an outage: the
+//! start fails (see [`etcd::is_rejection`]). Then one task per VIP
 //! ([`Watcher::spawn`]) watches from R+1. A broken stream is reconnected
 //! with backoff and resumes from the last revision seen; a compacted
 //! revision makes it read the prefix again and report the new whole set,
@@ -230,7 +232,19 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
                 views.push((i, view, false));
             }
         }
+        Err(e) if etcd::is_rejection(&e) => {
+            // Not an outage: etcd answered and said no. Wrong credentials
+            // never heal by themselves, so starting from the cache would
+            // only hide them behind an ever staler pool.
+            return Err(e.context(
+                "etcd rejected the balancer (check --etcd-user/--etcd-password and the user's \
+                 read permission on the prefix); not starting from the cache",
+            ));
+        }
         Err(e) => {
+            if cached.vips.is_empty() {
+                return Err(e.context("etcd unreachable at startup and no cached backends"));
+            }
             warn!("etcd unreachable at startup, serving the cached backends: {e:#}");
             for &i in &discovered {
                 let v = &config.vips[i];

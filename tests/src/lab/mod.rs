@@ -35,7 +35,7 @@ use anyhow::{Context, Result, bail};
 use nix::sys::signal::Signal;
 
 pub use balancer::{Algorithm, BalancerSpec, Protocol, VipSpec, XdpMode};
-pub use etcd::ETCD_CLIENT_PORT;
+pub use etcd::{ETCD_CLIENT_PORT, EtcdTls};
 pub use names::{PIN_ROOT, owner_pid, sweep_stale};
 pub use netns::in_netns;
 pub use process::ProcessId;
