@@ -101,7 +101,9 @@ impl Runtime {
             flows_evicted: 0,
             flow_entries: 0,
             flow_table_size: config.flow_table_size,
-            discovery: crate::discover::state::DiscoveryState::new(config.discovery.max_removal_percent),
+            discovery: crate::discover::state::DiscoveryState::new(
+                config.discovery.max_removal_percent,
+            ),
             errors,
             state,
             config_generation: 1,
