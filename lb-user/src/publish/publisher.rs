@@ -178,6 +178,9 @@ impl Publisher {
             // the flow table before the VIP is looked up, and finish.
             match self.vips.remove(&vip.key) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                // Deleted by an earlier tick: the kernel says ENOENT.
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(e) => return Err(e).context("removing a VIP from VIPS"),
             }
             self.times.record(started);
