@@ -72,6 +72,19 @@ pub const MAGLEV_TABLE_SIZE: u32 = 65_537;
 /// many VIPs use the `maglev` algorithm.
 pub const MAX_MAGLEV_TABLES: u32 = 8;
 
+/// Zone blocks of one VIP ([`VipZones::zones`]). A VIP whose backends span
+/// more zones keeps the first `MAX_ZONES - 1` in failover order and lumps
+/// the rest into the last block.
+pub const MAX_ZONES: u32 = 8;
+/// [`ZoneBlock::cum_share`] is out of this: the kernel draws 16 random bits.
+pub const ZONE_SHARE_SCALE: u32 = 1 << 16;
+/// Entries of one zone's Maglev table while a Maglev VIP routes by zone:
+/// zone block `i` uses entries `i * ZONE_MAGLEV_SIZE ..` of the VIP's table
+/// (a prime; `MAX_ZONES` of them fit in [`MAGLEV_TABLE_SIZE`]), so up to 81
+/// backends per zone keep Maglev's balance guarantee.
+pub const ZONE_MAGLEV_SIZE: u32 = 8191;
+const _: () = assert!(MAX_ZONES * ZONE_MAGLEV_SIZE <= MAGLEV_TABLE_SIZE);
+
 /// Names of the maps, used by the loader, the pin directory and `status`.
 pub const VIPS_MAP: &str = "VIPS";
 pub const VIP_BACKENDS_MAP: &str = "VIP_BACKENDS";
@@ -100,6 +113,7 @@ pub const BACKEND_SNAT_USED_MAP: &str = "BACKEND_SNAT_USED";
 pub const SWEEP_STATS_MAP: &str = "SWEEP_STATS";
 pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
 pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
+pub const VIP_ZONES_MAP: &str = "VIP_ZONES";
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).
@@ -136,4 +150,5 @@ pub const ALL_MAPS: &[&str] = &[
     SWEEP_STATS_MAP,
     BACKEND_LATENCY_MAP,
     LATENCY_EPOCH_MAP,
+    VIP_ZONES_MAP,
 ];

@@ -130,6 +130,48 @@ pub struct VipTables {
 }
 assert_size!(VipTables, 24);
 
+/// One zone of a zone-aware VIP ([`VipZones::zones`]): a contiguous run
+/// of the VIP's slot block, the share of new connections it gets, and its
+/// own part of the VIP's weight-derived tables. The VIP's algorithm runs
+/// inside the block exactly as it runs over a whole slot block otherwise:
+/// - slots `first_slot .. first_slot + slot_count`;
+/// - weighted random: `VIP_WEIGHT_PREFIX` holds running sums that restart
+///   at `first_slot`;
+/// - smooth WRR: schedule entries `schedule_first .. + schedule_len` of the
+///   VIP's schedule block, holding slot indexes of this block;
+/// - Maglev: entries `index * ZONE_MAGLEV_SIZE ..` of the VIP's table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZoneBlock {
+    pub first_slot: u32,
+    pub slot_count: u32,
+    /// Cumulative share of new connections through this block, out of
+    /// [`crate::ZONE_SHARE_SCALE`]: a draw `r` goes to the first block
+    /// whose `cum_share > r` (the last block takes what is left).
+    pub cum_share: u32,
+    pub schedule_first: u32,
+    pub schedule_len: u32,
+    pub _pad: u32,
+    /// P2C: the median cost of the block's backends (the re-draw bound's
+    /// reference inside the zone; 0 = none).
+    pub reference_cost: u64,
+}
+assert_size!(ZoneBlock, 32);
+
+/// Value of [`crate::VIP_ZONES_MAP`] (a hash keyed by `vip_id`, so an update
+/// replaces the whole value at once and the kernel never reads half of
+/// one). No entry, or `count == 0`: the VIP selects over its whole slot
+/// block (zone-unaware, or the zone panic: no zone qualifies).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipZones {
+    /// Blocks in use (at most [`crate::MAX_ZONES`]).
+    pub count: u32,
+    pub _pad: u32,
+    pub zones: [ZoneBlock; crate::MAX_ZONES as usize],
+}
+assert_size!(VipZones, 8 + 32 * crate::MAX_ZONES as usize);
+
 /// Per-VIP mutable kernel state (array indexed by `vip_id`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -584,4 +626,6 @@ pod!(
     SnatAddr,
     SweepStats,
     LatencyAgg,
+    ZoneBlock,
+    VipZones,
 );

@@ -73,3 +73,7 @@ pub static BACKEND_LATENCY: PerCpuArray<LatencyAgg> =
 /// Written by the control plane at every score tick.
 #[map(name = "LATENCY_EPOCH")]
 pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+/// Zone blocks of zone-aware VIPs, keyed by `vip_id` (a hash, so each
+/// update swaps the whole value). Written by the control plane.
+#[map(name = "VIP_ZONES")]
+pub static VIP_ZONES: HashMap<u32, VipZones> = HashMap::with_max_entries(MAX_VIPS, 0);
