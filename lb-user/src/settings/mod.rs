@@ -18,5 +18,6 @@ pub mod faults;
 pub mod ops;
 pub mod ports;
 pub mod state;
+pub mod zone;
 
 pub use error::{ConfigError, one_line};
