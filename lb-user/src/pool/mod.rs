@@ -11,3 +11,4 @@ pub mod health;
 pub mod lifecycle;
 pub mod outlier;
 pub mod plan;
+pub mod zones;
