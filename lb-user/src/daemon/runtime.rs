@@ -71,6 +71,9 @@ pub struct Runtime {
     /// The zones file `status` reads, and what was last written to it.
     pub(super) zones_path: std::path::PathBuf,
     pub(super) zones_written: Option<crate::surface::status::ZonesFile>,
+    /// A backend's latency counts in zone comparisons while its last sample
+    /// is at most this old (τ: older ones have mostly drifted to cold start).
+    pub(super) zone_sample_age: std::time::Duration,
 }
 
 impl Runtime {
@@ -114,6 +117,7 @@ impl Runtime {
             tick_times: UpdateTimes::default(),
             zones_path: crate::surface::status::zones_path(&config.instance),
             zones_written: None,
+            zone_sample_age: config.ewma_tau,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -188,7 +192,9 @@ impl Runtime {
         for (index, selection) in selections.iter_mut().enumerate() {
             let plan = self
                 .fleet
-                .zone_plan(index, selection, |id| loads.ewma_ns(id, now));
+                .zone_plan(index, selection, |id| {
+                    loads.measured_ewma_ns(id, now, self.zone_sample_age)
+                });
             if let Some(p) = &plan {
                 selection.group_by_zone(p);
             }

@@ -765,7 +765,7 @@ impl Fleet {
         &self,
         index: usize,
         selection: &Selection,
-        ewma_ns: impl Fn(u32) -> u64,
+        ewma_ns: impl Fn(u32) -> Option<u64>,
     ) -> Option<ZonePlan> {
         let vip = &self.vips[index];
         let local = self.zones.local?;
