@@ -9,6 +9,7 @@ use std::{
 };
 
 use super::watch::DiscoveryStatus;
+use crate::settings::zone::ZoneName;
 
 /// What the runtime keeps of discovery.
 #[derive(Debug, Default)]
@@ -17,8 +18,10 @@ pub struct DiscoveryState {
     /// (VIP index, backend) whose weight an operator set: etcd's weight
     /// waits until `backend undrain` clears it.
     pub weight_overrides: HashSet<(usize, SocketAddr)>,
-    /// Zone of each discovered backend (for zone-aware routing).
-    pub zones: HashMap<(usize, SocketAddr), String>,
+    /// Zone of each discovered backend that has one, as etcd last said
+    /// (the zone a configuration re-read gives it, and what a discovery
+    /// update compares to find a backend moved to another zone).
+    pub zones: HashMap<(usize, SocketAddr), ZoneName>,
     /// Last revision applied per VIP index.
     pub revisions: HashMap<usize, i64>,
     /// Shared with the watch tasks (metrics).
