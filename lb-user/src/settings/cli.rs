@@ -203,11 +203,11 @@ pub struct RunArgs {
     pub zone: Option<ZoneName>,
     /// Zone-aware VIPs keep traffic in the local zone while at least this
     /// share of its backends' weight is healthy, 1..=100 (default 70).
-    #[arg(long, value_name = "PERCENT", value_parser = parse_min_healthy)]
+    #[arg(long, value_name = "PERCENT", value_parser = parse_min_healthy, allow_hyphen_values = true)]
     pub zone_min_healthy: Option<f64>,
     /// Avoid the local zone once its backends cost this many times the
     /// best other zone's, at least 1 (default 3).
-    #[arg(long, value_name = "F")]
+    #[arg(long, value_name = "F", allow_hyphen_values = true)]
     pub zone_avoid_factor: Option<f64>,
     /// The other zones in the order traffic spills to them (default: by
     /// cost); comma-separated or repeated; needs --zone.

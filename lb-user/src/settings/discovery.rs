@@ -283,6 +283,8 @@ mod tests {
         let zone = |z: &str| {
             Cmd::try_parse_from([
                 "register",
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
                 "--prefix",
                 "/lb/web/",
                 "--addr",

@@ -644,6 +644,96 @@ mod tests {
     }
 
     #[test]
+    fn a_zone_survives_the_state_file() {
+        let zone = |z: &str| Some(z.parse::<ZoneName>().unwrap());
+        let base = config(&["10.0.0.21:80,zone=a", "10.0.0.22:80"]);
+        let vip = base.vips[0].vip;
+        let mut state = RuntimeState::default();
+        // Added at runtime in zone b; the configured one re-added in its
+        // own zone is no change.
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.23:80"),
+            Change::Add(Weight::new(2).unwrap(), zone("b")),
+        );
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.21:80"),
+            Change::Add(Weight::DEFAULT, zone("a")),
+        );
+        // A configured backend without a zone, re-added in zone c.
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.22:80"),
+            Change::Add(Weight::DEFAULT, zone("c")),
+        );
+        assert_eq!(state.backends.len(), 2, "{:?}", state.backends);
+        // A VIP added at runtime keeps its backends' zones, also across a
+        // weight change.
+        let added = AddedVip {
+            algorithm: "random".into(),
+            backends: vec!["10.0.0.31:80@1,zone=a".into()],
+        };
+        let new_vip: VipAddr = "10.0.0.101:80".parse().unwrap();
+        state.record_vip_added(&base, &added.config(new_vip, &base.zones).unwrap());
+        state.record(
+            &base,
+            &new_vip,
+            addr("10.0.0.31:80"),
+            Change::Weight(Weight::new(3).unwrap()),
+        );
+        state.record(
+            &base,
+            &new_vip,
+            addr("10.0.0.32:80"),
+            Change::Add(Weight::DEFAULT, zone("b")),
+        );
+
+        let dir = std::env::temp_dir().join(format!("lb-state-zones-{}", std::process::id()));
+        let file = path(&dir, "lb-test");
+        state.save(&file).unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(r#""zone": "b""#), "{text}");
+        assert!(text.contains("10.0.0.32:80@1,zone=b"), "{text}");
+        let mut loaded = RuntimeState::load(&file).unwrap().unwrap();
+        assert_eq!(loaded, state);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let mut effective = base.clone();
+        let (_, notes) = loaded.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(
+            backends(&effective),
+            [
+                "10.0.0.21:80@1,zone=a",
+                "10.0.0.22:80@1,zone=c",
+                "10.0.0.23:80@2,zone=b"
+            ]
+        );
+        let got: Vec<String> = effective.vips[1]
+            .backends
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["10.0.0.31:80@3,zone=a", "10.0.0.32:80@1,zone=b"]);
+
+        // The file moves backend 21 to another zone: the file wins there.
+        let edited = config(&["10.0.0.21:80,zone=b", "10.0.0.22:80"]);
+        let mut effective = edited.clone();
+        let (_, notes) = state.clone().overlay(&mut effective);
+        assert!(notes.is_empty(), "entry 21 was never kept: {notes:?}");
+        assert_eq!(effective.vips[0].backends[0].zone, zone("b"));
+        let edited = config(&["10.0.0.21:80", "10.0.0.22:80,zone=d"]);
+        let mut effective = edited.clone();
+        let (_, notes) = state.overlay(&mut effective);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(effective.vips[0].backends[1].zone, zone("d"));
+    }
+
+    #[test]
     fn undoing_a_change_forgets_it() {
         let base = config(&["10.0.0.21:80@2"]);
         let vip = base.vips[0].vip;
