@@ -826,8 +826,6 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     global!(ops.max_new_flows);
     global!(ops.metrics_addr);
     global!(ops.control_group);
-    // Applied at start only, for now (zone-aware routing reads them there).
-    global!(zones);
     for new in &reloaded.vips {
         let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
             continue;
@@ -848,9 +846,6 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
         }
         if old.health != new.health {
             out.push(format!("VIP {} health check", new.vip));
-        }
-        if old.zone_aware != new.zone_aware {
-            out.push(format!("VIP {} zone_aware", new.vip));
         }
     }
     out

@@ -804,8 +804,6 @@ fn a_reload_reports_a_backend_moved_to_another_zone() {
             "VIP 10.0.0.100:80/tcp: added [], removed [], re-weighted [10.0.0.22:8080@2,zone=a], re-zoned [10.0.0.21:8080@1,zone=b, 10.0.0.22:8080@2,zone=a]"
         ]
     );
-    let restart = needs_restart(&running, &reloaded);
-    assert_eq!(restart.len(), 2, "{restart:?}");
-    assert!(restart[0].starts_with("zones ("), "{restart:?}");
-    assert_eq!(restart[1], "VIP 10.0.0.100:80/tcp zone_aware");
+    // The zone settings and zone_aware are the reload's to apply.
+    assert!(needs_restart(&running, &reloaded).is_empty());
 }
