@@ -15,8 +15,8 @@ use core::{
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use lb_common::{
-    BACKEND_ACTIVE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
-    MAX_ZONES, Reason, VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason,
+    BACKEND_ACTIVE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, MAX_ZONES,
+    Reason, VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason,
 };
 
 use crate::{
