@@ -542,8 +542,11 @@ const CASES: &[(&str, fn())] = &[
     ("time_per_new_flow", time_per_new_flow),
 ];
 
+/// A case run once per algorithm.
+type PerAlgorithm = (&'static str, fn(Algorithm));
+
 /// The cases run once per algorithm.
-const PER_ALGORITHM: &[(&str, fn(Algorithm))] = &[
+const PER_ALGORITHM: &[PerAlgorithm] = &[
     (
         "the_local_zone_takes_every_flow",
         the_local_zone_takes_every_flow,
