@@ -15,8 +15,8 @@ use core::{
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use lb_common::{
-    BACKEND_ACTIVE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, MAX_ZONES,
-    Reason, VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason,
+    BACKEND_ACTIVE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, Reason,
+    VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason,
 };
 
 use crate::{
@@ -126,7 +126,9 @@ impl Block {
     ) -> Option<Self> {
         let count = NonZeroU32::new(zone.slot_count)?;
         let end = zone.first_slot.checked_add(zone.slot_count)?;
-        if end > backend_count || end > MAX_BACKENDS_PER_VIP || index >= MAX_ZONES {
+        // `index < MAX_ZONES` by construction ([`super::zones::draw`]); a
+        // wrong one would only misplace a lookup the map bounds-checks.
+        if end > backend_count || end > MAX_BACKENDS_PER_VIP {
             return None;
         }
         let schedule_ok = zone

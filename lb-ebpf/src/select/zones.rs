@@ -9,7 +9,7 @@
 //!   selection over the whole slot block, as for a zone-unaware VIP;
 //! - the drawn block is empty or reaches past the VIP's `backend_count`:
 //!   [`Zoned::Unusable`], and the caller scans the whole slot block.
-use lb_common::{MAX_ZONES, VipMeta, ZONE_SHARE_SCALE};
+use lb_common::{MAX_ZONES, VipMeta, ZONE_SHARE_SCALE, ZoneBlock};
 
 use super::slots::{Block, TablesView};
 use crate::{helpers::random, maps::VIP_ZONES};
@@ -39,23 +39,26 @@ pub fn draw(vip: &VipMeta, tables: &TablesView) -> Zoned {
         return Zoned::Whole;
     }
     let r = random() & (ZONE_SHARE_SCALE - 1);
-    // The last block in use takes what the cumulative shares leave.
-    let mut index = in_use - 1;
+    // The drawn block, copied field by field as the loop goes (so every
+    // exit of the loop leaves the same kind of state for the verifier to
+    // prune, and no pointer into the descriptor outlives it). The last
+    // block in use takes what the cumulative shares leave.
+    let mut index = 0;
+    let mut zone = ZoneBlock::default();
     for i in 0..MAX_ZONES {
         if i >= in_use {
             break;
         }
-        if let Some(zone) = zones.zones.get(i as usize)
-            && r < zone.cum_share
-        {
-            index = i;
+        let Some(z) = zones.zones.get(i as usize) else {
+            break;
+        };
+        zone = *z;
+        index = i;
+        if r < zone.cum_share {
             break;
         }
     }
-    let Some(zone) = zones.zones.get(index as usize) else {
-        return Zoned::Unusable;
-    };
-    match Block::zone(vip.vip_id, vip.backend_count, index, zone, tables) {
+    match Block::zone(vip.vip_id, vip.backend_count, index, &zone, tables) {
         Some(block) => Zoned::Block(block),
         None => Zoned::Unusable,
     }
