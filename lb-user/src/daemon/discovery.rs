@@ -141,6 +141,12 @@ impl Runtime {
                 warn!(vip = %vip, backend = %addr, "discovery: cannot re-weight: {err}");
             }
         }
+        for (addr, zone) in &changes.rezone {
+            if let Err(err) = self.fleet.set_zone(&vip, *addr, *zone) {
+                failed += 1;
+                warn!(vip = %vip, backend = %addr, "discovery: cannot move to another zone: {err}");
+            }
+        }
         for addr in &changes.remove {
             if let Err(err) = self.fleet.set_admin(&vip, *addr, Admin::Removed, now) {
                 failed += 1;

@@ -1085,6 +1085,7 @@ mod tests {
             *m = Some(Member {
                 addr: "10.9.9.9:1".parse().unwrap(),
                 vip: 0,
+                zone: None,
                 life: Lifecycle::new(0, 1, now),
                 outlier: Detector::default(),
             });
