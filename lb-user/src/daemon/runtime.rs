@@ -28,12 +28,12 @@ use crate::{
     ingest::{events::Event, reconcile::Scan},
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
+    pool::zones::ZonePlan,
     pool::{
         fleet::Fleet,
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
-    pool::zones::ZonePlan,
     publish::{tables::median_cost, writers::UpdateTimes},
     settings::{
         addr::{VipAddr, Weight},
@@ -195,11 +195,9 @@ impl Runtime {
             .map(|i| self.fleet.selection(i, now))
             .collect();
         for (index, selection) in selections.iter_mut().enumerate() {
-            let plan = self
-                .fleet
-                .zone_plan(index, selection, |id| {
-                    loads.measured_ewma_ns(id, now, self.zone_sample_age)
-                });
+            let plan = self.fleet.zone_plan(index, selection, |id| {
+                loads.measured_ewma_ns(id, now, self.zone_sample_age)
+            });
             if let Some(p) = &plan {
                 selection.group_by_zone(p);
             }
@@ -322,7 +320,10 @@ impl Runtime {
 /// Each zone block's share and reference cost (the median cost of its
 /// backends), for the blocks that have a selectable backend: what the
 /// kernel's zone descriptor holds besides the slot layout.
-fn zone_shares(plan: Option<&ZonePlan>, scores: &[(u32, lb_common::BackendScore)]) -> Vec<(u32, u64)> {
+fn zone_shares(
+    plan: Option<&ZonePlan>,
+    scores: &[(u32, lb_common::BackendScore)],
+) -> Vec<(u32, u64)> {
     plan.map(|p| {
         p.blocks
             .iter()

@@ -61,7 +61,12 @@ impl Runtime {
     /// ones, its planned share and the connections its backends opened.
     fn zone_metrics(&self) -> Vec<ZoneMetrics> {
         let mut out = Vec::new();
-        for vip in self.fleet.vips.iter().filter(|v| v.zone_aware && !v.removed) {
+        for vip in self
+            .fleet
+            .vips
+            .iter()
+            .filter(|v| v.zone_aware && !v.removed)
+        {
             let Some(plan) = &vip.zone_plan else {
                 continue;
             };

@@ -17,7 +17,12 @@ impl Runtime {
     fn zones_file(&self) -> ZonesFile {
         let mut file = ZonesFile::default();
         let local = self.fleet.zones.local;
-        for vip in self.fleet.vips.iter().filter(|v| v.zone_aware && !v.removed) {
+        for vip in self
+            .fleet
+            .vips
+            .iter()
+            .filter(|v| v.zone_aware && !v.removed)
+        {
             let Some(plan) = &vip.zone_plan else {
                 continue;
             };

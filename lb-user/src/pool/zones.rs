@@ -289,11 +289,7 @@ fn load_share(index: usize, medians: &[u64], groups: &[Group], factor: f64) -> f
     match best_other {
         Some(best) if own > 0 => {
             let ratio = own as f64 / best as f64;
-            if ratio >= factor {
-                factor / ratio
-            } else {
-                1.0
-            }
+            if ratio >= factor { factor / ratio } else { 1.0 }
         }
         _ => 1.0,
     }

@@ -23,8 +23,8 @@ use crate::{
     },
     publish::{
         tables::{SlotBackend, planned_slots},
-        zone_tables::ZoneInput,
         writers::{ScoreWriter, TableWriter, UpdateTimes},
+        zone_tables::ZoneInput,
     },
     settings::faults::{self, Fault},
 };

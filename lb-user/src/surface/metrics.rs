@@ -842,7 +842,11 @@ mod tests {
         assert!(text.contains("lb_control_errors_total{stage=\"tick\"} 4\n"));
         assert!(text.contains("lb_zone_active_backends{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 2\n"));
         assert!(text.contains("lb_zone_share{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 0.5\n"));
-        assert!(text.contains("lb_zone_new_connections_total{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 7\n"));
+        assert!(
+            text.contains(
+                "lb_zone_new_connections_total{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 7\n"
+            )
+        );
         assert!(text.contains("lb_zone_spill{vip=\"10.0.0.100:80/tcp\"} 1\n"));
         assert!(text.contains("lb_zone_panics_total{vip=\"10.0.0.100:80/tcp\"} 3\n"));
         // OpenMetrics: counters typed by their name without `_total`, a

@@ -131,7 +131,11 @@ fn apply_zones(instance_name: &str, vips: &mut [VipStatus]) {
     for v in vips {
         if let Some(z) = file.vips.get(&format!("{}/{}", v.address, v.protocol)) {
             for b in &mut v.backends {
-                b.zone = z.backend_zones.get(&b.address).filter(|z| *z != "-").cloned();
+                b.zone = z
+                    .backend_zones
+                    .get(&b.address)
+                    .filter(|z| *z != "-")
+                    .cloned();
             }
             v.zone_routing = Some(z.clone());
         }
@@ -407,7 +411,15 @@ pub fn render_table(s: &Status) -> String {
             let zones: Vec<String> = z
                 .zones
                 .iter()
-                .map(|b| format!("{} {:.1}% ({}/{} active)", b.zone, b.share * 100.0, b.active, b.backends))
+                .map(|b| {
+                    format!(
+                        "{} {:.1}% ({}/{} active)",
+                        b.zone,
+                        b.share * 100.0,
+                        b.active,
+                        b.backends
+                    )
+                })
                 .collect();
             out += &format!(
                 "  zones: local {}, {}{}: {}\n",
