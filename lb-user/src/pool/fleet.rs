@@ -902,6 +902,67 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// Four backends: .21 and .23 in zone b, .22 and .24 in zone a (the
+    /// balancer's), so grouping by zone must reorder the slots.
+    fn zoned_fleet() -> Fleet {
+        let argv = [
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--zone",
+            "a",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80,zone=b",
+            "--backend",
+            "10.0.0.22:80,zone=a",
+            "--backend",
+            "10.0.0.23:80,zone=b",
+            "--backend",
+            "10.0.0.24:80,zone=a",
+            "--slow-start",
+            "0s",
+        ];
+        let config = Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap();
+        Fleet::new(&config, &Plan::new(&config), Nanos(SEC))
+    }
+
+    #[test]
+    fn a_zone_aware_vip_groups_its_slots_by_zone_local_first() {
+        let mut f = zoned_fleet();
+        let now = Nanos(2 * SEC);
+        let mut s = f.selection(0, now);
+        assert_eq!(s.slots, [0, 1, 2, 3]);
+        let plan = f.zone_plan(0, &s, |_| Some(1_000_000)).unwrap();
+        assert_eq!(plan.spill, Spill::Local);
+        s.group_by_zone(&plan);
+        assert_eq!(s.slots, [1, 3, 0, 2]);
+        assert_eq!(s.zone_blocks, [2, 2]);
+        assert_eq!(s.weights.len(), 4);
+        // One of zone a's two down: 50% < 70%, so zone a keeps 50/70.
+        f.health_result(1, false, now);
+        f.health_result(1, false, now);
+        f.health_result(1, false, now);
+        let s = f.selection(0, now);
+        let plan = f.zone_plan(0, &s, |_| Some(1_000_000)).unwrap();
+        assert_eq!(plan.spill, Spill::Spilling, "{plan:?}");
+        assert_eq!(plan.blocks[0].slots, [3]);
+        // Not zone-aware without the balancer's zone.
+        let (plain, _) = fleet(&[]);
+        let s = Selection {
+            slots: vec![0, 1],
+            weights: vec![100, 100],
+            states: Vec::new(),
+            zone_blocks: Vec::new(),
+        };
+        assert!(plain.zone_plan(0, &s, |_| None).is_none());
+    }
+
     fn refuse(f: &mut Fleet, id: u32, times: u32, now: Nanos) {
         for _ in 0..times {
             f.on_event(Event::Refused { backend: id }, now);
