@@ -126,6 +126,9 @@ pub fn write_plan(
             plan.set_draining(index, *addr);
         }
     }
+    if previous.vips.is_empty() && previous.backends.is_empty() {
+        maps::seed_snat_cursors(pin_dir)?;
+    }
     if !previous.vips.is_empty() {
         info!(
             vips = previous.vips.len(),

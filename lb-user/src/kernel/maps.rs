@@ -17,7 +17,7 @@ use lb_common::{
     SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP, SnatAddr, SweepStats,
 };
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
-use lb_common::{VIP_ZONES_MAP, VipZones};
+use lb_common::{SNAT_CURSORS_MAP, VIP_ZONES_MAP, VipZones};
 
 /// Opens a pinned map as the typed handle `T`.
 pub fn open<T>(pin_dir: &Path, name: &str) -> anyhow::Result<T>
@@ -90,6 +90,35 @@ openers! {
     latency_aggs -> LatencyAggs = BACKEND_LATENCY_MAP;
     latency_epoch -> LatencyEpoch = LATENCY_EPOCH_MAP;
     vip_zones -> VipZonesMap = VIP_ZONES_MAP;
+    snat_cursors -> SnatCursors = SNAT_CURSORS_MAP;
+}
+
+pub type SnatCursors = PerCpuArray<MapData, u64>;
+
+/// Starts every CPU's SNAT cursor of every backend id at a random place in
+/// its slice. Called on a cold start (fresh maps): a previous instance's
+/// tuples are gone from the flow table but may still sit in the backends'
+/// TIME_WAIT, and cursors that all start at 0 would hand out exactly the
+/// tuples it used first, whose SYNs a backend in TIME_WAIT may answer with
+/// an ACK instead of a SYN-ACK (a 1 s SYN retransmit for the client).
+/// Random starts make such a reuse unlikely instead of certain; a
+/// re-adopted instance keeps its cursors and its quarantine.
+pub fn seed_snat_cursors(pin_dir: &Path) -> anyhow::Result<()> {
+    let mut cursors = snat_cursors(pin_dir)?;
+    let cpus = aya::util::nr_cpus()
+        .map_err(|(_, e)| e)
+        .context("counting possible CPUs")?;
+    for id in 0..lb_common::MAX_BACKENDS {
+        let values: Vec<u64> = (0..cpus).map(|_| rand::random::<u64>()).collect();
+        cursors
+            .set(
+                id,
+                aya::maps::PerCpuValues::try_from(values).context("per-CPU values")?,
+                0,
+            )
+            .context("writing SNAT_CURSORS")?;
+    }
+    Ok(())
 }
 
 /// Writes the SNAT pools (each at most [`MAX_SNAT_ADDRS`] addresses, as the
