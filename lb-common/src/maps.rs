@@ -138,8 +138,15 @@ assert_size!(VipTables, 24);
 /// - weighted random: `VIP_WEIGHT_PREFIX` holds running sums that restart
 ///   at `first_slot`;
 /// - smooth WRR: schedule entries `schedule_first .. + schedule_len` of the
-///   VIP's schedule block, holding slot indexes of this block;
+///   VIP's schedule block, holding slot indexes of this block *relative to
+///   `first_slot`* (0 is the block's first slot);
 /// - Maglev: entries `index * ZONE_MAGLEV_SIZE ..` of the VIP's table.
+///
+/// The kernel checks every block it draws: one that is empty or reaches
+/// past the VIP's `backend_count` (or `MAX_BACKENDS_PER_VIP`) is skipped
+/// for a scan of the whole slot block; a schedule run past
+/// `WRR_SCHEDULE_LEN` is ignored (round-robin inside the block). A block
+/// without an in-service backend also falls back to the whole slot block.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ZoneBlock {

@@ -149,7 +149,7 @@ fn register(args: RegisterArgs) -> anyhow::Result<()> {
     let entry = discover::entry::Entry {
         addr: args.addr,
         weight: args.weight,
-        zone: args.zone.clone().filter(|z| !z.is_empty()),
+        zone: args.zone()?,
     };
     init_tracing(&args.log_level);
     let registration = discover::register::Registration {

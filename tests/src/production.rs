@@ -8,7 +8,10 @@ use std::path::Path;
 use lb_user::publish::writers::TableWriter;
 pub use lb_user::{
     EBPF_OBJECT,
-    publish::tables::{SlotBackend, VipTableSet},
+    publish::{
+        tables::{SlotBackend, VipTableSet},
+        zone_tables::{ZoneInput, ZoneTableSet, build as build_zone_tables},
+    },
     settings::algorithm::ALL as ALGORITHMS,
 };
 
@@ -22,6 +25,45 @@ pub fn write_tables(
     slots: &[SlotBackend],
 ) -> anyhow::Result<()> {
     TableWriter::open(pin_dir)?.write(vip_id, algorithm, maglev_table, slots)
+}
+
+/// Writes the zone-aware VIP `vip_id`'s tables for its zone `blocks` (in
+/// failover order) and then its `VIP_ZONES` descriptor, with the control
+/// plane's own writer, through the maps pinned in `pin_dir` (the table maps
+/// and VIP_ZONES).
+pub fn write_zone_tables(
+    pin_dir: &Path,
+    vip_id: u32,
+    algorithm: u8,
+    maglev_table: Option<u32>,
+    blocks: &[ZoneInput],
+) -> anyhow::Result<()> {
+    TableWriter::open(pin_dir)?.write_zoned(vip_id, algorithm, maglev_table, blocks)
+}
+
+/// Removes VIP `vip_id`'s zone descriptor with the control plane's writer
+/// (a VIP without one is no error).
+pub fn clear_zones(pin_dir: &Path, vip_id: u32) -> anyhow::Result<()> {
+    TableWriter::open(pin_dir)?.clear_zones(vip_id)
+}
+
+/// Writes the zone-aware VIP's tables and descriptor like
+/// [`write_zone_tables`], then applies each of `updates` (shares and
+/// reference costs, one per block) with the same writer's
+/// `update_zone_shares`; returns whether each update wrote.
+pub fn write_zone_tables_then_shares(
+    pin_dir: &Path,
+    vip_id: u32,
+    algorithm: u8,
+    blocks: &[ZoneInput],
+    updates: &[(Vec<u32>, Vec<u64>)],
+) -> anyhow::Result<Vec<bool>> {
+    let mut writer = TableWriter::open(pin_dir)?;
+    writer.write_zoned(vip_id, algorithm, Some(0), blocks)?;
+    updates
+        .iter()
+        .map(|(shares, costs)| writer.update_zone_shares(vip_id, shares, costs))
+        .collect()
 }
 
 /// Maglev table `table` of the instance pinned in `pin_dir`, as backend ids

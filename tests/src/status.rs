@@ -33,7 +33,43 @@ pub struct VipStatus {
     /// The etcd revision applied (discovered VIPs only).
     #[serde(default)]
     pub revision: Option<i64>,
+    /// Zone-aware VIPs: the routing the control plane last planned.
+    #[serde(default)]
+    pub zone_routing: Option<ZoneRouting>,
     pub backends: Vec<BackendStatus>,
+}
+
+/// A zone-aware VIP's routing state.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ZoneRouting {
+    #[serde(default)]
+    pub local_zone: String,
+    /// `local`, `spilling` or `panic`.
+    pub spill: String,
+    #[serde(default)]
+    pub reason: String,
+    /// In failover order.
+    pub zones: Vec<ZoneStatus>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ZoneStatus {
+    pub zone: String,
+    pub share: f64,
+    #[serde(default)]
+    pub backends: usize,
+    #[serde(default)]
+    pub active: usize,
+}
+
+impl ZoneRouting {
+    /// The planned share of zone `zone` (0 if it has no block).
+    pub fn share(&self, zone: &str) -> f64 {
+        self.zones
+            .iter()
+            .find(|z| z.zone == zone)
+            .map_or(0.0, |z| z.share)
+    }
 }
 
 /// One backend of a VIP.
@@ -42,6 +78,8 @@ pub struct BackendStatus {
     #[serde(default)]
     pub id: u32,
     pub address: String,
+    #[serde(default)]
+    pub zone: Option<String>,
     #[serde(default)]
     pub weight: f64,
     #[serde(default)]

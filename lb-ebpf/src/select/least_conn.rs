@@ -4,8 +4,9 @@
 //!
 //! The scan runs under `bpf_loop` (kernel ≥ 5.17): the verifier checks the
 //! loop body once instead of once per iteration and path, so the scan can
-//! cover all `MAX_BACKENDS_PER_VIP` slots. The cost is linear in the VIP's
-//! backend count: about 5 map lookups per slot, per new flow.
+//! cover all `MAX_BACKENDS_PER_VIP` slots. The cost is linear in the
+//! block's backend count (the VIP's, or its zone's): about 5 map lookups
+//! per slot, per new flow.
 use core::{ffi::c_void, num::NonZeroU32};
 
 use aya_ebpf::helpers::generated::bpf_loop;
@@ -13,7 +14,7 @@ use lb_common::{MAX_BACKENDS_PER_VIP, Reason, arith::saturating_mul};
 
 use super::{
     load::{inflight, weight},
-    slots::{Chosen, candidate, scan},
+    slots::{Block, Chosen, candidate, scan},
 };
 use crate::helpers::random;
 
@@ -21,8 +22,9 @@ use crate::helpers::random;
 #[repr(C)]
 struct Scan {
     vip_id: u32,
-    count: u32,
-    /// Best slot so far; `u32::MAX` while none is in service.
+    /// The block's first slot (absolute); the loop visits offsets from it.
+    first_slot: u32,
+    /// Best slot so far (absolute); `u32::MAX` while none is in service.
     best_slot: u32,
     /// How many slots share the best ratio (the reservoir size).
     ties: u32,
@@ -32,16 +34,16 @@ struct Scan {
 }
 
 #[inline(always)]
-pub fn select(vip_id: u32, slots: NonZeroU32) -> Result<Chosen, Reason> {
+pub fn select(block: &Block) -> Result<Chosen, Reason> {
     let mut state = Scan {
-        vip_id,
-        count: slots.get(),
+        vip_id: block.vip_id,
+        first_slot: block.first_slot,
         best_slot: u32::MAX,
         ties: 0,
         best_inflight: 0,
         best_weight: 1,
     };
-    let count = slots.get().min(MAX_BACKENDS_PER_VIP);
+    let count = block.count.get().min(MAX_BACKENDS_PER_VIP);
     // SAFETY: `visit` has the callback signature bpf_loop expects and only
     // touches `state`, which outlives the call.
     unsafe {
@@ -52,9 +54,9 @@ pub fn select(vip_id: u32, slots: NonZeroU32) -> Result<Chosen, Reason> {
             0,
         )
     };
-    match candidate(vip_id, state.best_slot) {
+    match candidate(block.vip_id, state.best_slot) {
         Some(chosen) => Ok(chosen),
-        None => scan(vip_id, u64::from(random()), slots),
+        None => scan(block, u64::from(random())),
     }
 }
 
@@ -62,7 +64,7 @@ pub fn select(vip_id: u32, slots: NonZeroU32) -> Result<Chosen, Reason> {
 extern "C" fn visit(slot: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the pointer `select` gave it.
     let state = unsafe { &mut *ctx.cast::<Scan>() };
-    let slot = slot as u32;
+    let slot = state.first_slot.wrapping_add(slot as u32);
     let Some(c) = candidate(state.vip_id, slot) else {
         return 0;
     };

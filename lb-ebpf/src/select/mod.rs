@@ -13,9 +13,12 @@
 //! the deepest stack frame.
 //!
 //! Admission ([`admit`]) caps the new-flow rate; [`select`] dispatches on
-//! the VIP's algorithm over its slot block ([`slots`]). An algorithm whose
-//! table is missing or points at an out-of-service backend falls back to a
-//! scan, so a new flow is never refused while any backend of the VIP can
+//! the VIP's algorithm over a [`slots::Block`]: the VIP's whole slot block,
+//! or, for a zone-aware VIP ([`zones`]), the block of the zone drawn for
+//! the flow. An algorithm whose table is missing or points at an
+//! out-of-service backend falls back to a scan of its block; a zone block
+//! without a backend in service falls back to a scan of the whole slot
+//! block. So a new flow is never refused while any backend of the VIP can
 //! take it.
 mod admit;
 mod least_conn;
@@ -25,6 +28,7 @@ mod p2c;
 mod random;
 mod slots;
 mod wrr;
+mod zones;
 
 use core::num::NonZeroU32;
 
@@ -32,9 +36,15 @@ use lb_common::{
     Algorithm, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_VIPS, Reason, StageResult, Verdict, VipKey,
     VipMeta, reason,
 };
+use slots::{Block, TablesView};
 pub use slots::{Chosen, by_id};
+use zones::Zoned;
 
-use crate::{helpers::now, maps::VIPS, packet::Packet};
+use crate::{
+    helpers::{now, random},
+    maps::VIPS,
+    packet::Packet,
+};
 
 /// The VIP and backend of a new flow: [`pick_backend`]'s payload, 16 bits
 /// each (ids index maps of at most 2^16 entries).
@@ -161,20 +171,37 @@ fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
     let Some(count) = NonZeroU32::new(vip.backend_count) else {
         return Err(reason::DROP_NO_BACKEND);
     };
-    // Unknown values fall back to P2C, the default.
-    match Algorithm::from_u8(vip.algorithm) {
-        Some(Algorithm::RoundRobin) => round_robin(vip.vip_id, count),
-        Some(Algorithm::WeightedRoundRobin) => wrr::select(vip.vip_id, count),
-        Some(Algorithm::Random) => random::select(vip.vip_id, count),
-        Some(Algorithm::LeastConn) => least_conn::select(vip.vip_id, count),
-        Some(Algorithm::Maglev) => maglev::select(vip, count, pkt),
-        _ => p2c::select(vip, count),
+    let tables = TablesView::read(vip.vip_id);
+    let (block, zoned) = match zones::draw(vip, &tables) {
+        Zoned::Whole => (Block::whole(vip.vip_id, count, &tables), false),
+        Zoned::Block(block) => (block, true),
+        Zoned::Unusable => return slots::scan_all(vip.vip_id, count, random()),
+    };
+    match run(&block, vip, pkt) {
+        // The zone has no backend in service (or the scan inside it was
+        // unlucky): any backend of the VIP rather than a refusal.
+        Err(reason::DROP_NO_BACKEND) if zoned => slots::scan_all(vip.vip_id, count, random()),
+        result => result,
     }
 }
 
-/// Round-robin over the slots with a shared atomic cursor.
+/// The VIP's algorithm over `block`.
 #[inline(always)]
-fn round_robin(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let start = slots::next_cursor(vip_id)?;
-    slots::scan(vip_id, start, count)
+fn run(block: &Block, vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
+    // Unknown values fall back to P2C, the default.
+    match Algorithm::from_u8(vip.algorithm) {
+        Some(Algorithm::RoundRobin) => round_robin(block),
+        Some(Algorithm::WeightedRoundRobin) => wrr::select(block),
+        Some(Algorithm::Random) => random::select(block),
+        Some(Algorithm::LeastConn) => least_conn::select(block),
+        Some(Algorithm::Maglev) => maglev::select(block, vip, pkt),
+        _ => p2c::select(block, vip.inflight_bias),
+    }
+}
+
+/// Round-robin over the block's slots with the VIP's shared atomic cursor.
+#[inline(always)]
+fn round_robin(block: &Block) -> Result<Chosen, Reason> {
+    let start = slots::next_cursor(block.vip_id)?;
+    slots::scan(block, start)
 }

@@ -3,50 +3,55 @@
 //! (pure, host-tested); this module feeds it the kernel's inputs: random
 //! slots, the control plane's scores, the live in-flight counts and the
 //! progress timestamps.
-use core::num::NonZeroU32;
-
 use lb_common::{
-    Reason, VipMeta,
+    Reason,
     p2c::{self, Candidate, Load},
     reason,
 };
 
 use super::{
     load::{inflight, score},
-    slots::{Chosen, by_id, candidate, scan, tables},
+    slots::{Block, Chosen, by_id, candidate, scan},
 };
 use crate::{
     helpers::{now, random},
     progress,
 };
 
+/// P2C inside `block`, the re-draw bound from the block's reference cost;
+/// `inflight_bias` is the VIP's (`VipMeta::inflight_bias`).
 #[inline(always)]
-pub fn select(vip: &VipMeta, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let bias = p2c::inflight_bias(vip.inflight_bias);
-    let Some(slots) = p2c::Slots::new(count) else {
-        return candidate(vip.vip_id, 0).ok_or(reason::DROP_NO_BACKEND);
+pub fn select(block: &Block, inflight_bias: u8) -> Result<Chosen, Reason> {
+    let bias = p2c::inflight_bias(inflight_bias);
+    let Some(slots) = p2c::Slots::new(block.count) else {
+        return candidate(block.vip_id, block.first_slot).ok_or(reason::DROP_NO_BACKEND);
     };
     let now = now();
-    let bound = p2c::redraw_bound(tables(vip.vip_id).reference_cost);
+    let bound = p2c::redraw_bound(block.reference_cost);
     // Inlined like the rest of the pick (an outlined closure would be a
     // BPF call taking a pointer to this stack frame).
     let draw_pair = #[inline(always)]
-    || pair(vip.vip_id, slots, bias, now, bound);
+    || pair(block, slots, bias, now, bound);
     let best = p2c::choose(bound, draw_pair);
     // None: every draw hit an out-of-service backend. Scan from a random
     // slot, so a VIP with few backends in service among many is still served.
     match best.and_then(|best| by_id(best.id)) {
         Some(chosen) => Ok(chosen),
-        None => scan(vip.vip_id, u64::from(random()), count),
+        None => scan(block, u64::from(random())),
     }
 }
 
-/// The winner of two distinct random slots, `None` if both are out of service.
+/// The winner of two distinct random slots of `block`, `None` if both are
+/// out of service.
 #[inline(always)]
-fn pair(vip_id: u32, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Option<Candidate> {
+fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Option<Candidate> {
     let (first, second) = slots.gen_pair(random(), random());
-    let a = candidate(vip_id, first).map(|c| scored(c.id, bias, now));
-    let b = candidate(vip_id, second).map(|c| scored(c.id, bias, now));
+    let (first, second) = (
+        block.first_slot.wrapping_add(first),
+        block.first_slot.wrapping_add(second),
+    );
+    let a = candidate(block.vip_id, first).map(|c| scored(c.id, bias, now));
+    let b = candidate(block.vip_id, second).map(|c| scored(c.id, bias, now));
     p2c::winner(a, b, bound)
 }
 

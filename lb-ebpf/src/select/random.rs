@@ -1,11 +1,11 @@
 //! Weighted random: a uniform draw below the total weight, then a binary
 //! search over the running weight sums the control plane wrote for the
-//! VIP's slots. O(log n) per flow, no copy of a backend per unit of weight.
-use core::num::NonZeroU32;
-
+//! block's slots. O(log n) per flow, no copy of a backend per unit of weight.
+//! The sums restart at each block's first slot (a zone's sums count only
+//! its own backends; the whole VIP's block starts at slot 0).
 use lb_common::{MAX_BACKENDS_PER_VIP, Reason};
 
-use super::slots::{Chosen, candidate, scan};
+use super::slots::{Block, Chosen, candidate, scan};
 use crate::{helpers::random, maps::VIP_WEIGHT_PREFIX};
 
 /// Halvings that narrow `MAX_BACKENDS_PER_VIP` (1024) slots down to one.
@@ -13,15 +13,16 @@ const SEARCH_STEPS: u32 = 11;
 const _: () = assert!(1 << (SEARCH_STEPS - 1) >= MAX_BACKENDS_PER_VIP);
 
 #[inline(always)]
-pub fn select(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let total = prefix(vip_id, count.get() - 1);
+pub fn select(block: &Block) -> Result<Chosen, Reason> {
+    let vip_id = block.vip_id;
+    let total = prefix(vip_id, block.last_slot());
     if total == 0 {
         // No sums written (yet): uniform over the slots.
-        return scan(vip_id, u64::from(random()), count);
+        return scan(block, u64::from(random()));
     }
     let target = random() % total;
     // The first slot whose running sum exceeds the target.
-    let (mut lo, mut hi) = (0, count.get() - 1);
+    let (mut lo, mut hi) = (block.first_slot, block.last_slot());
     for _ in 0..SEARCH_STEPS {
         if lo >= hi {
             break;
@@ -35,7 +36,7 @@ pub fn select(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {
     }
     match candidate(vip_id, lo) {
         Some(chosen) => Ok(chosen),
-        None => scan(vip_id, u64::from(lo), count),
+        None => scan(block, u64::from(lo.wrapping_sub(block.first_slot))),
     }
 }
 

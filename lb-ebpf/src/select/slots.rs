@@ -4,9 +4,20 @@
 //! writes next to it (`lb_common::VipTables`). The control plane keeps only
 //! selectable backends in the block; the state check here guards the window
 //! between a backend leaving service and the slots being rewritten.
-use core::num::{NonZeroU32, NonZeroU64};
+//!
+//! An algorithm runs over a [`Block`]: either the whole slot block, or one
+//! zone's contiguous run of it (`lb_common::ZoneBlock`), with that run's
+//! part of the weight-derived tables.
+use core::{
+    ffi::c_void,
+    num::{NonZeroU32, NonZeroU64},
+};
 
-use lb_common::{BACKEND_ACTIVE, Backend, MAX_BACKENDS_PER_VIP, Reason, VipTables, reason};
+use aya_ebpf::helpers::generated::bpf_loop;
+use lb_common::{
+    BACKEND_ACTIVE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, Reason,
+    VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason,
+};
 
 use crate::{
     atomic::fetch_add_u64,
@@ -28,6 +39,133 @@ pub struct Chosen {
     pub port: u16,
 }
 
+/// The run of a VIP's slots an algorithm picks from, and where its part of
+/// the VIP's weight-derived tables lies. Built only by [`Block::whole`] and
+/// [`Block::zone`], which check the invariants the algorithms rely on:
+/// `first_slot + count <= MAX_BACKENDS_PER_VIP`,
+/// `schedule_first + schedule_len <= WRR_SCHEDULE_LEN`, and a Maglev run
+/// inside the VIP's table.
+#[derive(Clone, Copy)]
+pub struct Block {
+    pub vip_id: u32,
+    /// Absolute slot index (in the VIP's slot block) of the block's first slot.
+    pub first_slot: u32,
+    pub count: NonZeroU32,
+    /// Smooth WRR: entries `schedule_first .. + schedule_len` of the VIP's
+    /// schedule block, each a slot index relative to `first_slot`
+    /// (`schedule_len == 0`: no schedule).
+    pub schedule_first: u32,
+    pub schedule_len: u32,
+    /// Maglev: entries `maglev_first .. + maglev_size` of `MAGLEV`
+    /// (`None`: no table).
+    pub maglev_first: u32,
+    pub maglev_size: Option<NonZeroU32>,
+    /// P2C: the re-draw bound's reference (0 = none).
+    pub reference_cost: u64,
+}
+
+/// The fields of the VIP's table descriptor the blocks need (all zero
+/// until the control plane writes one), read through the map reference.
+#[derive(Clone, Copy, Default)]
+pub struct TablesView {
+    pub schedule_len: u32,
+    /// The first entry of the VIP's Maglev table, if it has one.
+    pub maglev_base: Option<u32>,
+    pub reference_cost: u64,
+}
+
+impl TablesView {
+    #[inline(always)]
+    pub fn read(vip_id: u32) -> Self {
+        let Some(t): Option<&VipTables> = VIP_TABLES.get(vip_id) else {
+            return Self::default();
+        };
+        let maglev_base = if t.has_maglev != 0 && t.maglev_table < MAX_MAGLEV_TABLES {
+            Some(t.maglev_table * MAGLEV_TABLE_SIZE)
+        } else {
+            None
+        };
+        Self {
+            schedule_len: t.schedule_len.min(WRR_SCHEDULE_LEN),
+            maglev_base,
+            reference_cost: t.reference_cost,
+        }
+    }
+}
+
+impl Block {
+    /// The whole slot block of a VIP with `count` (≤ `MAX_BACKENDS_PER_VIP`,
+    /// checked by the caller) slots, with the VIP's own tables.
+    #[inline(always)]
+    pub fn whole(vip_id: u32, count: NonZeroU32, tables: &TablesView) -> Self {
+        Self {
+            vip_id,
+            first_slot: 0,
+            count,
+            schedule_first: 0,
+            schedule_len: tables.schedule_len,
+            maglev_first: tables.maglev_base.unwrap_or(0),
+            maglev_size: tables
+                .maglev_base
+                .and_then(|_| NonZeroU32::new(MAGLEV_TABLE_SIZE)),
+            reference_cost: tables.reference_cost,
+        }
+    }
+
+    /// Zone block `index` (`zone`) of a VIP with `backend_count` slots.
+    /// `None` when the block is empty or reaches past the VIP's slots; a
+    /// schedule run outside the VIP's schedule block is ignored (plain
+    /// round-robin inside the block, as with no schedule).
+    #[inline(always)]
+    pub fn zone(
+        vip_id: u32,
+        backend_count: u32,
+        index: u32,
+        zone: &ZoneBlock,
+        tables: &TablesView,
+    ) -> Option<Self> {
+        let count = NonZeroU32::new(zone.slot_count)?;
+        let end = zone.first_slot.checked_add(zone.slot_count)?;
+        // `index < MAX_ZONES` by construction ([`super::zones::draw`]); a
+        // wrong one would only misplace a lookup the map bounds-checks.
+        if end > backend_count || end > MAX_BACKENDS_PER_VIP {
+            return None;
+        }
+        let schedule_ok = zone
+            .schedule_first
+            .checked_add(zone.schedule_len)
+            .is_some_and(|end| end <= WRR_SCHEDULE_LEN);
+        Some(Self {
+            vip_id,
+            first_slot: zone.first_slot,
+            count,
+            schedule_first: if schedule_ok { zone.schedule_first } else { 0 },
+            schedule_len: if schedule_ok { zone.schedule_len } else { 0 },
+            maglev_first: tables
+                .maglev_base
+                .map_or(0, |base| base + index * ZONE_MAGLEV_SIZE),
+            maglev_size: tables
+                .maglev_base
+                .and_then(|_| NonZeroU32::new(ZONE_MAGLEV_SIZE)),
+            reference_cost: zone.reference_cost,
+        })
+    }
+
+    /// The absolute slot of the block's slot `offset % count`.
+    #[inline(always)]
+    pub fn slot(&self, offset: u64) -> u32 {
+        // The remainder is below count ≤ MAX_BACKENDS_PER_VIP: fits a u32.
+        let within = (offset % NonZeroU64::from(self.count)) as u32;
+        self.first_slot.wrapping_add(within)
+    }
+
+    /// The block's last slot (absolute).
+    #[inline(always)]
+    pub fn last_slot(&self) -> u32 {
+        self.first_slot.wrapping_add(self.count.get() - 1)
+    }
+}
+
 /// Advances the VIP's shared cursor (round-robin and weighted round-robin;
 /// a VIP runs one algorithm, so they never share it), returning the old value.
 #[inline(always)]
@@ -39,30 +177,77 @@ pub fn next_cursor(vip_id: u32) -> Result<u64, Reason> {
     Ok(unsafe { fetch_add_u64(&raw mut (*state).rr_cursor, 1) })
 }
 
-/// The VIP's table descriptor (all zero until the control plane writes one).
+/// The first in-service backend of `block` from its slot `start % count`
+/// on, looking at no more than `SCAN_LIMIT` slots.
 #[inline(always)]
-pub fn tables(vip_id: u32) -> VipTables {
-    VIP_TABLES.get(vip_id).copied().unwrap_or_default()
-}
-
-/// The first in-service backend from slot `start % count` on, looking at
-/// no more than `SCAN_LIMIT` slots.
-#[inline(always)]
-pub fn scan(vip_id: u32, start: u64, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let count = NonZeroU64::from(count);
+pub fn scan(block: &Block, start: u64) -> Result<Chosen, Reason> {
     for step in 0..SCAN_LIMIT {
-        // The remainder is below count ≤ MAX_BACKENDS_PER_VIP: fits a u32.
-        let slot = (start.wrapping_add(u64::from(step)) % count) as u32;
-        if let Some(chosen) = candidate(vip_id, slot) {
+        let slot = block.slot(start.wrapping_add(u64::from(step)));
+        if let Some(chosen) = candidate(block.vip_id, slot) {
             return Ok(chosen);
         }
     }
     Err(reason::DROP_NO_BACKEND)
 }
 
+/// The state of [`scan_all`], shared with its `bpf_loop` callback.
+#[repr(C)]
+struct ScanAll {
+    vip_id: u32,
+    count: u32,
+    start: u32,
+    /// The slot found; `u32::MAX` while none.
+    found: u32,
+}
+
+/// The first in-service backend of the VIP's first `count` slots from slot
+/// `start % count` on, wrapping around, looking at every slot if need be
+/// (under `bpf_loop`, so the verifier checks the body once). The zone
+/// fallback: a new flow is never refused while any backend of the VIP can
+/// take it.
+#[inline(always)]
+pub fn scan_all(vip_id: u32, count: NonZeroU32, start: u32) -> Result<Chosen, Reason> {
+    let mut state = ScanAll {
+        vip_id,
+        count: count.get().min(MAX_BACKENDS_PER_VIP),
+        start: start % count,
+        found: u32::MAX,
+    };
+    // SAFETY: `visit_any` has the callback signature bpf_loop expects and
+    // only touches `state`, which outlives the call.
+    unsafe {
+        bpf_loop(
+            state.count,
+            visit_any as *mut c_void,
+            (&raw mut state).cast::<c_void>(),
+            0,
+        )
+    };
+    candidate(vip_id, state.found).ok_or(reason::DROP_NO_BACKEND)
+}
+
+/// One slot of [`scan_all`]; returns 1 to stop at the first in service.
+extern "C" fn visit_any(step: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the pointer `scan_all` gave it.
+    let state = unsafe { &mut *ctx.cast::<ScanAll>() };
+    // start < count and step < count: one subtraction wraps it.
+    let mut slot = state.start.wrapping_add(step as u32);
+    if slot >= state.count {
+        slot = slot.wrapping_sub(state.count);
+    }
+    if candidate(state.vip_id, slot).is_some() {
+        state.found = slot;
+        return 1;
+    }
+    0
+}
+
 /// The backend id in `slot` of the VIP's slot block.
 #[inline(always)]
 fn slot_backend(vip_id: u32, slot: u32) -> Option<u32> {
+    if slot >= MAX_BACKENDS_PER_VIP {
+        return None;
+    }
     let index = vip_id
         .checked_mul(MAX_BACKENDS_PER_VIP)?
         .checked_add(slot)?;

@@ -1,32 +1,36 @@
 //! Smooth weighted round-robin (nginx's): the control plane computes the
-//! whole smooth sequence of slot indexes into the VIP's schedule block, and
-//! the kernel steps a shared atomic cursor over it. No lock, no per-packet
-//! weight arithmetic, and no backend is hit in bursts.
-use core::num::NonZeroU32;
+//! whole smooth sequence of slot indexes into the block's run of the VIP's
+//! schedule block, and the kernel steps a shared atomic cursor over it. No
+//! lock, no per-packet weight arithmetic, and no backend is hit in bursts.
+//! Schedule entries are slot indexes relative to the block's first slot
+//! (for the whole VIP, slot indexes of its slot block).
+use core::num::NonZeroU64;
 
 use lb_common::{Reason, WRR_SCHEDULE_LEN, reason};
 
-use super::slots::{Chosen, candidate, next_cursor, scan, tables};
+use super::slots::{Block, Chosen, candidate, next_cursor, scan};
 use crate::maps::VIP_SCHEDULE;
 
 #[inline(always)]
-pub fn select(vip_id: u32, count: NonZeroU32) -> Result<Chosen, Reason> {
-    let cursor = next_cursor(vip_id)?;
-    let len = tables(vip_id).schedule_len.min(WRR_SCHEDULE_LEN);
-    if len == 0 {
+pub fn select(block: &Block) -> Result<Chosen, Reason> {
+    let cursor = next_cursor(block.vip_id)?;
+    let Some(len) = NonZeroU64::new(u64::from(block.schedule_len)) else {
         // No schedule written (yet): plain round-robin keeps serving.
-        return scan(vip_id, cursor, count);
-    }
-    let step = (cursor % u64::from(len)) as u32;
-    let index = vip_id
+        return scan(block, cursor);
+    };
+    // Below schedule_len ≤ WRR_SCHEDULE_LEN: fits a u32.
+    let step = (cursor % len) as u32;
+    let index = block
+        .vip_id
         .checked_mul(WRR_SCHEDULE_LEN)
-        .and_then(|base| base.checked_add(step))
+        .and_then(|base| base.checked_add(block.schedule_first))
+        .and_then(|first| first.checked_add(step))
         .ok_or(reason::DROP_BAD_CONFIG)?;
     let slot = VIP_SCHEDULE.get(index).copied().unwrap_or(0);
-    if slot < count.get()
-        && let Some(chosen) = candidate(vip_id, slot)
+    if slot < block.count.get()
+        && let Some(chosen) = candidate(block.vip_id, block.first_slot.wrapping_add(slot))
     {
         return Ok(chosen);
     }
-    scan(vip_id, u64::from(slot), count)
+    scan(block, u64::from(slot))
 }

@@ -100,7 +100,9 @@ impl Runtime {
                 .unwrap_or_else(|| lb_common::Algorithm::P2cEwma.name().to_string()),
             backends: request.backends.clone(),
         };
-        let v = added.config(vip).map_err(anyhow::Error::msg)?;
+        let v = added
+            .config(vip, &self.state.base().zones)
+            .map_err(anyhow::Error::msg)?;
         let mut alone = self.state.base().clone();
         alone.vips = vec![v.clone()];
         alone.validate_vips()?;

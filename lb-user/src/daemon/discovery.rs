@@ -82,6 +82,7 @@ impl Runtime {
                 .map(|m| BackendAddr {
                     addr: m.addr,
                     weight: Weight::new(u64::from(m.life.weight())).unwrap_or(Weight::DEFAULT),
+                    zone: self.discovery.zones.get(&(index, m.addr)).copied(),
                 })
                 .collect();
         }
@@ -106,12 +107,13 @@ impl Runtime {
                     .discovery
                     .weight_overrides
                     .contains(&(update.vip, m.addr)),
+                zone: self.discovery.zones.get(&(update.vip, m.addr)).copied(),
             })
             .collect();
         let changes = plan::plan(&pool, &update.wanted, self.discovery.max_removal_percent);
         for e in &update.wanted {
-            match &e.zone {
-                Some(z) => self.discovery.zones.insert((update.vip, e.addr), z.clone()),
+            match e.zone {
+                Some(z) => self.discovery.zones.insert((update.vip, e.addr), z),
                 None => self.discovery.zones.remove(&(update.vip, e.addr)),
             };
         }
@@ -139,6 +141,12 @@ impl Runtime {
                 warn!(vip = %vip, backend = %addr, "discovery: cannot re-weight: {err}");
             }
         }
+        for (addr, zone) in &changes.rezone {
+            if let Err(err) = self.fleet.set_zone(&vip, *addr, *zone) {
+                failed += 1;
+                warn!(vip = %vip, backend = %addr, "discovery: cannot move to another zone: {err}");
+            }
+        }
         for addr in &changes.remove {
             if let Err(err) = self.fleet.set_admin(&vip, *addr, Admin::Removed, now) {
                 failed += 1;
@@ -151,6 +159,7 @@ impl Runtime {
             revision = update.revision,
             added = changes.add.len(),
             reweighted = changes.reweight.len(),
+            rezoned = changes.rezone.len(),
             removed = changes.remove.len(),
             failed,
             "discovery update applied"

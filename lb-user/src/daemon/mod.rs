@@ -14,6 +14,7 @@ pub mod snapshot;
 pub mod startup;
 pub mod state;
 pub mod tasks;
+mod zones;
 
 use anyhow::Context as _;
 use tokio::{
@@ -212,6 +213,7 @@ impl Started<'_> {
         let _ = std::fs::remove_file(crate::surface::status::discovery_path(
             &self.config.instance,
         ));
+        let _ = std::fs::remove_file(crate::surface::status::zones_path(&self.config.instance));
         for (id, tally) in runtime.loads().tallies() {
             info!(backend = id, ?tally, "events seen by this process");
         }

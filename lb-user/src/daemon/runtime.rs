@@ -33,7 +33,8 @@ use crate::{
         health::{CheckResult, HealthChecker},
         plan::Plan,
     },
-    publish::writers::UpdateTimes,
+    pool::zones::ZonePlan,
+    publish::{tables::median_cost, writers::UpdateTimes},
     settings::{
         addr::{VipAddr, Weight},
         config::{self, Config},
@@ -67,6 +68,12 @@ pub struct Runtime {
     pub(super) config_generation: u64,
     /// How long each score tick (scores and selections) takes.
     pub(super) tick_times: UpdateTimes,
+    /// The zones file `status` reads, and what was last written to it.
+    pub(super) zones_path: std::path::PathBuf,
+    pub(super) zones_written: Option<crate::surface::status::ZonesFile>,
+    /// A backend's latency counts in zone comparisons while its last sample
+    /// is at most this old (τ: older ones have mostly drifted to cold start).
+    pub(super) zone_sample_age: std::time::Duration,
 }
 
 impl Runtime {
@@ -108,9 +115,17 @@ impl Runtime {
             state,
             config_generation: 1,
             tick_times: UpdateTimes::default(),
+            zones_path: crate::surface::status::zones_path(&config.instance),
+            zones_written: None,
+            zone_sample_age: config.ewma_tau,
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
+        for v in config.vips.iter().filter(|v| v.etcd_prefix.is_some()) {
+            if let Ok(index) = runtime.fleet.vip_index(&v.vip) {
+                runtime.discovery.seed_zones(index, &v.backends);
+            }
+        }
         runtime
     }
 
@@ -176,9 +191,20 @@ impl Runtime {
         self.take_latency(now)?;
         let loads = &self.loads;
         self.fleet.tick(now, |id| loads.ewma_ns(id, now));
-        let selections: Vec<_> = (0..self.fleet.vips.len())
+        let mut selections: Vec<_> = (0..self.fleet.vips.len())
             .map(|i| self.fleet.selection(i, now))
             .collect();
+        for (index, selection) in selections.iter_mut().enumerate() {
+            let plan = self
+                .fleet
+                .zone_plan(index, selection, |id| {
+                    loads.measured_ewma_ns(id, now, self.zone_sample_age)
+                });
+            if let Some(p) = &plan {
+                selection.group_by_zone(p);
+            }
+            self.fleet.note_zone_plan(index, plan);
+        }
         for s in &selections {
             for (id, w) in s.slots.iter().zip(&s.weights) {
                 self.loads.set_weight(*id, *w, &self.fresh_load);
@@ -197,6 +223,7 @@ impl Runtime {
             vips.map(|(vip, selection)| (vip.meta.vip_id, selection.slots.as_slice())),
         )?;
         for (index, selection) in selections.iter().enumerate() {
+            let zone_shares = zone_shares(self.fleet.vips[index].zone_plan.as_ref(), &fresh);
             let entries: Vec<_> = selection
                 .states
                 .iter()
@@ -207,8 +234,10 @@ impl Runtime {
                 &self.fleet.vips[index],
                 selection,
                 &entries,
+                &zone_shares,
             )?;
         }
+        self.write_zones_file();
         Ok(())
     }
 
@@ -229,7 +258,9 @@ impl Runtime {
             self.checks.remove(&id);
         }
         for (index, vip_id) in self.fleet.free_drained_vips() {
-            self.kernel.publisher.forget_vip(index, vip_id);
+            if let Err(e) = self.kernel.publisher.forget_vip(index, vip_id) {
+                warn!("freed VIP id {vip_id}: {e:#}");
+            }
         }
         self.checker.sync(self.fleet.checks());
         Ok(())
@@ -286,4 +317,18 @@ impl Runtime {
         );
         self.on_tick(now)
     }
+}
+
+/// Each zone block's share and reference cost (the median cost of its
+/// backends), for the blocks that have a selectable backend: what the
+/// kernel's zone descriptor holds besides the slot layout.
+fn zone_shares(plan: Option<&ZonePlan>, scores: &[(u32, lb_common::BackendScore)]) -> Vec<(u32, u64)> {
+    plan.map(|p| {
+        p.blocks
+            .iter()
+            .filter(|b| !b.slots.is_empty())
+            .map(|b| (b.share, median_cost(&b.slots, scores)))
+            .collect()
+    })
+    .unwrap_or_default()
 }

@@ -8,7 +8,9 @@ use super::runtime::Runtime;
 use crate::{
     estimate::WEIGHT_UNITS,
     kernel::clock::Nanos,
-    surface::metrics::{BackendMetrics, ProcessStats, Snapshot},
+    pool::zones::zone_label,
+    settings::zone::ZoneName,
+    surface::metrics::{BackendMetrics, ProcessStats, Snapshot, VipZoneMetrics, ZoneMetrics},
 };
 
 impl Runtime {
@@ -32,6 +34,18 @@ impl Runtime {
             score_times: self.kernel.publisher.scores.times.clone(),
             tick_times: self.tick_times.clone(),
             vips_in_panic: self.fleet.vips.iter().filter(|v| v.panic).count() as u64,
+            zones: self.zone_metrics(),
+            zone_vips: self
+                .fleet
+                .vips
+                .iter()
+                .filter(|v| v.zone_aware && !v.removed)
+                .map(|v| VipZoneMetrics {
+                    vip: v.addr.to_string(),
+                    spill: v.zone_plan.as_ref().map_or(0, |p| p.spill.gauge()),
+                    panics: v.zone_panics,
+                })
+                .collect(),
             flows_evicted: self.flows_evicted,
             flow_entries: self.flow_entries,
             flow_table_size: u64::from(self.flow_table_size),
@@ -41,6 +55,50 @@ impl Runtime {
             score_syscalls: self.kernel.publisher.scores.syscalls,
             process: ProcessStats::read(),
         }
+    }
+
+    /// Every zone of every zone-aware VIP: its members, the selectable
+    /// ones, its planned share and the connections its backends opened.
+    fn zone_metrics(&self) -> Vec<ZoneMetrics> {
+        let mut out = Vec::new();
+        for vip in self.fleet.vips.iter().filter(|v| v.zone_aware && !v.removed) {
+            let Some(plan) = &vip.zone_plan else {
+                continue;
+            };
+            let members: Vec<(u32, Option<ZoneName>)> = vip
+                .members
+                .iter()
+                .filter_map(|&id| Some((id, self.fleet.member(id)?.zone)))
+                .collect();
+            let mut zones: Vec<Option<ZoneName>> = members.iter().map(|(_, z)| *z).collect();
+            zones.sort();
+            zones.dedup();
+            for zone in zones {
+                let block = plan.blocks.iter().find(|b| b.zones.contains(&zone));
+                let ids: Vec<u32> = members
+                    .iter()
+                    .filter(|(_, z)| *z == zone)
+                    .map(|(id, _)| *id)
+                    .collect();
+                out.push(ZoneMetrics {
+                    vip: vip.addr.to_string(),
+                    zone: zone_label(zone),
+                    backends: ids.len() as u64,
+                    active: block.map_or(0, |b| {
+                        ids.iter().filter(|id| b.slots.contains(id)).count() as u64
+                    }),
+                    // A lumped block's share is the block's, shown on each of its zones.
+                    share: block.map_or(0.0, |b| {
+                        f64::from(b.share) / f64::from(lb_common::ZONE_SHARE_SCALE)
+                    }),
+                    new_connections: ids
+                        .iter()
+                        .map(|&id| self.kernel.counters.backend(id).conns.opened)
+                        .sum(),
+                });
+            }
+        }
+        out
     }
 
     fn backend_metrics(&self, now: Nanos) -> Vec<BackendMetrics> {

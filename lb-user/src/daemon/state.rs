@@ -111,7 +111,7 @@ impl StateKeeper {
             return;
         };
         let change = match command {
-            BackendCommand::Add => Change::Add(backend.weight),
+            BackendCommand::Add => Change::Add(backend.weight, backend.zone),
             BackendCommand::Remove => Change::Remove,
             BackendCommand::Drain => Change::Drain,
             BackendCommand::Undrain => Change::Undrain,

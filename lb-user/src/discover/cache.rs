@@ -84,7 +84,7 @@ mod tests {
                 backends: vec![Entry {
                     addr: "10.0.0.21:80".parse().unwrap(),
                     weight: 2,
-                    zone: Some("a".into()),
+                    zone: Some("a".parse().unwrap()),
                 }],
             },
         );

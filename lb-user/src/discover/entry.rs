@@ -1,22 +1,36 @@
 //! One discovery key's value: `{"addr":"IP:PORT","weight":N,"zone":"NAME"}`.
-//! `weight` is 1..=65535 and defaults to 1, `zone` is optional, unknown
-//! fields are ignored. A value that does not parse is reported as one line
+//! `weight` is 1..=65535 and defaults to 1, `zone` is optional (a zone name
+//! as `--zone` takes it; empty means none), unknown fields are ignored. A value that does not parse is reported as one line
 //! (the caller skips the key and counts it).
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::settings::addr::{BackendAddr, Weight};
+use crate::settings::{
+    addr::{BackendAddr, Weight},
+    zone::{MAX_ZONE_NAME, ZoneName, ZoneNameError},
+};
 
 /// A discovered backend.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub addr: SocketAddr,
     pub weight: u32,
-    /// Kept in the model for zone-aware routing; not used for selection yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
+    /// The backend's zone, for zone-aware routing.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_zone"
+    )]
+    pub zone: Option<ZoneName>,
+}
+
+/// A zone read back from the cache: one that is not a valid name any more
+/// (a cache written before names were checked) is dropped rather than
+/// refusing the whole cache.
+fn lenient_zone<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ZoneName>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.and_then(|z| z.parse().ok()))
 }
 
 impl Entry {
@@ -24,6 +38,7 @@ impl Entry {
         BackendAddr {
             addr: self.addr,
             weight: Weight::new(u64::from(self.weight)).unwrap_or(Weight::DEFAULT),
+            zone: self.zone,
         }
     }
 }
@@ -57,12 +72,15 @@ pub fn parse(value: &[u8], ipv6: bool) -> Result<Entry, String> {
         },
         Some(other) => return Err(format!("weight {other} is not a number")),
     };
-    let zone = match raw.zone {
-        Some(z) if z.len() > 64 || z.chars().any(|c| c.is_control()) => {
-            return Err("zone must be at most 64 printable characters".to_string());
-        }
-        Some(z) if z.is_empty() => None,
-        z => z,
+    let zone = match raw.zone.as_deref() {
+        None | Some("") => None,
+        Some(z) => Some(z.parse::<ZoneName>().map_err(|e| match e {
+            // Not the whole (possibly huge) value in a log line.
+            ZoneNameError::TooLong(_) => {
+                format!("zone is longer than {MAX_ZONE_NAME} characters")
+            }
+            e => format!("invalid zone: {e}"),
+        })?),
     };
     Ok(Entry { addr, weight, zone })
 }
@@ -81,12 +99,50 @@ mod tests {
         assert_eq!(e.weight, 1);
         assert_eq!(e.zone, None);
         let e = ok(r#"{"addr":"10.0.0.21:8080","weight":7,"zone":"a","owner":"x","n":{"k":1}}"#);
-        assert_eq!((e.weight, e.zone.as_deref()), (7, Some("a")));
+        assert_eq!(
+            (e.weight, e.zone.map(|z| z.to_string())),
+            (7, Some("a".into()))
+        );
         assert_eq!(
             ok(r#"{"addr":"10.0.0.21:80","weight":65535}"#).weight,
             65535
         );
         assert_eq!(e.backend().weight.get(), 7);
+        assert_eq!(e.backend().zone, e.zone);
+        assert_eq!(e.backend().to_string(), "10.0.0.21:8080@7,zone=a");
+        assert_eq!(ok(r#"{"addr":"10.0.0.21:8080","zone":""}"#).zone, None);
+        assert_eq!(ok(r#"{"addr":"10.0.0.21:8080","zone":null}"#).zone, None);
+    }
+
+    #[test]
+    fn a_bad_zone_rejects_the_value() {
+        for (zone, why) in [
+            ("a b", "may only use"),
+            ("eu/1", "may only use"),
+            ("a\\u0001", "may only use"),
+            (&"z".repeat(64), "zone is longer than 63 characters"),
+        ] {
+            let value = format!(r#"{{"addr":"10.0.0.21:8080","zone":"{zone}"}}"#);
+            let err = parse(value.as_bytes(), false).unwrap_err();
+            assert!(err.contains(why), "{zone:?}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let err = parse(br#"{"addr":"10.0.0.21:80","zone":7}"#, false).unwrap_err();
+        assert!(err.starts_with("value is not valid"), "{err}");
+    }
+
+    #[test]
+    fn the_cache_form_round_trips_and_drops_a_zone_no_longer_valid() {
+        let e = ok(r#"{"addr":"10.0.0.21:8080","weight":2,"zone":"eu-1"}"#);
+        let text = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            text,
+            r#"{"addr":"10.0.0.21:8080","weight":2,"zone":"eu-1"}"#
+        );
+        assert_eq!(serde_json::from_str::<Entry>(&text).unwrap(), e);
+        let old: Entry =
+            serde_json::from_str(r#"{"addr":"10.0.0.21:8080","weight":2,"zone":"eu 1"}"#).unwrap();
+        assert_eq!(old.zone, None);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!   one: a deleted prefix, or a half-written one, cannot empty a pool.
 //!   The rest is deferred; the next update (or the periodic re-apply)
 //!   removes the next share.
+//! - **Zones.** A backend is known by its address: a new zone for one in
+//!   the pool is a change of it (`rezone`), like a new weight.
 //! - **Operator overrides.** A backend whose weight an operator set keeps
 //!   that weight until the override is cleared; a drained backend stays
 //!   drained (an update never undrains). Removing one still applies: a
@@ -14,6 +16,7 @@
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use super::entry::Entry;
+use crate::settings::zone::ZoneName;
 
 /// A member of the running pool, as the plan needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +28,8 @@ pub struct Member {
     pub removed: bool,
     /// An operator set its weight; etcd's weight waits.
     pub weight_overridden: bool,
+    /// The zone the pool has for it.
+    pub zone: Option<ZoneName>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,6 +38,8 @@ pub struct Changes {
     pub add: Vec<Entry>,
     /// (address, new weight).
     pub reweight: Vec<(SocketAddr, u32)>,
+    /// (address, new zone) of members whose zone changed.
+    pub rezone: Vec<(SocketAddr, Option<ZoneName>)>,
     pub remove: Vec<SocketAddr>,
     /// Removals held back by the cap.
     pub deferred: usize,
@@ -40,7 +47,10 @@ pub struct Changes {
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.add.is_empty() && self.reweight.is_empty() && self.remove.is_empty()
+        self.add.is_empty()
+            && self.reweight.is_empty()
+            && self.rezone.is_empty()
+            && self.remove.is_empty()
     }
 }
 
@@ -54,12 +64,15 @@ pub fn plan(pool: &[Member], wanted: &[Entry], max_removal_percent: u32) -> Chan
     let wanted_by: BTreeMap<SocketAddr, &Entry> = wanted.iter().map(|e| (e.addr, e)).collect();
     let mut changes = Changes::default();
     for (addr, e) in &wanted_by {
-        match live.get(addr) {
-            None => changes.add.push((*e).clone()),
-            Some(m) if m.weight != e.weight && !m.weight_overridden => {
-                changes.reweight.push((*addr, e.weight));
-            }
-            Some(_) => {}
+        let Some(m) = live.get(addr) else {
+            changes.add.push((*e).clone());
+            continue;
+        };
+        if m.weight != e.weight && !m.weight_overridden {
+            changes.reweight.push((*addr, e.weight));
+        }
+        if m.zone != e.zone {
+            changes.rezone.push((*addr, e.zone));
         }
     }
     let gone: Vec<SocketAddr> = live
@@ -90,6 +103,7 @@ mod tests {
             weight,
             removed: false,
             weight_overridden: false,
+            zone: None,
         }
     }
 
@@ -118,6 +132,28 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn a_new_zone_is_a_change_of_the_member_and_a_new_member_brings_its_zone() {
+        let z = |n: &str| Some(n.parse::<ZoneName>().unwrap());
+        let mut in_a = member(1, 1);
+        in_a.zone = z("a");
+        let mut to_b = entry(1, 1);
+        to_b.zone = z("b");
+        let mut new = entry(2, 1);
+        new.zone = z("a");
+        let c = plan(&[in_a.clone()], &[to_b, new.clone()], 50);
+        assert_eq!(c.rezone, [(addr(1), z("b"))]);
+        assert_eq!(c.add, [new.clone()]);
+        assert_eq!(c.add[0].backend().zone, z("a"));
+        assert!(c.reweight.is_empty());
+        // Losing its zone is a change too; the same zone is none.
+        let c = plan(&[in_a.clone()], &[entry(1, 1)], 50);
+        assert_eq!(c.rezone, [(addr(1), None)]);
+        let mut same = entry(1, 1);
+        same.zone = z("a");
+        assert!(plan(&[in_a], &[same], 50).is_empty());
     }
 
     #[test]

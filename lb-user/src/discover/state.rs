@@ -9,6 +9,7 @@ use std::{
 };
 
 use super::watch::DiscoveryStatus;
+use crate::settings::{addr::BackendAddr, zone::ZoneName};
 
 /// What the runtime keeps of discovery.
 #[derive(Debug, Default)]
@@ -17,8 +18,10 @@ pub struct DiscoveryState {
     /// (VIP index, backend) whose weight an operator set: etcd's weight
     /// waits until `backend undrain` clears it.
     pub weight_overrides: HashSet<(usize, SocketAddr)>,
-    /// Zone of each discovered backend (for zone-aware routing).
-    pub zones: HashMap<(usize, SocketAddr), String>,
+    /// Zone of each discovered backend that has one, as etcd last said
+    /// (the zone a configuration re-read gives it, and what a discovery
+    /// update compares to find a backend moved to another zone).
+    pub zones: HashMap<(usize, SocketAddr), ZoneName>,
     /// Last revision applied per VIP index.
     pub revisions: HashMap<usize, i64>,
     /// Shared with the watch tasks (metrics).
@@ -31,5 +34,38 @@ impl DiscoveryState {
             max_removal_percent,
             ..Self::default()
         }
+    }
+
+    /// Takes the zones of VIP `vip`'s backends as discovery gave them at
+    /// start (`seed` put them in the configuration), so that a reload and
+    /// the first update see them.
+    pub fn seed_zones(&mut self, vip: usize, backends: &[BackendAddr]) {
+        self.zones.retain(|(v, _), _| *v != vip);
+        for b in backends {
+            if let Some(zone) = b.zone {
+                self.zones.insert((vip, b.addr), zone);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_zones_replace_the_vips_own() {
+        let mut state = DiscoveryState::new(50);
+        let b = |t: &str| t.parse::<BackendAddr>().unwrap();
+        state.seed_zones(0, &[b("10.0.0.21:80,zone=a"), b("10.0.0.22:80")]);
+        state.seed_zones(1, &[b("10.0.0.31:80,zone=b")]);
+        state.seed_zones(0, &[b("10.0.0.23:80,zone=c")]);
+        let mut got: Vec<String> = state
+            .zones
+            .iter()
+            .map(|((v, a), z)| format!("{v} {a} {z}"))
+            .collect();
+        got.sort();
+        assert_eq!(got, ["0 10.0.0.23:80 c", "1 10.0.0.31:80 b"]);
     }
 }

@@ -149,6 +149,15 @@ impl LoadTable {
             .map_or(0, |l| l.ewma.estimate_ns(now).round() as u64)
     }
 
+    /// The estimate of backend `id` if a sample arrived within `max_age`
+    /// (an idle backend's estimate drifts to the cold-start guess, which
+    /// says nothing about how it would do).
+    pub fn measured_ewma_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
+        let load = self.loads.get(id as usize)?;
+        let last = load.ewma.last_sample()?;
+        (now.since(last) <= max_age).then(|| load.ewma.estimate_ns(now).round() as u64)
+    }
+
     /// `(backend id, score)` for every backend.
     pub fn scores(&self, now: Nanos) -> impl Iterator<Item = (u32, BackendScore)> + '_ {
         self.loads

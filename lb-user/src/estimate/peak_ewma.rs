@@ -22,6 +22,8 @@ pub struct PeakEwma {
     updated: Nanos,
     tau_ns: f64,
     cold_start_ns: f64,
+    /// When the last sample arrived (`None`: never).
+    last_sample: Option<Nanos>,
 }
 
 impl PeakEwma {
@@ -32,7 +34,13 @@ impl PeakEwma {
             updated: now,
             tau_ns: tau.as_nanos() as f64,
             cold_start_ns: cold_start.as_nanos() as f64,
+            last_sample: None,
         }
+    }
+
+    /// When the last sample arrived, if ever.
+    pub fn last_sample(&self) -> Option<Nanos> {
+        self.last_sample
     }
 
     /// `exp(-Δt/τ)` for the time since the last sample.
@@ -50,6 +58,7 @@ impl PeakEwma {
             self.estimate_ns = self.estimate_ns * w + sample_ns * (1.0 - w);
         }
         self.updated = self.updated.max(now);
+        self.last_sample = Some(self.last_sample.map_or(now, |t| t.max(now)));
     }
 
     /// The estimate at `now`, including the idle drift towards cold start.

@@ -17,6 +17,7 @@ use lb_common::{
     SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP, SnatAddr, SweepStats,
 };
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
+use lb_common::{VIP_ZONES_MAP, VipZones};
 
 /// Opens a pinned map as the typed handle `T`.
 pub fn open<T>(pin_dir: &Path, name: &str) -> anyhow::Result<T>
@@ -52,6 +53,7 @@ pub type SnatUsed = Array<MapData, u64>;
 pub type SweepStatsMap = Array<MapData, SweepStats>;
 pub type LatencyAggs = PerCpuArray<MapData, LatencyAgg>;
 pub type LatencyEpoch = Array<MapData, u64>;
+pub type VipZonesMap = HashMap<MapData, u32, VipZones>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -87,6 +89,7 @@ openers! {
     sweep_stats -> SweepStatsMap = SWEEP_STATS_MAP;
     latency_aggs -> LatencyAggs = BACKEND_LATENCY_MAP;
     latency_epoch -> LatencyEpoch = LATENCY_EPOCH_MAP;
+    vip_zones -> VipZonesMap = VIP_ZONES_MAP;
 }
 
 /// Writes the SNAT pools (each at most [`MAX_SNAT_ADDRS`] addresses, as the

@@ -28,9 +28,11 @@ use crate::{
     pool::lifecycle::{Admin, Lifecycle, State},
     pool::outlier::{Detector, Finding, ejection_cap, latency_outliers},
     pool::plan::{Plan, vip_key, vip_meta},
+    pool::zones::{self, Spill, ZoneMember, ZonePlan},
     settings::addr::{BackendAddr, VipAddr},
     settings::config::{Config, VipConfig},
     settings::ops::{HealthCheck, LifecycleParams, OutlierParams},
+    settings::zone::{ZoneName, ZoneSettings},
 };
 
 /// A runtime change that cannot be applied, as the operator sees it.
@@ -62,6 +64,8 @@ pub enum FleetError {
 pub struct Member {
     pub addr: SocketAddr,
     pub vip: usize,
+    /// The backend's zone (`None`: no zone).
+    pub zone: Option<ZoneName>,
     pub life: Lifecycle,
     pub outlier: Detector,
 }
@@ -84,6 +88,13 @@ pub struct FleetVip {
     /// like any unknown address) while its flows drain; its id and its
     /// backends' ids are freed once no flow is left.
     pub removed: bool,
+    /// Routes by zone (`pool::zones`): the VIP asks for it and the
+    /// balancer has a zone.
+    pub zone_aware: bool,
+    /// The zone plan of the last tick (zone-aware VIPs).
+    pub zone_plan: Option<ZonePlan>,
+    /// Times the VIP entered the zone panic.
+    pub zone_panics: u64,
 }
 
 /// Steps a ramp (slow start, weight smoothing) takes on a VIP whose
@@ -116,6 +127,38 @@ pub struct Selection {
     pub weights: Vec<u32>,
     /// `(id, kernel state)` of every member.
     pub states: Vec<(u32, u8)>,
+    /// Zone-aware VIPs routing by zone: the number of slots of each zone
+    /// block, in block order (the slots are grouped by block). Empty: the
+    /// VIP selects over all its slots.
+    pub zone_blocks: Vec<u32>,
+}
+
+impl Selection {
+    /// Groups the slots by the blocks of `plan` (blocks without a
+    /// selectable backend are left out: they get no share).
+    pub fn group_by_zone(&mut self, plan: &ZonePlan) {
+        let mut slots = Vec::with_capacity(self.slots.len());
+        let mut weights = Vec::with_capacity(self.weights.len());
+        let mut blocks = Vec::new();
+        for block in plan.blocks.iter().filter(|b| !b.slots.is_empty()) {
+            for id in &block.slots {
+                if let Some(i) = self.slots.iter().position(|s| s == id) {
+                    slots.push(self.slots[i]);
+                    weights.push(self.weights[i]);
+                }
+            }
+            blocks.push(block.slots.len() as u32);
+        }
+        if slots.len() != self.slots.len() {
+            // Every selectable backend is in exactly one block; anything
+            // else is a planning bug, and the whole VIP is the safe answer.
+            warn!("zone plan does not cover the selection: routing over all backends");
+            return;
+        }
+        self.slots = slots;
+        self.weights = weights;
+        self.zone_blocks = blocks;
+    }
 }
 
 #[derive(Debug)]
@@ -123,6 +166,8 @@ pub struct Fleet {
     pub vips: Vec<FleetVip>,
     /// Indexed by backend id.
     pub members: Vec<Option<Member>>,
+    /// The balancer's zone and the zone-aware routing settings.
+    pub zones: ZoneSettings,
     outlier: OutlierParams,
     max_ejection_percent: u32,
 }
@@ -140,6 +185,7 @@ impl Fleet {
                     members[id as usize] = Some(Member {
                         addr: b.addr,
                         vip: index,
+                        zone: b.zone,
                         life: Lifecycle::new(id, b.weight.get(), now),
                         outlier: Detector::default(),
                     });
@@ -154,6 +200,9 @@ impl Fleet {
                     panic: false,
                     maglev_table: p.maglev_table,
                     removed: false,
+                    zone_aware: v.zone_aware && config.zones.local.is_some(),
+                    zone_plan: None,
+                    zone_panics: 0,
                 }
             })
             .collect();
@@ -164,6 +213,7 @@ impl Fleet {
             members[d.id as usize] = Some(Member {
                 addr: d.addr,
                 vip: d.vip,
+                zone: None,
                 life,
                 outlier: Detector::default(),
             });
@@ -173,6 +223,7 @@ impl Fleet {
         Self {
             vips,
             members,
+            zones: config.zones.clone(),
             outlier: config.ops.outlier,
             max_ejection_percent: config.ops.max_ejection_percent,
         }
@@ -254,6 +305,7 @@ impl Fleet {
             }
             m.life.set_weight(backend.weight.get(), now, &params);
             m.life.set_admin(Admin::Active, now, &params);
+            m.zone = backend.zone;
             return Ok(id);
         }
         if self.vips[index].members.len() >= MAX_BACKENDS_PER_VIP as usize {
@@ -270,6 +322,7 @@ impl Fleet {
         self.members[id as usize] = Some(Member {
             addr: backend.addr,
             vip: index,
+            zone: backend.zone,
             life: Lifecycle::added(id, backend.weight.get(), now),
             outlier: Detector::default(),
         });
@@ -327,6 +380,9 @@ impl Fleet {
             panic: false,
             maglev_table,
             removed: false,
+            zone_aware: v.zone_aware && self.zones.local.is_some(),
+            zone_plan: None,
+            zone_panics: 0,
         });
         let mut ids = Vec::with_capacity(v.backends.len());
         for b in &v.backends {
@@ -417,6 +473,21 @@ impl Fleet {
         Ok(id)
     }
 
+    /// Moves `backend` of `vip` to `zone` (a discovery update or a reload).
+    pub fn set_zone(
+        &mut self,
+        vip: &VipAddr,
+        backend: SocketAddr,
+        zone: Option<ZoneName>,
+    ) -> Result<u32, FleetError> {
+        let (id, m, _) = self.find_member_mut(vip, backend)?;
+        if m.zone != zone {
+            info!(backend = id, address = %backend, vip = %vip, from = ?m.zone, to = ?zone, "backend changed zone");
+            m.zone = zone;
+        }
+        Ok(id)
+    }
+
     /// Applies a reloaded configuration: adds, removes and re-weights
     /// the backends of VIPs in both; removes (drains) the VIPs the file no
     /// longer has, then adds the new ones (so a freed id can be reused).
@@ -424,6 +495,10 @@ impl Fleet {
     pub fn reload(&mut self, config: &Config, now: Nanos) -> (Vec<String>, Vec<u32>) {
         let mut notes = Vec::new();
         let mut added = Vec::new();
+        if self.zones != config.zones {
+            info!(zone = ?config.zones.local, "reload changed the zone settings");
+            self.zones = config.zones.clone();
+        }
         let gone: Vec<VipAddr> = self
             .vips
             .iter()
@@ -463,6 +538,11 @@ impl Fleet {
 
     fn reload_vip(&mut self, index: usize, v: &VipConfig, now: Nanos, notes: &mut Vec<String>) {
         let vip = v.vip;
+        let zone_aware = v.zone_aware && self.zones.local.is_some();
+        if self.vips[index].zone_aware != zone_aware {
+            info!(%vip, zone_aware, "reload changed the VIP's zone-aware routing");
+            self.vips[index].zone_aware = zone_aware;
+        }
         for b in &v.backends {
             match self.find(&vip, b.addr) {
                 Ok(id) => {
@@ -472,6 +552,7 @@ impl Fleet {
                     } else if m.life.weight() != b.weight.get() {
                         let _ = self.set_weight(&vip, b.addr, b.weight.get(), now);
                     }
+                    let _ = self.set_zone(&vip, b.addr, b.zone);
                 }
                 Err(_) => {
                     if let Err(e) = self.add(&vip, *b, now) {
@@ -644,6 +725,7 @@ impl Fleet {
             slots: Vec::new(),
             weights: Vec::new(),
             states: Vec::new(),
+            zone_blocks: Vec::new(),
         };
         for (&id, m) in vip
             .members
@@ -673,6 +755,73 @@ impl Fleet {
             self.vips[index].panic = panic;
         }
         out
+    }
+
+    /// The zone plan of zone-aware VIP `index` for its `selection` (see
+    /// [`crate::pool::zones`]); `None` for a VIP that is not zone-aware.
+    /// A VIP in panic mode (no backend passes its checks) is in the zone
+    /// panic too: every backend serves.
+    pub fn zone_plan(
+        &self,
+        index: usize,
+        selection: &Selection,
+        ewma_ns: impl Fn(u32) -> Option<u64>,
+    ) -> Option<ZonePlan> {
+        let vip = &self.vips[index];
+        let local = self.zones.local?;
+        if !vip.zone_aware || vip.removed {
+            return None;
+        }
+        if vip.panic {
+            return Some(ZonePlan {
+                blocks: Vec::new(),
+                spill: Spill::Panic,
+                reason: "no backend passes its checks: every backend serves".to_string(),
+            });
+        }
+        let members: Vec<ZoneMember> = vip
+            .members
+            .iter()
+            .filter_map(|&id| Some((id, self.member(id)?)))
+            .filter(|(_, m)| m.life.admin() != Admin::Removed)
+            .map(|(id, m)| {
+                let slot = selection.slots.iter().position(|&s| s == id);
+                ZoneMember {
+                    id,
+                    zone: m.zone,
+                    selectable: slot.is_some(),
+                    weight: slot.map_or(0, |i| selection.weights[i]),
+                    full_weight: m.life.weight() * WEIGHT_UNITS,
+                    ewma_ns: ewma_ns(id),
+                }
+            })
+            .collect();
+        Some(zones::plan(local, &self.zones, &members))
+    }
+
+    /// Keeps VIP `index`'s zone plan of this tick; logs every change of
+    /// its spill state, with the reason, and counts zone panics.
+    pub fn note_zone_plan(&mut self, index: usize, plan: Option<ZonePlan>) {
+        let vip = &mut self.vips[index];
+        let before = vip.zone_plan.as_ref().map(|p| p.spill);
+        let after = plan.as_ref().map(|p| p.spill);
+        if before != after
+            && let Some(p) = &plan
+        {
+            match p.spill {
+                Spill::Local => {
+                    info!(vip = %vip.addr, "zone routing: local zone takes every new connection ({p})");
+                }
+                Spill::Spilling => {
+                    warn!(vip = %vip.addr, reason = %p.reason, "zone routing: spilling to other zones ({p})");
+                }
+                Spill::Panic => {
+                    vip.zone_panics += 1;
+                    warn!(vip = %vip.addr, reason = %p.reason, "zone routing: panic, every backend serves");
+                }
+            }
+        }
+        vip.zone_plan = plan;
     }
 
     /// The BACKENDS entry of member `id`.
@@ -936,6 +1085,7 @@ mod tests {
             *m = Some(Member {
                 addr: "10.9.9.9:1".parse().unwrap(),
                 vip: 0,
+                zone: None,
                 life: Lifecycle::new(0, 1, now),
                 outlier: Detector::default(),
             });

@@ -27,6 +27,12 @@
 //!
 //! If no zone has a selectable backend, the VIP uses every backend: the
 //! zone panic ([`Spill::Panic`]), as in Envoy's panic threshold.
+//!
+//! Latency is compared only where it was measured: a zone whose backends
+//! have no recent sample has no median and is never the "best other".
+//! So that the first failover zone stays measured while the local zone
+//! takes everything, it keeps a probe share of [`PROBE_SHARE`] (1.2%) of
+//! new connections: the price of knowing when to leave.
 use std::fmt;
 
 use lb_common::{MAX_ZONES, ZONE_SHARE_SCALE};
@@ -37,6 +43,9 @@ use crate::settings::zone::{ZoneName, ZoneSettings};
 /// (1/256), so estimate jitter does not rewrite the kernel's descriptor at
 /// every tick.
 const SHARE_STEP: u32 = ZONE_SHARE_SCALE / 256;
+/// What the first failover zone gets while the local zone could take
+/// everything: 3 steps, 1.17% of new connections.
+pub const PROBE_SHARE: u32 = 3 * SHARE_STEP;
 
 /// One member of a zone-aware VIP as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,8 +58,10 @@ pub struct ZoneMember {
     pub weight: u32,
     /// Configured weight, in the same units.
     pub full_weight: u32,
-    /// Latency estimate (Peak-EWMA, ns).
-    pub ewma_ns: u64,
+    /// Latency estimate (Peak-EWMA, ns), if it rests on recent samples: an
+    /// idle backend's estimate drifts to the cold-start guess, which must
+    /// not make an unused zone look fast.
+    pub ewma_ns: Option<u64>,
 }
 
 /// The VIP's routing state, logged when it changes.
@@ -185,7 +196,7 @@ pub fn plan(local: ZoneName, settings: &ZoneSettings, members: &[ZoneMember]) ->
         if m.selectable {
             g.slots.push(m.id);
             g.weight += u64::from(m.weight);
-            g.ewmas.push(m.ewma_ns);
+            g.ewmas.extend(m.ewma_ns);
         }
     }
     if groups.iter().all(|g| g.slots.is_empty()) {
@@ -218,14 +229,21 @@ pub fn plan(local: ZoneName, settings: &ZoneSettings, members: &[ZoneMember]) ->
             health * load_share(i, &medians, &groups, settings.avoid_factor)
         })
         .collect();
-    let shares = spill(&capacity);
+    let mut shares = spill(&capacity);
     let reason = reason(&groups[0], capacity[0], &medians, &groups, settings);
-    let blocks = to_blocks(groups, &shares, &medians);
-    let spill = if blocks[0].share >= ZONE_SHARE_SCALE {
+    let spill = if shares[0] >= 1.0 - 1e-9 {
         Spill::Local
     } else {
         Spill::Spilling
     };
+    if spill == Spill::Local
+        && let Some(probe) = (1..groups.len()).find(|&i| !groups[i].slots.is_empty())
+    {
+        let p = f64::from(PROBE_SHARE) / f64::from(ZONE_SHARE_SCALE);
+        shares[0] -= p;
+        shares[probe] += p;
+    }
+    let blocks = to_blocks(groups, &shares, &medians);
     ZonePlan {
         blocks,
         spill,
@@ -247,7 +265,12 @@ fn order(groups: &mut [Group], local: ZoneName, failover: &[ZoneName]) {
         if let Some(pos) = g.zone.and_then(|z| failover.iter().position(|f| *f == z)) {
             return (1, pos, 0, g.zone);
         }
-        let median = if g.slots.is_empty() { u64::MAX } else { g.median() };
+        // Measured zones by latency, then unmeasured ones, then empty ones.
+        let median = match (g.slots.is_empty(), g.median()) {
+            (true, _) => u64::MAX,
+            (false, 0) => u64::MAX - 1,
+            (false, m) => m,
+        };
         (2, 0, median, g.zone)
     };
     groups.sort_by_key(|g| rank(g));
@@ -444,7 +467,7 @@ mod tests {
                 selectable: i < up,
                 weight: if i < up { 100 } else { 0 },
                 full_weight: 100,
-                ewma_ns: ewma_ms * 1_000_000,
+                ewma_ns: Some(ewma_ms * 1_000_000),
             })
             .collect()
     }
@@ -470,10 +493,49 @@ mod tests {
         let members = [zone("b", 5, 5, 5, 1), zone("a", 0, 5, 5, 1)].concat();
         let p = plan(local(), &settings(), &members);
         assert_eq!(p.spill, Spill::Local);
-        assert_eq!(shares(&p), [("a".into(), 1.0), ("b".into(), 0.0)]);
+        assert_eq!(shares(&p), [("a".into(), 0.988), ("b".into(), 0.012)]);
         assert_eq!(p.blocks[0].slots, [0, 1, 2, 3, 4]);
         assert_eq!(p.blocks[1].slots, [5, 6, 7, 8, 9]);
         assert!(p.reason.is_empty());
+    }
+
+    #[test]
+    fn the_first_failover_zone_keeps_a_probe_share_while_local_takes_everything() {
+        let members = [
+            zone("a", 0, 5, 5, 1),
+            zone("b", 5, 5, 5, 1),
+            zone("c", 10, 5, 5, 1),
+        ]
+        .concat();
+        let p = plan(local(), &settings(), &members);
+        assert_eq!(p.spill, Spill::Local);
+        let got: Vec<u32> = p.blocks.iter().map(|b| b.share).collect();
+        assert_eq!(got, [ZONE_SHARE_SCALE - PROBE_SHARE, PROBE_SHARE, 0]);
+        // While spilling there is no probe on top.
+        let members = [zone("a", 0, 5, 2, 1), zone("b", 5, 5, 5, 1)].concat();
+        let p = plan(local(), &settings(), &members);
+        assert!(p.blocks[1].share > PROBE_SHARE * 10);
+    }
+
+    #[test]
+    fn unmeasured_zones_are_not_compared() {
+        // Zone b idle: its estimate would be the optimistic cold start.
+        let mut members = [zone("a", 0, 5, 5, 10), zone("b", 5, 5, 5, 1)].concat();
+        for m in &mut members[5..] {
+            m.ewma_ns = None;
+        }
+        let p = plan(local(), &settings(), &members);
+        assert_eq!(p.spill, Spill::Local, "{p:?}");
+        // Measured and 10× faster: avoided.
+        for m in &mut members[5..] {
+            m.ewma_ns = Some(1_000_000);
+        }
+        assert_eq!(plan(local(), &settings(), &members).spill, Spill::Spilling);
+        // Some of b measured: its median is over those.
+        for m in &mut members[5..8] {
+            m.ewma_ns = None;
+        }
+        assert_eq!(plan(local(), &settings(), &members).spill, Spill::Spilling);
     }
 
     #[test]
@@ -520,7 +582,7 @@ mod tests {
         for m in &mut members[..3] {
             m.weight = 100;
         }
-        assert_eq!(shares(&plan(local(), &settings(), &members))[0].1, 1.0);
+        assert_eq!(plan(local(), &settings(), &members).spill, Spill::Local);
     }
 
     #[test]
@@ -558,7 +620,7 @@ mod tests {
         // carries 3/5 of it, and d (2×) takes the rest.
         let mut slow_b = members.clone();
         for m in &mut slow_b[2..4] {
-            m.ewma_ns = 50_000_000;
+            m.ewma_ns = Some(50_000_000);
         }
         let got = shares(&plan(local(), &s, &slow_b));
         assert!((got[1].1 - 0.6).abs() < 0.005, "{got:?}");
@@ -608,7 +670,7 @@ mod tests {
             selectable: true,
             weight: 100,
             full_weight: 100,
-            ewma_ns: 1_000_000,
+            ewma_ns: Some(1_000_000),
         }));
         let p = plan(local(), &settings(), &members);
         assert_eq!(p.blocks[1].label(), "-");

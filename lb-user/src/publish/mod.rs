@@ -1,6 +1,7 @@
 //! Handing the pool's decisions to the kernel. Pure table builders
 //! ([`tables`], with [`maglev`], [`smooth_wrr`] and [`prefix`]) compute a
-//! VIP's weight-derived tables; the writers ([`writers`], [`publisher`])
+//! VIP's weight-derived tables ([`zone_tables`] those of a zone-aware VIP,
+//! block by block); the writers ([`writers`], [`publisher`])
 //! hold their map handles open from startup and write plans, selections,
 //! tables and scores in an order the running program can always read.
 //!
@@ -13,3 +14,4 @@ pub mod publisher;
 pub mod smooth_wrr;
 pub mod tables;
 pub mod writers;
+pub mod zone_tables;

@@ -23,6 +23,7 @@ use crate::{
     },
     publish::{
         tables::{SlotBackend, planned_slots},
+        zone_tables::ZoneInput,
         writers::{ScoreWriter, TableWriter, UpdateTimes},
     },
     settings::faults::{self, Fault},
@@ -133,12 +134,16 @@ impl Publisher {
     /// every member), slot block and count, if anything changed since the
     /// last call (weights included: P2C reads them from the scores, the
     /// per-VIP tables of other algorithms are rebuilt from them here).
+    /// `zone_shares`: for a VIP routing by zone (`selection.zone_blocks`),
+    /// each block's share and reference cost, rewritten whenever they move
+    /// (the slot layout and tables only when the selection changes).
     pub fn publish_vip(
         &mut self,
         index: usize,
         vip: &FleetVip,
         selection: &Selection,
         entries: &[(u32, Backend)],
+        zone_shares: &[(u32, u64)],
     ) -> anyhow::Result<()> {
         if self.last.len() <= index {
             self.last.resize(index + 1, None);
@@ -148,6 +153,12 @@ impl Publisher {
             && s == selection
             && *b == values
         {
+            if !selection.zone_blocks.is_empty() && !vip.removed {
+                let (shares, costs): (Vec<u32>, Vec<u64>) = zone_shares.iter().copied().unzip();
+                self.tables
+                    .update_zone_shares(vip.meta.vip_id, &shares, &costs)
+                    .context("writing VIP_ZONES")?;
+            }
             return Ok(());
         }
         let started = Instant::now();
@@ -187,12 +198,33 @@ impl Publisher {
             self.last[index] = Some((selection.clone(), values));
             return Ok(());
         }
-        self.tables.write(
-            vip.meta.vip_id,
-            vip.meta.algorithm,
-            vip.maglev_table,
-            &table_slots,
-        )?;
+        if selection.zone_blocks.is_empty() || selection.zone_blocks.len() != zone_shares.len() {
+            self.tables.clear_zones(vip.meta.vip_id)?;
+            self.tables.write(
+                vip.meta.vip_id,
+                vip.meta.algorithm,
+                vip.maglev_table,
+                &table_slots,
+            )?;
+        } else {
+            let mut rest = table_slots.as_slice();
+            let mut blocks = Vec::with_capacity(zone_shares.len());
+            for (&len, &(share, reference_cost)) in selection.zone_blocks.iter().zip(zone_shares) {
+                let (block, after) = rest.split_at((len as usize).min(rest.len()));
+                rest = after;
+                blocks.push(ZoneInput {
+                    slots: block.to_vec(),
+                    share,
+                    reference_cost,
+                });
+            }
+            self.tables.write_zoned(
+                vip.meta.vip_id,
+                vip.meta.algorithm,
+                vip.maglev_table,
+                &blocks,
+            )?;
+        }
         let meta = VipMeta {
             backend_count: selection.slots.len() as u32,
             ..vip.meta
@@ -206,11 +238,13 @@ impl Publisher {
     /// Forgets a removed VIP that had index `index` and id `vip_id` once
     /// it is freed (later VIPs move down one index); its Maglev table
     /// becomes a spare.
-    pub fn forget_vip(&mut self, index: usize, vip_id: u32) {
+    pub fn forget_vip(&mut self, index: usize, vip_id: u32) -> anyhow::Result<()> {
         if index < self.last.len() {
             self.last.remove(index);
         }
         self.tables.release(vip_id);
+        // A new VIP may get this id: it must not find these zone blocks.
+        self.tables.clear_zones(vip_id)
     }
 
     /// Clears the BACKENDS entry of a freed id.

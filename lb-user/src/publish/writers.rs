@@ -12,13 +12,16 @@ use aya::maps::IterableMap as _;
 use anyhow::Context as _;
 use lb_common::{
     Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, VipTables,
-    WRR_SCHEDULE_LEN,
+    VipZones, WRR_SCHEDULE_LEN,
 };
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::{
-    kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix},
-    publish::tables::{SlotBackend, VipTableSet, median_cost},
+    kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix, VipZonesMap},
+    publish::{
+        tables::{SlotBackend, VipTableSet, median_cost},
+        zone_tables::{self, ZoneInput, ZoneTableSet, cumulative_shares},
+    },
     settings::faults::{self, Fault},
 };
 
@@ -60,13 +63,25 @@ impl UpdateTimes {
 /// table. (With every one of the [`MAX_MAGLEV_TABLES`] tables in use,
 /// there is no spare: the table is rewritten in place.) The WRR schedule
 /// and the weight prefix sums are still rewritten in place.
+///
+/// A zone-aware VIP's tables ([`TableWriter::write_zoned`]) take the same
+/// path, followed by its `VIP_ZONES` descriptor. Leaving zone mode is
+/// [`TableWriter::clear_zones`] followed by [`TableWriter::write`], in that
+/// order: between the two the kernel selects over the whole slot block from
+/// the zone layout's tables, skewed but naming only the VIP's backends.
 pub struct TableWriter {
     schedule: VipSchedule,
     prefix: VipWeightPrefix,
     maglev: Maglev,
     descriptors: VipTablesMap,
+    /// `VIP_ZONES`, opened at the first zone write (a pin directory that
+    /// holds only the table maps serves zone-unaware VIPs).
+    zones: Option<VipZonesMap>,
+    pin_dir: std::path::PathBuf,
     /// The Maglev table each VIP's descriptor points at, by vip id.
     current: std::collections::HashMap<u32, u32>,
+    /// The zone descriptor last written for each zone-aware VIP.
+    last_zones: std::collections::HashMap<u32, VipZones>,
     /// Maglev tables rewritten in place for want of a spare.
     pub maglev_in_place: u64,
 }
@@ -83,7 +98,10 @@ impl TableWriter {
             prefix: maps::vip_weight_prefix(pin_dir)?,
             maglev: maps::maglev(pin_dir)?,
             descriptors: maps::vip_tables(pin_dir)?,
+            zones: None,
+            pin_dir: pin_dir.to_path_buf(),
             current: std::collections::HashMap::new(),
+            last_zones: std::collections::HashMap::new(),
             maglev_in_place: 0,
         })
     }
@@ -107,22 +125,133 @@ impl TableWriter {
     ) -> anyhow::Result<()> {
         let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
         let set = VipTableSet::build(algorithm, slots);
+        self.write_set(
+            vip_id,
+            maglev_table,
+            &set.schedule,
+            &set.prefix,
+            &set.maglev,
+        )
+    }
+
+    /// Builds and writes the tables of the zone-aware VIP `vip_id` for its
+    /// zone `blocks` in failover order (see `publish::zone_tables`; the
+    /// VIP's slot block must hold the blocks' slots in that order), then
+    /// its `VIP_ZONES` descriptor, which makes the kernel route by zone.
+    pub fn write_zoned(
+        &mut self,
+        vip_id: u32,
+        algorithm: u8,
+        maglev_table: Option<u32>,
+        blocks: &[ZoneInput],
+    ) -> anyhow::Result<()> {
+        let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
+        let ZoneTableSet {
+            zones,
+            schedule,
+            prefix,
+            maglev,
+        } = zone_tables::build(algorithm, blocks)?;
+        self.write_set(vip_id, maglev_table, &schedule, &prefix, &maglev)?;
+        self.insert_zones(vip_id, zones)
+    }
+
+    /// Removes VIP `vip_id`'s zone descriptor: the kernel selects over its
+    /// whole slot block again. A VIP without one is no error.
+    pub fn clear_zones(&mut self, vip_id: u32) -> anyhow::Result<()> {
+        self.last_zones.remove(&vip_id);
+        match self.zones_map()?.remove(&vip_id) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            // The kernel says ENOENT for a key it does not hold.
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e).context("removing from VIP_ZONES"),
+        }
+    }
+
+    /// Rewrites the shares and reference costs of the zone descriptor last
+    /// written for VIP `vip_id` (one of each per block, in block order; the
+    /// shares out of `ZONE_SHARE_SCALE`, as in [`ZoneInput::share`]), and
+    /// writes it only if that changed it. Returns whether it wrote.
+    pub fn update_zone_shares(
+        &mut self,
+        vip_id: u32,
+        shares: &[u32],
+        reference_costs: &[u64],
+    ) -> anyhow::Result<bool> {
+        let Some(last) = self.last_zones.get(&vip_id) else {
+            anyhow::bail!("VIP {vip_id} has no zone descriptor to update");
+        };
+        let count = last.count as usize;
+        anyhow::ensure!(
+            shares.len() == count && reference_costs.len() == count,
+            "VIP {vip_id} has {count} zone blocks: got {} shares and {} reference costs",
+            shares.len(),
+            reference_costs.len()
+        );
+        let mut zones = *last;
+        for ((block, cum), &cost) in zones
+            .zones
+            .iter_mut()
+            .zip(cumulative_shares(shares))
+            .zip(reference_costs)
+        {
+            block.cum_share = cum;
+            block.reference_cost = cost;
+        }
+        if zones == *last {
+            return Ok(false);
+        }
+        self.insert_zones(vip_id, zones)?;
+        Ok(true)
+    }
+
+    fn zones_map(&mut self) -> anyhow::Result<&mut VipZonesMap> {
+        if self.zones.is_none() {
+            self.zones = Some(maps::vip_zones(&self.pin_dir)?);
+        }
+        self.zones
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("VIP_ZONES is not open"))
+    }
+
+    fn insert_zones(&mut self, vip_id: u32, zones: VipZones) -> anyhow::Result<()> {
+        self.zones_map()?
+            .insert(vip_id, zones, 0)
+            .context("writing VIP_ZONES")?;
+        self.last_zones.insert(vip_id, zones);
+        Ok(())
+    }
+
+    /// Writes VIP `vip_id`'s table contents, then its descriptor (with the
+    /// Maglev table built aside and swapped in, see [`TableWriter`]).
+    fn write_set(
+        &mut self,
+        vip_id: u32,
+        maglev_table: Option<u32>,
+        schedule: &[u32],
+        prefix: &[u32],
+        maglev: &[u32],
+    ) -> anyhow::Result<()> {
         let block = |first: u32, len: usize| (first..first + len as u32).collect::<Vec<u32>>();
         write_block(
             &mut self.schedule,
-            &block(vip_id * WRR_SCHEDULE_LEN, set.schedule.len()),
-            &set.schedule,
+            &block(vip_id * WRR_SCHEDULE_LEN, schedule.len()),
+            schedule,
         )
         .context("writing VIP_SCHEDULE")?;
         write_block(
             &mut self.prefix,
-            &block(vip_id * MAX_BACKENDS_PER_VIP, set.prefix.len()),
-            &set.prefix,
+            &block(vip_id * MAX_BACKENDS_PER_VIP, prefix.len()),
+            prefix,
         )
         .context("writing VIP_WEIGHT_PREFIX")?;
         // The reference cost is the score loop's ([`ScoreWriter`]): kept.
         let mut descriptor = VipTables {
-            schedule_len: set.schedule.len() as u32,
+            schedule_len: schedule.len() as u32,
             reference_cost: self
                 .descriptors
                 .get(&vip_id, 0)
@@ -130,7 +259,7 @@ impl TableWriter {
             ..VipTables::default()
         };
         if let Some(planned) = maglev_table
-            && !set.maglev.is_empty()
+            && !maglev.is_empty()
         {
             // A VIP added at runtime takes a table no VIP uses.
             let fresh = spare_table(&self.current).unwrap_or(planned);
@@ -141,8 +270,8 @@ impl TableWriter {
             });
             write_block(
                 &mut self.maglev,
-                &block(table * MAGLEV_TABLE_SIZE, set.maglev.len()),
-                &set.maglev,
+                &block(table * MAGLEV_TABLE_SIZE, maglev.len()),
+                maglev,
             )
             .context("writing MAGLEV")?;
             descriptor.maglev_table = table;

@@ -1,5 +1,5 @@
 //! Service and backend addresses as users write them:
-//! a VIP is `IP:PORT[/tcp|/udp]`, a backend is `IP:PORT[@WEIGHT]`.
+//! a VIP is `IP:PORT[/tcp|/udp]`, a backend is `IP:PORT[@WEIGHT][,zone=NAME]`.
 //! IPv6 addresses use brackets (`[2001:db8::1]:80`).
 
 use std::{fmt, net::SocketAddr, str::FromStr};
@@ -7,6 +7,8 @@ use std::{fmt, net::SocketAddr, str::FromStr};
 use lb_common::{IPPROTO_TCP, IPPROTO_UDP};
 use serde::Deserialize;
 use thiserror::Error;
+
+use crate::settings::zone::{ZoneName, ZoneNameError};
 
 /// Transport protocol of a VIP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
@@ -89,6 +91,13 @@ pub enum AddrError {
     Protocol(String),
     #[error("invalid weight '{0}' (expected an integer in 1..=65535)")]
     Weight(String),
+    #[error("invalid zone in backend '{backend}': {reason}")]
+    Zone {
+        backend: String,
+        reason: ZoneNameError,
+    },
+    #[error("unknown option '{option}' in backend '{backend}' (expected ,zone=NAME)")]
+    BackendOption { backend: String, option: String },
 }
 
 /// Parses `IP:PORT`, refusing port 0 (it can never be a service port).
@@ -129,35 +138,81 @@ impl fmt::Display for VipAddr {
     }
 }
 
-/// A backend: `IP:PORT[@WEIGHT]`, weight 1 by default.
+/// A backend: `IP:PORT[@WEIGHT][,zone=NAME]`, weight 1 by default, no zone
+/// by default. Its identity is `addr`: a weight or zone is a property of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackendAddr {
     pub addr: SocketAddr,
     pub weight: Weight,
+    /// The zone the backend runs in (zone-aware routing); `None`: unknown.
+    pub zone: Option<ZoneName>,
+}
+
+impl BackendAddr {
+    /// A backend of weight 1 in no zone.
+    pub const fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            weight: Weight::DEFAULT,
+            zone: None,
+        }
+    }
+}
+
+/// Parses the zone of backend `backend`, with the error that names both.
+pub fn parse_backend_zone(backend: &str, zone: &str) -> Result<ZoneName, AddrError> {
+    zone.parse().map_err(|reason| AddrError::Zone {
+        backend: backend.to_string(),
+        reason,
+    })
 }
 
 impl FromStr for BackendAddr {
     type Err = AddrError;
     fn from_str(text: &str) -> Result<Self, AddrError> {
-        let (addr, weight) = match text.rsplit_once('@') {
+        // Options follow the first ',' (no address form contains one).
+        let (head, options) = match text.split_once(',') {
+            Some((head, options)) => (head, Some(options)),
+            None => (text, None),
+        };
+        let mut zone = None;
+        for option in options.into_iter().flat_map(|o| o.split(',')) {
+            match option.split_once('=') {
+                Some(("zone", name)) if zone.is_none() => {
+                    zone = Some(parse_backend_zone(text, name)?);
+                }
+                _ => {
+                    return Err(AddrError::BackendOption {
+                        backend: text.to_string(),
+                        option: option.to_string(),
+                    });
+                }
+            }
+        }
+        let (addr, weight) = match head.rsplit_once('@') {
             Some((addr, weight)) => {
                 let value = weight
                     .parse::<u64>()
                     .map_err(|_| AddrError::Weight(weight.to_string()))?;
                 (addr, Weight::new(value)?)
             }
-            None => (text, Weight::DEFAULT),
+            None => (head, Weight::DEFAULT),
         };
         Ok(Self {
             addr: parse_socket_addr(addr)?,
             weight,
+            zone,
         })
     }
 }
 
 impl fmt::Display for BackendAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}@{}", self.addr, self.weight.get())
+        write!(f, "{}@{}", self.addr, self.weight.get())?;
+        if let Some(zone) = &self.zone {
+            write!(f, ",zone={zone}")?;
+        }
+        Ok(())
     }
 }
 
@@ -222,5 +277,67 @@ mod tests {
         }
         let b: BackendAddr = "10.0.0.21:8080@3".parse().unwrap();
         assert_eq!(b.to_string(), "10.0.0.21:8080@3");
+        for text in [
+            "10.0.0.21:8080@2,zone=a",
+            "[2001:db8::1]:80@1,zone=eu-west-1a",
+        ] {
+            let b: BackendAddr = text.parse().unwrap();
+            assert_eq!(b.to_string(), text);
+            assert_eq!(b.to_string().parse::<BackendAddr>().unwrap(), b);
+        }
+    }
+
+    #[test]
+    fn backend_zone_is_optional_and_checked() {
+        let b: BackendAddr = "10.0.0.21:8080,zone=a".parse().unwrap();
+        assert_eq!(b.weight, Weight::DEFAULT);
+        assert_eq!(b.zone.unwrap().as_str(), "a");
+        assert_eq!(b.to_string(), "10.0.0.21:8080@1,zone=a");
+        let b: BackendAddr = "10.0.0.21:8080@2,zone=b".parse().unwrap();
+        assert_eq!((b.weight.get(), b.zone.unwrap().as_str()), (2, "b"));
+        assert_eq!("10.0.0.21:8080".parse::<BackendAddr>().unwrap().zone, None);
+        let err = "10.0.0.21:8080,zone=a b"
+            .parse::<BackendAddr>()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "invalid zone in backend '10.0.0.21:8080,zone=a b': zone name \"a b\" may only use A-Z, a-z, 0-9, '.', '_' and '-'"
+        );
+        assert!(
+            "10.0.0.21:8080,zone="
+                .parse::<BackendAddr>()
+                .unwrap_err()
+                .to_string()
+                .ends_with("zone name is empty")
+        );
+        for (text, option) in [
+            ("10.0.0.21:8080,region=a", "region=a"),
+            ("10.0.0.21:8080,zone", "zone"),
+            ("10.0.0.21:8080,", ""),
+            ("10.0.0.21:8080,zone=a,zone=b", "zone=b"),
+        ] {
+            assert_eq!(
+                text.parse::<BackendAddr>(),
+                Err(AddrError::BackendOption {
+                    backend: text.into(),
+                    option: option.into()
+                }),
+                "{text}"
+            );
+        }
+        let err = "10.0.0.21:8080,region=a"
+            .parse::<BackendAddr>()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "unknown option 'region=a' in backend '10.0.0.21:8080,region=a' (expected ,zone=NAME)"
+        );
+        // The weight is still checked with a zone after it.
+        assert_eq!(
+            "10.0.0.21:8080@0,zone=a".parse::<BackendAddr>(),
+            Err(AddrError::Weight("0".into()))
+        );
     }
 }

@@ -19,6 +19,7 @@ use crate::{
     settings::duration::parse_duration,
     settings::ops::OpsSettings,
     settings::ports::PortRange,
+    settings::zone::{ZoneName, parse_min_healthy, parse_on_off},
 };
 
 /// An XDP load balancer: P2C over Peak-EWMA latency with full NAT.
@@ -54,7 +55,7 @@ pub struct VipArgs {
     #[arg(long, value_name = "IP:PORT[/PROTO]")]
     pub vip: VipAddr,
     /// A backend of the new VIP (add: at least one; repeat it).
-    #[arg(long = "backend", value_name = "IP:PORT[@WEIGHT]")]
+    #[arg(long = "backend", value_name = "IP:PORT[@WEIGHT][,zone=NAME]")]
     pub backends: Vec<BackendAddr>,
     /// Algorithm of the new VIP (default p2c-ewma).
     #[arg(long, value_name = "NAME", value_parser = parse_algorithm)]
@@ -117,8 +118,8 @@ pub struct BackendArgs {
     /// The VIP, IP:PORT[/tcp|/udp].
     #[arg(long, value_name = "IP:PORT[/PROTO]")]
     pub vip: VipAddr,
-    /// The backend, IP:PORT (add also takes IP:PORT@WEIGHT).
-    #[arg(long, value_name = "IP:PORT[@WEIGHT]")]
+    /// The backend, IP:PORT (add also takes IP:PORT@WEIGHT and ,zone=NAME).
+    #[arg(long, value_name = "IP:PORT[@WEIGHT][,zone=NAME]")]
     pub backend: BackendAddr,
     /// New weight (weight only), 1..=65535.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535))]
@@ -180,8 +181,9 @@ pub struct RunArgs {
     /// Virtual service, IP:PORT[/tcp|/udp] (tcp by default).
     #[arg(long, value_name = "IP:PORT[/PROTO]")]
     pub vip: Option<VipAddr>,
-    /// Backend of --vip, IP:PORT[@WEIGHT] (weight 1..=65535, default 1); repeat for each.
-    #[arg(long = "backend", value_name = "IP:PORT[@WEIGHT]")]
+    /// Backend of --vip, IP:PORT[@WEIGHT][,zone=NAME] (weight 1..=65535,
+    /// default 1; zone: none); repeat for each.
+    #[arg(long = "backend", value_name = "IP:PORT[@WEIGHT][,zone=NAME]")]
     pub backends: Vec<BackendAddr>,
     /// p2c-ewma (default), round-robin, weighted-round-robin, random, least-conn or maglev.
     #[arg(long, value_name = "NAME", value_parser = parse_algorithm)]
@@ -192,6 +194,25 @@ pub struct RunArgs {
     /// With maglev: hash only the client address, so a client keeps its backend.
     #[arg(long)]
     pub maglev_source_affinity: bool,
+    /// Zone-aware routing for VIPs that do not say (default: on exactly
+    /// when --zone is given; on without a zone is an error).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub zone_aware: Option<bool>,
+    /// The balancer's own zone (A-Z a-z 0-9 . _ -, at most 63 characters).
+    #[arg(long, value_name = "NAME")]
+    pub zone: Option<ZoneName>,
+    /// Zone-aware VIPs keep traffic in the local zone while at least this
+    /// share of its backends' weight is healthy, 1..=100 (default 70).
+    #[arg(long, value_name = "PERCENT", value_parser = parse_min_healthy, allow_hyphen_values = true)]
+    pub zone_min_healthy: Option<f64>,
+    /// Avoid the local zone once its backends cost this many times the
+    /// best other zone's, at least 1 (default 3).
+    #[arg(long, value_name = "F", allow_hyphen_values = true)]
+    pub zone_avoid_factor: Option<f64>,
+    /// The other zones in the order traffic spills to them (default: by
+    /// cost); comma-separated or repeated; needs --zone.
+    #[arg(long, value_name = "ZONE,...", value_delimiter = ',')]
+    pub zone_failover: Vec<ZoneName>,
     /// XDP attach mode.
     #[arg(long, value_enum, value_name = "MODE")]
     pub xdp_mode: Option<XdpMode>,

@@ -16,6 +16,15 @@
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
 //! inflight_bias = 2              # default for VIPs that do not set one
 //! maglev_source_affinity = false # default for VIPs that do not set one
+//! zone_aware = true              # default for VIPs that do not set one;
+//!                                # default: true exactly when `zone` is set
+//! zone = "a"                     # the balancer's own zone; default: none
+//! zone_min_healthy = 70          # percent (or "70%"), 1..=100: the local zone is
+//!                                # healthy while this share of its weight is
+//! zone_avoid_factor = 3.0        # at least 1: avoid the local zone when it costs
+//!                                # this many times the best other zone
+//! zone_failover = ["b", "c"]     # spill order to other zones; default: by cost;
+//!                                # needs `zone`, must not list it
 //! ewma_tau = "10s"
 //! ewma_cold_start = "1ms"
 //! score_interval = "50ms"
@@ -33,14 +42,18 @@
 //! algorithm = "round-robin"      # optional, overrides the global one
 //! inflight_bias = 1              # optional
 //! maglev_source_affinity = true  # optional: maglev hashes only the client address
-//! backends = ["10.0.0.21:8080", "10.0.0.22:8080@2"]   # same syntax as --backend
+//! zone_aware = false             # optional; true needs the balancer's `zone`
+//! backends = ["10.0.0.21:8080", "10.0.0.22:8080@2,zone=a"]   # same syntax as --backend
+//! # A backend may also be a table (unknown keys are an error; weight
+//! # defaults to 1, zone to none); both forms mix in one list:
+//! # backends = ["10.0.0.21:8080", { addr = "10.0.0.22:8080", weight = 2, zone = "b" }]
 //! ```
 //!
 //! # Flags and file together
 //!
-//! A flag overrides the file's global of the same name (`--algorithm` and
-//! `--inflight-bias` override the global defaults, so they apply to file VIPs
-//! that do not set their own). `--vip` with its `--backend`s adds one more VIP
+//! A flag overrides the file's global of the same name (`--algorithm`,
+//! `--inflight-bias` and `--zone-aware` override the global defaults, so they
+//! apply to file VIPs that do not set their own). `--vip` with its `--backend`s adds one more VIP
 //! after the file's VIPs. VIPs and backends get their ids in that order, so the
 //! same configuration always yields the same ids (which is what lets a
 //! restarted instance keep its pinned flow table meaningful).
@@ -67,6 +80,7 @@ use crate::{
     settings::error::{ConfigError, one_line},
     settings::ops::{HealthCheck, HealthSettings, Ops, OpsSettings},
     settings::ports::PortRange,
+    settings::zone::{ZoneName, ZoneSettings},
 };
 
 /// Peak-EWMA time constant, as in linkerd and Finagle.
@@ -129,6 +143,8 @@ pub struct Config {
     pub vips: Vec<VipConfig>,
     /// etcd, the state folder, the removal cap (see `discovery.rs`).
     pub discovery: Discovery,
+    /// The balancer's zone and the zone-aware routing settings.
+    pub zones: ZoneSettings,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +154,9 @@ pub struct VipConfig {
     pub inflight_bias: u8,
     /// Maglev hashes only the client address (one client, one backend).
     pub maglev_source_affinity: bool,
+    /// Route by zone (see [`ZoneSettings`]); only ever true when the
+    /// balancer has a zone.
+    pub zone_aware: bool,
     /// In config order (backend ids follow it).
     pub backends: Vec<BackendAddr>,
     /// Active health check of this VIP's backends, if any.
@@ -164,6 +183,13 @@ pub struct FileConfig {
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
     maglev_source_affinity: Option<bool>,
+    zone_aware: Option<bool>,
+    zone: Option<ZoneName>,
+    #[serde(default, deserialize_with = "de::min_healthy_opt")]
+    zone_min_healthy: Option<f64>,
+    zone_avoid_factor: Option<f64>,
+    #[serde(default)]
+    zone_failover: Vec<ZoneName>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     ewma_tau: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
@@ -205,7 +231,8 @@ struct FileVip {
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
     maglev_source_affinity: Option<bool>,
-    #[serde(default, deserialize_with = "de::from_str_vec")]
+    zone_aware: Option<bool>,
+    #[serde(default, deserialize_with = "de::backends")]
     backends: Vec<BackendAddr>,
     /// Overrides `[operations.health]` key by key.
     #[serde(default)]
@@ -249,6 +276,7 @@ struct VipDefaults {
     algorithm: Algorithm,
     inflight_bias: u8,
     maglev_source_affinity: bool,
+    zone_aware: bool,
 }
 
 impl VipDefaults {
@@ -264,6 +292,10 @@ impl VipDefaults {
                 .unwrap_or(DEFAULT_INFLIGHT_BIAS),
             maglev_source_affinity: args.maglev_source_affinity
                 || file.maglev_source_affinity.unwrap_or(false),
+            zone_aware: args
+                .zone_aware
+                .or(file.zone_aware)
+                .unwrap_or(args.zone.or(file.zone).is_some()),
         }
     }
 }
@@ -294,6 +326,7 @@ impl FileVip {
             maglev_source_affinity: self
                 .maglev_source_affinity
                 .unwrap_or(defaults.maglev_source_affinity),
+            zone_aware: self.zone_aware.unwrap_or(defaults.zone_aware),
             backends: self.backends,
             health: self.health.or(health).resolve()?,
             etcd_prefix: self.etcd_prefix,
@@ -331,6 +364,7 @@ impl Config {
                 algorithm: defaults.algorithm,
                 inflight_bias: defaults.inflight_bias,
                 maglev_source_affinity: defaults.maglev_source_affinity,
+                zone_aware: defaults.zone_aware,
                 backends: std::mem::take(&mut args.backends),
                 health: ops_settings.health.resolve()?,
                 etcd_prefix: args.discovery.etcd_prefix.take(),
@@ -358,6 +392,23 @@ impl Config {
     ) -> Self {
         let pick = |flag: Option<Duration>, key: Option<Duration>, default| {
             flag.or(key).unwrap_or(default)
+        };
+        let zone_defaults = ZoneSettings::default();
+        let zones = ZoneSettings {
+            local: args.zone.or(file.zone),
+            min_healthy: args
+                .zone_min_healthy
+                .or(file.zone_min_healthy)
+                .unwrap_or(zone_defaults.min_healthy),
+            avoid_factor: args
+                .zone_avoid_factor
+                .or(file.zone_avoid_factor)
+                .unwrap_or(zone_defaults.avoid_factor),
+            failover: if args.zone_failover.is_empty() {
+                file.zone_failover
+            } else {
+                args.zone_failover
+            },
         };
         Self {
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
@@ -420,6 +471,7 @@ impl Config {
             ops,
             vips,
             discovery: Discovery::default(),
+            zones,
         }
     }
 
@@ -471,7 +523,39 @@ impl Config {
             return Err(ConfigError::FlowTableSize(self.flow_table_size));
         }
         self.validate_snat()?;
+        self.validate_zones()?;
         self.validate_vips()
+    }
+
+    /// The zone settings: the ranges, and a failover list of other zones,
+    /// each once, that needs the balancer's own zone.
+    fn validate_zones(&self) -> Result<(), ConfigError> {
+        let z = &self.zones;
+        if !(z.min_healthy > 0.0 && z.min_healthy <= 1.0) {
+            return Err(ConfigError::ZoneMinHealthy(format!(
+                "{}%",
+                z.min_healthy * 100.0
+            )));
+        }
+        if !(z.avoid_factor.is_finite() && z.avoid_factor >= 1.0) {
+            return Err(ConfigError::ZoneAvoidFactor(z.avoid_factor.to_string()));
+        }
+        if z.failover.is_empty() {
+            return Ok(());
+        }
+        let Some(local) = z.local else {
+            return Err(ConfigError::ZoneFailoverWithoutZone);
+        };
+        let mut seen = HashSet::new();
+        for zone in &z.failover {
+            if *zone == local {
+                return Err(ConfigError::ZoneFailoverLocal(zone.to_string()));
+            }
+            if !seen.insert(zone) {
+                return Err(ConfigError::ZoneFailoverDuplicate(zone.to_string()));
+            }
+        }
+        Ok(())
     }
 
     /// Each SNAT pool: at most `MAX_SNAT_ADDRS` addresses, none twice.
@@ -507,6 +591,9 @@ impl Config {
             let name = v.vip.to_string();
             if !seen_vips.insert(v.vip) {
                 return Err(ConfigError::DuplicateVip(name));
+            }
+            if v.zone_aware && self.zones.local.is_none() {
+                return Err(ConfigError::ZoneAwareWithoutZone(name));
             }
             if let Some(prefix) = &v.etcd_prefix {
                 check_prefix(prefix)?;
@@ -567,6 +654,10 @@ mod de {
     use serde::{Deserialize, Deserializer, de::Error};
 
     use super::parse_algorithm;
+    use crate::settings::{
+        addr::{AddrError, BackendAddr, Weight, parse_backend_zone, parse_socket_addr},
+        zone::parse_min_healthy,
+    };
 
     pub fn from_str_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
     where
@@ -578,18 +669,6 @@ mod de {
             .parse()
             .map(Some)
             .map_err(D::Error::custom)
-    }
-
-    pub fn from_str_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-    where
-        D: Deserializer<'de>,
-        T: FromStr,
-        T::Err: Display,
-    {
-        Vec::<String>::deserialize(d)?
-            .iter()
-            .map(|s| s.parse().map_err(D::Error::custom))
-            .collect()
     }
 
     /// One address, or a list of them (`snat_ip = "a"` or `["a", "b"]`).
@@ -613,6 +692,89 @@ mod de {
             .iter()
             .map(|s| s.parse().map_err(D::Error::custom))
             .collect()
+    }
+
+    /// `zone_min_healthy`: a number (`70`, `62.5`) or text (`"70%"`), as
+    /// the flag takes it.
+    pub fn min_healthy_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Percent {
+            Int(i64),
+            Float(f64),
+            Text(String),
+        }
+        let text = match Percent::deserialize(d)? {
+            Percent::Int(n) => n.to_string(),
+            Percent::Float(f) => f.to_string(),
+            Percent::Text(t) => t,
+        };
+        parse_min_healthy(&text).map(Some).map_err(D::Error::custom)
+    }
+
+    /// A backend as a table: `{ addr = "IP:PORT", weight = N, zone = "NAME" }`.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct BackendTable {
+        addr: String,
+        weight: Option<i64>,
+        zone: Option<String>,
+    }
+
+    impl BackendTable {
+        fn resolve(self) -> Result<BackendAddr, AddrError> {
+            let weight = match self.weight {
+                None => Weight::DEFAULT,
+                Some(w) => u64::try_from(w)
+                    .map_err(|_| AddrError::Weight(w.to_string()))
+                    .and_then(Weight::new)?,
+            };
+            let zone = match &self.zone {
+                None => None,
+                Some(z) => Some(parse_backend_zone(&self.addr, z)?),
+            };
+            Ok(BackendAddr {
+                addr: parse_socket_addr(&self.addr)?,
+                weight,
+                zone,
+            })
+        }
+    }
+
+    /// One `backends` element: the `--backend` text, or a table.
+    struct BackendItem(BackendAddr);
+
+    impl<'de> Deserialize<'de> for BackendItem {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visitor;
+            impl<'de> serde::de::Visitor<'de> for Visitor {
+                type Value = BackendItem;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("\"IP:PORT[@WEIGHT][,zone=NAME]\" or { addr, weight, zone }")
+                }
+                fn visit_str<E: Error>(self, text: &str) -> Result<BackendItem, E> {
+                    text.parse().map(BackendItem).map_err(E::custom)
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    map: A,
+                ) -> Result<BackendItem, A::Error> {
+                    BackendTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))?
+                        .resolve()
+                        .map(BackendItem)
+                        .map_err(A::Error::custom)
+                }
+            }
+            d.deserialize_any(Visitor)
+        }
+    }
+
+    /// `backends`: a list of `--backend` texts and tables, mixed.
+    pub fn backends<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<BackendAddr>, D::Error> {
+        Ok(Vec::<BackendItem>::deserialize(d)?
+            .into_iter()
+            .map(|b| b.0)
+            .collect())
     }
 
     pub fn algorithm_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Algorithm>, D::Error> {
@@ -690,7 +852,8 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
 }
 
 /// The backend changes a reload applies, one line per VIP that has any:
-/// backends added, removed and re-weighted.
+/// backends added, removed and re-weighted, and (when any) moved to
+/// another zone. A backend is known by its address.
 pub fn backend_changes(running: &Config, reloaded: &Config) -> Vec<String> {
     let mut out = Vec::new();
     for new in &reloaded.vips {
@@ -699,6 +862,9 @@ pub fn backend_changes(running: &Config, reloaded: &Config) -> Vec<String> {
         };
         let find = |list: &[crate::settings::addr::BackendAddr], addr| {
             list.iter().find(|b| b.addr == addr).map(|b| b.weight)
+        };
+        let zone_of = |list: &[crate::settings::addr::BackendAddr], addr| {
+            list.iter().find(|b| b.addr == addr).map(|b| b.zone)
         };
         let added: Vec<String> = new
             .backends
@@ -718,14 +884,25 @@ pub fn backend_changes(running: &Config, reloaded: &Config) -> Vec<String> {
             .filter(|b| find(&old.backends, b.addr).is_some_and(|w| w != b.weight))
             .map(|b| b.to_string())
             .collect();
-        if !(added.is_empty() && removed.is_empty() && reweighted.is_empty()) {
-            out.push(format!(
+        let rezoned: Vec<String> = new
+            .backends
+            .iter()
+            .filter(|b| zone_of(&old.backends, b.addr).is_some_and(|z| z != b.zone))
+            .map(|b| b.to_string())
+            .collect();
+        if !(added.is_empty() && removed.is_empty() && reweighted.is_empty() && rezoned.is_empty())
+        {
+            let mut line = format!(
                 "VIP {}: added [{}], removed [{}], re-weighted [{}]",
                 new.vip,
                 added.join(", "),
                 removed.join(", "),
                 reweighted.join(", ")
-            ));
+            );
+            if !rezoned.is_empty() {
+                line.push_str(&format!(", re-zoned [{}]", rezoned.join(", ")));
+            }
+            out.push(line);
         }
     }
     out

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Deserialize;
 
-use crate::settings::error::ConfigError;
+use crate::settings::{error::ConfigError, zone::ZoneName};
 
 /// At most this share of a VIP's backends is removed by one update.
 pub const DEFAULT_MAX_REMOVAL_PERCENT: u32 = 50;
@@ -219,7 +219,8 @@ pub struct RegisterArgs {
     /// Weight, 1..=65535.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65535))]
     pub weight: u32,
-    /// Zone name, for zone-aware routing.
+    /// Zone name, for zone-aware routing (A-Z a-z 0-9 . _ -, at most 63
+    /// characters; empty: none).
     #[arg(long, value_name = "NAME")]
     pub zone: Option<String>,
     /// Lease time to live: the key vanishes this long after the sidecar dies.
@@ -253,11 +254,55 @@ impl RegisterArgs {
             .etcd
             .ok_or_else(|| bad("register needs --etcd-endpoints".into()))
     }
+
+    /// `--zone`, checked as the balancer's `--zone` is (an empty one is
+    /// no zone).
+    pub fn zone(&self) -> Result<Option<ZoneName>, ConfigError> {
+        match self.zone.as_deref() {
+            None | Some("") => Ok(None),
+            Some(z) => z
+                .parse()
+                .map(Some)
+                .map_err(|e| bad(format!("invalid --zone: {e}"))),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_register_zone_is_checked_and_empty_means_none() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: RegisterArgs,
+        }
+        let zone = |z: &str| {
+            Cmd::try_parse_from([
+                "register",
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
+                "--prefix",
+                "/lb/web/",
+                "--addr",
+                "10.0.0.21:80",
+                "--zone",
+                z,
+            ])
+            .unwrap()
+            .args
+            .zone()
+        };
+        assert_eq!(zone("eu-1").unwrap().unwrap().as_str(), "eu-1");
+        assert_eq!(zone("").unwrap(), None);
+        assert_eq!(
+            zone("eu 1").unwrap_err().to_string(),
+            "invalid --zone: zone name \"eu 1\" may only use A-Z, a-z, 0-9, '.', '_' and '-'"
+        );
+    }
 
     #[test]
     fn endpoints_come_from_the_flag_else_the_file_and_are_checked() {

@@ -57,6 +57,20 @@ pub enum ConfigError {
     LogLevel(String),
     #[error("{0}")]
     Ops(String),
+    #[error("zone avoid factor {0} is invalid (expected a finite number of at least 1)")]
+    ZoneAvoidFactor(String),
+    #[error("invalid zone min healthy {0} (expected a percentage in 1..=100)")]
+    ZoneMinHealthy(String),
+    #[error("zone failover lists zone {0} twice")]
+    ZoneFailoverDuplicate(String),
+    #[error("zone failover lists the balancer's own zone {0}")]
+    ZoneFailoverLocal(String),
+    #[error("zone failover needs the balancer's own zone (use --zone or zone in the config file)")]
+    ZoneFailoverWithoutZone,
+    #[error(
+        "VIP {0} is zone-aware but the balancer has no zone (use --zone or zone in the config file)"
+    )]
+    ZoneAwareWithoutZone(String),
     #[error(
         "cannot use the state file {path}: {reason} (move it away to start from the configuration alone)"
     )]

@@ -4,8 +4,9 @@
 //! Each entry is one backend of one VIP whose runtime state differs from
 //! the configuration: drained, removed, added at runtime, or re-weighted.
 //! With it is the configuration's own entry for that backend when the
-//! change was made (`config`, `"IP:PORT@WEIGHT"`, or null when the file
-//! did not have it). At start, and on SIGHUP, an entry is laid over the
+//! change was made (`config`, `"IP:PORT@WEIGHT[,zone=NAME]"`, or null when
+//! the file did not have it). A backend added at runtime with a zone keeps
+//! it in `zone`. At start, and on SIGHUP, an entry is laid over the
 //! configuration only while the configuration still says the same of that
 //! backend: an edit of the backend in the file since then wins, and the
 //! entry is dropped.
@@ -35,6 +36,7 @@ use crate::settings::{
     addr::{BackendAddr, VipAddr, Weight},
     algorithm::parse_algorithm,
     config::{Config, VipConfig},
+    zone::{ZoneName, ZoneSettings},
 };
 
 pub use super::config::DEFAULT_STATE_DIR;
@@ -68,6 +70,10 @@ pub struct Entry {
     /// A weight set at runtime (or the weight of a backend added at runtime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// The zone of a backend added at runtime (when it differs from the
+    /// configuration's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<ZoneName>,
     /// The configuration's entry for this backend when the change was made.
     pub config: Option<String>,
 }
@@ -77,7 +83,7 @@ pub struct Entry {
 #[serde(deny_unknown_fields)]
 pub struct AddedVip {
     pub algorithm: String,
-    /// `IP:PORT@WEIGHT`, in order.
+    /// `IP:PORT@WEIGHT[,zone=NAME]`, in order.
     pub backends: Vec<String>,
 }
 
@@ -107,8 +113,11 @@ pub struct RuntimeState {
 fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
     let v = config.vips.iter().find(|v| v.vip == *vip)?;
     let backends: Vec<String> = v.backends.iter().map(ToString::to_string).collect();
+    // Only a zone-aware VIP says so, so that the fingerprints of files
+    // written before zones existed still match.
+    let zone_aware = if v.zone_aware { " zone_aware" } else { "" };
     Some(format!(
-        "{} bias={} affinity={} health={:?} backends={}",
+        "{} bias={} affinity={}{zone_aware} health={:?} backends={}",
         v.algorithm.name(),
         v.inflight_bias,
         v.maglev_source_affinity,
@@ -125,8 +134,9 @@ impl AddedVip {
         }
     }
 
-    /// The VIP `vip` this stands for (no health check, default bias).
-    pub fn config(&self, vip: VipAddr) -> Result<VipConfig, String> {
+    /// The VIP `vip` this stands for (no health check, default bias,
+    /// zone-aware exactly when the balancer has a zone, as in `zones`).
+    pub fn config(&self, vip: VipAddr, zones: &ZoneSettings) -> Result<VipConfig, String> {
         let algorithm = parse_algorithm(&self.algorithm)?;
         let backends = self
             .backends
@@ -141,6 +151,7 @@ impl AddedVip {
             algorithm,
             inflight_bias: lb_common::DEFAULT_INFLIGHT_BIAS,
             maglev_source_affinity: false,
+            zone_aware: zones.local.is_some(),
             backends,
             health: None,
             etcd_prefix: None,
@@ -151,7 +162,8 @@ impl AddedVip {
 /// A runtime change, as [`RuntimeState::record`] keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Change {
-    Add(Weight),
+    /// Added with this weight and zone.
+    Add(Weight, Option<ZoneName>),
     Remove,
     Drain,
     Undrain,
@@ -188,7 +200,7 @@ impl RuntimeState {
                 .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
             if let Some(added) = &e.added {
                 added
-                    .config(vip)
+                    .config(vip, &ZoneSettings::default())
                     .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
             }
         }
@@ -244,7 +256,7 @@ impl RuntimeState {
             }
             let at = config.vips.iter().position(|v| v.vip == vip);
             match (&e.added, at) {
-                (Some(added), at) => match added.config(vip) {
+                (Some(added), at) => match added.config(vip, &base.zones) {
                     Ok(v) => match at {
                         Some(i) => config.vips[i] = v,
                         None => config.vips.push(v),
@@ -291,10 +303,14 @@ impl RuntimeState {
                 (_, None) => v.backends.push(BackendAddr {
                     addr,
                     weight: weight.unwrap_or(Weight::DEFAULT),
+                    zone: e.zone,
                 }),
                 (_, Some(i)) => {
                     if let Some(w) = weight {
                         v.backends[i].weight = w;
+                    }
+                    if e.zone.is_some() {
+                        v.backends[i].zone = e.zone;
                     }
                 }
             }
@@ -361,20 +377,35 @@ impl RuntimeState {
                 .iter()
                 .position(|b| b.parse::<BackendAddr>().is_ok_and(|b| b.addr == backend));
             match (change, at) {
-                (Change::Add(w), None) => {
+                (Change::Add(weight, zone), None) => {
                     added.backends.push(
                         BackendAddr {
                             addr: backend,
-                            weight: w,
+                            weight,
+                            zone,
                         }
                         .to_string(),
                     );
                     return;
                 }
-                (Change::Add(w) | Change::Weight(w), Some(i)) => {
+                (Change::Add(weight, zone), Some(i)) => {
                     added.backends[i] = BackendAddr {
                         addr: backend,
-                        weight: w,
+                        weight,
+                        zone,
+                    }
+                    .to_string();
+                    return;
+                }
+                (Change::Weight(weight), Some(i)) => {
+                    let zone = added.backends[i]
+                        .parse::<BackendAddr>()
+                        .ok()
+                        .and_then(|b| b.zone);
+                    added.backends[i] = BackendAddr {
+                        addr: backend,
+                        weight,
+                        zone,
                     }
                     .to_string();
                     return;
@@ -401,14 +432,16 @@ impl RuntimeState {
                 backend: backend_text,
                 admin: Admin::Active,
                 weight: None,
+                zone: None,
                 config: configured.clone(),
             },
         };
         entry.config = configured.clone();
         match change {
-            Change::Add(w) => {
+            Change::Add(w, zone) => {
                 entry.admin = Admin::Active;
                 entry.weight = Some(w.get());
+                entry.zone = zone;
             }
             Change::Remove => {
                 entry.admin = Admin::Removed;
@@ -417,18 +450,22 @@ impl RuntimeState {
             Change::Undrain => entry.admin = Admin::Active,
             Change::Weight(w) => entry.weight = Some(w.get()),
         }
-        let config_weight = configured
+        let in_config = configured
             .as_deref()
-            .and_then(|c| c.parse::<BackendAddr>().ok())
-            .map(|b| b.weight.get());
-        if entry.weight == config_weight {
+            .and_then(|c| c.parse::<BackendAddr>().ok());
+        if entry.weight == in_config.map(|b| b.weight.get()) {
             entry.weight = None;
+        }
+        if in_config.is_some_and(|b| b.zone == entry.zone) {
+            entry.zone = None;
         }
         let same_as_config = match (&configured, entry.admin) {
             // Not in the file, and removed: nothing to remember.
             (None, Admin::Removed) => true,
             (None, _) => false,
-            (Some(_), admin) => admin == Admin::Active && entry.weight.is_none(),
+            (Some(_), admin) => {
+                admin == Admin::Active && entry.weight.is_none() && entry.zone.is_none()
+            }
         };
         if !same_as_config {
             self.backends.push(entry);
@@ -473,14 +510,14 @@ mod tests {
             backends: vec!["10.0.0.31:80@1".into(), "10.0.0.32:80@2".into()],
         };
         let new_vip: VipAddr = "10.0.0.101:80".parse().unwrap();
-        let v = added.config(new_vip).unwrap();
+        let v = added.config(new_vip, &base.zones).unwrap();
         state.record_vip_added(&base, &v);
         // Backend commands on a runtime VIP change its own entry.
         state.record(
             &base,
             &new_vip,
             addr("10.0.0.33:80"),
-            Change::Add(Weight::new(4).unwrap()),
+            Change::Add(Weight::new(4).unwrap(), None),
         );
         state.record(&base, &new_vip, addr("10.0.0.31:80"), Change::Remove);
         state.record(
@@ -559,14 +596,14 @@ mod tests {
             &base,
             &vip,
             addr("10.0.0.24:80"),
-            Change::Add(Weight::new(3).unwrap()),
+            Change::Add(Weight::new(3).unwrap(), None),
         );
         // Added, then removed again: nothing left to remember of it.
         state.record(
             &base,
             &vip,
             addr("10.0.0.25:80"),
-            Change::Add(Weight::DEFAULT),
+            Change::Add(Weight::DEFAULT, None),
         );
         state.record(&base, &vip, addr("10.0.0.25:80"), Change::Remove);
         assert_eq!(state.backends.len(), 4);
@@ -604,6 +641,96 @@ mod tests {
             ["10.0.0.21:80@1", "10.0.0.22:80@7", "10.0.0.24:80@1"]
         );
         assert_eq!(loaded.backends.len(), 2);
+    }
+
+    #[test]
+    fn a_zone_survives_the_state_file() {
+        let zone = |z: &str| Some(z.parse::<ZoneName>().unwrap());
+        let base = config(&["10.0.0.21:80,zone=a", "10.0.0.22:80"]);
+        let vip = base.vips[0].vip;
+        let mut state = RuntimeState::default();
+        // Added at runtime in zone b; the configured one re-added in its
+        // own zone is no change.
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.23:80"),
+            Change::Add(Weight::new(2).unwrap(), zone("b")),
+        );
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.21:80"),
+            Change::Add(Weight::DEFAULT, zone("a")),
+        );
+        // A configured backend without a zone, re-added in zone c.
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.22:80"),
+            Change::Add(Weight::DEFAULT, zone("c")),
+        );
+        assert_eq!(state.backends.len(), 2, "{:?}", state.backends);
+        // A VIP added at runtime keeps its backends' zones, also across a
+        // weight change.
+        let added = AddedVip {
+            algorithm: "random".into(),
+            backends: vec!["10.0.0.31:80@1,zone=a".into()],
+        };
+        let new_vip: VipAddr = "10.0.0.101:80".parse().unwrap();
+        state.record_vip_added(&base, &added.config(new_vip, &base.zones).unwrap());
+        state.record(
+            &base,
+            &new_vip,
+            addr("10.0.0.31:80"),
+            Change::Weight(Weight::new(3).unwrap()),
+        );
+        state.record(
+            &base,
+            &new_vip,
+            addr("10.0.0.32:80"),
+            Change::Add(Weight::DEFAULT, zone("b")),
+        );
+
+        let dir = std::env::temp_dir().join(format!("lb-state-zones-{}", std::process::id()));
+        let file = path(&dir, "lb-test");
+        state.save(&file).unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(r#""zone": "b""#), "{text}");
+        assert!(text.contains("10.0.0.32:80@1,zone=b"), "{text}");
+        let mut loaded = RuntimeState::load(&file).unwrap().unwrap();
+        assert_eq!(loaded, state);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let mut effective = base.clone();
+        let (_, notes) = loaded.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(
+            backends(&effective),
+            [
+                "10.0.0.21:80@1,zone=a",
+                "10.0.0.22:80@1,zone=c",
+                "10.0.0.23:80@2,zone=b"
+            ]
+        );
+        let got: Vec<String> = effective.vips[1]
+            .backends
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["10.0.0.31:80@3,zone=a", "10.0.0.32:80@1,zone=b"]);
+
+        // The file moves backend 21 to another zone: the file wins there.
+        let edited = config(&["10.0.0.21:80,zone=b", "10.0.0.22:80"]);
+        let mut effective = edited.clone();
+        let (_, notes) = state.clone().overlay(&mut effective);
+        assert!(notes.is_empty(), "entry 21 was never kept: {notes:?}");
+        assert_eq!(effective.vips[0].backends[0].zone, zone("b"));
+        let edited = config(&["10.0.0.21:80", "10.0.0.22:80,zone=d"]);
+        let mut effective = edited.clone();
+        let (_, notes) = state.overlay(&mut effective);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(effective.vips[0].backends[1].zone, zone("d"));
     }
 
     #[test]

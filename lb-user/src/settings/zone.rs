@@ -90,6 +90,33 @@ impl serde::Serialize for ZoneName {
     }
 }
 
+/// Parses `--zone-min-healthy` / `zone_min_healthy`: a percentage in
+/// 1..=100 with an optional `%` (`70`, `70%`, `62.5`), as the fraction
+/// (`0.70`).
+pub fn parse_min_healthy(text: &str) -> Result<f64, String> {
+    let bad = || {
+        format!(
+            "invalid zone min healthy '{text}' (expected a percentage in 1..=100, e.g. 70 or 70%)"
+        )
+    };
+    let number = text.trim();
+    let number = number.strip_suffix('%').unwrap_or(number).trim_end();
+    let percent: f64 = number.parse().map_err(|_| bad())?;
+    if !(1.0..=100.0).contains(&percent) {
+        return Err(bad());
+    }
+    Ok(percent / 100.0)
+}
+
+/// Parses `on` or `off` (`--zone-aware`).
+pub fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("invalid value '{text}' (expected on or off)")),
+    }
+}
+
 /// The balancer's zone and how zone-aware VIPs route (see `zone::plan`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ZoneSettings {
@@ -139,6 +166,31 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn min_healthy_is_a_percentage_kept_as_a_fraction() {
+        assert_eq!(parse_min_healthy("70"), Ok(DEFAULT_ZONE_MIN_HEALTHY));
+        assert_eq!(parse_min_healthy("70%"), Ok(0.70));
+        assert_eq!(parse_min_healthy("100"), Ok(1.0));
+        assert_eq!(parse_min_healthy("1%"), Ok(0.01));
+        assert_eq!(parse_min_healthy("62.5"), Ok(0.625));
+        for bad in ["0", "101", "-5", "x", "", "%", "70%%", "NaN", "inf", "0.5"] {
+            let err = parse_min_healthy(bad).unwrap_err();
+            assert_eq!(
+                err,
+                format!(
+                    "invalid zone min healthy '{bad}' (expected a percentage in 1..=100, e.g. 70 or 70%)"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn on_off() {
+        assert_eq!(parse_on_off("on"), Ok(true));
+        assert_eq!(parse_on_off("off"), Ok(false));
+        assert!(parse_on_off("yes").is_err());
     }
 
     #[test]

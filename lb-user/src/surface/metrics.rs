@@ -75,6 +75,9 @@ pub struct Snapshot {
     pub tick_times: UpdateTimes,
     /// VIPs currently in panic mode (serving backends that fail checks).
     pub vips_in_panic: u64,
+    /// Zone-aware VIPs: their zone blocks and routing state.
+    pub zones: Vec<ZoneMetrics>,
+    pub zone_vips: Vec<VipZoneMetrics>,
     pub flows_evicted: u64,
     pub flow_entries: u64,
     pub flow_table_size: u64,
@@ -88,6 +91,29 @@ pub struct Snapshot {
     pub score_syscalls: u64,
     /// This process's CPU time and memory.
     pub process: Option<ProcessStats>,
+}
+
+/// One zone block of a zone-aware VIP (`lb_zone_*`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ZoneMetrics {
+    pub vip: String,
+    /// The zone, `-` for backends without one, `a+b` for a lumped block.
+    pub zone: String,
+    pub backends: u64,
+    pub active: u64,
+    /// Planned share of new connections, 0..=1.
+    pub share: f64,
+    /// Connections opened to the zone's backends (their kernel counters).
+    pub new_connections: u64,
+}
+
+/// A zone-aware VIP's routing state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VipZoneMetrics {
+    pub vip: String,
+    /// 0 local, 1 spilling, 2 panic (`pool::zones::Spill::gauge`).
+    pub spill: i64,
+    pub panics: u64,
 }
 
 /// What etcd discovery reports (`lb_discovery_*`).
@@ -370,6 +396,9 @@ pub fn render(s: &Snapshot) -> String {
     render_kernel_counters(&mut out, s);
     render_map_updates(&mut out, s);
     render_pool_and_flows(&mut out, s);
+    if !s.zone_vips.is_empty() {
+        render_zones(&mut out, s);
+    }
     if let Some(d) = &s.discovery {
         render_discovery(&mut out, d);
     }
@@ -381,6 +410,59 @@ pub fn render(s: &Snapshot) -> String {
         warn!("metrics: encoding failed: {e}");
     }
     text
+}
+
+/// Zone-aware routing: per zone block and per VIP.
+fn render_zones(out: &mut Exposition, s: &Snapshot) {
+    type Field = fn(&ZoneMetrics) -> f64;
+    let families: [(&str, &str, &str, Field); 4] = [
+        (
+            "lb_zone_backends",
+            "gauge",
+            "Backends of the VIP in the zone (selectable or not).",
+            |z| z.backends as f64,
+        ),
+        (
+            "lb_zone_active_backends",
+            "gauge",
+            "Backends of the VIP in the zone that may take new connections.",
+            |z| z.active as f64,
+        ),
+        (
+            "lb_zone_share",
+            "gauge",
+            "Share of the VIP's new connections the zone gets (0 to 1), as planned.",
+            |z| z.share,
+        ),
+        (
+            "lb_zone_new_connections_total",
+            "counter",
+            "Connections opened to the zone's backends.",
+            |z| z.new_connections as f64,
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        out.family(name, kind, help);
+        for z in &s.zones {
+            out.sample(name, &[("vip", &z.vip), ("zone", &z.zone)], field(z));
+        }
+    }
+    out.family(
+        "lb_zone_spill",
+        "gauge",
+        "Zone routing state: 0 the local zone takes everything, 1 spilling to other zones, 2 zone panic (every backend serves).",
+    );
+    for v in &s.zone_vips {
+        out.sample("lb_zone_spill", &[("vip", &v.vip)], v.spill as f64);
+    }
+    out.family(
+        "lb_zone_panics_total",
+        "counter",
+        "Times the VIP entered the zone panic (no zone had a selectable backend).",
+    );
+    for v in &s.zone_vips {
+        out.sample("lb_zone_panics_total", &[("vip", &v.vip)], v.panics as f64);
+    }
 }
 
 /// etcd discovery's connection, revision and updates.
@@ -730,6 +812,19 @@ mod tests {
             reasons: vec![("drop_snat_exhausted", 3)],
             events_lost: 2,
             control_errors: vec![("tick", 4), ("health", 0)],
+            zones: vec![ZoneMetrics {
+                vip: "10.0.0.100:80/tcp".into(),
+                zone: "a".into(),
+                backends: 5,
+                active: 2,
+                share: 0.5,
+                new_connections: 7,
+            }],
+            zone_vips: vec![VipZoneMetrics {
+                vip: "10.0.0.100:80/tcp".into(),
+                spill: 1,
+                panics: 3,
+            }],
             ..Default::default()
         };
         s.publish_times.histogram.observe(0.003);
@@ -745,6 +840,11 @@ mod tests {
         assert!(text.contains("lb_packets_total{reason=\"drop_snat_exhausted\"} 3\n"));
         assert!(text.contains("lb_ring_buffer_events_lost_total 2\n"));
         assert!(text.contains("lb_control_errors_total{stage=\"tick\"} 4\n"));
+        assert!(text.contains("lb_zone_active_backends{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 2\n"));
+        assert!(text.contains("lb_zone_share{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 0.5\n"));
+        assert!(text.contains("lb_zone_new_connections_total{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 7\n"));
+        assert!(text.contains("lb_zone_spill{vip=\"10.0.0.100:80/tcp\"} 1\n"));
+        assert!(text.contains("lb_zone_panics_total{vip=\"10.0.0.100:80/tcp\"} 3\n"));
         // OpenMetrics: counters typed by their name without `_total`, a
         // histogram per map-update kind and one of score ticks, and EOF.
         assert!(text.contains("# TYPE lb_backend_connections_opened counter\n"));

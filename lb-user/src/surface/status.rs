@@ -19,9 +19,17 @@
 //!     "inflight_bias": 2,
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
+//!     "zone_routing": {                // zone-aware VIPs only
+//!       "local_zone": "a",
+//!       "spill": "spilling",           // "local" | "spilling" | "panic"
+//!       "reason": "local zone a: 2 of 5 backends selectable, 40% of its weight (< 70%)",
+//!       "zones": [{ "zone": "a", "share": 0.57, "backends": 5, "active": 2 }],  // failover order
+//!       "backend_zones": { "10.0.0.21:8080": "a" }   // "-": no zone
+//!     },
 //!     "backends": [{
 //!       "id": 0,
 //!       "address": "10.0.0.21:8080",
+//!       "zone": "a",                   // absent: no zone (or not zone-aware)
 //!       "weight": 0.5,                 // effective weight (slow start, smoothing)
 //!       "state": "active",             // "active" | "draining" | "ejected"
 //!       "inflight": 3,                 // opened - closed - correction
@@ -77,7 +85,57 @@ pub struct VipStatus {
     /// The etcd revision applied (discovered VIPs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
+    /// Zone-aware VIPs: the routing state the control plane last planned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone_routing: Option<ZoneRouting>,
     pub backends: Vec<BackendStatus>,
+}
+
+/// What the control plane tells `status` about zone-aware routing, in
+/// `/run/lb-user/<instance>.zones.json` (replaced atomically at each change).
+#[derive(Debug, Default, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ZonesFile {
+    /// Per VIP (`IP:PORT/proto`).
+    pub vips: std::collections::BTreeMap<String, ZoneRouting>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ZoneRouting {
+    pub local_zone: String,
+    pub spill: String,
+    pub reason: String,
+    pub zones: Vec<ZoneStatus>,
+    /// Backend address → zone (`-`: none).
+    pub backend_zones: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ZoneStatus {
+    pub zone: String,
+    pub share: f64,
+    pub backends: usize,
+    pub active: usize,
+}
+
+pub fn zones_path(instance_name: &str) -> std::path::PathBuf {
+    Path::new(instance::LOCK_DIR).join(format!("{instance_name}.zones.json"))
+}
+
+/// Each zone-aware VIP's routing and its backends' zones, from the zones
+/// file if any.
+fn apply_zones(instance_name: &str, vips: &mut [VipStatus]) {
+    let file: ZonesFile = std::fs::read_to_string(zones_path(instance_name))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    for v in vips {
+        if let Some(z) = file.vips.get(&format!("{}/{}", v.address, v.protocol)) {
+            for b in &mut v.backends {
+                b.zone = z.backend_zones.get(&b.address).filter(|z| *z != "-").cloned();
+            }
+            v.zone_routing = Some(z.clone());
+        }
+    }
 }
 
 /// What the discovery watch tells `status`, per VIP (`IP:PORT/proto`), in
@@ -116,6 +174,8 @@ fn apply_sources(instance_name: &str, vips: &mut [VipStatus]) {
 pub struct BackendStatus {
     pub id: u32,
     pub address: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// Effective weight (slow start and smoothing applied), in configured units.
     pub weight: f64,
     pub state: String,
@@ -196,6 +256,7 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
         .context("reading SWEEP_STATS")?;
     let mut vips = read_vips(&dir, &config)?;
     apply_sources(instance, &mut vips);
+    apply_zones(instance, &mut vips);
     Ok(Status {
         instance: instance.to_string(),
         ifindex: config.ifindex,
@@ -226,6 +287,7 @@ fn backend_status(
         address: wire::socket_addr(b.addr, b.family, b.port)
             .map(|a| a.to_string())
             .unwrap_or_default(),
+        zone: None,
         weight: if score.weight != 0 {
             f64::from(score.weight) / f64::from(WEIGHT_UNITS)
         } else {
@@ -298,6 +360,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
             inflight_bias: meta.inflight_bias,
             source: "static".to_string(),
             revision: None,
+            zone_routing: None,
             backends: list,
         });
     }
@@ -340,10 +403,29 @@ pub fn render_table(s: &Status) -> String {
                 .map(|r| format!(" @ revision {r}"))
                 .unwrap_or_default()
         );
+        if let Some(z) = &v.zone_routing {
+            let zones: Vec<String> = z
+                .zones
+                .iter()
+                .map(|b| format!("{} {:.1}% ({}/{} active)", b.zone, b.share * 100.0, b.active, b.backends))
+                .collect();
+            out += &format!(
+                "  zones: local {}, {}{}: {}\n",
+                z.local_zone,
+                z.spill,
+                if z.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", z.reason)
+                },
+                zones.join(", ")
+            );
+        }
         out += &format!(
-            "  {:>3} {:<22} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
+            "  {:>3} {:<22} {:<8} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
             "id",
             "backend",
+            "zone",
             "weight",
             "state",
             "inflight",
@@ -357,9 +439,10 @@ pub fn render_table(s: &Status) -> String {
         );
         for b in &v.backends {
             out += &format!(
-                "  {:>3} {:<22} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
+                "  {:>3} {:<22} {:<8} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
                 b.id,
                 b.address,
+                b.zone.as_deref().unwrap_or("-"),
                 b.weight,
                 b.state,
                 b.inflight,

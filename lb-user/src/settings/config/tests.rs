@@ -3,7 +3,10 @@ use std::path::Path;
 use clap::Parser;
 
 use super::*;
-use crate::settings::cli::Cli;
+use crate::settings::{
+    cli::Cli,
+    zone::{ZoneName, ZoneSettings},
+};
 
 fn args(argv: &[&str]) -> RunArgs {
     let mut full = vec!["lb-user"];
@@ -417,4 +420,390 @@ fn snat_quarantine_from_flag_file_or_default() {
         from_flags(&argv).unwrap_err().to_string(),
         "snat quarantine must be greater than zero"
     );
+}
+
+fn zone(name: &str) -> ZoneName {
+    name.parse().unwrap()
+}
+
+#[test]
+fn zone_settings_default_to_no_zone_and_no_zone_aware_vip() {
+    let c = from_flags(MINIMAL).unwrap();
+    assert_eq!(c.zones, ZoneSettings::default());
+    assert_eq!(c.zones.local, None);
+    assert_eq!(c.zones.min_healthy, 0.70);
+    assert_eq!(c.zones.avoid_factor, 3.0);
+    assert!(c.zones.failover.is_empty());
+    assert!(!c.vips[0].zone_aware);
+    assert_eq!(c.vips[0].backends[0].zone, None);
+    // With a zone, every VIP is zone-aware unless it says otherwise.
+    let c = from_file(
+        r#"
+        zone = "a"
+        [[vip]]
+        address = "10.0.0.101:80"
+        backends = ["10.0.0.21:8080"]
+        [[vip]]
+        address = "10.0.0.102:80"
+        zone_aware = false
+        backends = ["10.0.0.21:8080"]
+        "#,
+        MINIMAL,
+    )
+    .unwrap();
+    assert_eq!(c.zones.local, Some(zone("a")));
+    let aware: Vec<bool> = c.vips.iter().map(|v| v.zone_aware).collect();
+    assert_eq!(aware, [true, false, true]);
+}
+
+#[test]
+fn zone_flags_and_keys_mean_the_same_and_flags_win() {
+    let mut argv = MINIMAL.to_vec();
+    argv.extend([
+        "--zone",
+        "a",
+        "--zone-min-healthy",
+        "50%",
+        "--zone-avoid-factor",
+        "2.5",
+        "--zone-failover",
+        "c,b",
+        "--zone-aware",
+        "off",
+    ]);
+    let flags = from_flags(&argv).unwrap();
+    let file = from_file(
+        r#"
+        zone = "a"
+        zone_min_healthy = 50
+        zone_avoid_factor = 2.5
+        zone_failover = ["c", "b"]
+        zone_aware = false
+        "#,
+        MINIMAL,
+    )
+    .unwrap();
+    assert_eq!(flags, file);
+    assert_eq!(
+        flags.zones,
+        ZoneSettings {
+            local: Some(zone("a")),
+            min_healthy: 0.5,
+            avoid_factor: 2.5,
+            failover: vec![zone("c"), zone("b")],
+        }
+    );
+    assert!(!flags.vips[0].zone_aware);
+
+    // Flags over the file's keys; the file's global zone_aware over the
+    // default, a VIP's own over both.
+    let text = r#"
+        zone = "a"
+        zone_min_healthy = "90%"
+        zone_avoid_factor = 5
+        zone_failover = ["b"]
+        zone_aware = false
+        [[vip]]
+        address = "10.0.0.101:80"
+        zone_aware = true
+        backends = ["10.0.0.21:8080"]
+        [[vip]]
+        address = "10.0.0.102:80"
+        backends = ["10.0.0.21:8080"]
+    "#;
+    let file_only = from_file(text, MINIMAL).unwrap();
+    assert_eq!(file_only.zones.min_healthy, 0.9);
+    assert_eq!(file_only.zones.avoid_factor, 5.0);
+    let aware: Vec<bool> = file_only.vips.iter().map(|v| v.zone_aware).collect();
+    assert_eq!(aware, [true, false, false]);
+    let mut argv = MINIMAL.to_vec();
+    argv.extend([
+        "--zone",
+        "b",
+        "--zone-min-healthy",
+        "75",
+        "--zone-avoid-factor",
+        "1",
+        "--zone-failover",
+        "a",
+        "--zone-failover",
+        "c",
+        "--zone-aware",
+        "on",
+    ]);
+    let both = from_file(text, &argv).unwrap();
+    assert_eq!(both.zones.local, Some(zone("b")));
+    assert_eq!(both.zones.min_healthy, 0.75);
+    assert_eq!(both.zones.avoid_factor, 1.0);
+    assert_eq!(both.zones.failover, [zone("a"), zone("c")]);
+    let aware: Vec<bool> = both.vips.iter().map(|v| v.zone_aware).collect();
+    assert_eq!(aware, [true, true, true]);
+}
+
+fn flag_err(extra: &[&str]) -> String {
+    let mut full = vec!["lb-user"];
+    full.extend_from_slice(MINIMAL);
+    full.extend_from_slice(extra);
+    match Cli::try_parse_from(full) {
+        Ok(cli) => Config::merge(cli.run, FileConfig::default())
+            .unwrap_err()
+            .to_string(),
+        Err(e) => one_line(&e.to_string()),
+    }
+}
+
+#[test]
+fn zone_min_healthy_is_a_percentage() {
+    for (text, fraction) in [("70", 0.70), ("70%", 0.70), ("1", 0.01), ("100%", 1.0)] {
+        let mut argv = MINIMAL.to_vec();
+        argv.extend(["--zone-min-healthy", text]);
+        assert_eq!(from_flags(&argv).unwrap().zones.min_healthy, fraction);
+    }
+    for bad in ["0", "101", "-5", "x", "70%%"] {
+        let err = flag_err(&["--zone-min-healthy", bad]);
+        assert!(
+            err.contains(&format!(
+                "invalid zone min healthy '{bad}' (expected a percentage in 1..=100, e.g. 70 or 70%)"
+            )),
+            "{bad}: {err}"
+        );
+    }
+    for (key, bad) in [
+        ("0", "0"),
+        ("101", "101"),
+        ("-5", "-5"),
+        ("\"x\"", "x"),
+        ("\"0%\"", "0%"),
+        ("100.5", "100.5"),
+    ] {
+        let err = err_file(&format!("zone_min_healthy = {key}"));
+        assert_eq!(
+            err,
+            format!(
+                "invalid config file test.toml: invalid zone min healthy '{bad}' (expected a percentage in 1..=100, e.g. 70 or 70%)"
+            ),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        from_file("zone_min_healthy = 62.5", MINIMAL)
+            .unwrap()
+            .zones
+            .min_healthy,
+        0.625
+    );
+}
+
+#[test]
+fn zone_avoid_factor_is_finite_and_at_least_one() {
+    for bad in ["0.5", "0", "-1", "NaN", "inf"] {
+        assert_eq!(
+            flag_err(&["--zone-avoid-factor", bad]),
+            format!(
+                "zone avoid factor {} is invalid (expected a finite number of at least 1)",
+                bad.parse::<f64>().unwrap()
+            ),
+            "{bad}"
+        );
+    }
+    assert!(flag_err(&["--zone-avoid-factor", "x"]).contains("invalid float"));
+    for key in ["0.99", "nan", "inf"] {
+        let err = from_file(&format!("zone_avoid_factor = {key}"), MINIMAL)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("zone avoid factor "), "{key}: {err}");
+    }
+}
+
+#[test]
+fn zone_failover_lists_other_zones_once_and_needs_a_zone() {
+    assert_eq!(
+        flag_err(&["--zone", "a", "--zone-failover", "b,c,b"]),
+        "zone failover lists zone b twice"
+    );
+    assert_eq!(
+        flag_err(&["--zone", "a", "--zone-failover", "b,a"]),
+        "zone failover lists the balancer's own zone a"
+    );
+    assert_eq!(
+        flag_err(&["--zone-failover", "b"]),
+        "zone failover needs the balancer's own zone (use --zone or zone in the config file)"
+    );
+    let err = from_file(r#"zone_failover = ["b"]"#, MINIMAL)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "zone failover needs the balancer's own zone (use --zone or zone in the config file)"
+    );
+    // The file's zone is enough for the flag's list, and the reverse.
+    let mut argv = MINIMAL.to_vec();
+    argv.extend(["--zone-failover", "b"]);
+    assert!(from_file(r#"zone = "a""#, &argv).is_ok());
+    let with_zone = [MINIMAL, &["--zone", "a"]].concat();
+    let err = from_file(r#"zone_failover = ["b", "b"]"#, &with_zone)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "zone failover lists zone b twice");
+    assert!(
+        err_file(r#"zone_failover = ["b c"]"#).contains("may only use"),
+        "a bad name in the list"
+    );
+    assert!(flag_err(&["--zone", "a b"]).contains("may only use"));
+}
+
+#[test]
+fn zone_aware_needs_the_balancers_zone() {
+    assert_eq!(
+        flag_err(&["--zone-aware", "on"]),
+        "VIP 10.0.0.100:80/tcp is zone-aware but the balancer has no zone (use --zone or zone in the config file)"
+    );
+    assert!(flag_err(&["--zone-aware", "yes"]).contains("expected on or off"));
+    assert!(from_flags(&[MINIMAL, &["--zone-aware", "off"]].concat()).is_ok());
+    let err = err_file(
+        r#"
+        iface = "eth0"
+        [[vip]]
+        address = "10.0.0.101:80"
+        zone_aware = true
+        backends = ["10.0.0.21:8080"]
+        "#,
+    );
+    assert_eq!(
+        err,
+        "VIP 10.0.0.101:80/tcp is zone-aware but the balancer has no zone (use --zone or zone in the config file)"
+    );
+    let err = from_file("zone_aware = true", MINIMAL)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is zone-aware but the balancer has no zone"),
+        "{err}"
+    );
+}
+
+#[test]
+fn backends_are_strings_or_tables_with_zones() {
+    let c = from_file(
+        r#"
+        iface = "eth0"
+        zone = "a"
+        [[vip]]
+        address = "10.0.0.100:80"
+        backends = [
+            "10.0.0.21:8080",
+            "10.0.0.22:8080@2,zone=a",
+            { addr = "10.0.0.23:8080", weight = 3, zone = "b" },
+            { addr = "10.0.0.24:8080" },
+            { addr = "10.0.0.25:8080", zone = "b" },
+        ]
+        "#,
+        &[
+            "--vip",
+            "10.0.0.101:80",
+            "--backend",
+            "10.0.0.31:80@4,zone=b",
+        ],
+    )
+    .unwrap();
+    let got: Vec<String> = c.vips[0].backends.iter().map(|b| b.to_string()).collect();
+    assert_eq!(
+        got,
+        [
+            "10.0.0.21:8080@1",
+            "10.0.0.22:8080@2,zone=a",
+            "10.0.0.23:8080@3,zone=b",
+            "10.0.0.24:8080@1",
+            "10.0.0.25:8080@1,zone=b"
+        ]
+    );
+    assert_eq!(c.vips[1].backends[0].zone, Some(zone("b")));
+    assert_eq!(c.vips[1].backends[0].weight.get(), 4);
+
+    let vip = |backends: &str| {
+        err_file(&format!(
+            "iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = {backends}\n"
+        ))
+    };
+    let unknown = vip(r#"[{ addr = "10.0.0.21:80", region = "a" }]"#);
+    assert!(
+        unknown.starts_with("invalid config file test.toml: unknown field `region`"),
+        "{unknown}"
+    );
+    assert_eq!(
+        vip(r#"[{ addr = "10.0.0.21:80", zone = "a b" }]"#),
+        "invalid config file test.toml: invalid zone in backend '10.0.0.21:80': zone name \"a b\" may only use A-Z, a-z, 0-9, '.', '_' and '-'"
+    );
+    assert_eq!(
+        vip(r#"["10.0.0.21:80,zone=a/b"]"#),
+        "invalid config file test.toml: invalid zone in backend '10.0.0.21:80,zone=a/b': zone name \"a/b\" may only use A-Z, a-z, 0-9, '.', '_' and '-'"
+    );
+    assert_eq!(
+        vip(r#"["10.0.0.21:80,color=red"]"#),
+        "invalid config file test.toml: unknown option 'color=red' in backend '10.0.0.21:80,color=red' (expected ,zone=NAME)"
+    );
+    for (weight, text) in [("0", "0"), ("65536", "65536"), ("-5", "-5")] {
+        assert_eq!(
+            vip(&format!(
+                r#"[{{ addr = "10.0.0.21:80", weight = {weight} }}]"#
+            )),
+            format!(
+                "invalid config file test.toml: invalid weight '{text}' (expected an integer in 1..=65535)"
+            )
+        );
+    }
+    let missing = vip(r#"[{ weight = 2 }]"#);
+    assert!(missing.contains("missing field `addr`"), "{missing}");
+    let bad_addr = vip(r#"[{ addr = "10.0.0.21" }]"#);
+    assert!(
+        bad_addr.ends_with("invalid address '10.0.0.21' (expected IP:PORT)"),
+        "{bad_addr}"
+    );
+    let wrong_type = vip("[7]");
+    assert!(
+        wrong_type.contains("IP:PORT[@WEIGHT][,zone=NAME]"),
+        "{wrong_type}"
+    );
+    // Identity is the address: the same address twice is a duplicate
+    // whatever its zone.
+    assert_eq!(
+        vip(r#"["10.0.0.21:80,zone=a", { addr = "10.0.0.21:80", zone = "b" }]"#),
+        "duplicate backend 10.0.0.21:80 in VIP 10.0.0.100:80/tcp"
+    );
+}
+
+#[test]
+fn a_reload_reports_a_backend_moved_to_another_zone() {
+    let running = from_flags(&[
+        "--iface",
+        "eth0",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.21:8080,zone=a",
+        "--backend",
+        "10.0.0.22:8080",
+    ])
+    .unwrap();
+    let reloaded = from_flags(&[
+        "--iface",
+        "eth0",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.21:8080,zone=b",
+        "--backend",
+        "10.0.0.22:8080@2,zone=a",
+        "--zone",
+        "a",
+    ])
+    .unwrap();
+    assert_eq!(
+        backend_changes(&running, &reloaded),
+        [
+            "VIP 10.0.0.100:80/tcp: added [], removed [], re-weighted [10.0.0.22:8080@2,zone=a], re-zoned [10.0.0.21:8080@1,zone=b, 10.0.0.22:8080@2,zone=a]"
+        ]
+    );
+    // The zone settings and zone_aware are the reload's to apply.
+    assert!(needs_restart(&running, &reloaded).is_empty());
 }

@@ -1,0 +1,401 @@
+//! Zone-aware routing in the namespace lab: ten real backends, five in
+//! zone a (the balancer's zone) and five in zone b, declared in a config
+//! file in the table form (`{ addr = ..., zone = ... }`), P2C inside each
+//! zone, under open-loop load with a new connection per request.
+//!
+//! Each test prints a `ZONES <name>: ...` line with the shares and losses
+//! (the numbers quoted in the notes). Needs root.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    thread,
+    time::{Duration, Instant},
+};
+
+use lb_lab::{
+    Binaries, Lab,
+    lab::{Algorithm, BackendSpec, BalancerSpec, ProcessId, XdpMode},
+    loadgen::{LoadConfig, Protocol, Summary},
+    require_root,
+    status::ZoneRouting,
+};
+use nix::sys::signal::Signal;
+
+const ZONE_A: [usize; 5] = [0, 1, 2, 3, 4];
+const ZONE_B: [usize; 5] = [5, 6, 7, 8, 9];
+const METRICS_ADDR: &str = "127.0.0.1:9470";
+/// Health checks fast enough for short tests.
+const FAST_CHECKS: &[&str] = &[
+    "--health-check",
+    "tcp",
+    "--health-interval",
+    "200ms",
+    "--health-timeout",
+    "200ms",
+    "--health-fall",
+    "2",
+    "--health-rise",
+    "2",
+];
+/// Open-loop load: well within one zone's capacity (5 × 4 workers / 5 ms
+/// = 4000 req/s), and still within it when zone a is 10× slower.
+const RATE: f64 = 200.0;
+
+/// Ten backends of 4 workers at 5 ms.
+fn lab() -> Lab {
+    Lab::builder(Binaries::for_tests())
+        .backends(10, BackendSpec::new(5, 4))
+        .build()
+        .unwrap()
+}
+
+/// Starts lb-user in zone a with the TCP VIP over all ten backends,
+/// zones from the config file, and `extra` flags; waits for its first
+/// zone plan.
+fn start(lab: &Lab, extra: &[&str]) -> ProcessId {
+    let backends: Vec<String> = (0..10)
+        .map(|i| {
+            let zone = if ZONE_A.contains(&i) { "a" } else { "b" };
+            format!(
+                "{{ addr = \"{}\", zone = \"{zone}\" }}",
+                lab.backends()[i].addr()
+            )
+        })
+        .collect();
+    let toml = format!(
+        "zone = \"a\"\n\n[[vip]]\naddress = \"{}/tcp\"\nbackends = [{}]\n",
+        lab.tcp_vip(),
+        backends.join(", ")
+    );
+    let path = lab.log_dir().join("zones.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut extra_args: Vec<String> = vec!["--config".into(), path.display().to_string()];
+    extra_args.extend(FAST_CHECKS.iter().map(|s| s.to_string()));
+    extra_args.extend(extra.iter().map(|s| s.to_string()));
+    let spec = BalancerSpec {
+        vips: Vec::new(),
+        algorithm: Algorithm::P2cEwma,
+        xdp_mode: XdpMode::Native,
+        extra_args,
+    };
+    let process = lab.start_balancer(&spec).unwrap();
+    wait_for("the first zone plan", Duration::from_secs(5), || {
+        routing(lab).is_some()
+    });
+    process
+}
+
+fn routing(lab: &Lab) -> Option<ZoneRouting> {
+    lab.status()
+        .ok()?
+        .vip(&lab.tcp_vip().to_string())?
+        .zone_routing
+        .clone()
+}
+
+/// Connections opened so far to zone a's and zone b's backends.
+fn opened_by_zone(lab: &Lab) -> (u64, u64) {
+    let status = lab.status().unwrap();
+    let vip = status.vip(&lab.tcp_vip().to_string()).unwrap();
+    let mut sums = (0, 0);
+    for b in &vip.backends {
+        let index = lab
+            .backends()
+            .iter()
+            .position(|x| x.addr().to_string() == b.address)
+            .unwrap();
+        if ZONE_A.contains(&index) {
+            sums.0 += b.opened;
+        } else {
+            sums.1 += b.opened;
+        }
+        let expected = if ZONE_A.contains(&index) { "a" } else { "b" };
+        assert_eq!(b.zone.as_deref(), Some(expected), "{b:?}");
+    }
+    sums
+}
+
+/// Zone b's share of the connections opened between two snapshots.
+fn spilled(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let (a, b) = (after.0 - before.0, after.1 - before.1);
+    assert!(a + b > 0, "no connection was opened");
+    b as f64 / (a + b) as f64
+}
+
+fn load(lab: &Lab, duration_s: f64) -> LoadConfig {
+    LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, RATE, duration_s).with_timeout_ms(2_000)
+}
+
+/// Runs `config` while `during` runs; returns the load's summary and
+/// what `during` returned.
+fn during<T>(lab: &Lab, config: &LoadConfig, during: impl FnOnce() -> T) -> (Summary, T) {
+    let process = lab.spawn_loadgen(config).unwrap();
+    let out = during();
+    (lab.loadgen_summary(process, config).unwrap(), out)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+fn scrape(lab: &Lab) -> String {
+    lab.in_ns(&lab.balancer().ns, || {
+        let mut s = TcpStream::connect(METRICS_ADDR)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    })
+    .unwrap()
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
+}
+
+#[test]
+fn a_healthy_local_zone_keeps_new_connections_and_a_killed_majority_spills_only_the_excess() {
+    require_root!();
+    let lab = lab();
+    let _lb = start(&lab, &["--outlier-consecutive", "3"]);
+    let vip = format!("{}/tcp", lab.tcp_vip());
+    // Warm-up, then the healthy phase.
+    lab.run_loadgen(&load(&lab, 1.5)).unwrap();
+    let before = opened_by_zone(&lab);
+    let healthy = lab.run_loadgen(&load(&lab, 4.0)).unwrap();
+    let local_healthy = 1.0 - spilled(before, opened_by_zone(&lab));
+    assert_eq!(routing(&lab).unwrap().spill, "local");
+    assert_eq!(healthy.error_count(), 0, "{healthy:?}");
+    assert!(
+        local_healthy >= 0.95,
+        "only {:.1}% stayed in zone a while it was healthy",
+        local_healthy * 100.0
+    );
+
+    // Kill 3 of zone a's 5 backends under load.
+    let killed = [ZONE_A[0], ZONE_A[1], ZONE_A[2]];
+    let config = load(&lab, 8.0);
+    let (summary, (detected_after, window, killed_opened, planned_a)) = during(&lab, &config, || {
+        thread::sleep(Duration::from_secs(2));
+        for &i in &killed {
+            lab.signal(lab.backends()[i].process, Signal::SIGKILL)
+                .unwrap();
+        }
+        let detected_after = wait_for("zone a to spill", Duration::from_secs(4), || {
+            routing(&lab).is_some_and(|r| r.spill == "spilling")
+        });
+        // Let the ejections settle, then measure a window.
+        thread::sleep(Duration::from_millis(500));
+        let at_detection = opened_by_zone(&lab);
+        let killed_at_detection = killed_opened(&lab, &killed);
+        thread::sleep(Duration::from_secs(3));
+        let window = spilled(at_detection, opened_by_zone(&lab));
+        let routing = routing(&lab).unwrap();
+        (
+            detected_after,
+            window,
+            killed_opened(&lab, &killed) - killed_at_detection,
+            routing.share("a"),
+        )
+    });
+    let r = routing(&lab).unwrap();
+    let metrics = scrape(&lab);
+    eprintln!(
+        "ZONES kill-3-of-5: healthy: {:.1}% of new connections in zone a ({} req, {} failed); \
+         killed 3 of zone a's 5 under {RATE} req/s: spill after {:.2} s ({}), zone b got {:.1}% \
+         (planned {:.1}%), new connections to the killed backends after detection {}, \
+         failed {} of {} {:?}",
+        local_healthy * 100.0,
+        healthy.scheduled,
+        healthy.error_count(),
+        detected_after.as_secs_f64(),
+        r.reason,
+        window * 100.0,
+        (1.0 - planned_a) * 100.0,
+        killed_opened,
+        summary.error_count(),
+        summary.scheduled,
+        summary.errors
+    );
+    // 2 of 5 at 40% of the weight, against 70%: zone a keeps 40/70 = 57%.
+    assert!(
+        (planned_a - 0.571).abs() < 0.03,
+        "planned share of zone a {planned_a}"
+    );
+    assert!(
+        (0.25..=0.65).contains(&window),
+        "zone b got {:.1}% after the kill (planned {:.1}%)",
+        window * 100.0,
+        (1.0 - planned_a) * 100.0
+    );
+    assert_eq!(killed_opened, 0, "new connections went to killed backends");
+    assert!(r.reason.contains("2 of 5"), "{}", r.reason);
+    // Only what the killed backends held or were given before detection
+    // fails: 3/5 of 200/s for ~0.5 s is ~60; allow 2.5× for scheduling.
+    assert!(summary.error_count() <= 150, "{summary:?}");
+    assert_eq!(
+        metric(&metrics, &format!("lb_zone_spill{{vip=\"{vip}\"}}")),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            &format!("lb_zone_active_backends{{vip=\"{vip}\",zone=\"a\"}}")
+        ),
+        2.0
+    );
+    assert!(
+        metric(
+            &metrics,
+            &format!("lb_zone_new_connections_total{{vip=\"{vip}\",zone=\"b\"}}")
+        ) > 0.0
+    );
+}
+
+/// Connections opened so far to the backends `indexes`.
+fn killed_opened(lab: &Lab, indexes: &[usize]) -> u64 {
+    let status = lab.status().unwrap();
+    let vip = status.vip(&lab.tcp_vip().to_string()).unwrap();
+    indexes
+        .iter()
+        .map(|&i| {
+            let addr = lab.backends()[i].addr().to_string();
+            vip.backends
+                .iter()
+                .find(|b| b.address == addr)
+                .map_or(0, |b| b.opened)
+        })
+        .sum()
+}
+
+#[test]
+fn a_slow_local_zone_sheds_its_excess_within_two_seconds_and_gets_it_back() {
+    require_root!();
+    let lab = lab();
+    // A short τ so the recovered zone's estimate falls back within the test.
+    let _lb = start(&lab, &["--ewma-tau", "2s"]);
+    lab.run_loadgen(&load(&lab, 2.0)).unwrap();
+    let config = load(&lab, 16.0);
+    let (summary, (moved_after, slow_window, recovered_after, back_window)) =
+        during(&lab, &config, || {
+            thread::sleep(Duration::from_secs(2));
+            for &i in &ZONE_A {
+                lab.signal(lab.backends()[i].process, Signal::SIGUSR1)
+                    .unwrap();
+            }
+            let moved_after =
+                wait_for("the excess to move to zone b", Duration::from_secs(2), || {
+                    routing(&lab).is_some_and(|r| r.share("b") >= 0.5)
+                });
+            let before = opened_by_zone(&lab);
+            thread::sleep(Duration::from_secs(3));
+            let slow_window = spilled(before, opened_by_zone(&lab));
+            for &i in &ZONE_A {
+                lab.signal(lab.backends()[i].process, Signal::SIGUSR1)
+                    .unwrap();
+            }
+            let recovered_after =
+                wait_for("traffic to return to zone a", Duration::from_secs(8), || {
+                    routing(&lab).is_some_and(|r| r.spill == "local")
+                });
+            let before = opened_by_zone(&lab);
+            thread::sleep(Duration::from_secs(2));
+            let back_window = 1.0 - spilled(before, opened_by_zone(&lab));
+            (moved_after, slow_window, recovered_after, back_window)
+        });
+    eprintln!(
+        "ZONES slow-zone: zone a 10× slower under {RATE} req/s: excess moved after {:.2} s, \
+         zone b then got {:.1}% of new connections; zone a fast again: back to local after \
+         {:.2} s, then {:.1}% in zone a; failed {} of {} {:?}",
+        moved_after.as_secs_f64(),
+        slow_window * 100.0,
+        recovered_after.as_secs_f64(),
+        back_window * 100.0,
+        summary.error_count(),
+        summary.scheduled,
+        summary.errors
+    );
+    // 10× slower with an avoidance factor of 3: zone a keeps about 3/10.
+    assert!(slow_window >= 0.5, "zone b got {slow_window}");
+    assert!(back_window >= 0.95, "zone a got {back_window} once fast");
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+}
+
+#[test]
+fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
+    require_root!();
+    let lab = lab();
+    let _lb = start(
+        &lab,
+        &[
+            "--slow-start",
+            "6s",
+            "--ejection-base",
+            "2s",
+            "--outlier-consecutive",
+            "3",
+        ],
+    );
+    lab.run_loadgen(&load(&lab, 1.5)).unwrap();
+    let ports: Vec<String> = ZONE_A[..3].iter().map(|i| format!("p-be{}", i + 1)).collect();
+    let config = load(&lab, 16.0);
+    let (summary, samples) = during(&lab, &config, || {
+        thread::sleep(Duration::from_secs(1));
+        for port in &ports {
+            lab.ip(lab.switch_ns(), &["link", "set", port, "down"])
+                .unwrap();
+        }
+        wait_for("zone a to spill", Duration::from_secs(4), || {
+            routing(&lab).is_some_and(|r| r.spill == "spilling")
+        });
+        thread::sleep(Duration::from_secs(1));
+        for port in &ports {
+            lab.ip(lab.switch_ns(), &["link", "set", port, "up"])
+                .unwrap();
+        }
+        // Zone a's planned share, every 200 ms, until it is local again.
+        let mut samples = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(12) {
+            let r = routing(&lab).unwrap();
+            samples.push((start.elapsed().as_secs_f64(), r.share("a")));
+            if r.spill == "local" {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        samples
+    });
+    let shares: Vec<String> = samples
+        .iter()
+        .map(|(t, s)| format!("{t:.1}s:{:.0}%", s * 100.0))
+        .collect();
+    eprintln!(
+        "ZONES recovery: 3 of zone a's 5 unreachable, then back under a 6 s slow start: \
+         zone a's planned share {}; failed {} of {} {:?}",
+        shares.join(" "),
+        summary.error_count(),
+        summary.scheduled,
+        summary.errors
+    );
+    let last = samples.last().unwrap().1;
+    assert!(last > 0.95, "zone a never took its traffic back: {shares:?}");
+    // The way back is a ramp, not a jump: zone a passes through shares
+    // above its spilled level and below everything.
+    let first = samples[0].1;
+    assert!(
+        samples.iter().any(|&(_, s)| s > first + 0.03 && s < 0.95),
+        "no ramp: {shares:?}"
+    );
+}
