@@ -186,29 +186,30 @@ fn a_healthy_local_zone_keeps_new_connections_and_a_killed_majority_spills_only_
     // Kill 3 of zone a's 5 backends under load.
     let killed = [ZONE_A[0], ZONE_A[1], ZONE_A[2]];
     let config = load(&lab, 8.0);
-    let (summary, (detected_after, window, killed_opened, planned_a)) = during(&lab, &config, || {
-        thread::sleep(Duration::from_secs(2));
-        for &i in &killed {
-            lab.signal(lab.backends()[i].process, Signal::SIGKILL)
-                .unwrap();
-        }
-        let detected_after = wait_for("zone a to spill", Duration::from_secs(4), || {
-            routing(&lab).is_some_and(|r| r.spill == "spilling")
+    let (summary, (detected_after, window, killed_opened, planned_a)) =
+        during(&lab, &config, || {
+            thread::sleep(Duration::from_secs(2));
+            for &i in &killed {
+                lab.signal(lab.backends()[i].process, Signal::SIGKILL)
+                    .unwrap();
+            }
+            let detected_after = wait_for("zone a to spill", Duration::from_secs(4), || {
+                routing(&lab).is_some_and(|r| r.spill == "spilling")
+            });
+            // Let the ejections settle, then measure a window.
+            thread::sleep(Duration::from_millis(500));
+            let at_detection = opened_by_zone(&lab);
+            let killed_at_detection = killed_opened(&lab, &killed);
+            thread::sleep(Duration::from_secs(3));
+            let window = spilled(at_detection, opened_by_zone(&lab));
+            let routing = routing(&lab).unwrap();
+            (
+                detected_after,
+                window,
+                killed_opened(&lab, &killed) - killed_at_detection,
+                routing.share("a"),
+            )
         });
-        // Let the ejections settle, then measure a window.
-        thread::sleep(Duration::from_millis(500));
-        let at_detection = opened_by_zone(&lab);
-        let killed_at_detection = killed_opened(&lab, &killed);
-        thread::sleep(Duration::from_secs(3));
-        let window = spilled(at_detection, opened_by_zone(&lab));
-        let routing = routing(&lab).unwrap();
-        (
-            detected_after,
-            window,
-            killed_opened(&lab, &killed) - killed_at_detection,
-            routing.share("a"),
-        )
-    });
     let r = routing(&lab).unwrap();
     let metrics = scrape(&lab);
     eprintln!(
@@ -294,10 +295,11 @@ fn a_slow_local_zone_sheds_its_excess_within_two_seconds_and_gets_it_back() {
                 lab.signal(lab.backends()[i].process, Signal::SIGUSR1)
                     .unwrap();
             }
-            let moved_after =
-                wait_for("the excess to move to zone b", Duration::from_secs(2), || {
-                    routing(&lab).is_some_and(|r| r.share("b") >= 0.5)
-                });
+            let moved_after = wait_for(
+                "the excess to move to zone b",
+                Duration::from_secs(2),
+                || routing(&lab).is_some_and(|r| r.share("b") >= 0.5),
+            );
             let before = opened_by_zone(&lab);
             thread::sleep(Duration::from_secs(3));
             let slow_window = spilled(before, opened_by_zone(&lab));
@@ -305,10 +307,11 @@ fn a_slow_local_zone_sheds_its_excess_within_two_seconds_and_gets_it_back() {
                 lab.signal(lab.backends()[i].process, Signal::SIGUSR1)
                     .unwrap();
             }
-            let recovered_after =
-                wait_for("traffic to return to zone a", Duration::from_secs(8), || {
-                    routing(&lab).is_some_and(|r| r.spill == "local")
-                });
+            let recovered_after = wait_for(
+                "traffic to return to zone a",
+                Duration::from_secs(8),
+                || routing(&lab).is_some_and(|r| r.spill == "local"),
+            );
             let before = opened_by_zone(&lab);
             thread::sleep(Duration::from_secs(2));
             let back_window = 1.0 - spilled(before, opened_by_zone(&lab));
@@ -348,7 +351,10 @@ fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
         ],
     );
     lab.run_loadgen(&load(&lab, 1.5)).unwrap();
-    let ports: Vec<String> = ZONE_A[..3].iter().map(|i| format!("p-be{}", i + 1)).collect();
+    let ports: Vec<String> = ZONE_A[..3]
+        .iter()
+        .map(|i| format!("p-be{}", i + 1))
+        .collect();
     let config = load(&lab, 16.0);
     let (summary, samples) = during(&lab, &config, || {
         thread::sleep(Duration::from_secs(1));
@@ -390,7 +396,10 @@ fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
         summary.errors
     );
     let last = samples.last().unwrap().1;
-    assert!(last > 0.95, "zone a never took its traffic back: {shares:?}");
+    assert!(
+        last > 0.95,
+        "zone a never took its traffic back: {shares:?}"
+    );
     // The way back is a ramp, not a jump: zone a passes through shares
     // above its spilled level and below everything.
     let first = samples[0].1;

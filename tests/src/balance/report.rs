@@ -165,4 +165,18 @@ mod tests {
         assert_eq!(back.cross_zone_share, None);
         assert_eq!(serde_json::to_value(&back).unwrap(), json);
     }
+
+    #[test]
+    fn published_floats_read_back_bit_for_bit() {
+        // Without serde_json's float_roundtrip these come back one ulp off,
+        // and merging a partial run would rewrite every published number.
+        for text in [
+            "0.9450000000000001",
+            "921.5333333333333",
+            "0.0015098722415795587",
+        ] {
+            let x: f64 = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&x).unwrap(), text);
+        }
+    }
 }
