@@ -5,7 +5,9 @@
 //! saturated server queues and a slow server is genuinely slow: its latency
 //! grows with load exactly like a real one's, which is what the balancer's
 //! latency-aware selection has to notice. Optional stalls take every slot at
-//! once for a while, like a stop-the-world GC pause.
+//! once for a while, like a stop-the-world GC pause. An optional added
+//! latency delays every response without holding a slot: it models network
+//! distance (a client in another zone), not server work.
 
 use std::{
     net::SocketAddr,
@@ -75,6 +77,11 @@ pub struct ServerConfig {
     /// times the normal one (a server turning slow mid-run).
     #[arg(long, default_value_t = 10)]
     pub slow_factor: u32,
+    /// Delay every response (HTTP and UDP) by this much after the request has
+    /// given its worker slot back: network distance, which slows the client
+    /// down but costs the server no capacity.
+    #[arg(long, default_value_t = 0)]
+    pub added_latency_ms: u64,
 }
 
 /// Period of the `accepts` lines on stdout.
@@ -90,6 +97,8 @@ struct Shared {
     /// Degraded mode (toggled by SIGUSR1): service time × `slow_factor`.
     slow: AtomicBool,
     slow_factor: u32,
+    /// Delay before each response is sent, outside any worker slot.
+    added_latency: Duration,
 }
 
 impl Shared {
@@ -101,6 +110,13 @@ impl Shared {
             .await
             .expect("semaphore is never closed");
         tokio::time::sleep(self.current_service_time()).await;
+    }
+
+    /// Waits out the added latency (no worker slot is held here).
+    async fn network_delay(&self) {
+        if !self.added_latency.is_zero() {
+            tokio::time::sleep(self.added_latency).await;
+        }
     }
 }
 
@@ -179,6 +195,7 @@ pub async fn run(config: ServerConfig) -> Result<()> {
         accepted: AtomicU64::new(0),
         slow: AtomicBool::new(false),
         slow_factor: config.slow_factor.max(1),
+        added_latency: Duration::from_millis(config.added_latency_ms),
     });
     let mut sigusr1 = signal(SignalKind::user_defined1())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -264,9 +281,12 @@ async fn serve_connection(mut stream: TcpStream, shared: &Shared) -> Result<()> 
             buf.extend_from_slice(&chunk[..n]);
         };
         buf.drain(..used);
+        // The slot is given back when `serve_one_for` returns, so the added
+        // latency below delays this client without taking capacity.
         if !shared.serve_one_for(&stream).await {
             return Ok(());
         }
+        shared.network_delay().await;
         if let Some(extra) = extra_delay(&request.path) {
             tokio::time::sleep(extra).await;
         }
@@ -307,6 +327,7 @@ async fn udp_echo(socket: Arc<UdpSocket>, shared: Arc<Shared>) -> Result<()> {
         let shared = shared.clone();
         tokio::spawn(async move {
             shared.serve_one().await;
+            shared.network_delay().await;
             // A lost reply is what UDP clients must expect anyway.
             let _ = socket.send_to(&reply, peer).await;
         });
@@ -343,5 +364,43 @@ mod tests {
         );
         assert_eq!(extra_delay("/"), None);
         assert_eq!(extra_delay("/sleep/x"), None);
+    }
+
+    fn shared(workers: usize, service_ms: u64, added_ms: u64) -> Arc<Shared> {
+        Arc::new(Shared {
+            name: "t".into(),
+            service_time: Duration::from_millis(service_ms),
+            workers: Semaphore::new(workers),
+            accepted: AtomicU64::new(0),
+            slow: AtomicBool::new(false),
+            slow_factor: 1,
+            added_latency: Duration::from_millis(added_ms),
+        })
+    }
+
+    #[tokio::test]
+    async fn added_latency_delays_each_answer_without_holding_a_slot() {
+        // One slot, 20 ms of work, 200 ms of network: four requests at once
+        // are all answered by about 4 × 20 + 200 = 280 ms. Were the delay
+        // taken inside the slot, the last would wait 4 × 220 = 880 ms.
+        let shared = shared(1, 20, 200);
+        let start = std::time::Instant::now();
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    shared.serve_one().await;
+                    shared.network_delay().await;
+                    start.elapsed()
+                })
+            })
+            .collect();
+        let mut done = Vec::new();
+        for t in tasks {
+            done.push(t.await.unwrap());
+        }
+        let (first, last) = (done.iter().min().unwrap(), done.iter().max().unwrap());
+        assert!(*first >= Duration::from_millis(220), "{done:?}");
+        assert!(*last < Duration::from_millis(600), "{done:?}");
     }
 }

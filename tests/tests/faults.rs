@@ -135,6 +135,7 @@ fn spec(lab: &Lab, backends: &[usize], extra: &[&str]) -> BalancerSpec {
                 .iter()
                 .map(|&i| (lab.backends()[i].addr(), 1))
                 .collect(),
+            zones: Default::default(),
         }],
         algorithm: Algorithm::P2cEwma,
         xdp_mode: XdpMode::Native,

@@ -33,11 +33,13 @@ fn reach_every_backend_over_ipv6(mode: XdpMode) {
         addr: tcp6,
         protocol: VipProtocol::Tcp,
         backends: backends6.clone(),
+        zones: Default::default(),
     });
     spec.vips.push(VipSpec {
         addr: udp6,
         protocol: VipProtocol::Udp,
         backends: backends6,
+        zones: Default::default(),
     });
     let _balancer = lab.start_balancer(&spec).unwrap();
     let client = lab.client().ns.clone();

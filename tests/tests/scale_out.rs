@@ -40,6 +40,7 @@ fn spec(lab: &Lab, state: &str) -> BalancerSpec {
             addr: lab.tcp_vip(),
             protocol: VipProtocol::Tcp,
             backends: Vec::new(),
+            zones: Default::default(),
         }],
         algorithm: Algorithm::Maglev,
         xdp_mode: XdpMode::Native,

@@ -1,6 +1,6 @@
 //! The balance benchmark (`cargo xtask bench balance`): the lab with real
 //! backend servers, our algorithms against HAProxy, nginx, nftables and an
-//! oracle, under three scenarios (see [`scenario`]).
+//! oracle, under four scenarios (see [`scenario`]).
 //!
 //! Each scenario builds one lab; each row then runs its balancer, drives
 //! the same open-loop load through it, and is torn down before the next.
@@ -16,12 +16,12 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use nix::sys::signal::Signal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use self::scenario::{Kind, Row};
+use self::scenario::{Kind, LOCAL_ZONE, Row};
 use crate::{
     Binaries, Lab,
-    lab::{ProcessId, XdpMode},
+    lab::{BalancerSpec, ProcessId, XdpMode},
     loadgen::{LoadConfig, Protocol, Summary},
     server::ACCEPT_REPORT_MS,
 };
@@ -37,13 +37,14 @@ const DEGRADE_WINDOW_BUCKETS: usize = 4;
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub scenarios: Vec<Kind>,
+    /// Rows to run, each in the scenarios that run it ([`Kind::runs`]).
     pub rows: Vec<Row>,
     /// Load duration of each row.
     pub duration_s: f64,
 }
 
 /// One row's measurements in one scenario.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RowResult {
     pub scenario: String,
     pub row: String,
@@ -58,6 +59,10 @@ pub struct RowResult {
     pub p999_ms: f64,
     /// Share of answered requests served by the scenario's misbehaving backends.
     pub slow_share: f64,
+    /// `zones`: share of answered requests served by zone b's backends
+    /// (the same count as `slow_share` there, named for what it is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_zone_share: Option<f64>,
     /// User + system CPU of the balancer's processes per 10k requests.
     pub process_cpu_s_per_10k: f64,
     /// Machine-wide softirq time per 10k requests (see [`cpu`]).
@@ -86,9 +91,9 @@ pub fn run(
             .build()
             .with_context(|| format!("building the {} lab", kind.name()))?;
         widen_client_ports(&lab)?;
-        for &row in &plan.rows {
+        for &row in plan.rows.iter().filter(|&&r| kind.runs(r)) {
             let result = run_row(&lab, kind, row, plan.duration_s)
-                .with_context(|| format!("{} / {}", kind.name(), row.name()))?;
+                .with_context(|| format!("{} / {}", kind.name(), row.label(kind)))?;
             done(&result);
             results.push(result);
             std::thread::sleep(SETTLE);
@@ -120,12 +125,15 @@ fn run_row(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
     let backends: Vec<SocketAddr> = lab.backends().iter().map(|b| b.addr()).collect();
     let vip = lab.tcp_vip();
     let running = match row {
-        Row::Ours(algorithm) => {
+        Row::Ours(algorithm) | Row::OursZoneAware(algorithm) => {
             let mut spec = lab.balancer_spec(algorithm, XdpMode::Native);
             // Closed flows keep their SNAT port for 60 s (TIME_WAIT-like
             // linger), so the pool must exceed rate × 60 s: use every port.
             spec.extra_args
                 .extend(["--snat-ports".to_string(), SNAT_PORTS.to_string()]);
+            if let Row::OursZoneAware(_) = row {
+                zone_aware(lab, kind, &mut spec)?;
+            }
             Running::Processes(vec![lab.start_balancer(&spec)?])
         }
         Row::Haproxy(algorithm) => {
@@ -152,6 +160,24 @@ fn run_row(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         Running::Nothing => {}
     }
     measured
+}
+
+/// Puts lb-user in [`LOCAL_ZONE`] and gives every backend its zone, which
+/// turns zone-aware routing on for every VIP.
+fn zone_aware(lab: &Lab, kind: Kind, spec: &mut BalancerSpec) -> Result<()> {
+    let mut zones = BTreeMap::new();
+    for (i, backend) in lab.backends().iter().enumerate() {
+        let zone = kind
+            .zone(i)
+            .with_context(|| format!("{} has no zones", kind.name()))?;
+        zones.insert(backend.addr(), zone.to_string());
+    }
+    for vip in &mut spec.vips {
+        vip.zones = zones.clone();
+    }
+    spec.extra_args
+        .extend(["--zone".to_string(), LOCAL_ZONE.to_string()]);
+    Ok(())
 }
 
 /// Drives the load (and, in `degrade`, the slowdown) and collects the row.
@@ -222,9 +248,14 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         .iter()
         .filter_map(|n| merged.per_backend.get(n))
         .sum();
+    let slow_share = if merged.completed == 0 {
+        0.0
+    } else {
+        slow as f64 / merged.completed as f64
+    };
     Ok(RowResult {
         scenario: kind.name().into(),
-        row: row.name(),
+        row: row.label(kind),
         target_rps: rate,
         achieved_rps: merged.completed as f64 / duration_s,
         completed: merged.completed,
@@ -234,11 +265,9 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         p90_ms: merged.quantile_ms(0.90),
         p99_ms: merged.quantile_ms(0.99),
         p999_ms: merged.quantile_ms(0.999),
-        slow_share: if merged.completed == 0 {
-            0.0
-        } else {
-            slow as f64 / merged.completed as f64
-        },
+        slow_share,
+        // `slow()` of `zones` is zone b.
+        cross_zone_share: (kind == Kind::Zones).then_some(slow_share),
         process_cpu_s_per_10k: per_10k(cpu.processes_s),
         softirq_s_per_10k: per_10k(cpu.softirq_s),
         degrade_reaction_s: match degraded_at_ms {

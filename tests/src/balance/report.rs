@@ -2,7 +2,27 @@
 
 use std::fmt::Write as _;
 
-use super::RowResult;
+use super::{RowResult, scenario::Kind};
+
+/// The results to publish after a run: `fresh`, plus the rows of `previous`
+/// (the last published file) for every scenario this run did not measure,
+/// so `--scenario NAME` updates that scenario's table and keeps the others.
+/// A scenario's rows always come from one run. Ordered as [`Kind::ALL`].
+pub fn merge_published(previous: Vec<RowResult>, fresh: &[RowResult]) -> Vec<RowResult> {
+    let mut merged: Vec<RowResult> = previous
+        .into_iter()
+        .filter(|old| !fresh.iter().any(|r| r.scenario == old.scenario))
+        .chain(fresh.iter().cloned())
+        .collect();
+    let order = |r: &RowResult| {
+        Kind::ALL
+            .iter()
+            .position(|k| k.name() == r.scenario)
+            .unwrap_or(Kind::ALL.len())
+    };
+    merged.sort_by_key(order);
+    merged
+}
 
 /// One markdown table per scenario.
 pub fn markdown(results: &[RowResult]) -> String {
@@ -12,6 +32,13 @@ pub fn markdown(results: &[RowResult]) -> String {
     for scenario in scenarios {
         let rows: Vec<&RowResult> = results.iter().filter(|r| r.scenario == scenario).collect();
         let degrade = rows.iter().any(|r| r.scenario == "degrade");
+        // In `zones` the "misbehaving" backends are zone b's: say so.
+        let zones = rows.iter().any(|r| r.cross_zone_share.is_some());
+        let share = if zones {
+            "cross-zone share"
+        } else {
+            "slow share"
+        };
         let _ = writeln!(
             out,
             "\n#### {scenario} (open loop at {:.0} req/s)\n",
@@ -19,7 +46,7 @@ pub fn markdown(results: &[RowResult]) -> String {
         );
         let _ = write!(
             out,
-            "| row | achieved req/s | errors | P50 ms | P90 ms | P99 ms | P99.9 ms | slow share | proc CPU s/10k | softirq s/10k |"
+            "| row | achieved req/s | errors | P50 ms | P90 ms | P99 ms | P99.9 ms | {share} | proc CPU s/10k | softirq s/10k |"
         );
         out.push_str(if degrade { " reaction s |\n" } else { "\n" });
         out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -35,7 +62,7 @@ pub fn markdown(results: &[RowResult]) -> String {
                 r.p90_ms,
                 r.p99_ms,
                 r.p999_ms,
-                r.slow_share * 100.0,
+                r.cross_zone_share.unwrap_or(r.slow_share) * 100.0,
                 r.process_cpu_s_per_10k,
                 r.softirq_s_per_10k
             );
@@ -57,9 +84,8 @@ pub fn markdown(results: &[RowResult]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_table_per_scenario_with_reaction_only_for_degrade() {
-        let row = |scenario: &str, name: &str| RowResult {
+    fn row(scenario: &str, name: &str) -> RowResult {
+        RowResult {
             scenario: scenario.into(),
             row: name.into(),
             target_rps: 1000.0,
@@ -72,11 +98,16 @@ mod tests {
             p99_ms: 3.0,
             p999_ms: 4.0,
             slow_share: 0.25,
+            cross_zone_share: (scenario == "zones").then_some(0.125),
             process_cpu_s_per_10k: 0.5,
             softirq_s_per_10k: 0.25,
             degrade_reaction_s: None,
             cdf: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_table_per_scenario_with_reaction_only_for_degrade() {
         let md = markdown(&[
             row("hetero", "lb p2c-ewma"),
             row("degrade", "haproxy roundrobin"),
@@ -86,5 +117,66 @@ mod tests {
             "| lb p2c-ewma | 999 | 0 | 1.0 | 2.0 | 3.0 | 4.0 | 25.0% | 0.500 | 0.250 |\n"
         ));
         assert!(md.contains("| haproxy roundrobin | 999 | 0 | 1.0 | 2.0 | 3.0 | 4.0 | 25.0% | 0.500 | 0.250 | never |"));
+    }
+
+    #[test]
+    fn zones_shows_the_cross_zone_share_under_its_own_name() {
+        let md = markdown(&[row("stall", "lb p2c-ewma"), row("zones", "lb p2c-ewma")]);
+        let (stall, zones) = md.split_once("#### zones").unwrap();
+        assert!(stall.contains("| slow share |"));
+        assert!(stall.contains("| 25.0% |"));
+        assert!(zones.contains("| cross-zone share |"));
+        assert!(!zones.contains("slow share"));
+        assert!(zones.contains(
+            "| lb p2c-ewma | 999 | 0 | 1.0 | 2.0 | 3.0 | 4.0 | 12.5% | 0.500 | 0.250 |\n"
+        ));
+    }
+
+    #[test]
+    fn a_partial_run_replaces_only_its_scenarios() {
+        let previous = vec![
+            row("hetero", "old"),
+            row("zones", "old"),
+            row("degrade", "old"),
+        ];
+        let merged = merge_published(previous, &[row("zones", "new a"), row("zones", "new b")]);
+        let got: Vec<(&str, &str)> = merged
+            .iter()
+            .map(|r| (r.scenario.as_str(), r.row.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("hetero", "old"),
+                ("degrade", "old"),
+                ("zones", "new a"),
+                ("zones", "new b")
+            ]
+        );
+    }
+
+    #[test]
+    fn results_without_a_cross_zone_share_read_back_and_write_unchanged() {
+        // The published file predates `cross_zone_share`.
+        let mut json = serde_json::to_value(row("hetero", "x")).unwrap();
+        assert!(json.get("cross_zone_share").is_none());
+        json.as_object_mut().unwrap().remove("cross_zone_share");
+        let back: RowResult = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back.cross_zone_share, None);
+        assert_eq!(serde_json::to_value(&back).unwrap(), json);
+    }
+
+    #[test]
+    fn published_floats_read_back_bit_for_bit() {
+        // Without serde_json's float_roundtrip these come back one ulp off,
+        // and merging a partial run would rewrite every published number.
+        for text in [
+            "0.9450000000000001",
+            "921.5333333333333",
+            "0.0015098722415795587",
+        ] {
+            let x: f64 = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&x).unwrap(), text);
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The three scenarios of the balance benchmark and the rows run in each.
+//! The four scenarios of the balance benchmark and the rows run in each.
 
 use crate::lab::{Algorithm, BackendSpec};
 
@@ -16,6 +16,19 @@ pub const LOAD_FRACTION: f64 = 0.7;
 /// GC-like pauses of `stall`.
 pub const STALL_EVERY_MS: u64 = 2_000;
 pub const STALL_FOR_MS: u64 = 300;
+/// `zones`: the balancer's (and the clients') zone, and the other one.
+pub const LOCAL_ZONE: &str = "a";
+pub const REMOTE_ZONE: &str = "b";
+/// `zones`: backends per zone (the first half of the pool is zone a).
+pub const ZONE_BACKENDS: usize = BACKENDS / 2;
+/// `zones`: latency added to every answer of a zone b backend, outside its
+/// worker slots: the network between the zones, which slows the client but
+/// costs the server nothing. 5 ms is half a service time. Real cross-zone
+/// round trips are nearer 0.5–2 ms, but a new connection per request pays
+/// several of them (handshake, request, and TLS in real deployments); 5 ms
+/// makes going across visibly dearer than staying without drowning the
+/// service time, so P50 and P99 show which balancer stayed local.
+pub const CROSS_ZONE_MS: u64 = 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -25,24 +38,42 @@ pub enum Kind {
     Stall,
     /// 10 equal; one turns 10× slower halfway through the run.
     Degrade,
+    /// 10 equal in two zones of 5; the balancer and clients are in zone a,
+    /// and zone b's answers take [`CROSS_ZONE_MS`] longer (cross-zone).
+    Zones,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Hetero, Kind::Stall, Kind::Degrade];
+    pub const ALL: [Kind; 4] = [Kind::Hetero, Kind::Stall, Kind::Degrade, Kind::Zones];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Hetero => "hetero",
             Kind::Stall => "stall",
             Kind::Degrade => "degrade",
+            Kind::Zones => "zones",
         }
     }
 
     /// Indexes of the backends that misbehave (the "slow" share column).
+    /// The oracle row sends to every other backend. In `zones` these are
+    /// zone b's: nothing is wrong with them, but every request to them
+    /// crosses zones, so the share is the cross-zone share and the oracle
+    /// sends straight to zone a's, the best a balancer could pick.
     pub fn slow(self) -> Vec<usize> {
         match self {
             Kind::Hetero | Kind::Stall => vec![BACKENDS - 2, BACKENDS - 1],
             Kind::Degrade => vec![BACKENDS - 1],
+            Kind::Zones => (ZONE_BACKENDS..BACKENDS).collect(),
+        }
+    }
+
+    /// The zone of backend `index` (`None` outside `zones`).
+    pub fn zone(self, index: usize) -> Option<&'static str> {
+        match self {
+            Kind::Zones if index < ZONE_BACKENDS => Some(LOCAL_ZONE),
+            Kind::Zones => Some(REMOTE_ZONE),
+            _ => None,
         }
     }
 
@@ -57,6 +88,7 @@ impl Kind {
                         spec.stall_every_ms = STALL_EVERY_MS;
                         spec.stall_for_ms = STALL_FOR_MS;
                     }
+                    Kind::Zones if slow.contains(&i) => spec.added_latency_ms = CROSS_ZONE_MS,
                     _ => {}
                 }
                 spec
@@ -68,21 +100,60 @@ impl Kind {
     /// (before any degradation; stalls cost `stall`'s two nodes 15 % of
     /// their time, which this ignores).
     pub fn capacity_rps(self) -> f64 {
-        self.backends()
-            .iter()
-            .map(|b| f64::from(b.workers) * 1000.0 / b.service_time_ms as f64)
-            .sum()
+        capacity(&self.backends())
+    }
+
+    /// The capacity [`LOAD_FRACTION`] applies to: the whole pool's, except in
+    /// `zones`, where it is the local zone's (zone a's 5 backends, half the
+    /// pool). `zones` asks whether a balancer keeps traffic local when the
+    /// local zone can carry it. At 70 % of the whole pool (1400 req/s) zone a
+    /// alone would be at 140 %: spilling would be forced, the scenario would
+    /// measure the spill rule instead of locality, and the oracle ("zone a's
+    /// backends direct") would overload them. At 70 % of zone a (700 req/s)
+    /// the local zone runs as loaded as the pools of the other scenarios, a
+    /// zone-aware balancer has no reason to leave it, and a zone-blind one
+    /// spreads over both zones at 35 % each.
+    pub fn load_base_rps(self) -> f64 {
+        match self {
+            Kind::Zones => capacity(&self.backends()[..ZONE_BACKENDS]),
+            _ => self.capacity_rps(),
+        }
     }
 
     pub fn rate(self) -> f64 {
-        (self.capacity_rps() * LOAD_FRACTION).round()
+        (self.load_base_rps() * LOAD_FRACTION).round()
     }
+
+    /// Whether `row` runs in this scenario. `zones` compares zone-aware
+    /// p2c-ewma with plain p2c-ewma and the oracle only (the peers have no
+    /// zones to compare); the other scenarios run every row but the
+    /// zone-aware one (they have no zones).
+    pub fn runs(self, row: Row) -> bool {
+        match (self, row) {
+            (Kind::Zones, Row::Ours(Algorithm::P2cEwma) | Row::OursZoneAware(_) | Row::Oracle) => {
+                true
+            }
+            (Kind::Zones, _) | (_, Row::OursZoneAware(_)) => false,
+            _ => true,
+        }
+    }
+}
+
+/// Σ workers / service time: requests per second `backends` can serve.
+fn capacity(backends: &[BackendSpec]) -> f64 {
+    backends
+        .iter()
+        .map(|b| f64::from(b.workers) * 1000.0 / b.service_time_ms as f64)
+        .sum()
 }
 
 /// One way of getting the clients' requests to the servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Row {
     Ours(Algorithm),
+    /// lb-user in zone a (`--zone a`), every backend given with its zone
+    /// (zone-aware routing is on by default then).
+    OursZoneAware(Algorithm),
     Haproxy(&'static str),
     /// nginx stream with this upstream directive ("" = round robin).
     Nginx(&'static str),
@@ -93,7 +164,9 @@ pub enum Row {
 
 impl Row {
     pub fn all() -> Vec<Row> {
-        let mut rows: Vec<Row> = Algorithm::ALL.into_iter().map(Row::Ours).collect();
+        // Zone-aware first: it leads the `zones` table, the only one it is in.
+        let mut rows = vec![Row::OursZoneAware(Algorithm::P2cEwma)];
+        rows.extend(Algorithm::ALL.into_iter().map(Row::Ours));
         rows.extend([
             Row::Haproxy("roundrobin"),
             Row::Haproxy("leastconn"),
@@ -110,6 +183,7 @@ impl Row {
     pub fn name(self) -> String {
         match self {
             Row::Ours(a) => format!("lb {}", a.name()),
+            Row::OursZoneAware(a) => format!("lb {} zone-aware", a.name()),
             Row::Haproxy(a) => format!("haproxy {a}"),
             Row::Nginx("") => "nginx round-robin".into(),
             Row::Nginx(m) => format!("nginx {}", m.trim_end_matches(';')),
@@ -118,10 +192,19 @@ impl Row {
         }
     }
 
+    /// The row's name in `kind`'s table: [`Row::name`], except the oracle
+    /// of `zones`, whose "fast" backends are zone a's.
+    pub fn label(self, kind: Kind) -> String {
+        match (self, kind) {
+            (Row::Oracle, Kind::Zones) => "oracle (zone a backends direct)".into(),
+            _ => self.name(),
+        }
+    }
+
     /// Whether the XDP data path carries this row's packets (its softirq
     /// time is part of the balancer's cost).
     pub fn in_kernel(self) -> bool {
-        matches!(self, Row::Ours(_) | Row::Nftables)
+        matches!(self, Row::Ours(_) | Row::OursZoneAware(_) | Row::Nftables)
     }
 }
 
@@ -136,6 +219,66 @@ mod tests {
         assert_eq!(Kind::Hetero.rate(), 1148.0);
         assert_eq!(Kind::Stall.capacity_rps(), 2000.0);
         assert_eq!(Kind::Degrade.slow(), [9]);
+    }
+
+    #[test]
+    fn zones_load_is_seventy_percent_of_the_local_zone() {
+        // 10 × 2/10ms for the pool, 5 × 2/10ms for zone a alone.
+        assert_eq!(Kind::Zones.capacity_rps(), 2000.0);
+        assert_eq!(Kind::Zones.load_base_rps(), 1000.0);
+        assert_eq!(Kind::Zones.rate(), 700.0);
+        // The other scenarios keep loading their whole pool.
+        assert_eq!(Kind::Stall.load_base_rps(), Kind::Stall.capacity_rps());
+        assert_eq!(Kind::Stall.rate(), 1400.0);
+    }
+
+    #[test]
+    fn zone_b_is_the_second_half_and_only_it_is_farther() {
+        let zones = Kind::Zones;
+        assert_eq!(zones.slow(), [5, 6, 7, 8, 9]);
+        let specs = zones.backends();
+        assert_eq!(specs.len(), BACKENDS);
+        for (i, spec) in specs.iter().enumerate() {
+            let remote = i >= ZONE_BACKENDS;
+            assert_eq!(zones.zone(i), Some(if remote { "b" } else { "a" }));
+            assert_eq!(
+                spec.added_latency_ms,
+                if remote { CROSS_ZONE_MS } else { 0 }
+            );
+            // Same servers as everywhere else: only the distance differs.
+            assert_eq!((spec.service_time_ms, spec.workers), (FAST_MS, WORKERS));
+            assert_eq!((spec.stall_every_ms, spec.stall_for_ms), (0, 0));
+        }
+        assert_eq!(Kind::Hetero.zone(0), None);
+        assert!(
+            Kind::Hetero
+                .backends()
+                .iter()
+                .all(|b| b.added_latency_ms == 0)
+        );
+    }
+
+    #[test]
+    fn zones_runs_three_rows_and_the_others_all_but_zone_aware() {
+        let zones: Vec<String> = Row::all()
+            .into_iter()
+            .filter(|&r| Kind::Zones.runs(r))
+            .map(|r| r.label(Kind::Zones))
+            .collect();
+        assert_eq!(
+            zones,
+            [
+                "lb p2c-ewma zone-aware",
+                "lb p2c-ewma",
+                "oracle (zone a backends direct)"
+            ]
+        );
+        for kind in [Kind::Hetero, Kind::Stall, Kind::Degrade] {
+            let rows: Vec<Row> = Row::all().into_iter().filter(|&r| kind.runs(r)).collect();
+            assert_eq!(rows.len(), Row::all().len() - 1);
+            assert!(!rows.contains(&Row::OursZoneAware(Algorithm::P2cEwma)));
+            assert_eq!(Row::Oracle.label(kind), "oracle (fast backends direct)");
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `cargo xtask bench balance`: our algorithms against HAProxy, nginx,
 //! nftables and an oracle, in the namespace lab with real backend servers.
 //! Writes `balance.md`, `balance.json` and one `balance-<scenario>.png`
-//! latency CDF per scenario (see `lb_lab::balance`).
+//! latency CDF per scenario (see `lb_lab::balance`). A run of some
+//! scenarios (`--scenario`) replaces their tables and plots and keeps the
+//! published results of the others.
 
 use std::path::PathBuf;
 
@@ -28,7 +30,7 @@ struct Args {
     /// Short runs (6 s per row instead of 15 s), for iteration.
     #[arg(long)]
     quick: bool,
-    /// Only these scenarios (hetero, stall, degrade); repeatable.
+    /// Only these scenarios (hetero, stall, degrade, zones); repeatable.
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// Only rows whose name contains this text (e.g. "p2c", "haproxy"); repeatable.
@@ -62,7 +64,10 @@ fn run(args: Args) -> Result<()> {
                 Kind::ALL
                     .into_iter()
                     .find(|k| k.name() == s)
-                    .with_context(|| format!("unknown scenario '{s}' (hetero, stall, degrade)"))
+                    .with_context(|| {
+                        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+                        format!("unknown scenario '{s}' ({})", known.join(", "))
+                    })
             })
             .collect::<Result<_>>()?
     };
@@ -70,8 +75,12 @@ fn run(args: Args) -> Result<()> {
         .into_iter()
         .filter(|r| args.rows.is_empty() || args.rows.iter().any(|f| r.name().contains(f.as_str())))
         .collect();
-    if rows.is_empty() {
-        bail!("no row matches {:?}", args.rows);
+    let runs: usize = scenarios
+        .iter()
+        .map(|k| rows.iter().filter(|&&r| k.runs(r)).count())
+        .sum();
+    if runs == 0 {
+        bail!("no row matches {:?} in the chosen scenarios", args.rows);
     }
     let duration_s = args.duration_s.unwrap_or(if args.quick {
         QUICK_DURATION_S
@@ -88,13 +97,12 @@ fn run(args: Args) -> Result<()> {
         duration_s,
     };
     eprintln!(
-        "bench: {} scenario(s) × {} row(s), {duration_s} s of load each",
+        "bench: {} scenario(s), {runs} row run(s), {duration_s} s of load each",
         plan.scenarios.len(),
-        plan.rows.len()
     );
     let results = balance::run(&binaries, &plan, |r| {
         eprintln!(
-            "bench: {:8} {:34} {:6.0} req/s  errors {:5}  p50 {:6.1}  p99 {:7.1}  p99.9 {:7.1} ms  slow {:5.1}%",
+            "bench: {:8} {:34} {:6.0} req/s  errors {:5}  p50 {:6.1}  p99 {:7.1}  p99.9 {:7.1} ms  {} {:5.1}%",
             r.scenario,
             r.row,
             r.achieved_rps,
@@ -102,19 +110,42 @@ fn run(args: Args) -> Result<()> {
             r.p50_ms,
             r.p99_ms,
             r.p999_ms,
-            r.slow_share * 100.0
+            if r.cross_zone_share.is_some() {
+                "cross-zone"
+            } else {
+                "slow"
+            },
+            r.cross_zone_share.unwrap_or(r.slow_share) * 100.0
         );
     })?;
     write_outputs(&args.out, &results)
 }
 
 fn write_outputs(out: &std::path::Path, results: &[RowResult]) -> Result<()> {
-    let md = report::markdown(results);
+    let json_path = out.join("balance.json");
+    let previous: Vec<RowResult> = match std::fs::read_to_string(&json_path) {
+        Ok(text) => serde_json::from_str(&text)
+            .with_context(|| format!("reading the published {}", json_path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", json_path.display())),
+    };
+    let published = report::merge_published(previous, results);
+    let mut kept: Vec<&str> = published
+        .iter()
+        .filter(|p| !results.iter().any(|r| r.scenario == p.scenario))
+        .map(|p| p.scenario.as_str())
+        .collect();
+    kept.dedup();
+    if !kept.is_empty() {
+        eprintln!(
+            "bench: kept the published results of {} (not run now)",
+            kept.join(", ")
+        );
+    }
+    let md = report::markdown(&published);
     std::fs::write(out.join("balance.md"), &md)?;
-    std::fs::write(
-        out.join("balance.json"),
-        serde_json::to_string_pretty(results)?,
-    )?;
+    std::fs::write(&json_path, serde_json::to_string_pretty(&published)?)?;
+    // Plots of the scenarios run now only; the others' stay as published.
     let mut scenarios: Vec<&str> = results.iter().map(|r| r.scenario.as_str()).collect();
     scenarios.dedup();
     for scenario in scenarios {

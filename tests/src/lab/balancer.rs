@@ -2,6 +2,7 @@
 //! contract in DESIGN.md.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Command, ExitStatus, Output},
@@ -66,6 +67,9 @@ pub struct VipSpec {
     pub addr: SocketAddr,
     pub protocol: Protocol,
     pub backends: Vec<(SocketAddr, u32)>,
+    /// Zone of each backend that has one (`ADDR@WEIGHT,zone=NAME`); backends
+    /// not listed are given without a zone.
+    pub zones: BTreeMap<SocketAddr, String>,
 }
 
 impl VipSpec {
@@ -77,7 +81,10 @@ impl VipSpec {
     fn backend_args(&self) -> impl Iterator<Item = String> + '_ {
         self.backends
             .iter()
-            .map(|(addr, weight)| format!("{addr}@{weight}"))
+            .map(|(addr, weight)| match self.zones.get(addr) {
+                Some(zone) => format!("{addr}@{weight},zone={zone}"),
+                None => format!("{addr}@{weight}"),
+            })
     }
 }
 
@@ -139,6 +146,7 @@ impl Lab {
             addr,
             protocol,
             backends: backends.clone(),
+            zones: BTreeMap::new(),
         };
         BalancerSpec {
             vips: vec![
@@ -289,5 +297,39 @@ impl Lab {
     /// The balancer host's own address (also lb-user's default SNAT address).
     pub fn balancer_addr(&self) -> std::net::Ipv4Addr {
         BALANCER_ADDR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zones_are_appended_to_the_backends_that_have_one() {
+        let a: SocketAddr = "10.213.0.21:8080".parse().unwrap();
+        let b: SocketAddr = "10.213.0.22:8080".parse().unwrap();
+        let vip = |port| VipSpec {
+            addr: SocketAddr::from((VIP_ADDR, port)),
+            protocol: Protocol::Tcp,
+            backends: vec![(a, 1), (b, 2)],
+            zones: BTreeMap::from([(b, "b".to_string())]),
+        };
+        let spec = BalancerSpec {
+            vips: vec![vip(80), vip(81)],
+            algorithm: Algorithm::P2cEwma,
+            xdp_mode: XdpMode::Native,
+            extra_args: vec!["--zone".into(), "a".into()],
+        };
+        let args = spec.args("eth0", None).join(" ");
+        assert!(
+            args.contains("--backend 10.213.0.21:8080@1 --backend 10.213.0.22:8080@2,zone=b "),
+            "{args}"
+        );
+        assert!(args.ends_with("--zone a"), "{args}");
+        let toml = spec.config_file().unwrap();
+        assert!(
+            toml.contains(r#"backends = ["10.213.0.21:8080@1", "10.213.0.22:8080@2,zone=b"]"#),
+            "{toml}"
+        );
     }
 }

@@ -101,6 +101,9 @@ pub struct BackendSpec {
     pub workers: u32,
     pub stall_every_ms: u64,
     pub stall_for_ms: u64,
+    /// Delay added to every response outside the worker slots (network
+    /// distance, e.g. a client in another zone); 0 = none.
+    pub added_latency_ms: u64,
 }
 
 impl BackendSpec {
@@ -111,6 +114,7 @@ impl BackendSpec {
             workers,
             stall_every_ms: 0,
             stall_for_ms: 0,
+            added_latency_ms: 0,
         }
     }
 }
@@ -424,6 +428,8 @@ impl Lab {
             spec.stall_every_ms.to_string(),
             "--stall-for-ms".into(),
             spec.stall_for_ms.to_string(),
+            "--added-latency-ms".into(),
+            spec.added_latency_ms.to_string(),
         ];
         let mut argv = vec![bin];
         argv.extend(args.iter().map(OsStr::new));
