@@ -9,7 +9,6 @@
 //! `cargo test -p lb-tests --test discovery -- --test-threads=1 --nocapture`.
 
 use std::{
-    io::{Read as _, Write as _},
     net::SocketAddr,
     thread,
     time::{Duration, Instant},
@@ -19,6 +18,7 @@ use lb_lab::{
     Binaries, Lab,
     lab::{
         Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol as VipProtocol, VipSpec, XdpMode,
+        metric,
     },
     loadgen::{LoadConfig, Protocol, Summary},
     require_root,
@@ -235,7 +235,7 @@ fn a_compacted_revision_is_read_again_and_the_difference_applied() {
     let healed = wait_for("the difference is applied", Duration::from_secs(6), || {
         active(&lab) == addrs(&lab, &[0, 2]) && (configured_weight(&lab, 0) - 4.0).abs() < 0.01
     });
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     assert!(metric(&metrics, "lb_discovery_updates_total{result=\"resync\"}") >= 1.0);
     let summary = lab.loadgen_summary(loadgen, &config).unwrap();
     report(
@@ -669,7 +669,7 @@ fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
         2,
         "one update removes at most 50% of 3 (1): {left:?}"
     );
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     assert!(metric(&metrics, "lb_discovery_updates_total{result=\"invalid\"}") >= 4.0);
     assert!(metric(&metrics, "lb_discovery_updates_total{result=\"applied\"}") >= 1.0);
     assert_eq!(metric(&metrics, "lb_discovery_connected "), 1.0);
@@ -769,28 +769,6 @@ fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
         ),
     );
     assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
-}
-
-/// `GET /metrics` from inside the balancer namespace (default address).
-fn scrape(lab: &Lab) -> String {
-    lab.in_ns(&lab.balancer().ns, || {
-        let mut s = std::net::TcpStream::connect("127.0.0.1:9470")?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
-    })
-    .unwrap()
-}
-
-/// Value of the first sample whose line starts with `prefix`.
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
 }
 
 /// Puts keys for backends 10.214.x.y:80 (`range` numbers them) at once,

@@ -10,7 +10,6 @@
 //! `cargo test -p lb-tests --test faults -- --test-threads=1`.
 
 use std::{
-    io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
     ops::Deref,
     thread,
@@ -19,15 +18,15 @@ use std::{
 
 use lb_lab::{
     Binaries, Lab,
-    lab::{Algorithm, BackendSpec, BalancerSpec, Protocol as VipProtocol, VipSpec, XdpMode},
+    lab::{
+        Algorithm, BackendSpec, BalancerSpec, Protocol as VipProtocol, VipSpec, XdpMode, metric,
+    },
     loadgen::{LoadConfig, Protocol, Summary},
     probe, require_root,
     status::{BackendStatus, Status},
 };
 use nix::sys::signal::Signal;
 
-/// Where lb-user serves metrics by default (inside the balancer namespace).
-const METRICS_ADDR: &str = "127.0.0.1:9470";
 /// Health checks fast enough for short tests.
 const FAST_CHECKS: &[&str] = &[
     "--health-check",
@@ -171,28 +170,6 @@ fn backend_command(lab: &Lab, args: &[&str]) {
     );
 }
 
-/// `GET /metrics` from inside the balancer namespace.
-fn scrape(lab: &Lab) -> String {
-    lab.in_ns(&lab.balancer().ns, || {
-        let mut s = TcpStream::connect(METRICS_ADDR)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
-    })
-    .unwrap()
-}
-
-/// Value of the first sample whose line starts with `prefix`.
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
-}
-
 /// `n` keep-alive connections through the TCP VIP, each with one answered
 /// request.
 fn keep_alive(lab: &Lab, n: usize) -> Vec<TcpStream> {
@@ -265,7 +242,7 @@ fn killed_backend_loses_only_its_in_flight_requests() {
     // at 200/s a third of ~0.5 s is ~35; allow 2.5x for scheduling noise.
     assert!(summary.error_count() <= 80, "{summary:?}");
     assert!(summary.completed + summary.error_count() == summary.scheduled);
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     let dead_addr = lab.backends()[2].addr().to_string();
     assert!(
         metric(
@@ -312,7 +289,7 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     let served_after = opened(&lab, 2) - run.during;
     let addr = lab.backends()[2].addr().to_string();
     let ejections = metric(
-        &scrape(&lab),
+        &lab.scrape_metrics().unwrap(),
         &format!(
             "lb_backend_ejections_total{{vip=\"{}/tcp\",backend=\"{addr}\"}}",
             lab.tcp_vip()
@@ -545,7 +522,7 @@ fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
     );
     assert!(exhausted > 0);
     assert_eq!(kept_ok, PORTS, "an established flow was harmed");
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     assert!(metric(&metrics, "lb_packets_total{reason=\"drop_snat_exhausted\"}") > 0.0);
 }
 
@@ -569,13 +546,13 @@ fn full_flow_table_refuses_new_flows_and_evicts_no_live_one() {
         Duration::from_secs(5),
         || {
             refused = metric(
-                &scrape(&lab),
+                &lab.scrape_metrics().unwrap(),
                 "lb_packets_total{reason=\"drop_flow_insert\"}",
             );
             refused >= 1.0
         },
     );
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     let entries = metric(&metrics, "lb_flow_table_entries");
     let lone = metric(&metrics, "lb_flows_evicted_total");
     for s in &idle {
@@ -736,7 +713,7 @@ fn injected_control_plane_failures_leave_the_data_path_balancing() {
         )
     });
     let (summary, (lb, exited, attached)) = (&run.summary, run.during);
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     let errors = |stage: &str| {
         metric(
             &metrics,

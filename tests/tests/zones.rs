@@ -7,15 +7,13 @@
 //! (the numbers quoted in the notes). Needs root.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
     thread,
     time::{Duration, Instant},
 };
 
 use lb_lab::{
     Binaries, Lab,
-    lab::{Algorithm, BackendSpec, BalancerSpec, ProcessId, XdpMode},
+    lab::{Algorithm, BackendSpec, BalancerSpec, ProcessId, XdpMode, metric},
     loadgen::{LoadConfig, Protocol, Summary},
     require_root,
     status::ZoneRouting,
@@ -24,7 +22,6 @@ use nix::sys::signal::Signal;
 
 const ZONE_A: [usize; 5] = [0, 1, 2, 3, 4];
 const ZONE_B: [usize; 5] = [5, 6, 7, 8, 9];
-const METRICS_ADDR: &str = "127.0.0.1:9470";
 /// Health checks fast enough for short tests.
 const FAST_CHECKS: &[&str] = &[
     "--health-check",
@@ -145,26 +142,6 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> D
     start.elapsed()
 }
 
-fn scrape(lab: &Lab) -> String {
-    lab.in_ns(&lab.balancer().ns, || {
-        let mut s = TcpStream::connect(METRICS_ADDR)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
-    })
-    .unwrap()
-}
-
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
-}
-
 #[test]
 fn a_healthy_local_zone_keeps_new_connections_and_a_killed_majority_spills_only_the_excess() {
     require_root!();
@@ -212,7 +189,7 @@ fn a_healthy_local_zone_keeps_new_connections_and_a_killed_majority_spills_only_
             )
         });
     let r = routing(&lab).unwrap();
-    let metrics = scrape(&lab);
+    let metrics = lab.scrape_metrics().unwrap();
     eprintln!(
         "ZONES kill-3-of-5: healthy: {:.1}% of new connections in zone a ({} req, {} failed); \
          killed 3 of zone a's 5 under {RATE} req/s: spill after {:.2} s ({}), zone b got {:.1}% \

@@ -300,6 +300,35 @@ impl Lab {
     }
 }
 
+/// Where lb-user serves metrics by default (inside the balancer namespace).
+pub const METRICS_ADDR: &str = "127.0.0.1:9470";
+
+impl Lab {
+    /// `GET /metrics` from lb-user's default metrics address, inside the
+    /// balancer namespace.
+    pub fn scrape_metrics(&self) -> Result<String> {
+        use std::io::{Read as _, Write as _};
+        self.in_ns(&self.balancer().ns, || {
+            let mut s = std::net::TcpStream::connect(METRICS_ADDR)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        })
+    }
+}
+
+/// The value of the first sample in `text` (a metrics scrape) whose line
+/// starts with `prefix`; panics, showing the scrape, if there is none.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {prefix} in:\n{text}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
