@@ -273,38 +273,37 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
 }
 
+/// Starts `lb-user register` for backend `index` in its namespace, with
+/// lease `ttl` and, if `check`, an HTTP check of the backend itself.
+fn spawn_sidecar(lab: &Lab, index: usize, ttl: &str, check: bool) -> ProcessId {
+    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
+    let url = lab.etcd_url();
+    let b = &lab.backends()[index];
+    let addr = b.addr().to_string();
+    let check_url = format!("http://{addr}/");
+    let mut argv = vec![
+        lb_user.as_str(),
+        "register",
+        "--etcd-endpoints",
+        &url,
+        "--prefix",
+        PREFIX,
+        "--addr",
+        &addr,
+        "--ttl",
+        ttl,
+    ];
+    if check {
+        argv.extend(["--check-http", &check_url]);
+    }
+    lab.spawn(&b.host.ns, "register", &argv).unwrap()
+}
+
 #[test]
 fn a_lease_expiry_drains_the_backend_and_sigterm_revokes_at_once() {
     require_root!();
     let (lab, _etcd) = lab(3);
-    let url = lab.etcd_url();
-    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
-    let sidecars: Vec<ProcessId> = (0..3)
-        .map(|i| {
-            let b = &lab.backends()[i];
-            let addr = b.addr().to_string();
-            let check = format!("http://{addr}/");
-            lab.spawn(
-                &b.host.ns,
-                "register",
-                &[
-                    lb_user.as_str(),
-                    "register",
-                    "--etcd-endpoints",
-                    &url,
-                    "--prefix",
-                    PREFIX,
-                    "--addr",
-                    &addr,
-                    "--ttl",
-                    "2s",
-                    "--check-http",
-                    &check,
-                ],
-            )
-            .unwrap()
-        })
-        .collect();
+    let sidecars: Vec<ProcessId> = (0..3).map(|i| spawn_sidecar(&lab, i, "2s", true)).collect();
     let keys = || {
         lab.etcdctl(&["get", "--prefix", "--keys-only", PREFIX])
             .map(|out| out.lines().filter(|l| !l.is_empty()).count())
@@ -362,30 +361,9 @@ fn a_failing_http_check_deregisters_and_a_passing_one_registers_again() {
     require_root!();
     let (lab, _etcd) = lab(2);
     put(&lab, 0, 1);
-    let url = lab.etcd_url();
-    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
     let b = &lab.backends()[1];
     let addr = b.addr().to_string();
-    let check = format!("http://{addr}/");
-    lab.spawn(
-        &b.host.ns,
-        "register",
-        &[
-            lb_user.as_str(),
-            "register",
-            "--etcd-endpoints",
-            &url,
-            "--prefix",
-            PREFIX,
-            "--addr",
-            &addr,
-            "--ttl",
-            "3s",
-            "--check-http",
-            &check,
-        ],
-    )
-    .unwrap();
+    spawn_sidecar(&lab, 1, "3s", true);
     let registered = || {
         lab.etcdctl(&["get", "--keys-only", &format!("{PREFIX}{addr}")])
             .is_ok_and(|out| out.contains(&addr))
@@ -444,27 +422,9 @@ fn a_sidecar_outlives_an_etcd_outage_longer_than_its_ttl() {
     require_root!();
     let (lab, etcd) = lab(2);
     put(&lab, 0, 1);
-    let url = lab.etcd_url();
-    let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
     let b = &lab.backends()[1];
     let addr = b.addr().to_string();
-    lab.spawn(
-        &b.host.ns,
-        "register",
-        &[
-            lb_user.as_str(),
-            "register",
-            "--etcd-endpoints",
-            &url,
-            "--prefix",
-            PREFIX,
-            "--addr",
-            &addr,
-            "--ttl",
-            "2s",
-        ],
-    )
-    .unwrap();
+    spawn_sidecar(&lab, 1, "2s", false);
     let registered = || {
         lab.etcdctl(&["get", "--keys-only", &format!("{PREFIX}{addr}")])
             .is_ok_and(|out| out.contains(&addr))
@@ -546,20 +506,6 @@ fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
     assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
 }
 
-/// `lb-user backend ARGS...` against the lab's instance; panics on failure.
-fn backend_command(lab: &Lab, args: &[&str]) {
-    let instance = lab.instance();
-    let mut argv = vec!["backend"];
-    argv.extend_from_slice(args);
-    argv.extend_from_slice(&["--instance", &instance]);
-    let out = lab.run_lb_user(&argv).unwrap();
-    assert!(
-        out.status.success(),
-        "lb-user {argv:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn configured_weight(lab: &Lab, index: usize) -> f64 {
     let addr = lab.backends()[index].addr().to_string();
     members(lab)
@@ -579,10 +525,7 @@ fn an_operator_override_wins_over_etcd_until_it_is_cleared() {
     let loadgen = lab.spawn_loadgen(&config).unwrap();
     let vip = lab.tcp_vip().to_string();
     let b1 = lab.backends()[1].addr().to_string();
-    backend_command(
-        &lab,
-        &["weight", "--vip", &vip, "--backend", &b1, "--weight", "3"],
-    );
+    lab.backend_command(&["weight", "--vip", &vip, "--backend", &b1, "--weight", "3"]);
     put(&lab, 1, 9);
     thread::sleep(Duration::from_millis(800));
     assert!(
@@ -590,7 +533,7 @@ fn an_operator_override_wins_over_etcd_until_it_is_cleared() {
         "the operator's weight holds against etcd's"
     );
     let b0 = lab.backends()[0].addr().to_string();
-    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &b0]);
+    lab.backend_command(&["drain", "--vip", &vip, "--backend", &b0]);
     put(&lab, 0, 2);
     thread::sleep(Duration::from_millis(800));
     assert_eq!(
@@ -599,8 +542,8 @@ fn an_operator_override_wins_over_etcd_until_it_is_cleared() {
         "an etcd write never undrains"
     );
     // undrain clears the overrides: etcd's weights apply from its next update.
-    backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &b0]);
-    backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &b1]);
+    lab.backend_command(&["undrain", "--vip", &vip, "--backend", &b0]);
+    lab.backend_command(&["undrain", "--vip", &vip, "--backend", &b1]);
     put(&lab, 1, 5);
     wait_for(
         "etcd's weight applies again",

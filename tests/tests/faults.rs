@@ -19,27 +19,14 @@ use std::{
 use lb_lab::{
     Binaries, Lab,
     lab::{
-        Algorithm, BackendSpec, BalancerSpec, Protocol as VipProtocol, VipSpec, XdpMode, metric,
+        Algorithm, BackendSpec, BalancerSpec, FAST_HEALTH_CHECKS, Protocol as VipProtocol, VipSpec,
+        XdpMode, metric,
     },
     loadgen::{LoadConfig, Protocol, Summary},
     probe, require_root,
     status::{BackendStatus, Status},
 };
 use nix::sys::signal::Signal;
-
-/// Health checks fast enough for short tests.
-const FAST_CHECKS: &[&str] = &[
-    "--health-check",
-    "tcp",
-    "--health-interval",
-    "200ms",
-    "--health-timeout",
-    "200ms",
-    "--health-fall",
-    "2",
-    "--health-rise",
-    "2",
-];
 
 /// One fault test: its name (in the `FAULT` line) and its lab, whose
 /// methods it offers too.
@@ -156,20 +143,6 @@ fn opened(lab: &Lab, index: usize) -> u64 {
     backend_status(&lab.status().unwrap(), lab, index).map_or(0, |b| b.opened)
 }
 
-/// `lb-user backend ARGS...` against the lab's instance; panics on failure.
-fn backend_command(lab: &Lab, args: &[&str]) {
-    let instance = lab.instance();
-    let mut argv = vec!["backend"];
-    argv.extend_from_slice(args);
-    argv.extend_from_slice(&["--instance", &instance]);
-    let out = lab.run_lb_user(&argv).unwrap();
-    assert!(
-        out.status.success(),
-        "lb-user {argv:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `n` keep-alive connections through the TCP VIP, each with one answered
 /// request.
 fn keep_alive(lab: &Lab, n: usize) -> Vec<TcpStream> {
@@ -211,7 +184,7 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
 fn killed_backend_loses_only_its_in_flight_requests() {
     require_root!();
     let lab = Fault::new("kill-backend", 3);
-    let mut extra = FAST_CHECKS.to_vec();
+    let mut extra = FAST_HEALTH_CHECKS.to_vec();
     extra.extend(["--outlier-consecutive", "3"]);
     let _lb = lab.start(&[0, 1, 2], &extra);
     let run = lab.during(lab.load(200.0, 8.0, 2_000), |lab| {
@@ -259,7 +232,7 @@ fn killed_backend_loses_only_its_in_flight_requests() {
 fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     require_root!();
     let lab = Fault::new("flap-backend", 3);
-    let mut extra = FAST_CHECKS.to_vec();
+    let mut extra = FAST_HEALTH_CHECKS.to_vec();
     // A short ejection base so an ejected flapper returns within the test.
     extra.extend(["--slow-start", "0s", "--ejection-base", "2s"]);
     // Round-robin: P2C would rightly keep avoiding a backend whose last
@@ -319,7 +292,7 @@ fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
         thread::sleep(Duration::from_secs(1));
         let cold = lab.backends()[2].addr().to_string();
         let vip = lab.tcp_vip().to_string();
-        backend_command(lab, &["add", "--vip", &vip, "--backend", &cold]);
+        lab.backend_command(&["add", "--vip", &vip, "--backend", &cold]);
         thread::sleep(Duration::from_millis(500));
         let early_weight = backend_status(&lab.status().unwrap(), lab, 2)
             .unwrap()
@@ -383,7 +356,7 @@ fn drained_backend_finishes_its_flows_and_gets_no_new_ones() {
     let drained = lab.backends()[0].addr().to_string();
     let run = lab.during(lab.load(200.0, 4.0, 2_000), |lab| {
         thread::sleep(Duration::from_millis(500));
-        backend_command(lab, &["drain", "--vip", &vip, "--backend", &drained]);
+        lab.backend_command(&["drain", "--vip", &vip, "--backend", &drained]);
         opened(lab, 0)
     });
     let after = opened(&lab, 0) - run.during;
@@ -403,7 +376,7 @@ fn drained_backend_finishes_its_flows_and_gets_no_new_ones() {
     assert_eq!(slow_answer.status, 200);
     assert_eq!(kept_answer.backend.as_deref(), Some(target.as_str()));
 
-    backend_command(&lab, &["undrain", "--vip", &vip, "--backend", &drained]);
+    lab.backend_command(&["undrain", "--vip", &vip, "--backend", &drained]);
     let back = lab.measure(lab.load(200.0, 1.5, 2_000)).summary;
     assert_eq!(back.error_count(), 0);
     assert!(back.per_backend.contains_key(&target), "{back:?}");
@@ -691,7 +664,7 @@ const FAULTS_ENV: &str = "LB_USER_FAULTS";
 fn injected_control_plane_failures_leave_the_data_path_balancing() {
     require_root!();
     let lab = Fault::new("control-plane-errors", 3);
-    let balancer = spec(&lab, &[0, 1, 2], FAST_CHECKS);
+    let balancer = spec(&lab, &[0, 1, 2], FAST_HEALTH_CHECKS);
     let first = lab.start_balancer(&balancer).unwrap();
     // A restart (kill -9, then start again on the pinned program) whose
     // neighbour-table reads fail (start-up and the first refresh), whose
@@ -852,23 +825,17 @@ fn runtime_changes_survive_a_restart_until_the_file_changes_the_backend() {
     let first = lab
         .start_balancer(&weighted_spec(&lab, &[(0, 1), (1, 1)]))
         .unwrap();
-    backend_command(
-        &lab,
-        &["add", "--vip", &vip, "--backend", &format!("{}@2", addr(2))],
-    );
-    backend_command(&lab, &["drain", "--vip", &vip, "--backend", &addr(0)]);
-    backend_command(
-        &lab,
-        &[
-            "weight",
-            "--vip",
-            &vip,
-            "--backend",
-            &addr(1),
-            "--weight",
-            "3",
-        ],
-    );
+    lab.backend_command(&["add", "--vip", &vip, "--backend", &format!("{}@2", addr(2))]);
+    lab.backend_command(&["drain", "--vip", &vip, "--backend", &addr(0)]);
+    lab.backend_command(&[
+        "weight",
+        "--vip",
+        &vip,
+        "--backend",
+        &addr(1),
+        "--weight",
+        "3",
+    ]);
     let ids: Vec<u32> = (0..3)
         .map(|i| backend_status(&lab.status().unwrap(), &lab, i).unwrap().id)
         .collect();

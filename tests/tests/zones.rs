@@ -13,7 +13,7 @@ use std::{
 
 use lb_lab::{
     Binaries, Lab,
-    lab::{Algorithm, BackendSpec, BalancerSpec, ProcessId, XdpMode, metric},
+    lab::{Algorithm, BackendSpec, BalancerSpec, FAST_HEALTH_CHECKS, ProcessId, XdpMode, metric},
     loadgen::{LoadConfig, Protocol, Summary},
     require_root,
     status::ZoneRouting,
@@ -22,19 +22,6 @@ use nix::sys::signal::Signal;
 
 const ZONE_A: [usize; 5] = [0, 1, 2, 3, 4];
 const ZONE_B: [usize; 5] = [5, 6, 7, 8, 9];
-/// Health checks fast enough for short tests.
-const FAST_CHECKS: &[&str] = &[
-    "--health-check",
-    "tcp",
-    "--health-interval",
-    "200ms",
-    "--health-timeout",
-    "200ms",
-    "--health-fall",
-    "2",
-    "--health-rise",
-    "2",
-];
 /// Open-loop load: well within one zone's capacity (5 × 4 workers / 5 ms
 /// = 4000 req/s), and still within it when zone a is 10× slower.
 const RATE: f64 = 200.0;
@@ -68,7 +55,7 @@ fn start(lab: &Lab, extra: &[&str]) -> ProcessId {
     let path = lab.log_dir().join("zones.toml");
     std::fs::write(&path, toml).unwrap();
     let mut extra_args: Vec<String> = vec!["--config".into(), path.display().to_string()];
-    extra_args.extend(FAST_CHECKS.iter().map(|s| s.to_string()));
+    extra_args.extend(FAST_HEALTH_CHECKS.iter().map(|s| s.to_string()));
     extra_args.extend(extra.iter().map(|s| s.to_string()));
     let spec = BalancerSpec {
         vips: Vec::new(),

@@ -300,6 +300,38 @@ impl Lab {
     }
 }
 
+/// TCP health checks fast enough for short lab tests (every 200 ms; two
+/// results in a row flip a backend).
+pub const FAST_HEALTH_CHECKS: &[&str] = &[
+    "--health-check",
+    "tcp",
+    "--health-interval",
+    "200ms",
+    "--health-timeout",
+    "200ms",
+    "--health-fall",
+    "2",
+    "--health-rise",
+    "2",
+];
+
+impl Lab {
+    /// `lb-user backend ARGS... --instance <this lab's>`; panics, with
+    /// lb-user's stderr, if it fails.
+    pub fn backend_command(&self, args: &[&str]) {
+        let instance = self.instance();
+        let mut argv = vec!["backend"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--instance", &instance]);
+        let out = self.run_lb_user(&argv).unwrap();
+        assert!(
+            out.status.success(),
+            "lb-user {argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Where lb-user serves metrics by default (inside the balancer namespace).
 pub const METRICS_ADDR: &str = "127.0.0.1:9470";
 

@@ -34,7 +34,9 @@ use std::{
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::Signal;
 
-pub use balancer::{Algorithm, BalancerSpec, METRICS_ADDR, Protocol, VipSpec, XdpMode, metric};
+pub use balancer::{
+    Algorithm, BalancerSpec, FAST_HEALTH_CHECKS, METRICS_ADDR, Protocol, VipSpec, XdpMode, metric,
+};
 pub use etcd::{ETCD_CLIENT_PORT, EtcdTls};
 pub use names::{PIN_ROOT, owner_pid, sweep_stale};
 pub use netns::in_netns;
