@@ -134,15 +134,25 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// Backend id → its slot, so per-tick work stays linear in the VIP's size.
+    fn slot_index(&self) -> std::collections::HashMap<u32, usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (id, i))
+            .collect()
+    }
+
     /// Groups the slots by the blocks of `plan` (blocks without a
     /// selectable backend are left out: they get no share).
     pub fn group_by_zone(&mut self, plan: &ZonePlan) {
+        let index = self.slot_index();
         let mut slots = Vec::with_capacity(self.slots.len());
         let mut weights = Vec::with_capacity(self.weights.len());
         let mut blocks = Vec::new();
         for block in plan.blocks.iter().filter(|b| !b.slots.is_empty()) {
             for id in &block.slots {
-                if let Some(i) = self.slots.iter().position(|s| s == id) {
+                if let Some(&i) = index.get(id) {
                     slots.push(self.slots[i]);
                     weights.push(self.weights[i]);
                 }
@@ -779,13 +789,14 @@ impl Fleet {
                 reason: "no backend passes its checks: every backend serves".to_string(),
             });
         }
+        let index = selection.slot_index();
         let members: Vec<ZoneMember> = vip
             .members
             .iter()
             .filter_map(|&id| Some((id, self.member(id)?)))
             .filter(|(_, m)| m.life.admin() != Admin::Removed)
             .map(|(id, m)| {
-                let slot = selection.slots.iter().position(|&s| s == id);
+                let slot = index.get(&id).copied();
                 ZoneMember {
                     id,
                     zone: m.zone,
