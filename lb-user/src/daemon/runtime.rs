@@ -24,7 +24,10 @@ use super::{
     state::StateKeeper,
 };
 use crate::{
-    estimate::backend_load::{BackendLoad, LoadTable},
+    estimate::{
+        backend_load::{BackendLoad, LoadTable},
+        latency::LatencySample,
+    },
     ingest::{events::Event, reconcile::Scan},
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
@@ -93,13 +96,8 @@ impl Runtime {
             panics.record(Stage::HealthTask, &e);
         });
         let mut runtime = Self {
-            loads: LoadTable::new(&plan.weights, config.ewma_cold_start, config.ewma_tau, now),
-            fresh_load: BackendLoad::new(
-                Weight::DEFAULT,
-                config.ewma_cold_start,
-                config.ewma_tau,
-                now,
-            ),
+            loads: LoadTable::new(&plan.weights, config.estimate_params(), now),
+            fresh_load: BackendLoad::new(Weight::DEFAULT, config.estimate_params(), now),
             kernel,
             checker: HealthChecker::new(check_results, on_panic),
             checks: HashMap::new(),
@@ -141,18 +139,24 @@ impl Runtime {
     }
 
     /// Feeds the latency the kernel aggregated since the last tick: each
-    /// backend's peak to Peak-EWMA (a peak above the estimate replaces it,
-    /// as each sample above it would have), and every response to outlier
-    /// detection as a success.
+    /// backend's peak to the short-memory Peak-EWMA (a peak above it
+    /// replaces it, as each sample above it would have) and its mean to the
+    /// long-memory EWMA (see [`crate::estimate::latency`]), and every
+    /// response to outlier detection as a success.
     fn take_latency(&mut self, now: Nanos) -> anyhow::Result<()> {
         let limit = self.fleet.id_limit();
         for a in self.kernel.latency.read(limit)? {
+            let sample = LatencySample {
+                mean: a.mean,
+                peak: a.peak,
+            };
+            self.loads.observe(a.backend, sample, a.count, now);
             let event = Event::Responded {
                 backend: a.backend,
                 latency: a.peak,
             };
-            self.on_event(event, now);
-            for _ in 1..a.count {
+            self.events_received += 1;
+            for _ in 0..a.count {
                 self.fleet.on_event(event, now);
             }
         }

@@ -137,12 +137,7 @@ pub fn write_plan(
             "kept the ids of the pinned VIPs and backends"
         );
     }
-    let initial = LoadTable::new(
-        &plan.weights,
-        config.ewma_cold_start,
-        config.ewma_tau,
-        clock.now(),
-    );
+    let initial = LoadTable::new(&plan.weights, config.estimate_params(), clock.now());
     let initial: Vec<_> = initial.scores(clock.now()).map(|(_, s)| s).collect();
     let mut publisher = Publisher::open(pin_dir)?;
     publisher.write_plan(&plan, &initial)?;

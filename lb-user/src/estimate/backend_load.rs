@@ -11,7 +11,7 @@ use std::time::Duration;
 use lb_common::{BackendScore, WEIGHT_SCALE};
 
 use crate::{
-    estimate::peak_ewma::PeakEwma,
+    estimate::latency::{EstimateParams, LatencyEstimate, LatencySample},
     ingest::events::{CloseReason, Event},
     kernel::clock::Nanos,
     settings::addr::Weight,
@@ -51,15 +51,15 @@ pub struct Tally {
 pub struct BackendLoad {
     /// Effective weight in [`WEIGHT_UNITS`] (slow start, smoothing applied).
     weight_units: u32,
-    ewma: PeakEwma,
+    latency: LatencyEstimate,
     pub tally: Tally,
 }
 
 impl BackendLoad {
-    pub fn new(weight: Weight, cold_start: Duration, tau: Duration, now: Nanos) -> Self {
+    pub fn new(weight: Weight, params: EstimateParams, now: Nanos) -> Self {
         Self {
             weight_units: weight.get() * WEIGHT_UNITS,
-            ewma: PeakEwma::new(cold_start, tau, now),
+            latency: LatencyEstimate::new(params, now),
             tally: Tally::default(),
         }
     }
@@ -69,7 +69,7 @@ impl BackendLoad {
             Event::Opened { .. } => self.tally.opened += 1,
             Event::Responded { latency, .. } => {
                 self.tally.responded += 1;
-                self.ewma.observe(latency, now);
+                self.latency.observe(LatencySample::single(latency), now);
             }
             Event::Closed { reason, .. } => {
                 self.tally.closed += 1;
@@ -82,7 +82,7 @@ impl BackendLoad {
     }
 
     pub fn score(&self, now: Nanos) -> BackendScore {
-        let ewma_ns = self.ewma.estimate_ns(now).round() as u64;
+        let ewma_ns = self.latency.estimate_ns(now).round() as u64;
         BackendScore {
             ewma_ns,
             cost: Cost::new(ewma_ns, self.weight_units).0,
@@ -100,11 +100,11 @@ pub struct LoadTable {
 }
 
 impl LoadTable {
-    pub fn new(weights: &[Weight], cold_start: Duration, tau: Duration, now: Nanos) -> Self {
+    pub fn new(weights: &[Weight], params: EstimateParams, now: Nanos) -> Self {
         Self {
             loads: weights
                 .iter()
-                .map(|w| BackendLoad::new(*w, cold_start, tau, now))
+                .map(|w| BackendLoad::new(*w, params, now))
                 .collect(),
         }
     }
@@ -120,6 +120,16 @@ impl LoadTable {
         };
         if let Some(load) = self.loads.get_mut(backend as usize) {
             load.apply(event, now);
+        }
+    }
+
+    /// Feeds backend `id` what the kernel measured since the last
+    /// refresh: `count` responses, their mean and peak (unknown ids are
+    /// ignored).
+    pub fn observe(&mut self, id: u32, sample: LatencySample, count: u64, now: Nanos) {
+        if let Some(load) = self.loads.get_mut(id as usize) {
+            load.latency.observe(sample, now);
+            load.tally.responded += count;
         }
     }
 
@@ -146,7 +156,7 @@ impl LoadTable {
     pub fn ewma_ns(&self, id: u32, now: Nanos) -> u64 {
         self.loads
             .get(id as usize)
-            .map_or(0, |l| l.ewma.estimate_ns(now).round() as u64)
+            .map_or(0, |l| l.latency.estimate_ns(now).round() as u64)
     }
 
     /// The estimate of backend `id` if a sample arrived within `max_age`
@@ -154,8 +164,8 @@ impl LoadTable {
     /// says nothing about how it would do).
     pub fn measured_ewma_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
         let load = self.loads.get(id as usize)?;
-        let last = load.ewma.last_sample()?;
-        (now.since(last) <= max_age).then(|| load.ewma.estimate_ns(now).round() as u64)
+        let last = load.latency.last_sample()?;
+        (now.since(last) <= max_age).then(|| load.latency.estimate_ns(now).round() as u64)
     }
 
     /// `(backend id, score)` for every backend.
@@ -179,8 +189,11 @@ mod tests {
     use super::*;
     use crate::kernel::clock::{Clock, ManualClock};
 
-    const TAU: Duration = Duration::from_secs(10);
-    const COLD: Duration = Duration::from_millis(1);
+    const PARAMS: EstimateParams = EstimateParams {
+        cold_start: Duration::from_millis(1),
+        tau: Duration::from_secs(10),
+        peak_tau: Duration::from_secs(1),
+    };
 
     fn weight(w: u64) -> Weight {
         Weight::new(w).unwrap()
@@ -199,7 +212,7 @@ mod tests {
     #[test]
     fn score_reflects_samples_weight_and_time() {
         let clock = ManualClock::starting_at(5);
-        let mut table = LoadTable::new(&[weight(1), weight(2)], COLD, TAU, clock.now());
+        let mut table = LoadTable::new(&[weight(1), weight(2)], PARAMS, clock.now());
         table.apply(
             Event::Responded {
                 backend: 1,
@@ -219,7 +232,7 @@ mod tests {
     #[test]
     fn tallies_count_events_and_ignore_unknown_backends() {
         let clock = ManualClock::starting_at(0);
-        let mut table = LoadTable::new(&[weight(1)], COLD, TAU, clock.now());
+        let mut table = LoadTable::new(&[weight(1)], PARAMS, clock.now());
         for event in [
             Event::Opened { backend: 0 },
             Event::Opened { backend: 0 },

@@ -1,11 +1,14 @@
-//! From events to numbers: the Peak-EWMA latency estimator and each
-//! backend's load (in-flight, latency, effective weight) and the score the
-//! kernel's P2C reads.
+//! From events to numbers: the latency estimators (a short-memory
+//! Peak-EWMA next to a long-memory EWMA) and each backend's load
+//! (in-flight, latency, effective weight) and the score the kernel's P2C
+//! reads.
 //!
 //! May use: settings, kernel, ingest.
 //! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod backend_load;
+pub mod ewma;
+pub mod latency;
 pub mod peak_ewma;
 
 pub use backend_load::WEIGHT_UNITS;

@@ -3,68 +3,44 @@
 //!
 //! * A sample above the estimate replaces it at once: a backend that gets
 //!   slow is penalised on its first slow response ("peak" sensitivity).
-//! * A sample at or below it is blended in with a weight that depends on the
-//!   time since the previous sample, not on the sample count:
-//!   `w = exp(-Δt/τ)`, `new = old·w + sample·(1-w)`. So the estimate forgets
-//!   with a half-life of `τ·ln 2` whatever the request rate.
-//! * Between samples the estimate drifts towards the cold-start value with
-//!   the same τ, so a backend nobody has used for a while is tried again
-//!   instead of being judged forever on its last measurement.
+//! * A sample at or below it is blended in, and between samples the
+//!   estimate drifts towards the cold-start value, as in
+//!   [`crate::estimate::ewma::Ewma`] (time-weighted, `w = exp(-Δt/τ)`).
 
 use std::time::Duration;
 
-use crate::kernel::clock::Nanos;
+use crate::{estimate::ewma::Ewma, kernel::clock::Nanos};
 
 #[derive(Clone, Debug)]
 pub struct PeakEwma {
-    /// Estimate as of `updated`, in nanoseconds.
-    estimate_ns: f64,
-    updated: Nanos,
-    tau_ns: f64,
-    cold_start_ns: f64,
-    /// When the last sample arrived (`None`: never).
-    last_sample: Option<Nanos>,
+    average: Ewma,
 }
 
 impl PeakEwma {
     /// A backend with no samples yet: the estimate is the cold-start value.
     pub fn new(cold_start: Duration, tau: Duration, now: Nanos) -> Self {
         Self {
-            estimate_ns: cold_start.as_nanos() as f64,
-            updated: now,
-            tau_ns: tau.as_nanos() as f64,
-            cold_start_ns: cold_start.as_nanos() as f64,
-            last_sample: None,
+            average: Ewma::new(cold_start, tau, now),
         }
     }
 
     /// When the last sample arrived, if ever.
     pub fn last_sample(&self) -> Option<Nanos> {
-        self.last_sample
-    }
-
-    /// `exp(-Δt/τ)` for the time since the last sample.
-    fn decay_weight(&self, now: Nanos) -> f64 {
-        (-(now.since(self.updated).as_nanos() as f64) / self.tau_ns).exp()
+        self.average.last_sample()
     }
 
     /// Records one latency sample taken at `now`.
     pub fn observe(&mut self, sample: Duration, now: Nanos) {
-        let sample_ns = sample.as_nanos() as f64;
-        if sample_ns > self.estimate_ns {
-            self.estimate_ns = sample_ns;
+        if sample.as_nanos() as f64 > self.average.stored_ns() {
+            self.average.replace(sample, now);
         } else {
-            let w = self.decay_weight(now);
-            self.estimate_ns = self.estimate_ns * w + sample_ns * (1.0 - w);
+            self.average.blend(sample, now);
         }
-        self.updated = self.updated.max(now);
-        self.last_sample = Some(self.last_sample.map_or(now, |t| t.max(now)));
     }
 
     /// The estimate at `now`, including the idle drift towards cold start.
     pub fn estimate_ns(&self, now: Nanos) -> f64 {
-        let w = self.decay_weight(now);
-        self.cold_start_ns + (self.estimate_ns - self.cold_start_ns) * w
+        self.average.estimate_ns(now)
     }
 }
 

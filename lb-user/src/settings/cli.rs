@@ -230,9 +230,14 @@ pub struct RunArgs {
     /// Flow-table entries (both directions of a flow use one each).
     #[arg(long, value_name = "N")]
     pub flow_table_size: Option<u32>,
-    /// Time constant τ of the Peak-EWMA decay (e.g. 10s).
+    /// Time constant τ of the latency estimate's long memory (the mean
+    /// latency that marks a persistently slow backend; e.g. 10s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_tau: Option<Duration>,
+    /// Time constant of the estimate's short memory: how long a peak
+    /// (one slow response, a pause) counts (e.g. 1s; at most --ewma-tau).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub ewma_peak_tau: Option<Duration>,
     /// Latency assumed for a backend with no samples, and the value an idle backend decays to.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_cold_start: Option<Duration>,

@@ -25,7 +25,8 @@
 //!                                # this many times the best other zone
 //! zone_failover = ["b", "c"]     # spill order to other zones; default: by cost;
 //!                                # needs `zone`, must not list it
-//! ewma_tau = "10s"
+//! ewma_tau = "10s"               # memory of the mean latency
+//! ewma_peak_tau = "1s"           # memory of peaks; at most ewma_tau
 //! ewma_cold_start = "1ms"
 //! score_interval = "50ms"
 //! udp_idle_timeout = "30s"
@@ -83,14 +84,32 @@ use crate::{
     settings::zone::{ZoneName, ZoneSettings},
 };
 
-/// Peak-EWMA time constant, as in linkerd and Finagle.
+/// Memory of the mean latency: linkerd's and Finagle's Peak-EWMA τ.
 pub const DEFAULT_EWMA_TAU: Duration = Duration::from_secs(10);
+/// Memory of the peaks: long enough to keep a backend that turned slow
+/// away until the mean (τ) has learnt it, short enough that one slow
+/// response or a pause stops counting within about a second
+/// ([`crate::estimate::latency`]).
+pub const DEFAULT_EWMA_PEAK_TAU: Duration = Duration::from_secs(1);
 /// Latency assumed before the first sample and the value an idle backend
 /// drifts back to. A LAN-scale 1 ms is deliberately optimistic for most
 /// services: Peak-EWMA corrects an optimistic guess with the first slow
 /// sample (peaks replace the estimate at once), whereas a pessimistic guess
 /// would starve a new or recovered backend until it decayed over τ.
 pub const DEFAULT_EWMA_COLD_START: Duration = Duration::from_millis(1);
+/// The estimators' settings: `ewma_cold_start`, `ewma_tau` and
+/// `ewma_peak_tau`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EstimateParams {
+    /// Latency assumed before the first sample, and where an idle
+    /// backend's estimate drifts to.
+    pub cold_start: Duration,
+    /// Memory of the mean latency (persistent slowness).
+    pub tau: Duration,
+    /// Memory of the peaks (capped at `tau`).
+    pub peak_tau: Duration,
+}
+
 pub const DEFAULT_SCORE_INTERVAL: Duration = Duration::from_millis(50);
 /// The kernel must see fresh scores at least this often (issue contract).
 pub const MAX_SCORE_INTERVAL: Duration = Duration::from_millis(100);
@@ -124,6 +143,7 @@ pub struct Config {
     pub snat_ports: PortRange,
     pub flow_table_size: u32,
     pub ewma_tau: Duration,
+    pub ewma_peak_tau: Duration,
     pub ewma_cold_start: Duration,
     pub score_interval: Duration,
     pub udp_idle_timeout: Duration,
@@ -192,6 +212,8 @@ pub struct FileConfig {
     zone_failover: Vec<ZoneName>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     ewma_tau: Option<Duration>,
+    #[serde(default, deserialize_with = "duration::deserialize_opt")]
+    ewma_peak_tau: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     ewma_cold_start: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
@@ -428,6 +450,11 @@ impl Config {
                 .or(file.flow_table_size)
                 .unwrap_or(DEFAULT_FLOW_TABLE_SIZE),
             ewma_tau: pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
+            ewma_peak_tau: pick(
+                args.ewma_peak_tau,
+                file.ewma_peak_tau,
+                DEFAULT_EWMA_PEAK_TAU,
+            ),
             ewma_cold_start: pick(
                 args.ewma_cold_start,
                 file.ewma_cold_start,
@@ -503,6 +530,7 @@ impl Config {
         }
         for (name, d) in [
             ("ewma tau", self.ewma_tau),
+            ("ewma peak tau", self.ewma_peak_tau),
             ("ewma cold start", self.ewma_cold_start),
             ("score interval", self.score_interval),
             ("udp idle timeout", self.udp_idle_timeout),
@@ -513,6 +541,12 @@ impl Config {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { name });
             }
+        }
+        if self.ewma_peak_tau > self.ewma_tau {
+            return Err(ConfigError::PeakTauAboveTau {
+                peak: format_duration(self.ewma_peak_tau),
+                tau: format_duration(self.ewma_tau),
+            });
         }
         if self.score_interval > MAX_SCORE_INTERVAL {
             return Err(ConfigError::ScoreInterval(format_duration(
@@ -559,6 +593,15 @@ impl Config {
     }
 
     /// Each SNAT pool: at most `MAX_SNAT_ADDRS` addresses, none twice.
+    /// The latency estimators' settings.
+    pub fn estimate_params(&self) -> EstimateParams {
+        EstimateParams {
+            cold_start: self.ewma_cold_start,
+            tau: self.ewma_tau,
+            peak_tau: self.ewma_peak_tau,
+        }
+    }
+
     fn validate_snat(&self) -> Result<(), ConfigError> {
         check_count("IPv4 SNAT addresses", self.snat_ip.len(), MAX_SNAT_ADDRS)?;
         check_count("IPv6 SNAT addresses", self.snat_ip6.len(), MAX_SNAT_ADDRS)?;
@@ -812,6 +855,7 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     global!(snat_ports);
     global!(flow_table_size);
     global!(ewma_tau);
+    global!(ewma_peak_tau);
     global!(ewma_cold_start);
     global!(score_interval);
     global!(udp_idle_timeout);

@@ -43,6 +43,10 @@ pub enum ConfigError {
     ZeroDuration { name: &'static str },
     #[error("score interval {0} is too long (at most 100ms)")]
     ScoreInterval(String),
+    #[error(
+        "ewma peak tau {peak} is longer than ewma tau {tau} (the peaks' memory is the short one)"
+    )]
+    PeakTauAboveTau { peak: String, tau: String },
     #[error("flow table size {0} is too small (at least 2)")]
     FlowTableSize(u32),
     #[error("too many {what}: {count} (at most {max})")]

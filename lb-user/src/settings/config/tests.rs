@@ -42,6 +42,7 @@ fn minimal_flags_get_the_documented_defaults() {
     assert_eq!(c.snat_ports, PortRange::default());
     assert_eq!(c.flow_table_size, DEFAULT_FLOW_TABLE_SIZE);
     assert_eq!(c.ewma_tau, Duration::from_secs(10));
+    assert_eq!(c.ewma_peak_tau, Duration::from_secs(1));
     assert_eq!(c.ewma_cold_start, Duration::from_millis(1));
     assert_eq!(c.score_interval, Duration::from_millis(50));
     assert_eq!(c.udp_idle_timeout, Duration::from_secs(30));
@@ -81,6 +82,8 @@ fn flags_and_file_mean_the_same() {
         "1024",
         "--ewma-tau",
         "5s",
+        "--ewma-peak-tau",
+        "500ms",
         "--ewma-cold-start",
         "2ms",
         "--score-interval",
@@ -107,6 +110,7 @@ fn flags_and_file_mean_the_same() {
         snat_ports = "1000-2000"
         flow_table_size = 1024
         ewma_tau = "5s"
+        ewma_peak_tau = "500ms"
         ewma_cold_start = "2ms"
         score_interval = "20ms"
         udp_idle_timeout = "10s"
@@ -292,6 +296,22 @@ fn bad_files_have_their_messages() {
     let weight =
         err_file("[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80@0\"]\n");
     assert!(weight.contains("invalid weight '0'"), "{weight}");
+    let peak = err_flags(&[
+        "--iface",
+        "eth0",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.21:80",
+        "--ewma-tau",
+        "2s",
+        "--ewma-peak-tau",
+        "3s",
+    ]);
+    assert_eq!(
+        peak,
+        "ewma peak tau 3s is longer than ewma tau 2s (the peaks' memory is the short one)"
+    );
     let duration = err_file("ewma_tau = \"10\"\n");
     assert!(duration.contains("invalid duration '10'"), "{duration}");
     assert!(!duration.contains('\n'));
