@@ -284,9 +284,22 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
 fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
     require_root!();
     let lab = Fault::new("slow-start", 3);
+    // This test is about the weight ramp. With the default peak memory
+    // (10 s), one slow response on the sparsely used cold backend keeps it
+    // beyond P2C's re-draw bound for about 8 s whatever its weight (seen
+    // once in CI: 0 new connections at full weight); that is the latency
+    // estimate's trade-off, measured by the transient-slowness test and
+    // the bench, not slow start's.
     let _lb = lab.start(
         &[0, 1],
-        &["--slow-start", "6s", "--slow-start-floor", "0.1"],
+        &[
+            "--slow-start",
+            "6s",
+            "--slow-start-floor",
+            "0.1",
+            "--ewma-peak-tau",
+            "1s",
+        ],
     );
     let run = lab.during(lab.load(200.0, 10.0, 2_000), |lab| {
         thread::sleep(Duration::from_secs(1));
@@ -332,16 +345,18 @@ fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
     assert!(late > 0 && early * 2 < late, "early {early}, late {late}");
 }
 
-/// A backend slow for half a second (its responses 10× slower: the peaks
-/// a GC pause or a noisy neighbour leaves) is back to a fair share of new
-/// connections within two seconds, not after the long memory's τ (10 s):
-/// the peaks count in the short-memory estimate only, and half a second of
-/// slow means moves the long one by a few percent.
+/// With `--ewma-peak-tau 1s`, a backend slow for half a second (its
+/// responses 10× slower: the peaks a GC pause or a noisy neighbour leaves)
+/// is back to a fair share of new connections within two seconds, not
+/// after the long memory's τ (10 s): the peaks count in the short-memory
+/// estimate only, and half a second of slow means moves the long one by a
+/// few percent. (With the default, one Peak-EWMA of 10 s, it gets none in
+/// that window.)
 #[test]
 fn a_backend_slow_for_a_moment_gets_its_share_back_within_two_seconds() {
     require_root!();
     let lab = Fault::new("transient-slowness", 3);
-    let _lb = lab.start(&[0, 1, 2], &[]);
+    let _lb = lab.start(&[0, 1, 2], &["--ewma-peak-tau", "1s"]);
     let run = lab.during(lab.load(200.0, 10.0, 2_000), |lab| {
         thread::sleep(Duration::from_secs(3));
         let slow = lab.backends()[0].process;

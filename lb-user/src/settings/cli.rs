@@ -235,7 +235,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_tau: Option<Duration>,
     /// Time constant of the estimate's short memory: how long a peak
-    /// (one slow response, a pause) counts (e.g. 1s; at most --ewma-tau).
+    /// (one slow response, a pause) counts (default: --ewma-tau's value;
+    /// e.g. 1s; at most --ewma-tau).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_peak_tau: Option<Duration>,
     /// Latency assumed for a backend with no samples, and the value an idle backend decays to.

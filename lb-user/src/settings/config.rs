@@ -26,7 +26,7 @@
 //! zone_failover = ["b", "c"]     # spill order to other zones; default: by cost;
 //!                                # needs `zone`, must not list it
 //! ewma_tau = "10s"               # memory of the mean latency
-//! ewma_peak_tau = "1s"           # memory of peaks; at most ewma_tau
+//! ewma_peak_tau = "10s"          # memory of peaks; at most ewma_tau
 //! ewma_cold_start = "1ms"
 //! score_interval = "50ms"
 //! udp_idle_timeout = "30s"
@@ -86,11 +86,12 @@ use crate::{
 
 /// Memory of the mean latency: linkerd's and Finagle's Peak-EWMA τ.
 pub const DEFAULT_EWMA_TAU: Duration = Duration::from_secs(10);
-/// Memory of the peaks: long enough to keep a backend that turned slow
-/// away until the mean (τ) has learnt it, short enough that one slow
-/// response or a pause stops counting within about a second
-/// ([`crate::estimate::latency`]).
-pub const DEFAULT_EWMA_PEAK_TAU: Duration = Duration::from_secs(1);
+/// Memory of the peaks. By default as long as [`DEFAULT_EWMA_TAU`], which
+/// is one Peak-EWMA exactly as in Finagle and linkerd; a shorter one (1 s)
+/// forgives one slow response or a pause within about a second, at a
+/// measured cost in P99.9 (slow backends are probed again sooner; see
+/// [`crate::estimate::latency`] and the README).
+pub const DEFAULT_EWMA_PEAK_TAU: Duration = DEFAULT_EWMA_TAU;
 /// Latency assumed before the first sample and the value an idle backend
 /// drifts back to. A LAN-scale 1 ms is deliberately optimistic for most
 /// services: Peak-EWMA corrects an optimistic guess with the first slow

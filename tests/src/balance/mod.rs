@@ -13,7 +13,7 @@ pub mod scenario;
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
@@ -121,9 +121,52 @@ enum Running {
     Nothing,
 }
 
+/// The balancer namespace's `net.ipv4.ip_local_reserved_ports`.
+const RESERVED_PORTS: &str = "net.ipv4.ip_local_reserved_ports";
+
 fn run_row(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult> {
     let backends: Vec<SocketAddr> = lab.backends().iter().map(|b| b.addr()).collect();
     let vip = lab.tcp_vip();
+    // lb-user reserves its SNAT range for the host's own connections and
+    // keeps it reserved when it stops (a restarted instance needs it
+    // again). With every port reserved, a proxy row after ours in the same
+    // namespace could not open a single connection to the backends: the
+    // reservation is put back as it was after each row.
+    let ns = lab.balancer().ns.clone();
+    let reserved = lab.exec_ok(&ns, &["sysctl", "-n", RESERVED_PORTS])?;
+    let result = run_row_inner(lab, kind, row, duration_s, &backends, vip);
+    let restored = lab.exec_ok(
+        &ns,
+        &[
+            "sysctl",
+            "-q",
+            "-w",
+            &format!("{RESERVED_PORTS}={}", reserved.trim()),
+        ],
+    );
+    let result = result?;
+    restored.context("restoring the balancer namespace's reserved ports")?;
+    // A row where nothing got through measured a broken setup, not a
+    // balancer: stop instead of publishing it.
+    if result.completed == 0 {
+        bail!(
+            "no request completed ({} errors: {:?})",
+            result.errors,
+            result.error_kinds
+        );
+    }
+    Ok(result)
+}
+
+fn run_row_inner(
+    lab: &Lab,
+    kind: Kind,
+    row: Row,
+    duration_s: f64,
+    backends: &[SocketAddr],
+    vip: SocketAddr,
+) -> Result<RowResult> {
+    let backends = backends.to_vec();
     let running = match row {
         Row::Ours(algorithm) | Row::OursZoneAware(algorithm) => {
             let mut spec = lab.balancer_spec(algorithm, XdpMode::Native);
