@@ -26,7 +26,7 @@
 //! zone_failover = ["b", "c"]     # spill order to other zones; default: by cost;
 //!                                # needs `zone`, must not list it
 //! ewma_tau = "10s"               # memory of the mean latency
-//! ewma_peak_tau = "10s"          # memory of peaks; at most ewma_tau
+//! ewma_peak_tau = "10s"          # memory of peaks; default and at most ewma_tau
 //! ewma_cold_start = "1ms"
 //! score_interval = "50ms"
 //! udp_idle_timeout = "30s"
@@ -86,12 +86,6 @@ use crate::{
 
 /// Memory of the mean latency: linkerd's and Finagle's Peak-EWMA τ.
 pub const DEFAULT_EWMA_TAU: Duration = Duration::from_secs(10);
-/// Memory of the peaks. By default as long as [`DEFAULT_EWMA_TAU`], which
-/// is one Peak-EWMA exactly as in Finagle and linkerd; a shorter one (1 s)
-/// forgives one slow response or a pause within about a second, at a
-/// measured cost in P99.9 (slow backends are probed again sooner; see
-/// [`crate::estimate::latency`] and the README).
-pub const DEFAULT_EWMA_PEAK_TAU: Duration = DEFAULT_EWMA_TAU;
 /// Latency assumed before the first sample and the value an idle backend
 /// drifts back to. A LAN-scale 1 ms is deliberately optimistic for most
 /// services: Peak-EWMA corrects an optimistic guess with the first slow
@@ -451,10 +445,11 @@ impl Config {
                 .or(file.flow_table_size)
                 .unwrap_or(DEFAULT_FLOW_TABLE_SIZE),
             ewma_tau: pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
+            // Not given: as long as the (resolved) ewma_tau.
             ewma_peak_tau: pick(
                 args.ewma_peak_tau,
                 file.ewma_peak_tau,
-                DEFAULT_EWMA_PEAK_TAU,
+                pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
             ),
             ewma_cold_start: pick(
                 args.ewma_cold_start,

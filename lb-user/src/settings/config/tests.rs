@@ -42,7 +42,20 @@ fn minimal_flags_get_the_documented_defaults() {
     assert_eq!(c.snat_ports, PortRange::default());
     assert_eq!(c.flow_table_size, DEFAULT_FLOW_TABLE_SIZE);
     assert_eq!(c.ewma_tau, Duration::from_secs(10));
+    // The peaks' memory follows --ewma-tau unless given.
     assert_eq!(c.ewma_peak_tau, Duration::from_secs(10));
+    let short = from_flags(&[
+        "--iface",
+        "eth0",
+        "--vip",
+        "10.0.0.100:80",
+        "--backend",
+        "10.0.0.21:80",
+        "--ewma-tau",
+        "2s",
+    ])
+    .unwrap();
+    assert_eq!(short.ewma_peak_tau, Duration::from_secs(2));
     assert_eq!(c.ewma_cold_start, Duration::from_millis(1));
     assert_eq!(c.score_interval, Duration::from_millis(50));
     assert_eq!(c.udp_idle_timeout, Duration::from_secs(30));
