@@ -799,6 +799,11 @@ fn injected_control_plane_failures_leave_the_data_path_balancing() {
     assert!(errors("health_task") >= 3.0, "{metrics}");
     // Scores are written again once the injected failures are used up.
     assert!(metric(&metrics, "lb_map_update_seconds_count{kind=\"scores\"}") > 0.0);
+    // A reconciliation pass a second, each timed (the load ran 10 s).
+    assert!(
+        metric(&metrics, "lb_reconcile_seconds_count") >= 5.0,
+        "{metrics}"
+    );
     // The process's own metrics.
     assert!(metric(&metrics, "process_cpu_seconds_total") > 0.0);
     assert!(metric(&metrics, "process_resident_memory_bytes") > 1e6);

@@ -202,7 +202,10 @@ impl Started<'_> {
     ) -> anyhow::Result<(JoinHandle<()>, mpsc::Receiver<Scan>)> {
         let (scan_tx, scan_rx) = mpsc::channel(1);
         let reconciler = Reconciler::open(&self.attachment.pin_dir, runtime.id_limit.clone())?;
-        Ok((tasks::spawn_reconciler(reconciler, scan_tx), scan_rx))
+        Ok((
+            tasks::spawn_reconciler(reconciler, scan_tx, runtime.errors.clone()),
+            scan_rx,
+        ))
     }
 
     fn stop(&self, tasks: Vec<JoinHandle<()>>, runtime: &Runtime) {

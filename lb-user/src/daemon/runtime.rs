@@ -71,6 +71,8 @@ pub struct Runtime {
     pub(super) config_generation: u64,
     /// How long each score tick (scores and selections) takes.
     pub(super) tick_times: UpdateTimes,
+    /// Reconciliation passes (kernel sweep and counter reads).
+    pub(super) reconcile_times: UpdateTimes,
     /// The zones file `status` reads, and what was last written to it.
     pub(super) zones_path: std::path::PathBuf,
     pub(super) zones_written: Option<crate::surface::status::ZonesFile>,
@@ -113,6 +115,7 @@ impl Runtime {
             state,
             config_generation: 1,
             tick_times: UpdateTimes::default(),
+            reconcile_times: UpdateTimes::default(),
             zones_path: crate::surface::status::zones_path(&config.instance),
             zones_written: None,
             zone_sample_age: config.ewma_tau,
@@ -247,6 +250,7 @@ impl Runtime {
     /// removed backends whose last flow and SNAT tuple are gone (the
     /// sweep's expiries arrive as ring events).
     pub fn on_scan(&mut self, scan: &Scan, _now: Nanos) -> anyhow::Result<()> {
+        self.reconcile_times.record_duration(scan.took);
         if scan.orphans > 0 {
             self.flows_evicted += scan.orphans;
             debug!(

@@ -23,7 +23,13 @@ pub type Reload = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
 
 /// Runs a pass (one kernel sweep) every [`RECONCILE_INTERVAL`] on a
 /// blocking thread (the sweep's syscall walks the whole flow table).
-pub fn spawn_reconciler(reconciler: Reconciler, results: mpsc::Sender<Scan>) -> JoinHandle<()> {
+/// A failed pass is counted and logged (rate-limited) as a `scan` control
+/// error, and the next one runs on schedule.
+pub fn spawn_reconciler(
+    reconciler: Reconciler,
+    results: mpsc::Sender<Scan>,
+    errors: ControlErrors,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut reconciler = reconciler;
         loop {
@@ -44,7 +50,7 @@ pub fn spawn_reconciler(reconciler: Reconciler, results: mpsc::Sender<Scan>) -> 
                         return;
                     }
                 }
-                Err(e) => warn!("reconciliation pass failed: {e:#}"),
+                Err(e) => errors.record(Stage::Scan, &e.context("reconciliation pass")),
             }
         }
     })

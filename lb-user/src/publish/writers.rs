@@ -48,7 +48,11 @@ impl Default for UpdateTimes {
 
 impl UpdateTimes {
     pub fn record(&mut self, started: Instant) {
-        let s = started.elapsed().as_secs_f64();
+        self.record_duration(started.elapsed());
+    }
+
+    pub fn record_duration(&mut self, took: std::time::Duration) {
+        let s = took.as_secs_f64();
         self.histogram.observe(s);
         self.max_seconds = self.max_seconds.max(s);
     }
