@@ -76,6 +76,10 @@ pub const MAX_MAGLEV_TABLES: u32 = 8;
 /// more zones keeps the first `MAX_ZONES - 1` in failover order and lumps
 /// the rest into the last block.
 pub const MAX_ZONES: u32 = 8;
+/// Fragmented datagrams whose first fragment's ports are remembered at
+/// once (an LRU: the oldest datagram's entry goes first; its later
+/// fragments then pass to the host, which drops an incomplete datagram).
+pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
 /// [`ZoneBlock::cum_share`] is out of this: the kernel draws 16 random bits.
 pub const ZONE_SHARE_SCALE: u32 = 1 << 16;
 /// Entries of one zone's Maglev table while a Maglev VIP routes by zone:
@@ -114,6 +118,7 @@ pub const SWEEP_STATS_MAP: &str = "SWEEP_STATS";
 pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
 pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
 pub const VIP_ZONES_MAP: &str = "VIP_ZONES";
+pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).
@@ -151,4 +156,5 @@ pub const ALL_MAPS: &[&str] = &[
     BACKEND_LATENCY_MAP,
     LATENCY_EPOCH_MAP,
     VIP_ZONES_MAP,
+    FRAGMENTS_MAP,
 ];

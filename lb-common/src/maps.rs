@@ -356,6 +356,34 @@ pub struct FlowEntry {
 }
 assert_size!(FlowEntry, 96);
 
+/// Key of [`crate::FRAGMENTS_MAP`]: one fragmented datagram as it arrives
+/// (before translation), as RFC 791 and RFC 8200 identify it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// The IPv4 identification (16 bits) or the IPv6 fragment header's
+    /// identification, in network byte order as a `u32` of memory bytes.
+    pub id: u32,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+assert_size!(FragKey, 40);
+
+/// Value of [`crate::FRAGMENTS_MAP`]: the ports of the datagram's first
+/// fragment (network byte order), which its later fragments lack. With
+/// them a later fragment finds its flow entry and gets the same
+/// translation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragPorts {
+    pub sport: u16,
+    pub dport: u16,
+}
+assert_size!(FragPorts, 4);
+
 /// Key of [`crate::NEIGHBOURS_MAP`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -623,6 +651,8 @@ pod!(
     BackendConns,
     BackendStats,
     FlowKey,
+    FragKey,
+    FragPorts,
     FlowEntry,
     IpKey,
     Neighbour,

@@ -1,7 +1,7 @@
 //! Every map of the program. Names match the `*_MAP` constants in lb-common.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::*;
 
@@ -29,6 +29,12 @@ pub static BACKEND_STATS: PerCpuArray<BackendStats> =
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, FlowEntry> =
     HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// First fragments' ports by datagram (see `lb_common::FragKey`); an LRU,
+/// as an entry is useful only for the few milliseconds a datagram's
+/// fragments take to arrive.
+#[map(name = "FRAGMENTS")]
+pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
+    LruHashMap::with_max_entries(MAX_FRAGMENTED_DATAGRAMS, 0);
 #[map(name = "NEIGHBOURS")]
 pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "CONFIG")]

@@ -127,6 +127,8 @@ pub fn lb_pick_backend(s01: u64, s23: u64, d01: u64, d23: u64, rest: u64) -> u64
         sport: rest as u16,
         dport: (rest >> 16) as u16,
         tcp_flags: (rest >> 48) as u8,
+        frag: crate::packet::FRAG_NONE,
+        frag_id: 0,
         payload_len: 0,
         frame_len: 0,
     };
