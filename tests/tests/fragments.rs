@@ -65,7 +65,11 @@ fn assert_reassembles_to(sent: &[Vec<u8>], expected: &Pkt) {
     let expected_ip = parse(&whole).expect("IP");
     for (i, f) in sent.iter().enumerate() {
         let p = parse(f).expect("IP fragment");
-        assert_eq!((p.src, p.dst), (expected_ip.src, expected_ip.dst), "fragment {i}");
+        assert_eq!(
+            (p.src, p.dst),
+            (expected_ip.src, expected_ip.dst),
+            "fragment {i}"
+        );
         assert_eq!(f[..12], whole[..12], "fragment {i}: MAC addresses");
         if p.src.is_ipv4() {
             // The IPv4 header checksum of each fragment.
@@ -161,7 +165,11 @@ fn case_unknown_later_fragments_pass(_: &mut ()) {
     }
     assert_eq!(lb.reason(reason::PASS_FRAGMENT), 4);
     assert_eq!(lb.flow_count(), 0);
-    assert!(lb.reasons().keys().all(|r| !r.starts_with("drop")), "{:?}", lb.reasons());
+    assert!(
+        lb.reasons().keys().all(|r| !r.starts_with("drop")),
+        "{:?}",
+        lb.reasons()
+    );
 }
 
 /// The first fragment of a UDP datagram to a VIP port nobody serves is not

@@ -6,12 +6,12 @@ use std::{collections::BTreeSet, net::SocketAddr};
 
 use lb_lab::{
     Binaries, Lab,
+    lab::metric,
     lab::{
         Algorithm, BackendSpec, Protocol as VipProtocol, VIP_ADDR6, VIP_TCP_PORT, VIP_UDP_PORT,
         VipSpec, XdpMode,
     },
     loadgen::{LoadConfig, Protocol, Summary, payload_pattern},
-    lab::metric,
     probe,
 };
 
@@ -112,7 +112,10 @@ fn udp_datagrams_of_4_kib_are_balanced_in_fragments_over_both_families() {
     let _balancer = lab.start_balancer(&spec).unwrap();
     let client = lab.client().ns.clone();
     let mtu = lab
-        .exec_ok(&client, &["cat", &format!("/sys/class/net/{}/mtu", lab.client().iface)])
+        .exec_ok(
+            &client,
+            &["cat", &format!("/sys/class/net/{}/mtu", lab.client().iface)],
+        )
         .unwrap();
     assert_eq!(mtu.trim(), "1500", "the lab's links must fragment 4 KiB");
 
@@ -122,7 +125,10 @@ fn udp_datagrams_of_4_kib_are_balanced_in_fragments_over_both_families() {
     for vip in [lab.udp_vip(), udp6] {
         let reply = probe::udp(&client, vip, &body).unwrap();
         let colon = reply.iter().position(|&b| b == b':').unwrap();
-        assert!(reply[colon + 1..] == body[..], "4 KiB echo through {vip} differs");
+        assert!(
+            reply[colon + 1..] == body[..],
+            "4 KiB echo through {vip} differs"
+        );
         let udp = lab
             .run_loadgen(&LoadConfig::open_loop(vip, Protocol::Udp, 100.0, 2.0).with_payload(SIZE))
             .unwrap();
@@ -131,7 +137,12 @@ fn udp_datagrams_of_4_kib_are_balanced_in_fragments_over_both_families() {
         assert_eq!(answered(&udp), names, "{vip}: {udp:?}");
     }
     let metrics = lab.scrape_metrics().unwrap();
-    let packets = |reason: &str| metric(&metrics, &format!("lb_packets_total{{reason=\"{reason}\"}}"));
+    let packets = |reason: &str| {
+        metric(
+            &metrics,
+            &format!("lb_packets_total{{reason=\"{reason}\"}}"),
+        )
+    };
     // Both VIPs' datagrams, each 3 fragments one way and 3 the other.
     let datagrams = 2.0 * (DATAGRAMS as f64 + 1.0);
     eprintln!(

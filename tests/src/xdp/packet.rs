@@ -533,7 +533,10 @@ pub fn ether_frame(dst: [u8; 6], src: [u8; 6], ether_type: u16, body: &[u8]) -> 
 /// RFC 8200: IPv6 gets a fragment header). `id` is the identification
 /// (16 bits used for IPv4).
 pub fn fragment(frame: &[u8], chunk: usize, id: u32) -> Vec<Vec<u8>> {
-    assert!(chunk > 0 && chunk.is_multiple_of(8), "fragment payload {chunk}");
+    assert!(
+        chunk > 0 && chunk.is_multiple_of(8),
+        "fragment payload {chunk}"
+    );
     let p = parse(frame).expect("an IP frame");
     let v4 = p.src.is_ipv4();
     let (header_end, next) = if v4 {
@@ -679,7 +682,10 @@ mod fragment_tests {
             pieces.reverse();
             assert!(reassemble(&pieces).as_deref() == Some(frame.as_slice()));
             pieces.pop();
-            assert!(reassemble(&pieces).is_none(), "the first fragment is missing");
+            assert!(
+                reassemble(&pieces).is_none(),
+                "the first fragment is missing"
+            );
         }
     }
 }
