@@ -25,6 +25,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// A backend whose entry failed or was deleted is probed again (so the
 /// kernel resolves it anew) at most this often.
 const REPROBE_EVERY: Duration = Duration::from_secs(1);
+/// Datagrams read in one go before the task looks at its other inputs.
+const DATAGRAMS_PER_WAKE: usize = 64;
 /// Far enough to mean "not scheduled".
 const NEVER: Duration = Duration::from_secs(24 * 3600);
 
@@ -190,7 +192,7 @@ async fn drain(
         drained.broken = true;
         return drained;
     };
-    loop {
+    for _ in 0..DATAGRAMS_PER_WAKE {
         buf.clear();
         let read = match guard.try_io(|inner| inner.get_ref().recv(buf, 0)) {
             Ok(read) => read,
@@ -248,4 +250,7 @@ async fn drain(
         }
         reprobed.retain(|ip, _| sync.is_backend(ip));
     }
+    // More are pending (the socket stays readable): the task reads them
+    // after the other inputs had their turn.
+    drained
 }
