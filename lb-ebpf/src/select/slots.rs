@@ -94,8 +94,12 @@ pub struct TablesView {
     pub half: u32,
     /// That half's schedule length (at most `WRR_SCHEDULE_LEN`).
     pub schedule_len: u32,
-    /// The first entry of the VIP's Maglev table, if it has one.
-    pub maglev_base: Option<u32>,
+    /// Whether the VIP has a Maglev table, and its first entry (always a
+    /// defined value: an `Option<u32>` here left its payload undefined on
+    /// the `None` path, and the debug object spilled that undefined
+    /// register, which the verifier refuses: "!read_ok").
+    pub has_maglev: bool,
+    pub maglev_base: u32,
     pub reference_cost: u64,
 }
 
@@ -105,11 +109,8 @@ impl TablesView {
         let Some(t): Option<&VipTables> = VIP_TABLES.get(vip_id) else {
             return Self::default();
         };
-        let maglev_base = if t.has_maglev != 0 && t.maglev_table < MAX_MAGLEV_TABLES {
-            Some(t.maglev_table * MAGLEV_TABLE_SIZE)
-        } else {
-            None
-        };
+        let has_maglev = t.has_maglev != 0 && t.maglev_table < MAX_MAGLEV_TABLES;
+        let maglev_base = t.maglev_table.min(MAX_MAGLEV_TABLES - 1) * MAGLEV_TABLE_SIZE;
         let half = table_half(t.half);
         // One load at a variable (bounded: half < 2) offset into the map
         // value, not a branch per half: a branch here would double the
@@ -118,6 +119,7 @@ impl TablesView {
         Self {
             half,
             schedule_len: schedule_len.min(WRR_SCHEDULE_LEN),
+            has_maglev,
             maglev_base,
             reference_cost: t.reference_cost,
         }
@@ -137,10 +139,12 @@ impl Block {
             schedule_start,
             schedule_len: tables.schedule_len,
             prefix_base,
-            maglev_first: tables.maglev_base.unwrap_or(0),
-            maglev_size: tables
-                .maglev_base
-                .and_then(|_| NonZeroU32::new(MAGLEV_TABLE_SIZE)),
+            maglev_first: tables.maglev_base,
+            maglev_size: if tables.has_maglev {
+                NonZeroU32::new(MAGLEV_TABLE_SIZE)
+            } else {
+                None
+            },
             reference_cost: tables.reference_cost,
         }
     }
@@ -185,10 +189,12 @@ impl Block {
             prefix_base,
             maglev_first: tables
                 .maglev_base
-                .map_or(0, |base| base + index * ZONE_MAGLEV_SIZE),
-            maglev_size: tables
-                .maglev_base
-                .and_then(|_| NonZeroU32::new(ZONE_MAGLEV_SIZE)),
+                .wrapping_add(index.wrapping_mul(ZONE_MAGLEV_SIZE)),
+            maglev_size: if tables.has_maglev {
+                NonZeroU32::new(ZONE_MAGLEV_SIZE)
+            } else {
+                None
+            },
             reference_cost: zone.reference_cost,
         })
     }

@@ -15,9 +15,11 @@
 //! half being read.
 //!
 //! A packet that read a descriptor just before a flip keeps reading the
-//! old half for the rest of its own run (microseconds). That half is only
-//! rewritten by the next rebuild, which follows at least two map-update
-//! syscalls later.
+//! old half for the rest of its own selection (microseconds). That half is
+//! rewritten only by the VIP's next rebuild, which the control plane makes
+//! at its next change (ticks are milliseconds apart); no grace period
+//! (an RCU wait) is taken, so two rebuilds of one VIP issued back to back
+//! could in principle meet a packet still reading the older half.
 
 use lb_common::{
     MAX_ZONES, TABLE_HALVES, VipTables, VipZones, prefix_base, schedule_base, table_half,
@@ -34,8 +36,9 @@ pub enum Write<'a> {
     Maglev { table: u32, entries: &'a [u32] },
     /// The VIP's `VIP_TABLES` descriptor.
     Tables(VipTables),
-    /// The VIP's `VIP_ZONES` descriptor.
-    Zones(VipZones),
+    /// The VIP's `VIP_ZONES` descriptor (boxed: ten times the other
+    /// variants' size).
+    Zones(Box<VipZones>),
 }
 
 /// A VIP's table writes: first `aside` (contents, and the spare half's
@@ -147,7 +150,7 @@ pub fn plan<'a>(
     }
     if let Some(mut zones) = new.zones {
         zones.half = half;
-        flip.push(Write::Zones(zones));
+        flip.push(Write::Zones(Box::new(zones)));
     }
     Some(Plan {
         aside: writes,
@@ -369,7 +372,7 @@ mod tests {
         // descriptor, last, names half 0 with its new blocks.
         let mut want = new_zones;
         want.half = 0;
-        assert_eq!(writes[1..], [Write::Zones(want)]);
+        assert_eq!(writes[1..], [Write::Zones(Box::new(want))]);
     }
 
     #[test]
@@ -386,7 +389,7 @@ mod tests {
         assert_eq!(writes.len(), 3, "{writes:?}");
         assert!(matches!(writes[0], Write::Schedule { first: 0, .. }));
         assert_eq!(writes[1], Write::Tables(tables(0, [7, 7])));
-        assert!(matches!(writes[2], Write::Zones(z) if z.half == 0 && z.count == 2));
+        assert!(matches!(&writes[2], Write::Zones(z) if z.half == 0 && z.count == 2));
     }
 
     #[test]

@@ -394,7 +394,7 @@ impl TableWriter {
                     .set(vip_id, tables, 0)
                     .context("writing VIP_TABLES")
             }
-            Write::Zones(zones) => self.insert_zones(vip_id, zones),
+            Write::Zones(zones) => self.insert_zones(vip_id, *zones),
         }
     }
 
