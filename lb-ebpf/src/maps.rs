@@ -45,11 +45,14 @@ pub static REASON_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(reason
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map(name = "VIP_TABLES")]
 pub static VIP_TABLES: Array<VipTables> = Array::with_max_entries(MAX_VIPS, 0);
+/// Two halves per VIP (`TABLE_HALVES`): one read, one written aside.
 #[map(name = "VIP_SCHEDULE")]
-pub static VIP_SCHEDULE: Array<u32> = Array::with_max_entries(MAX_VIPS * WRR_SCHEDULE_LEN, 0);
+pub static VIP_SCHEDULE: Array<u32> =
+    Array::with_max_entries(MAX_VIPS * TABLE_HALVES * WRR_SCHEDULE_LEN, 0);
+/// Two halves per VIP, like `VIP_SCHEDULE`.
 #[map(name = "VIP_WEIGHT_PREFIX")]
 pub static VIP_WEIGHT_PREFIX: Array<u32> =
-    Array::with_max_entries(MAX_VIPS * MAX_BACKENDS_PER_VIP, 0);
+    Array::with_max_entries(MAX_VIPS * TABLE_HALVES * MAX_BACKENDS_PER_VIP, 0);
 #[map(name = "MAGLEV")]
 pub static MAGLEV: Array<u32> = Array::with_max_entries(MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE, 0);
 #[map(name = "BACKEND_PROGRESS")]

@@ -167,7 +167,9 @@ fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
 /// Picks a backend for the new flow `pkt` to the VIP described by `vip`.
 #[inline(always)]
 fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
-    if vip.backend_count > MAX_BACKENDS_PER_VIP {
+    // Both bound the table indexes computed below without a branch
+    // (`slots::Block`).
+    if vip.backend_count > MAX_BACKENDS_PER_VIP || vip.vip_id >= MAX_VIPS {
         return Err(reason::DROP_BAD_CONFIG);
     }
     let Some(count) = NonZeroU32::new(vip.backend_count) else {
