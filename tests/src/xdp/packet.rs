@@ -503,6 +503,11 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
     if p.src.is_ipv4() && checksum(&[&frame[p.l3..p.l4]]) != 0 {
         return Err("IPv4 header checksum".into());
     }
+    // A fragment holds part of a datagram: its TCP/UDP checksum covers the
+    // whole one (see `reassemble`), so there is nothing to check here.
+    if is_fragment(frame, &p) {
+        return Ok(());
+    }
     let segment = &frame[p.l4..p.end];
     let pseudo = |proto| l4_checksum(p.src, p.dst, proto, segment);
     let bad = match p.proto {
@@ -634,6 +639,31 @@ pub fn reassemble(fragments: &[Vec<u8>]) -> Option<Vec<u8>> {
         ip[6] = next;
     }
     Some(whole)
+}
+
+/// Whether the parsed frame is a fragment (IPv4 MF or offset, or an IPv6
+/// fragment header that is not atomic).
+fn is_fragment(frame: &[u8], p: &Parsed) -> bool {
+    if p.src.is_ipv4() {
+        let bits = u16::from_be_bytes([frame[p.l3 + 6], frame[p.l3 + 7]]);
+        return bits & 0x3fff != 0;
+    }
+    // Walk the extension headers to a fragment header, as `parse` does.
+    let mut next = frame[p.l3 + 6];
+    let mut off = p.l3 + IPV6_LEN;
+    while matches!(
+        next,
+        IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_FRAGMENT
+    ) && off + 8 <= frame.len()
+    {
+        if next == IPV6_FRAGMENT {
+            let bits = u16::from_be_bytes([frame[off + 2], frame[off + 3]]);
+            return bits & 0xfff9 != 0;
+        }
+        next = frame[off];
+        off += 8 * (usize::from(frame[off + 1]) + 1);
+    }
+    false
 }
 
 /// The fragment offset of an IPv4 or IPv6 fragment frame.
