@@ -189,7 +189,7 @@ mod batch {
         count: usize,
         cpus: usize,
     ) -> std::io::Result<Vec<LatencyAgg>> {
-        const { assert!(size_of::<LatencyAgg>() % 8 == 0) };
+        const { assert!(size_of::<LatencyAgg>().is_multiple_of(8)) };
         if count == 0 {
             return Ok(Vec::new());
         }
