@@ -61,10 +61,61 @@ pub const DEFAULT_INFLIGHT_BIAS: u8 = 2;
 pub const MIN_INFLIGHT_BIAS: u8 = 1;
 pub const MAX_INFLIGHT_BIAS: u8 = 3;
 
-/// Length of each VIP's smooth weighted round-robin schedule block in
-/// [`VIP_SCHEDULE_MAP`] (4 bytes a slot: 2 MiB for all VIPs). Weights whose
-/// reduced sum exceeds it are scaled down to fit.
+/// Length of one half of each VIP's smooth weighted round-robin schedule
+/// block in [`VIP_SCHEDULE_MAP`] (4 bytes a slot, two halves a VIP: 4 MiB
+/// for all VIPs). Weights whose reduced sum exceeds it are scaled down to fit.
 pub const WRR_SCHEDULE_LEN: u32 = 2048;
+/// Copies of each VIP's schedule and weight-prefix blocks: the kernel reads
+/// the half its descriptor names ([`VipTables::half`], or
+/// [`VipZones::half`] for a zone-aware VIP) while the control plane writes
+/// the other one, then flips the descriptor (see [`VipTables`]).
+pub const TABLE_HALVES: u32 = 2;
+const _: () = assert!(TABLE_HALVES.is_power_of_two());
+
+/// The half a descriptor's `half` field names: masked, so a corrupt value
+/// still names one of the VIP's own halves.
+#[inline(always)]
+pub const fn table_half(half: u32) -> u32 {
+    half & (TABLE_HALVES - 1)
+}
+
+/// The run of VIP `vip_id`'s half `half` among all VIPs' halves: half `h`
+/// of VIP `v` is run `v * TABLE_HALVES + h` of each halved table map. For
+/// `vip_id < MAX_VIPS` (the data path checks it once per new flow and then
+/// computes without a branch; a larger id would wrap, which the maps'
+/// own bounds checks still contain).
+#[inline(always)]
+pub const fn table_run(vip_id: u32, half: u32) -> u32 {
+    vip_id
+        .wrapping_mul(TABLE_HALVES)
+        .wrapping_add(table_half(half))
+}
+
+/// Index in [`VIP_SCHEDULE_MAP`] of the first entry of half `half` of VIP
+/// `vip_id`'s schedule block: run [`table_run`] of [`WRR_SCHEDULE_LEN`]
+/// entries (`None` for a VIP id past [`MAX_VIPS`]).
+#[inline(always)]
+pub const fn schedule_base(vip_id: u32, half: u32) -> Option<u32> {
+    if vip_id >= MAX_VIPS {
+        return None;
+    }
+    Some(table_run(vip_id, half) * WRR_SCHEDULE_LEN)
+}
+
+/// Index in [`VIP_WEIGHT_PREFIX_MAP`] of the running sum of slot 0 in half
+/// `half` of VIP `vip_id`'s prefix block: run [`table_run`] of
+/// [`MAX_BACKENDS_PER_VIP`] sums (`None` for a VIP id past [`MAX_VIPS`]).
+#[inline(always)]
+pub const fn prefix_base(vip_id: u32, half: u32) -> Option<u32> {
+    if vip_id >= MAX_VIPS {
+        return None;
+    }
+    Some(table_run(vip_id, half) * MAX_BACKENDS_PER_VIP)
+}
+const _: () = assert!(
+    (MAX_VIPS as u64) * (TABLE_HALVES as u64) * (WRR_SCHEDULE_LEN as u64) <= u32::MAX as u64
+);
+
 /// Entries of one Maglev lookup table: a prime above 100 × the backends it
 /// serves (so up to 655 backends keep Maglev's balance guarantee).
 pub const MAGLEV_TABLE_SIZE: u32 = 65_537;
@@ -76,6 +127,10 @@ pub const MAX_MAGLEV_TABLES: u32 = 8;
 /// more zones keeps the first `MAX_ZONES - 1` in failover order and lumps
 /// the rest into the last block.
 pub const MAX_ZONES: u32 = 8;
+/// Fragmented datagrams whose first fragment's ports are remembered at
+/// once (an LRU: the oldest datagram's entry goes first; its later
+/// fragments then pass to the host, which drops an incomplete datagram).
+pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
 /// [`ZoneBlock::cum_share`] is out of this: the kernel draws 16 random bits.
 pub const ZONE_SHARE_SCALE: u32 = 1 << 16;
 /// Entries of one zone's Maglev table while a Maglev VIP routes by zone:
@@ -114,6 +169,7 @@ pub const SWEEP_STATS_MAP: &str = "SWEEP_STATS";
 pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
 pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
 pub const VIP_ZONES_MAP: &str = "VIP_ZONES";
+pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).
@@ -151,4 +207,33 @@ pub const ALL_MAPS: &[&str] = &[
     BACKEND_LATENCY_MAP,
     LATENCY_EPOCH_MAP,
     VIP_ZONES_MAP,
+    FRAGMENTS_MAP,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_tile_the_table_maps_without_overlap() {
+        // Every (VIP, half) run starts one run after the previous one, and
+        // the last VIP's second half ends exactly at the map's end.
+        let mut next = 0;
+        for vip in 0..MAX_VIPS {
+            for half in 0..TABLE_HALVES {
+                assert_eq!(schedule_base(vip, half), Some(next * WRR_SCHEDULE_LEN));
+                assert_eq!(prefix_base(vip, half), Some(next * MAX_BACKENDS_PER_VIP));
+                next += 1;
+            }
+        }
+        assert_eq!(next, MAX_VIPS * TABLE_HALVES);
+    }
+
+    #[test]
+    fn a_corrupt_half_stays_inside_the_vips_runs_and_ids_past_max_vips_have_none() {
+        assert_eq!(schedule_base(3, 7), schedule_base(3, 1));
+        assert_eq!(prefix_base(3, 2), prefix_base(3, 0));
+        assert_eq!(schedule_base(MAX_VIPS, 0), None);
+        assert_eq!(prefix_base(u32::MAX / 2, 1), None);
+    }
+}

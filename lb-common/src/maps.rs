@@ -108,27 +108,54 @@ pub const VIP_F_SOURCE_AFFINITY: u16 = 1;
 /// [`crate::VIP_TABLES_MAP`] indexed by `vip_id`). The tables themselves are
 /// pure functions of the VIP's slot backend ids and effective weights, and
 /// are rebuilt whenever either changes:
-/// - `VIP_SCHEDULE[vip_id * WRR_SCHEDULE_LEN ..][..schedule_len]`: slot
-///   indexes in nginx smooth weighted round-robin order;
-/// - `VIP_WEIGHT_PREFIX[vip_id * MAX_BACKENDS_PER_VIP ..][..backend_count]`:
+/// - `VIP_SCHEDULE[schedule_base(vip_id, half) ..][..schedule_len[half]]`:
+///   slot indexes in nginx smooth weighted round-robin order;
+/// - `VIP_WEIGHT_PREFIX[prefix_base(vip_id, half) ..][..backend_count]`:
 ///   running sums of the slots' weights (weighted random);
 /// - `MAGLEV[maglev_table * MAGLEV_TABLE_SIZE ..][..MAGLEV_TABLE_SIZE]`:
 ///   backend ids (Maglev consistent hashing).
+///
+/// No table is ever rewritten while the kernel may read it. Each VIP has
+/// [`crate::TABLE_HALVES`] copies of its schedule and prefix blocks
+/// ([`crate::schedule_base`], [`crate::prefix_base`]); the kernel reads the
+/// one `half` names. The control plane writes the other half completely,
+/// then (if the new schedule's length differs) stores that length in the
+/// other half's `schedule_len` entry, which no reader looks at, and last
+/// rewrites the descriptor with only `half` changed (and `maglev_table`,
+/// itself switched to a table written aside). So a reader sees the old
+/// half with its own length, or the new half with its own length, never a
+/// mix, whatever order the kernel copies the descriptor's bytes in.
+///
+/// A zone-aware VIP (a [`VipZones`] entry with `count` in
+/// `1..=MAX_ZONES`) reads the half its zone descriptor names instead: the
+/// zone descriptor carries the blocks' schedule runs, so the two change in
+/// one (atomic) hash update.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipTables {
-    /// Entries in the VIP's schedule block (0 = no schedule).
-    pub schedule_len: u32,
+    /// Entries in each half's schedule run (0 = no schedule); the kernel
+    /// reads `schedule_len[half]`.
+    pub schedule_len: [u32; crate::TABLE_HALVES as usize],
     /// Index of the VIP's Maglev table; meaningful when `has_maglev != 0`.
     pub maglev_table: u32,
     pub has_maglev: u32,
+    /// The half of the schedule and prefix blocks the kernel reads (masked
+    /// with [`crate::table_half`]).
+    pub half: u32,
     pub _pad: u32,
     /// P2C: the median [`BackendScore::cost`] of the VIP's backends, which
     /// the control plane refreshes with the scores (0 = none yet). A P2C
     /// pick whose cost is far above it is drawn again (bounded).
     pub reference_cost: u64,
 }
-assert_size!(VipTables, 24);
+assert_size!(VipTables, 32);
+
+impl VipTables {
+    /// The schedule length of the half the kernel reads.
+    pub const fn live_schedule_len(&self) -> u32 {
+        self.schedule_len[crate::table_half(self.half) as usize]
+    }
+}
 
 /// One zone of a zone-aware VIP ([`VipZones::zones`]): a contiguous run
 /// of the VIP's slot block, the share of new connections it gets, and its
@@ -136,10 +163,11 @@ assert_size!(VipTables, 24);
 /// inside the block exactly as it runs over a whole slot block otherwise:
 /// - slots `first_slot .. first_slot + slot_count`;
 /// - weighted random: `VIP_WEIGHT_PREFIX` holds running sums that restart
-///   at `first_slot`;
+///   at `first_slot` (in the half [`VipZones::half`] names);
 /// - smooth WRR: schedule entries `schedule_first .. + schedule_len` of the
-///   VIP's schedule block, holding slot indexes of this block *relative to
-///   `first_slot`* (0 is the block's first slot);
+///   VIP's schedule block (in the half [`VipZones::half`] names), holding
+///   slot indexes of this block *relative to `first_slot`* (0 is the
+///   block's first slot);
 /// - Maglev: entries `index * ZONE_MAGLEV_SIZE ..` of the VIP's table.
 ///
 /// The kernel checks every block it draws: one that is empty or reaches
@@ -174,7 +202,10 @@ assert_size!(ZoneBlock, 32);
 pub struct VipZones {
     /// Blocks in use (at most [`crate::MAX_ZONES`]).
     pub count: u32,
-    pub _pad: u32,
+    /// The half of the VIP's schedule and prefix blocks the zone blocks
+    /// read (see [`VipTables`]; masked with [`crate::table_half`]): written
+    /// completely before this descriptor names it.
+    pub half: u32,
     pub zones: [ZoneBlock; crate::MAX_ZONES as usize],
 }
 assert_size!(VipZones, 8 + 32 * crate::MAX_ZONES as usize);
@@ -355,6 +386,34 @@ pub struct FlowEntry {
     pub _pad4: u32,
 }
 assert_size!(FlowEntry, 96);
+
+/// Key of [`crate::FRAGMENTS_MAP`]: one fragmented datagram as it arrives
+/// (before translation), as RFC 791 and RFC 8200 identify it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// The IPv4 identification (16 bits) or the IPv6 fragment header's
+    /// identification, in network byte order as a `u32` of memory bytes.
+    pub id: u32,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+assert_size!(FragKey, 40);
+
+/// Value of [`crate::FRAGMENTS_MAP`]: the ports of the datagram's first
+/// fragment (network byte order), which its later fragments lack. With
+/// them a later fragment finds its flow entry and gets the same
+/// translation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragPorts {
+    pub sport: u16,
+    pub dport: u16,
+}
+assert_size!(FragPorts, 4);
 
 /// Key of [`crate::NEIGHBOURS_MAP`].
 #[repr(C)]
@@ -623,6 +682,8 @@ pod!(
     BackendConns,
     BackendStats,
     FlowKey,
+    FragKey,
+    FragPorts,
     FlowEntry,
     IpKey,
     Neighbour,

@@ -65,15 +65,15 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, IpKey, LbConfig, Reason, StageResult,
-    Verdict, action, proceed, reason,
+    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, FragKey, FragPorts, IpKey, LbConfig,
+    Reason, StageResult, Verdict, action, proceed, reason,
 };
 
 use crate::{
     flow::{ReturnPath, Translation},
     helpers::now,
-    maps::{CONFIG, SNAT_ADDR_INDEX},
-    packet::{Packet, keep_ctx_pointer},
+    maps::{CONFIG, FRAGMENTS, SNAT_ADDR_INDEX},
+    packet::{FRAG_FIRST, FRAG_LATER, Packet, keep_ctx_pointer},
     parse::Parsed,
     select::Picked,
     stats::Direction,
@@ -113,10 +113,26 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     let Some(cfg) = CONFIG.get(0).filter(|c| c.flags & CONFIG_F_READY != 0) else {
         return Ok(not_ours);
     };
-    // For an ICMP error this is the key of the quoted packet's flow in the
-    // direction the error travels (see parse::icmp).
-    let key = flow::packet_key(pkt);
     let ctx = || XdpContext::new(ctx.ctx);
+    // For an ICMP error this is the key of the quoted packet's flow in the
+    // direction the error travels (see parse::icmp). A later fragment has
+    // no ports: its datagram's first fragment left them in FRAGMENTS.
+    let key = if pkt.frag == FRAG_LATER {
+        let ports = first_fragment_ports(pkt);
+        if ports == 0 {
+            return Ok(Verdict::pass(reason::PASS_FRAGMENT));
+        }
+        flow::key(
+            pkt.family,
+            pkt.proto,
+            pkt.saddr,
+            pkt.daddr,
+            (ports >> 16) as u16,
+            ports as u16,
+        )
+    } else {
+        flow::packet_key(pkt)
+    };
     if parsed == Parsed::IcmpError {
         return Ok(match flow::lookup(&key) {
             Some(entry) => Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)),
@@ -129,6 +145,9 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         if direction == DIR_TO_CLIENT {
             return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
         }
+        if pkt.frag == FRAG_LATER {
+            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
+        }
         if !(pkt.is_tcp() && pkt.is_syn() && flags & FLOW_F_CLOSED != 0) {
             return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }
@@ -136,6 +155,9 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         // its forward entry replaces the old one. The old reply entry was
         // stamped at the close and keeps its SNAT tuple in quarantine until
         // the sweep frees it.
+    } else if pkt.frag == FRAG_LATER {
+        // Its datagram's flow is gone (or was never ours): the host decides.
+        return Ok(Verdict::pass(reason::PASS_FRAGMENT));
     } else if is_snat_tuple(pkt, cfg) {
         return Err(reason::DROP_SNAT_NO_FLOW);
     }
@@ -145,6 +167,43 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     // register, and the verifier must see a map value pointer come from a lookup.
     let fwd = flow::lookup(&key).ok_or(reason::DROP_FLOW_INSERT)?;
     Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd)))
+}
+
+/// The ports of the first fragment of `pkt`'s datagram (a later
+/// fragment), packed as `1 << 32 | sport << 16 | dport`, or 0 if none was
+/// seen. A BPF function of its own, so its key is not in `lb_xdp`'s frame.
+#[inline(never)]
+fn first_fragment_ports(pkt: &Packet) -> u64 {
+    // SAFETY: read-only lookup; the value is copied out at once.
+    match unsafe { FRAGMENTS.get(&fragment_key(pkt)) } {
+        Some(p) => (1 << 32) | (u64::from(p.sport) << 16) | u64::from(p.dport),
+        None => 0,
+    }
+}
+
+/// The `FRAGMENTS` key of a fragment of `pkt`'s datagram.
+#[inline(always)]
+fn fragment_key(pkt: &Packet) -> FragKey {
+    FragKey {
+        src: pkt.saddr,
+        dst: pkt.daddr,
+        id: pkt.frag_id,
+        proto: pkt.proto,
+        family: pkt.family,
+        _pad: [0; 2],
+    }
+}
+
+/// Remembers a first fragment's ports for its datagram's later fragments.
+/// A failed insert (it cannot fail for lack of room: an LRU) leaves them
+/// to the host.
+#[inline(always)]
+fn remember_first_fragment(pkt: &Packet) {
+    let ports = FragPorts {
+        sport: pkt.sport,
+        dport: pkt.dport,
+    };
+    let _ = FRAGMENTS.insert(&fragment_key(pkt), &ports, 0);
 }
 
 /// Whether `pkt` (of no flow) is addressed to a SNAT tuple: a pool
@@ -225,6 +284,9 @@ fn forward_known(
     entry: *mut FlowEntry,
     direction: Direction,
 ) -> Result<Verdict, Reason> {
+    if pkt.frag == FRAG_FIRST {
+        remember_first_fragment(pkt);
+    }
     let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
     let verdict = match direction {
@@ -234,6 +296,11 @@ fn forward_known(
             nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?
         }
     };
+    // A later fragment has no header to track: its bytes are counted.
+    if pkt.frag == FRAG_LATER {
+        stats::backend_traffic(to.backend_id, direction, pkt.frame_len);
+        return Ok(verdict);
+    }
     match direction {
         Direction::ToBackend => track::client_packet(pkt, entry, now()),
         // The forward entry holds the state. After a new SYN reused the

@@ -1,7 +1,7 @@
 //! Every map of the program. Names match the `*_MAP` constants in lb-common.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::*;
 
@@ -29,6 +29,12 @@ pub static BACKEND_STATS: PerCpuArray<BackendStats> =
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, FlowEntry> =
     HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// First fragments' ports by datagram (see `lb_common::FragKey`); an LRU,
+/// as an entry is useful only for the few milliseconds a datagram's
+/// fragments take to arrive.
+#[map(name = "FRAGMENTS")]
+pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
+    LruHashMap::with_max_entries(MAX_FRAGMENTED_DATAGRAMS, 0);
 #[map(name = "NEIGHBOURS")]
 pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "CONFIG")]
@@ -39,11 +45,14 @@ pub static REASON_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(reason
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map(name = "VIP_TABLES")]
 pub static VIP_TABLES: Array<VipTables> = Array::with_max_entries(MAX_VIPS, 0);
+/// Two halves per VIP (`TABLE_HALVES`): one read, one written aside.
 #[map(name = "VIP_SCHEDULE")]
-pub static VIP_SCHEDULE: Array<u32> = Array::with_max_entries(MAX_VIPS * WRR_SCHEDULE_LEN, 0);
+pub static VIP_SCHEDULE: Array<u32> =
+    Array::with_max_entries(MAX_VIPS * TABLE_HALVES * WRR_SCHEDULE_LEN, 0);
+/// Two halves per VIP, like `VIP_SCHEDULE`.
 #[map(name = "VIP_WEIGHT_PREFIX")]
 pub static VIP_WEIGHT_PREFIX: Array<u32> =
-    Array::with_max_entries(MAX_VIPS * MAX_BACKENDS_PER_VIP, 0);
+    Array::with_max_entries(MAX_VIPS * TABLE_HALVES * MAX_BACKENDS_PER_VIP, 0);
 #[map(name = "MAGLEV")]
 pub static MAGLEV: Array<u32> = Array::with_max_entries(MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE, 0);
 #[map(name = "BACKEND_PROGRESS")]

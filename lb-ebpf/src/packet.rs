@@ -44,6 +44,15 @@ pub fn load<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
     ptr_at::<T>(ctx, offset).map(|p| unsafe { p.read_unaligned() })
 }
 
+/// A whole datagram.
+pub const FRAG_NONE: u8 = 0;
+/// The first fragment of a datagram: it carries the TCP/UDP header.
+pub const FRAG_FIRST: u8 = 1;
+/// A later fragment: no TCP/UDP header; `sport`, `dport` and `tcp_flags`
+/// are 0 until the first fragment's ports are looked up, and `l4` is where
+/// its payload starts (never rewritten).
+pub const FRAG_LATER: u8 = 2;
+
 /// A parsed IPv4 or IPv6 TCP or UDP packet, with its 5-tuple in wire byte
 /// order. For an ICMP error about a flow, the quoted packet's reverse
 /// 5-tuple (see `parse::icmp`).
@@ -65,6 +74,11 @@ pub struct Packet {
     pub dport: u16,
     /// `wire::TCP_*` bits; 0 for UDP.
     pub tcp_flags: u8,
+    /// [`FRAG_NONE`], [`FRAG_FIRST`] or [`FRAG_LATER`].
+    pub frag: u8,
+    /// The datagram's identification when `frag` is not [`FRAG_NONE`]
+    /// (see `lb_common::FragKey::id`).
+    pub frag_id: u32,
     /// L4 payload bytes according to the IP length field. For an ICMP
     /// error: the length of the quoted IP header.
     pub payload_len: u32,

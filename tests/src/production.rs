@@ -5,6 +5,7 @@
 //! from `lb_common`, which the kernel and the control plane share.)
 use std::path::Path;
 
+pub use lb_user::publish::writers::PendingFlip;
 use lb_user::publish::writers::TableWriter;
 pub use lb_user::{
     EBPF_OBJECT,
@@ -39,6 +40,38 @@ pub fn write_zone_tables(
     blocks: &[ZoneInput],
 ) -> anyhow::Result<()> {
     TableWriter::open(pin_dir)?.write_zoned(vip_id, algorithm, maglev_table, blocks)
+}
+
+/// The first half of [`write_tables`]: VIP `vip_id`'s next tables written
+/// where the kernel does not read them (the spare half, a spare Maglev
+/// table), with the control plane's own writer. The kernel keeps the
+/// tables it had until [`flip_tables`] gets the result.
+pub fn write_tables_aside(
+    pin_dir: &Path,
+    vip_id: u32,
+    algorithm: u8,
+    maglev_table: Option<u32>,
+    slots: &[SlotBackend],
+) -> anyhow::Result<PendingFlip> {
+    TableWriter::open(pin_dir)?.write_aside(vip_id, algorithm, maglev_table, slots)
+}
+
+/// [`write_tables_aside`] for a zone-aware VIP: its zone descriptor is
+/// written by the flip.
+pub fn write_zone_tables_aside(
+    pin_dir: &Path,
+    vip_id: u32,
+    algorithm: u8,
+    maglev_table: Option<u32>,
+    blocks: &[ZoneInput],
+) -> anyhow::Result<PendingFlip> {
+    TableWriter::open(pin_dir)?.write_zoned_aside(vip_id, algorithm, maglev_table, blocks)
+}
+
+/// Switches the kernel to the tables written aside: the descriptor writes
+/// of the control plane's writer.
+pub fn flip_tables(pin_dir: &Path, flip: PendingFlip) -> anyhow::Result<()> {
+    TableWriter::open(pin_dir)?.flip(flip)
 }
 
 /// Removes VIP `vip_id`'s zone descriptor with the control plane's writer

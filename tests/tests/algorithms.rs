@@ -25,7 +25,7 @@ use lb_common::{
     hash::flow_hash_v4,
 };
 use lb_lab::{
-    production::{self, ALGORITHMS, EBPF_OBJECT, SlotBackend, VipTableSet},
+    production::{self, ALGORITHMS, EBPF_OBJECT, PendingFlip, SlotBackend, VipTableSet},
     trials::{self, packet_case, plain_case, slug},
     xdp::{
         harness::*,
@@ -94,17 +94,29 @@ const TABLE_MAPS: [&str; 4] = [
 /// writer, through pins of this program's table maps in the thread's
 /// private BPF filesystem.
 fn write_tables(lb: &mut Lb, algorithm: Algorithm, slots: &[SlotBackend]) {
+    with_table_pins(lb, |dir| {
+        production::write_tables(dir, 0, algorithm as u8, Some(0), slots)
+    })
+    .expect("writing VIP 0's tables");
+}
+
+/// Runs `write` with this program's table maps pinned in the thread's
+/// private BPF filesystem, and unpins them after.
+fn with_table_pins<T>(
+    lb: &mut Lb,
+    write: impl FnOnce(&std::path::Path) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     let dir = private_bpffs();
     for name in TABLE_MAPS {
         lb.map_mut(name)
             .pin(dir.join(name))
             .unwrap_or_else(|e| panic!("pinning {name}: {e}"));
     }
-    let written = production::write_tables(&dir, 0, algorithm as u8, Some(0), slots);
+    let written = write(&dir);
     for name in TABLE_MAPS {
         std::fs::remove_file(dir.join(name)).unwrap_or_else(|e| panic!("unpinning {name}: {e}"));
     }
-    written.expect("writing VIP 0's tables");
+    written
 }
 
 /// A SYN from `client:port` to the VIP; returns the backend it went to.
@@ -126,7 +138,13 @@ fn client(i: u32) -> (Ipv4Addr, u16) {
 
 /// Backend ids of `n` new flows from distinct clients.
 fn choices(lb: &Lb, n: u32) -> Vec<u32> {
-    (0..n)
+    choices_from(lb, 0, n)
+}
+
+/// Backend ids of `n` new flows from clients `first..first + n` (so later
+/// runs on one program open new flows).
+fn choices_from(lb: &Lb, first: u32, n: u32) -> Vec<u32> {
+    (first..first + n)
         .map(|i| {
             let (addr, port) = client(i);
             syn_from(lb, addr, port)
@@ -285,6 +303,120 @@ fn tables_cover_the_limits() {
     assert!(set.schedule.len() <= WRR_SCHEDULE_LEN as usize);
 }
 
+// ---------------------------------------------------------------------------
+// Tables built aside and swapped (`lb_user::publish::swap`): the next
+// tables go into the half the kernel does not read, and only the flip of
+// the descriptor makes new flows use them.
+
+/// VIP 0's slots as `setup` configures them (backend `i` in slot `i`), at
+/// effective weights `weights`.
+fn slots_at(lb: &mut Lb, weights: &[u32]) -> Vec<SlotBackend> {
+    let backends = lb.array::<Backend>(lb_common::BACKENDS_MAP);
+    (0..weights.len() as u32)
+        .zip(weights)
+        .map(|(id, &w)| SlotBackend::new(id, &backends.get(&id, 0).expect("backend"), w))
+        .collect()
+}
+
+/// Writes VIP 0's tables for `slots` aside, with the production writer.
+fn write_aside(lb: &mut Lb, algorithm: Algorithm, slots: &[SlotBackend]) -> PendingFlip {
+    with_table_pins(lb, |dir| {
+        production::write_tables_aside(dir, 0, algorithm as u8, Some(0), slots)
+    })
+    .expect("writing VIP 0's tables aside")
+}
+
+fn flip(lb: &mut Lb, pending: PendingFlip) {
+    with_table_pins(lb, |dir| production::flip_tables(dir, pending)).expect("flipping VIP 0");
+}
+
+/// VIP 0's descriptor as the kernel holds it.
+fn descriptor(lb: &mut Lb) -> VipTables {
+    lb.array::<VipTables>(VIP_TABLES_MAP)
+        .get(&0, 0)
+        .expect("VIP_TABLES")
+}
+
+/// What smooth WRR gives `n` new flows from cursor `cursor` on, over
+/// `schedule` (slot `i` holds backend `i`).
+fn wrr_run(schedule: &[u32], cursor: u32, n: u32) -> Vec<u32> {
+    (cursor..cursor + n)
+        .map(|c| schedule[c as usize % schedule.len()])
+        .collect()
+}
+
+/// Smooth WRR: tables for new weights written aside leave every new flow
+/// on the old schedule, step for step; the flip moves them all to the new
+/// one. Twice, so both halves serve as the spare. The schedules differ in
+/// length (7 and 4 entries), so the kernel must also keep the live half's
+/// length while the spare half's changes.
+fn wrr_tables_are_swapped_not_rewritten_in_place() {
+    const RUN: u32 = 14;
+    let (old_w, new_w) = ([5, 1, 1], [1, 2, 1]);
+    let algorithm = Algorithm::WeightedRoundRobin;
+    let mut lb = setup(algorithm, &old_w, 0, 0);
+    let old = VipTableSet::build(algorithm, &slots_at(&mut lb, &old_w)).schedule;
+    let new = VipTableSet::build(algorithm, &slots_at(&mut lb, &new_w)).schedule;
+    assert_eq!((old.len(), new.len()), (7, 4));
+    let mut cursor = 0;
+    let mut run = |lb: &Lb, schedule: &[u32], what: &str| {
+        let got = choices_from(lb, cursor, RUN);
+        assert_eq!(got, wrr_run(schedule, cursor, RUN), "{what}");
+        cursor += RUN;
+    };
+    run(&lb, &old, "as first written");
+    let rounds = [(&new_w, &old, &new, "new"), (&old_w, &new, &old, "old")];
+    for (next_w, now, next, name) in rounds {
+        let before = descriptor(&mut lb);
+        let spare = before.half ^ 1;
+        let next_slots = slots_at(&mut lb, next_w);
+        let pending = write_aside(&mut lb, algorithm, &next_slots);
+        // Written: the spare half's length moved, the live half did not.
+        let aside = descriptor(&mut lb);
+        assert_eq!(aside.half, before.half, "{name}: flipped before the flip");
+        assert_eq!(aside.live_schedule_len(), now.len() as u32);
+        assert_eq!(aside.schedule_len[spare as usize], next.len() as u32);
+        run(&lb, now, &format!("{name} tables aside, not flipped"));
+        flip(&mut lb, pending);
+        assert_eq!(descriptor(&mut lb).half, spare, "{name}: flip");
+        run(&lb, next, &format!("{name} tables flipped in"));
+    }
+}
+
+/// Weight dwarfing the others (their share: 1 in 10^9 each).
+const HEAVY: u32 = 1_000_000_000;
+
+/// Weighted random: the running sums of new weights written aside leave
+/// new flows on the old distribution; the flip moves them. Each table puts
+/// all but 10^-9 of the weight on one backend, so "the old distribution"
+/// is one backend for every flow (a stray flow has a chance of about
+/// 2 × 10^-9 each).
+fn random_sums_are_swapped_not_rewritten_in_place() {
+    const RUN: u32 = 300;
+    let algorithm = Algorithm::Random;
+    let tables = [[HEAVY, 1, 1], [1, HEAVY, 1], [1, 1, HEAVY]];
+    let mut lb = setup(algorithm, &tables[0], 0, 0);
+    let mut first = 0;
+    let mut run = |lb: &Lb, heavy: u32, what: &str| {
+        let got = choices_from(lb, first, RUN);
+        assert!(
+            got.iter().all(|&id| id == heavy),
+            "{what}: want every flow on backend {heavy}, got {:?}",
+            shares(&got, 3)
+        );
+        first += RUN;
+    };
+    run(&lb, 0, "as first written");
+    for (step, next) in tables.iter().enumerate().skip(1) {
+        let now = step as u32 - 1;
+        let next_slots = slots_at(&mut lb, next);
+        let pending = write_aside(&mut lb, algorithm, &next_slots);
+        run(&lb, now, &format!("table {step} aside, not flipped"));
+        flip(&mut lb, pending);
+        run(&lb, step as u32, &format!("table {step} flipped in"));
+    }
+}
+
 /// The kernel's clock (`bpf_ktime_get_ns` is CLOCK_MONOTONIC).
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -427,6 +559,14 @@ const CASES: &[(&str, fn())] = &[
         p2c_avoids_a_backend_whose_oldest_request_is_stuck,
     ),
     ("time_per_new_flow", time_per_new_flow),
+    (
+        "wrr_tables_are_swapped_not_rewritten_in_place",
+        wrr_tables_are_swapped_not_rewritten_in_place,
+    ),
+    (
+        "random_sums_are_swapped_not_rewritten_in_place",
+        random_sums_are_swapped_not_rewritten_in_place,
+    ),
 ];
 
 fn main() {

@@ -395,7 +395,7 @@ fn a_backend_slow_for_a_moment_gets_its_share_back_within_two_seconds() {
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     // The slowness was seen.
     assert!(
-        *penalised > 2.0 * peers,
+        *penalised > 1.5 * peers,
         "estimate while slow {penalised} ms, a peer's {peers} ms"
     );
     assert!(total > 300, "{window:?}");
@@ -799,6 +799,11 @@ fn injected_control_plane_failures_leave_the_data_path_balancing() {
     assert!(errors("health_task") >= 3.0, "{metrics}");
     // Scores are written again once the injected failures are used up.
     assert!(metric(&metrics, "lb_map_update_seconds_count{kind=\"scores\"}") > 0.0);
+    // A reconciliation pass a second, each timed (the load ran 10 s).
+    assert!(
+        metric(&metrics, "lb_reconcile_seconds_count") >= 5.0,
+        "{metrics}"
+    );
     // The process's own metrics.
     assert!(metric(&metrics, "process_cpu_seconds_total") > 0.0);
     assert!(metric(&metrics, "process_resident_memory_bytes") > 1e6);

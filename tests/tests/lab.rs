@@ -6,7 +6,13 @@
 //! `cargo test -p lb-tests --test lab -- --test-threads=1`.
 //! Every test builds its own lab, which removes itself when dropped.
 
-use std::{collections::BTreeSet, net::SocketAddr, process::Output, thread, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    process::Output,
+    thread,
+    time::{Duration, Instant},
+};
 
 use lb_lab::{
     Binaries, Lab,
@@ -418,4 +424,93 @@ fn bad_input_fails_with_one_line_and_attaches_nothing() {
             lab.pin_dir().display()
         );
     }
+}
+
+/// The MACs in the pinned `NEIGHBOURS` map of this lab's balancer.
+fn neighbour_macs(lab: &Lab) -> BTreeSet<[u8; 6]> {
+    let data = aya::maps::MapData::from_pin(lab.pin_dir().join("NEIGHBOURS")).unwrap();
+    let map: aya::maps::HashMap<_, lb_common::IpKey, lb_common::Neighbour> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
+    map.iter().map(|entry| entry.unwrap().1.mac).collect()
+}
+
+/// One UDP request through the VIP with a short timeout (a new socket, so a
+/// new flow whose next hop is looked up afresh).
+fn udp_through_vip(lab: &Lab, timeout: Duration) -> bool {
+    let (ns, vip) = (lab.client().ns.clone(), lab.udp_vip());
+    lb_lab::lab::in_netns(&ns, || {
+        let socket = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
+        socket.set_read_timeout(Some(timeout))?;
+        socket.connect(vip)?;
+        socket.send(b"mac")?;
+        let mut buf = [0u8; 64];
+        Ok(socket.recv(&mut buf).is_ok())
+    })
+    .unwrap_or(false)
+}
+
+/// A backend's MAC changes: the balancer's kernel learns the new one (the
+/// backend ARPs for the balancer, its own cache flushed by the change), the
+/// neighbour multicast group reports it, and NEIGHBOURS follows at once,
+/// well inside the 30 s safety-net dump (and the 5 s refresh there was
+/// before), so traffic through the VIP reaches the backend again.
+#[test]
+fn a_backends_new_mac_is_followed_as_soon_as_the_kernel_learns_it() {
+    require_root!();
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(1, BackendSpec::new(1, 8))
+        .build()
+        .unwrap();
+    let balancer = lab
+        .start_balancer(&lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native))
+        .unwrap();
+    assert!(udp_through_vip(&lab, Duration::from_secs(2)));
+    let before = neighbour_macs(&lab);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let moved = [0x02, 0x13, 0x21, 0x0b, 0xe1, 0x99];
+    assert!(!before.contains(&moved));
+    let backend = lab.backends()[0].host.clone();
+    lab.ip(
+        &backend.ns,
+        &[
+            "link",
+            "set",
+            "dev",
+            &backend.iface,
+            "address",
+            "02:13:21:0b:e1:99",
+        ],
+    )
+    .unwrap();
+    // Frames to the old MAC are not for the backend any more.
+    assert!(!udp_through_vip(&lab, Duration::from_millis(300)));
+    // The backend speaks: the balancer's kernel learns its new MAC.
+    lb_lab::probe::ping(&backend.ns, BALANCER_ADDR).unwrap();
+    let learnt = Instant::now();
+    while neighbour_macs(&lab) != BTreeSet::from([moved]) {
+        assert!(
+            learnt.elapsed() < Duration::from_secs(10),
+            "NEIGHBOURS still {:?}",
+            neighbour_macs(&lab)
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let in_map = learnt.elapsed();
+    let mut attempts = 0;
+    while !udp_through_vip(&lab, Duration::from_millis(200)) {
+        attempts += 1;
+        assert!(attempts < 50, "the VIP does not reach the moved backend");
+    }
+    let reaching = learnt.elapsed();
+    eprintln!("new MAC in NEIGHBOURS after {in_map:?}, traffic through the VIP after {reaching:?}");
+    assert!(in_map < Duration::from_secs(1), "{in_map:?}");
+    assert!(reaching < Duration::from_secs(2), "{reaching:?}");
+    let log = lab.stderr(balancer);
+    assert!(log.contains("backend MAC changed"), "{log}");
+    let metrics = lab.scrape_metrics().unwrap();
+    assert_eq!(
+        lb_lab::lab::metric(&metrics, "lb_control_errors_total{stage=\"neighbours\"}"),
+        0.0,
+        "{metrics}"
+    );
 }

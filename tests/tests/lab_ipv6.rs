@@ -6,6 +6,7 @@ use std::{collections::BTreeSet, net::SocketAddr};
 
 use lb_lab::{
     Binaries, Lab,
+    lab::metric,
     lab::{
         Algorithm, BackendSpec, Protocol as VipProtocol, VIP_ADDR6, VIP_TCP_PORT, VIP_UDP_PORT,
         VipSpec, XdpMode,
@@ -85,4 +86,73 @@ fn tcp_and_udp_reach_every_backend_over_ipv6_in_native_mode() {
 fn tcp_and_udp_reach_every_backend_over_ipv6_in_skb_mode() {
     lb_lab::require_root!();
     reach_every_backend_over_ipv6(XdpMode::Skb);
+}
+
+/// 4 KiB UDP datagrams through an IPv4 and an IPv6 VIP at MTU 1500: the
+/// client's kernel sends each in three fragments, the backend's echo comes
+/// back in three, and the balancer sends every fragment on itself (none
+/// goes to its host, which would drop them), to the backend of the
+/// datagram's first fragment.
+#[test]
+fn udp_datagrams_of_4_kib_are_balanced_in_fragments_over_both_families() {
+    lb_lab::require_root!();
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(3, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let names: BTreeSet<String> = lab.backends().iter().map(|b| b.name.clone()).collect();
+    let udp6 = SocketAddr::from((VIP_ADDR6, VIP_UDP_PORT));
+    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    spec.vips.push(VipSpec {
+        addr: udp6,
+        protocol: VipProtocol::Udp,
+        backends: lab.backends().iter().map(|b| (b.addr6(), 1)).collect(),
+        zones: Default::default(),
+    });
+    let _balancer = lab.start_balancer(&spec).unwrap();
+    let client = lab.client().ns.clone();
+    let mtu = lab
+        .exec_ok(
+            &client,
+            &["cat", &format!("/sys/class/net/{}/mtu", lab.client().iface)],
+        )
+        .unwrap();
+    assert_eq!(mtu.trim(), "1500", "the lab's links must fragment 4 KiB");
+
+    const SIZE: usize = 4_096;
+    const DATAGRAMS: u64 = 200;
+    let body = payload_pattern(SIZE);
+    for vip in [lab.udp_vip(), udp6] {
+        let reply = probe::udp(&client, vip, &body).unwrap();
+        let colon = reply.iter().position(|&b| b == b':').unwrap();
+        assert!(
+            reply[colon + 1..] == body[..],
+            "4 KiB echo through {vip} differs"
+        );
+        let udp = lab
+            .run_loadgen(&LoadConfig::open_loop(vip, Protocol::Udp, 100.0, 2.0).with_payload(SIZE))
+            .unwrap();
+        assert_eq!(udp.error_count(), 0, "{vip}: {udp:?}");
+        assert_eq!(udp.completed, DATAGRAMS, "{vip}: {udp:?}");
+        assert_eq!(answered(&udp), names, "{vip}: {udp:?}");
+    }
+    let metrics = lab.scrape_metrics().unwrap();
+    let packets = |reason: &str| {
+        metric(
+            &metrics,
+            &format!("lb_packets_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    // Both VIPs' datagrams, each 3 fragments one way and 3 the other.
+    let datagrams = 2.0 * (DATAGRAMS as f64 + 1.0);
+    eprintln!(
+        "fragments: {datagrams} datagrams of {SIZE} bytes each way; tx_to_backend {}, \
+         tx_to_client {}, pass_fragment {}",
+        packets("tx_to_backend"),
+        packets("tx_to_client"),
+        packets("pass_fragment")
+    );
+    assert!(packets("tx_to_backend") >= 3.0 * datagrams, "{metrics}");
+    assert!(packets("tx_to_client") >= 3.0 * datagrams, "{metrics}");
+    assert_eq!(packets("pass_fragment"), 0.0, "{metrics}");
 }

@@ -536,13 +536,17 @@ fn case_non_vip_passes(lb: &mut Lb) {
     lb.expect_pass(&v6);
     assert_eq!(lb.reason(reason::PASS_NOT_VIP), 5, "IPv6 UDP to a non-VIP");
 
-    // ICMP to the VIP, and a non-first fragment to the VIP port.
+    // ICMP to the VIP, and a later fragment (offset 8) to the VIP whose
+    // first fragment was never seen (tests/fragments.rs has the rest).
     let mut icmp = Pkt::udp((CLIENT, 0), (VIP, 0)).build();
     icmp[14 + 9] = 1;
     lb.expect_pass(&icmp);
     assert_eq!(lb.reason(reason::PASS_ICMP), 1);
     let mut frag = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).build();
-    frag[14 + 6..14 + 8].copy_from_slice(&0x2000u16.to_be_bytes()); // MF
+    frag[14 + 6..14 + 8].copy_from_slice(&0x0001u16.to_be_bytes());
+    frag[14 + 10..14 + 12].copy_from_slice(&[0, 0]);
+    let sum = lb_lab::xdp::packet::checksum(&[&frag[14..34]]);
+    frag[14 + 10..14 + 12].copy_from_slice(&sum.to_be_bytes());
     lb.expect_pass(&frag);
     assert_eq!(lb.reason(reason::PASS_FRAGMENT), 1);
     assert_eq!(lb.flow_count(), 0);

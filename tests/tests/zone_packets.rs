@@ -494,6 +494,91 @@ fn a_bad_zone_descriptor_never_refuses_a_flow() {
     }
 }
 
+/// Weight dwarfing the others in a zone (their share: 1 in 10^9 each).
+const HEAVY: u32 = 1_000_000_000;
+
+/// The backends `n` new flows get, from the VIP's cursor `cursor` on, when
+/// the zone `blocks` are in force and one block takes every flow (slot `i`
+/// holds backend `i`): smooth WRR steps through that block's schedule run;
+/// weighted random puts every flow on the block's heavy backend (a stray
+/// flow has a chance of about 2 × 10^-9).
+fn all_in_one_zone(algorithm: Algorithm, blocks: &[ZoneInput], cursor: u32, n: u32) -> Vec<u32> {
+    let index = blocks
+        .iter()
+        .rposition(|b| b.share == ALL)
+        .expect("a block with every flow");
+    match algorithm {
+        Algorithm::WeightedRoundRobin => {
+            let set = production::build_zone_tables(algorithm, blocks).expect("zone tables");
+            let z = set.zones.zones[index];
+            let run = &set.schedule[z.schedule_first as usize..][..z.schedule_len as usize];
+            (cursor..cursor + n)
+                .map(|c| z.first_slot + run[c as usize % run.len()])
+                .collect()
+        }
+        Algorithm::Random => {
+            let heavy = blocks[index]
+                .slots
+                .iter()
+                .max_by_key(|s| s.weight)
+                .expect("a slot");
+            vec![heavy.id; n as usize]
+        }
+        _ => unreachable!("only the table-driven algorithms"),
+    }
+}
+
+/// `blocks` with zone `z`'s weights set to `weights` and the shares set
+/// to `shares`.
+fn reweighted(blocks: &[ZoneInput], z: usize, weights: &[u32], shares: &[u32]) -> Vec<ZoneInput> {
+    let mut next = blocks.to_vec();
+    for (slot, &w) in next[z].slots.iter_mut().zip(weights) {
+        slot.weight = w;
+    }
+    for (block, &share) in next.iter_mut().zip(shares) {
+        block.share = share;
+    }
+    next
+}
+
+/// A zone-aware VIP's tables built aside and swapped: the next zone tables
+/// (new weights inside a zone, then the share moved to the other zone)
+/// written aside leave every new flow where the old zone descriptor and
+/// tables send it, step for step; the flip of the zone descriptor moves
+/// them all. Two rounds, so both halves serve as the spare.
+fn zone_tables_are_swapped_not_rewritten_in_place(algorithm: Algorithm) {
+    const RUN: u32 = 14;
+    let (a, b, a_next, b_next) = if algorithm == Algorithm::Random {
+        ([HEAVY, 1, 1], [1, HEAVY], [1, 1, HEAVY], [HEAVY, 1])
+    } else {
+        ([5, 1, 1], [2, 1], [1, 1, 5], [1, 2])
+    };
+    let mut z = setup(algorithm, &[zone(&a, ALL), zone(&b, 0)], 0);
+    let first = z.blocks.clone();
+    let second = reweighted(&first, 0, &a_next, &[ALL, 0]);
+    let third = reweighted(&second, 1, &b_next, &[0, ALL]);
+    let mut cursor = 0;
+    let mut run = |lb: &Lb, blocks: &[ZoneInput], what: &str| {
+        let got = choices(lb, cursor / RUN, RUN);
+        let want = all_in_one_zone(algorithm, blocks, cursor, RUN);
+        assert_eq!(got, want, "{}: {what}", algorithm.name());
+        cursor += RUN;
+    };
+    run(&z.lb, &first, "as first written");
+    for (now, next, what) in [
+        (&first, &second, "new weights"),
+        (&second, &third, "new shares"),
+    ] {
+        let pending = with_pins(&mut z.lb, |dir| {
+            production::write_zone_tables_aside(dir, 0, algorithm as u8, Some(0), next)
+        })
+        .expect("writing the zone tables aside");
+        run(&z.lb, now, &format!("{what} aside, not flipped"));
+        with_pins(&mut z.lb, |dir| production::flip_tables(dir, pending)).expect("flipping");
+        run(&z.lb, next, &format!("{what} flipped in"));
+    }
+}
+
 /// Kernel time per new flow in zone mode, against the whole-VIP path of
 /// the same program (the zone path adds one hash lookup and the draw).
 fn time_per_new_flow() {
@@ -566,6 +651,9 @@ const PER_ALGORITHM: &[PerAlgorithm] = &[
     ),
 ];
 
+/// The algorithms whose tables come in halves.
+const HALVED: [Algorithm; 2] = [Algorithm::WeightedRoundRobin, Algorithm::Random];
+
 fn main() {
     let mut trials: Vec<_> = CASES
         .iter()
@@ -576,6 +664,15 @@ fn main() {
             let name = format!("{name}::{}", slug(algorithm.name()));
             trials.push(packet_case(name, move || case(algorithm)));
         }
+    }
+    for algorithm in HALVED {
+        let name = format!(
+            "zone_tables_are_swapped_not_rewritten_in_place::{}",
+            slug(algorithm.name())
+        );
+        trials.push(packet_case(name, move || {
+            zone_tables_are_swapped_not_rewritten_in_place(algorithm);
+        }));
     }
     trials::run("zone_packets", trials)
 }

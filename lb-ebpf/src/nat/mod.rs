@@ -15,7 +15,7 @@ use lb_common::{IPPROTO_TCP, Reason, reason};
 use self::csum::CsumDelta;
 use crate::{
     flow::Translation,
-    packet::{Packet, ptr_at},
+    packet::{FRAG_LATER, Packet, ptr_at},
     wire::{
         IPV4_CHECK_OFF, IPV4_DADDR_OFF, IPV4_SADDR_OFF, IPV6_DADDR_OFF, IPV6_SADDR_OFF,
         L4_DPORT_OFF, L4_SPORT_OFF, TCP_CHECK_OFF, UDP_CHECK_OFF, UDP_CHECKSUM_ZERO,
@@ -23,9 +23,13 @@ use crate::{
     },
 };
 
-/// Rewrites `pkt` to `to.src:sport -> to.dst:dport`.
+/// Rewrites `pkt` to `to.src:sport -> to.dst:dport`; a later fragment
+/// (no TCP/UDP header) gets only its addresses, see [`rewrite_addresses`].
 #[inline(always)]
 pub fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), Reason> {
+    if pkt.frag == FRAG_LATER {
+        return rewrite_addresses(ctx, pkt, to);
+    }
     // Every field is re-checked against data_end: the verifier does not
     // carry the parser's bounds across to these pointers.
     let sport = ptr_at::<u16>(ctx, pkt.l4 + L4_SPORT_OFF).ok_or(reason::DROP_TRUNCATED)?;
@@ -61,6 +65,21 @@ pub fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), R
             }
         };
         l4_check.write_unaligned(new);
+    }
+    Ok(())
+}
+
+/// Rewrites a later fragment's addresses (and the IPv4 header checksum).
+/// Its payload is left alone: the TCP/UDP checksum, which covers the
+/// addresses and ports of the whole datagram, was updated in the first
+/// fragment by the same translation's delta, and the sum of the
+/// reassembled datagram is therefore right.
+#[inline(always)]
+fn rewrite_addresses(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), Reason> {
+    if pkt.is_v6() {
+        rewrite_ipv6_addrs(ctx, pkt, to)?;
+    } else {
+        rewrite_ipv4_addrs(ctx, pkt, to)?;
     }
     Ok(())
 }

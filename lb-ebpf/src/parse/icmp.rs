@@ -11,7 +11,7 @@ use lb_common::{AF_INET6, IPPROTO_TCP, IPPROTO_UDP, reason};
 
 use super::Frame;
 use crate::{
-    packet::{Packet, load},
+    packet::{FRAG_NONE, Packet, load},
     wire::*,
 };
 
@@ -70,6 +70,8 @@ pub(super) fn parse_error(
         sport: ports[1],
         dport: ports[0],
         tcp_flags: 0,
+        frag: FRAG_NONE,
+        frag_id: 0,
         payload_len: hdr_len as u32,
         frame_len: frame_len as u32,
     })

@@ -12,7 +12,7 @@ use lb_common::{
 use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
 use crate::{
-    packet::{Packet, keep_ctx_pointer, load},
+    packet::{FRAG_FIRST, FRAG_LATER, FRAG_NONE, Packet, keep_ctx_pointer, load},
     wire::*,
 };
 
@@ -122,15 +122,22 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         return Err(reason::DROP_TRUNCATED);
     }
     let frags = u16::from_be_bytes(ip.frags);
-    if frags & (IP_MF | IP_OFFSET_MASK) != 0 {
-        return Ok(Frame::Pass(reason::PASS_FRAGMENT));
-    }
+    let frag = if frags & IP_OFFSET_MASK != 0 {
+        FRAG_LATER
+    } else if frags & IP_MF != 0 {
+        FRAG_FIRST
+    } else {
+        FRAG_NONE
+    };
     let l4 = l3 + ip_hdr_len;
     if ip.proto == IPPROTO_ICMP {
+        if frag != FRAG_NONE {
+            return Ok(Frame::Pass(reason::PASS_FRAGMENT));
+        }
         let dst = [u32::from_ne_bytes(ip.dst_addr), 0, 0, 0];
         return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET, dst), frame_len));
     }
-    let Some(l4hdr) = parse_l4(ctx, ip.proto, l4, l3 + tot_len)? else {
+    let Some(l4hdr) = l4_header(ctx, frag, ip.proto, l4, l3 + tot_len)? else {
         return Ok(Frame::Pass(reason::PASS_NOT_L4));
     };
     Ok(Frame::Ip(Packet {
@@ -143,15 +150,18 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         sport: l4hdr.sport,
         dport: l4hdr.dport,
         tcp_flags: l4hdr.tcp_flags,
+        frag,
+        // The identification as memory bytes in the low half of a u32.
+        frag_id: u32::from(u16::from_ne_bytes(ip.id)),
         // Cannot underflow: tot_len >= ip_hdr_len + header len was checked.
         payload_len: (tot_len - ip_hdr_len - l4hdr.len) as u32,
         frame_len: frame_len as u32,
     }))
 }
 
-/// IPv6: the fixed header, then a bounded walk over extension headers.
-/// Fragments (other than atomic ones) pass, like IPv4 fragments: only the
-/// first one carries the ports, so the kernel reassembles them.
+/// IPv6: the fixed header, then a bounded walk over extension headers. A
+/// first fragment is parsed like a whole datagram; a later one stops at its
+/// fragment header ([`later_fragment`]).
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     let fixed: [u8; IPV6_SADDR_OFF] = load(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
@@ -169,17 +179,21 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     if end > frame_len {
         return Err(reason::DROP_TRUNCATED);
     }
-    let (next, l4) = match skip_ipv6_extensions(ctx, fixed[IPV6_NEXT_OFF], l3 + IPV6_LEN)? {
-        Upper::Header(next, l4) => (next, l4),
-        Upper::Pass(reason) => return Ok(Frame::Pass(reason)),
-    };
+    let (next, l4, (frag, frag_id)) =
+        match skip_ipv6_extensions(ctx, fixed[IPV6_NEXT_OFF], l3 + IPV6_LEN)? {
+            Upper::Header(next, l4, frag) => (next, l4, frag),
+            Upper::Pass(reason) => return Ok(Frame::Pass(reason)),
+        };
     if l4 > end {
         return Err(reason::DROP_TRUNCATED);
     }
     if next == IPPROTO_ICMPV6 {
+        if frag != FRAG_NONE {
+            return Ok(Frame::Pass(reason::PASS_FRAGMENT));
+        }
         return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET6, daddr), frame_len));
     }
-    let Some(l4hdr) = parse_l4(ctx, next, l4, end)? else {
+    let Some(l4hdr) = l4_header(ctx, frag, next, l4, end)? else {
         return Ok(Frame::Pass(reason::PASS_NOT_L4));
     };
     Ok(Frame::Ip(Packet {
@@ -192,16 +206,46 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         sport: l4hdr.sport,
         dport: l4hdr.dport,
         tcp_flags: l4hdr.tcp_flags,
+        frag,
+        frag_id,
         // Cannot underflow: l4 + header len <= end was checked.
         payload_len: (end - l4 - l4hdr.len) as u32,
         frame_len: frame_len as u32,
     }))
 }
 
+/// [`parse_l4`], except for a later fragment of a TCP or UDP datagram,
+/// which has no header: no ports (the first fragment has them; see
+/// `lb_common::FragKey`) and its whole payload counted. Other protocols'
+/// fragments are `None` (not ours).
+#[inline(always)]
+fn l4_header(
+    ctx: &XdpContext,
+    frag: u8,
+    proto: u8,
+    l4: usize,
+    end: usize,
+) -> Result<Option<L4Header>, Reason> {
+    if frag != FRAG_LATER {
+        return parse_l4(ctx, proto, l4, end);
+    }
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        return Ok(None);
+    }
+    Ok(Some(L4Header {
+        sport: 0,
+        dport: 0,
+        tcp_flags: 0,
+        len: 0,
+    }))
+}
+
 /// Where the IPv6 extension headers end.
 enum Upper {
-    /// The upper-layer protocol and its header's offset.
-    Header(u8, usize),
+    /// The upper-layer protocol, its header's offset (for a later
+    /// fragment: where its payload starts), and the fragment kind and
+    /// identification.
+    Header(u8, usize, (u8, u32)),
     /// Not ours to parse: a fragment, or a longer chain than we walk.
     Pass(Reason),
 }
@@ -210,6 +254,8 @@ enum Upper {
 /// [`MAX_IPV6_EXT_HEADERS`] of them.
 #[inline(always)]
 fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result<Upper, Reason> {
+    // An atomic fragment (offset 0, no more) is a whole datagram.
+    let mut frag = (FRAG_NONE, 0);
     // Unrolled by LLVM: a constant bound keeps the verifier's path count small.
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match next {
@@ -220,12 +266,17 @@ fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result
             }
             IPV6_FRAGMENT => {
                 let h: [u8; IPV6_EXT_UNIT] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
-                if u16::from_be_bytes([h[2], h[3]]) & (IPV6_FRAG_OFFSET_MASK | IPV6_FRAG_MORE) != 0
-                {
-                    return Ok(Upper::Pass(reason::PASS_FRAGMENT));
-                }
+                let bits = u16::from_be_bytes([h[2], h[3]]);
                 next = h[0];
                 l4 += IPV6_EXT_UNIT;
+                let id = u32::from_ne_bytes([h[4], h[5], h[6], h[7]]);
+                if bits & IPV6_FRAG_OFFSET_MASK != 0 {
+                    // What follows is payload, not headers.
+                    return Ok(Upper::Header(next, l4, (FRAG_LATER, id)));
+                }
+                if bits & IPV6_FRAG_MORE != 0 {
+                    frag = (FRAG_FIRST, id);
+                }
             }
             _ => break,
         }
@@ -236,7 +287,7 @@ fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result
     ) {
         return Ok(Upper::Pass(reason::PASS_IPV6_EXT_LIMIT));
     }
-    Ok(Upper::Header(next, l4))
+    Ok(Upper::Header(next, l4, frag))
 }
 
 /// The fields of a TCP or UDP header the data path uses.

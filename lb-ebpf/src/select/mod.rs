@@ -127,6 +127,8 @@ pub fn lb_pick_backend(s01: u64, s23: u64, d01: u64, d23: u64, rest: u64) -> u64
         sport: rest as u16,
         dport: (rest >> 16) as u16,
         tcp_flags: (rest >> 48) as u8,
+        frag: crate::packet::FRAG_NONE,
+        frag_id: 0,
         payload_len: 0,
         frame_len: 0,
     };
@@ -165,7 +167,9 @@ fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
 /// Picks a backend for the new flow `pkt` to the VIP described by `vip`.
 #[inline(always)]
 fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
-    if vip.backend_count > MAX_BACKENDS_PER_VIP {
+    // Both bound the table indexes computed below without a branch
+    // (`slots::Block`).
+    if vip.backend_count > MAX_BACKENDS_PER_VIP || vip.vip_id >= MAX_VIPS {
         return Err(reason::DROP_BAD_CONFIG);
     }
     let Some(count) = NonZeroU32::new(vip.backend_count) else {

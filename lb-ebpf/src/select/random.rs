@@ -2,7 +2,8 @@
 //! search over the running weight sums the control plane wrote for the
 //! block's slots. O(log n) per flow, no copy of a backend per unit of weight.
 //! The sums restart at each block's first slot (a zone's sums count only
-//! its own backends; the whole VIP's block starts at slot 0).
+//! its own backends; the whole VIP's block starts at slot 0). They are read
+//! from the half of the prefix block the VIP's descriptor names.
 use lb_common::{MAX_BACKENDS_PER_VIP, Reason};
 
 use super::slots::{Block, Chosen, candidate, scan};
@@ -15,7 +16,8 @@ const _: () = assert!(1 << (SEARCH_STEPS - 1) >= MAX_BACKENDS_PER_VIP);
 #[inline(always)]
 pub fn select(block: &Block) -> Result<Chosen, Reason> {
     let vip_id = block.vip_id;
-    let total = prefix(vip_id, block.last_slot());
+    let base = block.prefix_base;
+    let total = prefix(base, block.last_slot());
     if total == 0 {
         // No sums written (yet): uniform over the slots.
         return scan(block, u64::from(random()));
@@ -28,7 +30,7 @@ pub fn select(block: &Block) -> Result<Chosen, Reason> {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        if prefix(vip_id, mid) > target {
+        if prefix(base, mid) > target {
             hi = mid;
         } else {
             lo = mid + 1;
@@ -40,12 +42,14 @@ pub fn select(block: &Block) -> Result<Chosen, Reason> {
     }
 }
 
-/// The running weight sum through `slot`, 0 when unwritten.
+/// The running weight sum through `slot` in the half starting at `base`
+/// (`Block::prefix_base`), 0 when unwritten.
 #[inline(always)]
-fn prefix(vip_id: u32, slot: u32) -> u32 {
-    vip_id
-        .checked_mul(MAX_BACKENDS_PER_VIP)
-        .and_then(|base| base.checked_add(slot))
-        .and_then(|index| VIP_WEIGHT_PREFIX.get(index).copied())
+fn prefix(base: u32, slot: u32) -> u32 {
+    // base < MAX_VIPS * TABLE_HALVES * MAX_BACKENDS_PER_VIP and slot <
+    // MAX_BACKENDS_PER_VIP (the block's bounds): nothing wraps.
+    VIP_WEIGHT_PREFIX
+        .get(base.wrapping_add(slot))
+        .copied()
         .unwrap_or(0)
 }

@@ -7,7 +7,10 @@
 //!
 //! An algorithm runs over a [`Block`]: either the whole slot block, or one
 //! zone's contiguous run of it (`lb_common::ZoneBlock`), with that run's
-//! part of the weight-derived tables.
+//! part of the weight-derived tables. The schedule and prefix tables come
+//! in two halves per VIP (`lb_common::TABLE_HALVES`); a block is built
+//! from one descriptor read and keeps the absolute indexes of the half
+//! that descriptor names, so one new flow reads one half only.
 use core::{
     ffi::c_void,
     num::{NonZeroU32, NonZeroU64},
@@ -16,7 +19,7 @@ use core::{
 use aya_ebpf::helpers::generated::bpf_loop;
 use lb_common::{
     BACKEND_ACTIVE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, Reason,
-    VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason,
+    VipTables, WRR_SCHEDULE_LEN, ZONE_MAGLEV_SIZE, ZoneBlock, reason, table_half, table_run,
 };
 
 use crate::{
@@ -42,20 +45,24 @@ pub struct Chosen {
 /// The run of a VIP's slots an algorithm picks from, and where its part of
 /// the VIP's weight-derived tables lies. Built only by [`Block::whole`] and
 /// [`Block::zone`], which check the invariants the algorithms rely on:
-/// `first_slot + count <= MAX_BACKENDS_PER_VIP`,
-/// `schedule_first + schedule_len <= WRR_SCHEDULE_LEN`, and a Maglev run
-/// inside the VIP's table.
+/// `first_slot + count <= MAX_BACKENDS_PER_VIP`, a schedule run inside
+/// one half of the VIP's schedule block, and a Maglev run inside the VIP's
+/// table.
 #[derive(Clone, Copy)]
 pub struct Block {
     pub vip_id: u32,
     /// Absolute slot index (in the VIP's slot block) of the block's first slot.
     pub first_slot: u32,
     pub count: NonZeroU32,
-    /// Smooth WRR: entries `schedule_first .. + schedule_len` of the VIP's
-    /// schedule block, each a slot index relative to `first_slot`
-    /// (`schedule_len == 0`: no schedule).
-    pub schedule_first: u32,
+    /// Smooth WRR: entries `schedule_start .. + schedule_len` of
+    /// `VIP_SCHEDULE` (absolute indexes, inside the half being read), each
+    /// a slot index relative to `first_slot` (`schedule_len == 0`: no
+    /// schedule).
+    pub schedule_start: u32,
     pub schedule_len: u32,
+    /// Weighted random: the index in `VIP_WEIGHT_PREFIX` of the running
+    /// sum of the VIP's slot 0 in the half being read.
+    pub prefix_base: u32,
     /// Maglev: entries `maglev_first .. + maglev_size` of `MAGLEV`
     /// (`None`: no table).
     pub maglev_first: u32,
@@ -64,13 +71,35 @@ pub struct Block {
     pub reference_cost: u64,
 }
 
+/// The first `VIP_SCHEDULE` and `VIP_WEIGHT_PREFIX` entries of half `half`
+/// of VIP `vip_id`'s blocks (`lb_common::schedule_base`, `prefix_base`).
+/// `vip_id < MAX_VIPS` is checked once by `select`, so plain arithmetic
+/// cannot wrap: no `Option` here, because every branch at this point would
+/// double the states the verifier walks through all the algorithms below
+/// it (checked arithmetic here took the program past the 1M limit).
+#[inline(always)]
+fn half_bases(vip_id: u32, half: u32) -> (u32, u32) {
+    let run = table_run(vip_id, half);
+    (
+        run.wrapping_mul(WRR_SCHEDULE_LEN),
+        run.wrapping_mul(MAX_BACKENDS_PER_VIP),
+    )
+}
+
 /// The fields of the VIP's table descriptor the blocks need (all zero
 /// until the control plane writes one), read through the map reference.
 #[derive(Clone, Copy, Default)]
 pub struct TablesView {
+    /// The half of the schedule and prefix blocks the descriptor names.
+    pub half: u32,
+    /// That half's schedule length (at most `WRR_SCHEDULE_LEN`).
     pub schedule_len: u32,
-    /// The first entry of the VIP's Maglev table, if it has one.
-    pub maglev_base: Option<u32>,
+    /// Whether the VIP has a Maglev table, and its first entry (always a
+    /// defined value: an `Option<u32>` here left its payload undefined on
+    /// the `None` path, and the debug object spilled that undefined
+    /// register, which the verifier refuses: "!read_ok").
+    pub has_maglev: bool,
+    pub maglev_base: u32,
     pub reference_cost: u64,
 }
 
@@ -80,13 +109,17 @@ impl TablesView {
         let Some(t): Option<&VipTables> = VIP_TABLES.get(vip_id) else {
             return Self::default();
         };
-        let maglev_base = if t.has_maglev != 0 && t.maglev_table < MAX_MAGLEV_TABLES {
-            Some(t.maglev_table * MAGLEV_TABLE_SIZE)
-        } else {
-            None
-        };
+        let has_maglev = t.has_maglev != 0 && t.maglev_table < MAX_MAGLEV_TABLES;
+        let maglev_base = t.maglev_table.min(MAX_MAGLEV_TABLES - 1) * MAGLEV_TABLE_SIZE;
+        let half = table_half(t.half);
+        // One load at a variable (bounded: half < 2) offset into the map
+        // value, not a branch per half: a branch here would double the
+        // verifier's states below it. `get` never fails (half is masked).
+        let schedule_len = t.schedule_len.get(half as usize).copied().unwrap_or(0);
         Self {
-            schedule_len: t.schedule_len.min(WRR_SCHEDULE_LEN),
+            half,
+            schedule_len: schedule_len.min(WRR_SCHEDULE_LEN),
+            has_maglev,
             maglev_base,
             reference_cost: t.reference_cost,
         }
@@ -98,30 +131,36 @@ impl Block {
     /// checked by the caller) slots, with the VIP's own tables.
     #[inline(always)]
     pub fn whole(vip_id: u32, count: NonZeroU32, tables: &TablesView) -> Self {
+        let (schedule_start, prefix_base) = half_bases(vip_id, tables.half);
         Self {
             vip_id,
             first_slot: 0,
             count,
-            schedule_first: 0,
+            schedule_start,
             schedule_len: tables.schedule_len,
-            maglev_first: tables.maglev_base.unwrap_or(0),
-            maglev_size: tables
-                .maglev_base
-                .and_then(|_| NonZeroU32::new(MAGLEV_TABLE_SIZE)),
+            prefix_base,
+            maglev_first: tables.maglev_base,
+            maglev_size: if tables.has_maglev {
+                NonZeroU32::new(MAGLEV_TABLE_SIZE)
+            } else {
+                None
+            },
             reference_cost: tables.reference_cost,
         }
     }
 
-    /// Zone block `index` (`zone`) of a VIP with `backend_count` slots.
-    /// `None` when the block is empty or reaches past the VIP's slots; a
-    /// schedule run outside the VIP's schedule block is ignored (plain
-    /// round-robin inside the block, as with no schedule).
+    /// Zone block `index` (`zone`) of a VIP with `backend_count` slots,
+    /// reading half `half` (the zone descriptor's) of the schedule and
+    /// prefix blocks. `None` when the block is empty or reaches past the
+    /// VIP's slots; a schedule run outside the half's schedule block is
+    /// ignored (plain round-robin inside the block, as with no schedule).
     #[inline(always)]
     pub fn zone(
         vip_id: u32,
         backend_count: u32,
         index: u32,
         zone: &ZoneBlock,
+        half: u32,
         tables: &TablesView,
     ) -> Option<Self> {
         let count = NonZeroU32::new(zone.slot_count)?;
@@ -135,18 +174,27 @@ impl Block {
             .schedule_first
             .checked_add(zone.schedule_len)
             .is_some_and(|end| end <= WRR_SCHEDULE_LEN);
+        let (schedule_base, prefix_base) = half_bases(vip_id, half);
         Some(Self {
             vip_id,
             first_slot: zone.first_slot,
             count,
-            schedule_first: if schedule_ok { zone.schedule_first } else { 0 },
+            // Inside the half: schedule_first + schedule_len <= its length.
+            schedule_start: schedule_base.wrapping_add(if schedule_ok {
+                zone.schedule_first
+            } else {
+                0
+            }),
             schedule_len: if schedule_ok { zone.schedule_len } else { 0 },
+            prefix_base,
             maglev_first: tables
                 .maglev_base
-                .map_or(0, |base| base + index * ZONE_MAGLEV_SIZE),
-            maglev_size: tables
-                .maglev_base
-                .and_then(|_| NonZeroU32::new(ZONE_MAGLEV_SIZE)),
+                .wrapping_add(index.wrapping_mul(ZONE_MAGLEV_SIZE)),
+            maglev_size: if tables.has_maglev {
+                NonZeroU32::new(ZONE_MAGLEV_SIZE)
+            } else {
+                None
+            },
             reference_cost: zone.reference_cost,
         })
     }

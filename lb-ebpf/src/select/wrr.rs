@@ -3,10 +3,11 @@
 //! schedule block, and the kernel steps a shared atomic cursor over it. No
 //! lock, no per-packet weight arithmetic, and no backend is hit in bursts.
 //! Schedule entries are slot indexes relative to the block's first slot
-//! (for the whole VIP, slot indexes of its slot block).
+//! (for the whole VIP, slot indexes of its slot block), read from the half
+//! of the schedule block the VIP's descriptor names.
 use core::num::NonZeroU64;
 
-use lb_common::{Reason, WRR_SCHEDULE_LEN, reason};
+use lb_common::Reason;
 
 use super::slots::{Block, Chosen, candidate, next_cursor, scan};
 use crate::maps::VIP_SCHEDULE;
@@ -20,12 +21,10 @@ pub fn select(block: &Block) -> Result<Chosen, Reason> {
     };
     // Below schedule_len ≤ WRR_SCHEDULE_LEN: fits a u32.
     let step = (cursor % len) as u32;
-    let index = block
-        .vip_id
-        .checked_mul(WRR_SCHEDULE_LEN)
-        .and_then(|base| base.checked_add(block.schedule_first))
-        .and_then(|first| first.checked_add(step))
-        .ok_or(reason::DROP_BAD_CONFIG)?;
+    // The block's run lies inside the half its descriptor named when the
+    // block was built (`Block::whole`, `Block::zone`), which bounds it:
+    // nothing wraps.
+    let index = block.schedule_start.wrapping_add(step);
     let slot = VIP_SCHEDULE.get(index).copied().unwrap_or(0);
     if slot < block.count.get()
         && let Some(chosen) = candidate(block.vip_id, block.first_slot.wrapping_add(slot))

@@ -58,7 +58,10 @@ pub fn draw(vip: &VipMeta, tables: &TablesView) -> Zoned {
             break;
         }
     }
-    match Block::zone(vip.vip_id, vip.backend_count, index, &zone, tables) {
+    // The zone descriptor names the half its schedule runs were written
+    // into: both change in one hash update.
+    let half = zones.half;
+    match Block::zone(vip.vip_id, vip.backend_count, index, &zone, half, tables) {
         Some(block) => Zoned::Block(block),
         None => Zoned::Unusable,
     }

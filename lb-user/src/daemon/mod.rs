@@ -9,6 +9,7 @@ pub mod command;
 pub mod discovery;
 pub mod errors;
 pub mod event_loop;
+pub mod neighbours;
 pub mod runtime;
 pub mod snapshot;
 pub mod startup;
@@ -19,7 +20,7 @@ mod zones;
 use anyhow::Context as _;
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, watch},
     task::JoinHandle,
 };
 use tracing::{info, warn};
@@ -121,9 +122,10 @@ impl Started<'_> {
         let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
         let errors = ControlErrors::default();
         let (plan, publisher) = startup::write_plan(config, pin_dir, &clock, &drains)?;
-        let neighbours =
+        let neighbour_sync =
             startup::resolve_neighbours(config, pin_dir, self.ifindex, &errors).await?;
-        let kernel = startup::open_kernel_handles(config, pin_dir, self.ifindex, publisher)?;
+        let (backend_addrs, backend_addrs_rx) = watch::channel(startup::backend_addrs(config));
+        let kernel = startup::open_kernel_handles(pin_dir, publisher, backend_addrs)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
         let mut runtime = Runtime::new(
             config,
@@ -135,6 +137,7 @@ impl Started<'_> {
             keeper,
         );
         runtime.drain_kept(&drains, clock.now());
+        runtime.publish_backend_addrs();
         startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
         let state_path = settings_state::path(&config.state_dir, &config.instance);
         let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
@@ -143,7 +146,7 @@ impl Started<'_> {
         let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut tasks = vec![
             state::spawn_writer(state_path, saves, errors.clone()),
-            tasks::spawn_neighbour_refresh(neighbours, errors.clone()),
+            neighbours::spawn_neighbour_watch(neighbour_sync, backend_addrs_rx, errors.clone()),
             tasks::spawn_reloader(reload, hangup, reload_tx, errors.clone()),
             control::serve(
                 &config.instance,
@@ -202,7 +205,10 @@ impl Started<'_> {
     ) -> anyhow::Result<(JoinHandle<()>, mpsc::Receiver<Scan>)> {
         let (scan_tx, scan_rx) = mpsc::channel(1);
         let reconciler = Reconciler::open(&self.attachment.pin_dir, runtime.id_limit.clone())?;
-        Ok((tasks::spawn_reconciler(reconciler, scan_tx), scan_rx))
+        Ok((
+            tasks::spawn_reconciler(reconciler, scan_tx, runtime.errors.clone()),
+            scan_rx,
+        ))
     }
 
     fn stop(&self, tasks: Vec<JoinHandle<()>>, runtime: &Runtime) {

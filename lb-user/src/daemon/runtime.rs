@@ -71,6 +71,8 @@ pub struct Runtime {
     pub(super) config_generation: u64,
     /// How long each score tick (scores and selections) takes.
     pub(super) tick_times: UpdateTimes,
+    /// Reconciliation passes (kernel sweep and counter reads).
+    pub(super) reconcile_times: UpdateTimes,
     /// The zones file `status` reads, and what was last written to it.
     pub(super) zones_path: std::path::PathBuf,
     pub(super) zones_written: Option<crate::surface::status::ZonesFile>,
@@ -113,6 +115,7 @@ impl Runtime {
             state,
             config_generation: 1,
             tick_times: UpdateTimes::default(),
+            reconcile_times: UpdateTimes::default(),
             zones_path: crate::surface::status::zones_path(&config.instance),
             zones_written: None,
             zone_sample_age: config.ewma_tau,
@@ -247,6 +250,7 @@ impl Runtime {
     /// removed backends whose last flow and SNAT tuple are gone (the
     /// sweep's expiries arrive as ring events).
     pub fn on_scan(&mut self, scan: &Scan, _now: Nanos) -> anyhow::Result<()> {
+        self.reconcile_times.record_duration(scan.took);
         if scan.orphans > 0 {
             self.flows_evicted += scan.orphans;
             debug!(
@@ -255,9 +259,13 @@ impl Runtime {
             );
         }
         self.flow_entries = scan.entries;
-        for id in self.fleet.free_drained(&scan.live) {
+        let freed = self.fleet.free_drained(&scan.live);
+        for &id in &freed {
             self.kernel.publisher.clear_backend(id)?;
             self.checks.remove(&id);
+        }
+        if !freed.is_empty() {
+            self.publish_backend_addrs();
         }
         for (index, vip_id) in self.fleet.free_drained_vips() {
             if let Err(e) = self.kernel.publisher.forget_vip(index, vip_id) {
@@ -268,13 +276,33 @@ impl Runtime {
         Ok(())
     }
 
+    /// Hands the neighbour task the addresses of every backend the fleet
+    /// has (draining ones too: they still have flows), if they changed;
+    /// it then dumps the neighbour table off the event loop.
+    pub fn publish_backend_addrs(&self) {
+        let mut addrs: Vec<std::net::IpAddr> = self
+            .fleet
+            .members
+            .iter()
+            .flatten()
+            .map(|m| m.addr.ip())
+            .collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        self.kernel.neighbours.send_if_modified(|current| {
+            let changed = *current != addrs;
+            if changed {
+                *current = addrs;
+            }
+            changed
+        });
+    }
+
     pub(super) fn after_membership_change(&mut self) {
         // New backends were probed before they got here (control socket,
-        // SIGHUP): their MACs are in the ARP table now. A failure is
-        // retried by the periodic refresh.
-        if let Err(e) = self.kernel.neighbours.sync(false) {
-            self.errors.record(Stage::Neighbours, &e);
-        }
+        // SIGHUP): their MACs are in the ARP table now, and the neighbour
+        // task writes them once it has the new addresses.
+        self.publish_backend_addrs();
         self.id_limit
             .store(self.fleet.id_limit(), Ordering::Relaxed);
         self.checker.sync(self.fleet.checks());

@@ -33,6 +33,7 @@ impl Runtime {
             publish_times: self.kernel.publisher.times.clone(),
             score_times: self.kernel.publisher.scores.times.clone(),
             tick_times: self.tick_times.clone(),
+            reconcile_times: self.reconcile_times.clone(),
             vips_in_panic: self.fleet.vips.iter().filter(|v| v.panic).count() as u64,
             zones: self.zone_metrics(),
             zone_vips: self

@@ -9,7 +9,10 @@ use lb_common::{CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, LbConfig, MAX_BACKENDS
 use tokio::time::sleep;
 use tracing::info;
 
-use super::errors::{ControlErrors, Stage};
+use super::{
+    errors::{ControlErrors, Stage},
+    neighbours::BackendAddrs,
+};
 use crate::{
     estimate::backend_load::LoadTable,
     ingest::latency::LatencyReader,
@@ -76,8 +79,8 @@ pub struct KernelHandles {
     pub publisher: Publisher,
     /// Per-backend and per-reason counters (metrics).
     pub counters: Counters,
-    /// Mirrors the ARP table into NEIGHBOURS when backends join at runtime.
-    pub neighbours: NeighbourSync,
+    /// The backends' addresses, for the neighbour task's filter.
+    pub neighbours: BackendAddrs,
     /// Latency aggregated in the kernel, read at every score tick.
     pub latency: LatencyReader,
 }
@@ -154,22 +157,29 @@ pub async fn resolve_neighbours(
     ifindex: u32,
     errors: &ControlErrors,
 ) -> anyhow::Result<NeighbourSync> {
-    let backend_ips: Vec<IpAddr> = config
-        .vips
-        .iter()
-        .flat_map(|v| &v.backends)
-        .map(|b| b.addr.ip())
-        .collect();
     let mut neighbours = NeighbourSync::new(
         maps::neighbours(pin_dir)?,
         &config.iface,
         ifindex,
-        backend_ips,
+        backend_addrs(config),
     );
     neighbours.probe_backends();
     sleep(STARTUP_RESOLVE_WAIT).await;
     errors.check(Stage::Neighbours, neighbours.sync(true));
     Ok(neighbours)
+}
+
+/// The configuration's backend addresses, sorted, each once.
+pub fn backend_addrs(config: &Config) -> Vec<IpAddr> {
+    let mut addrs: Vec<IpAddr> = config
+        .vips
+        .iter()
+        .flat_map(|v| &v.backends)
+        .map(|b| b.addr.ip())
+        .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    addrs
 }
 
 /// Step 3: the new-flow cap, then the global config with
@@ -218,20 +228,14 @@ pub fn mark_ready(
 
 /// Step 4: the kernel handles the running state keeps open.
 pub fn open_kernel_handles(
-    config: &Config,
     pin_dir: &std::path::Path,
-    ifindex: u32,
     publisher: Publisher,
+    neighbours: BackendAddrs,
 ) -> anyhow::Result<KernelHandles> {
     Ok(KernelHandles {
         publisher,
         counters: Counters::open(pin_dir)?,
-        neighbours: NeighbourSync::new(
-            maps::neighbours(pin_dir)?,
-            &config.iface,
-            ifindex,
-            Vec::new(),
-        ),
+        neighbours,
         latency: LatencyReader::open(pin_dir, MAX_BACKENDS as usize)?,
     })
 }

@@ -1,7 +1,7 @@
-//! The daemon's background tasks: reconciliation passes, neighbour
-//! refreshes, SIGHUP reloads and the eBPF log drain. Whatever blocks
-//! (file reads, map walks) runs on a blocking thread, never on the
-//! event loop's.
+//! The daemon's background tasks: reconciliation passes, SIGHUP reloads
+//! and the eBPF log drain (the neighbour task is in `neighbours.rs`).
+//! Whatever blocks (file reads, map walks) runs on a blocking thread, never
+//! on the event loop's.
 
 use std::sync::Arc;
 
@@ -11,19 +11,22 @@ use tracing::{debug, info, warn};
 use super::errors::{ControlErrors, Stage};
 use crate::{
     ingest::reconcile::{RECONCILE_INTERVAL, Reconciler, Scan},
-    kernel::neighbours::{self, NeighbourSync, REFRESH_INTERVAL, STARTUP_RESOLVE_WAIT},
+    kernel::neighbours::{self, STARTUP_RESOLVE_WAIT},
     settings::config::Config,
 };
-
-/// How soon a failed neighbour refresh is tried again.
-const REFRESH_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Re-reads the configuration (the file and the flags) on SIGHUP.
 pub type Reload = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
 
 /// Runs a pass (one kernel sweep) every [`RECONCILE_INTERVAL`] on a
 /// blocking thread (the sweep's syscall walks the whole flow table).
-pub fn spawn_reconciler(reconciler: Reconciler, results: mpsc::Sender<Scan>) -> JoinHandle<()> {
+/// A failed pass is counted and logged (rate-limited) as a `scan` control
+/// error, and the next one runs on schedule.
+pub fn spawn_reconciler(
+    reconciler: Reconciler,
+    results: mpsc::Sender<Scan>,
+    errors: ControlErrors,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut reconciler = reconciler;
         loop {
@@ -44,45 +47,7 @@ pub fn spawn_reconciler(reconciler: Reconciler, results: mpsc::Sender<Scan>) -> 
                         return;
                     }
                 }
-                Err(e) => warn!("reconciliation pass failed: {e:#}"),
-            }
-        }
-    })
-}
-
-/// Refreshes NEIGHBOURS every [`REFRESH_INTERVAL`] on a blocking thread;
-/// a failed refresh is counted and tried again after [`REFRESH_RETRY`].
-pub fn spawn_neighbour_refresh(neighbours: NeighbourSync, errors: ControlErrors) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut neighbours = neighbours;
-        let mut wait = REFRESH_INTERVAL;
-        loop {
-            sleep(wait).await;
-            neighbours.probe_backends();
-            sleep(STARTUP_RESOLVE_WAIT).await;
-            let joined = tokio::task::spawn_blocking(move || {
-                let outcome = neighbours.sync(false);
-                (neighbours, outcome)
-            })
-            .await;
-            match joined {
-                Ok((back, outcome)) => {
-                    neighbours = back;
-                    wait = if outcome.is_ok() {
-                        REFRESH_INTERVAL
-                    } else {
-                        REFRESH_RETRY
-                    };
-                    errors.check(Stage::Neighbours, outcome);
-                }
-                Err(e) => {
-                    // The sync panicked and took the handle with it.
-                    errors.record(
-                        Stage::Neighbours,
-                        &anyhow::anyhow!("neighbour refresh ended: {e}"),
-                    );
-                    return;
-                }
+                Err(e) => errors.record(Stage::Scan, &e.context("reconciliation pass")),
             }
         }
     })

@@ -88,18 +88,18 @@ impl LatencyEstimate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::clock::{Clock, ManualClock};
+    use crate::{
+        estimate::testing::{COLD, MS, TAU},
+        kernel::clock::{Clock, ManualClock},
+    };
 
-    const TAU: Duration = Duration::from_secs(10);
     const PEAK_TAU: Duration = Duration::from_secs(1);
-    const COLD: Duration = Duration::from_millis(1);
     const PARAMS: EstimateParams = EstimateParams {
         cold_start: COLD,
         tau: TAU,
         peak_tau: PEAK_TAU,
     };
     const TICK: Duration = Duration::from_millis(50);
-    const MS: f64 = 1e6;
 
     fn ms(v: u64) -> LatencySample {
         LatencySample::single(Duration::from_millis(v))

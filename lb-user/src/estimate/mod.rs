@@ -10,5 +10,7 @@ pub mod backend_load;
 pub mod ewma;
 pub mod latency;
 pub mod peak_ewma;
+#[cfg(test)]
+mod testing;
 
 pub use backend_load::WEIGHT_UNITS;

@@ -47,19 +47,10 @@ impl PeakEwma {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::clock::{Clock, ManualClock};
-
-    const TAU: Duration = Duration::from_secs(10);
-    const COLD: Duration = Duration::from_millis(1);
-    const MS: f64 = 1e6;
-
-    fn half_life() -> Duration {
-        TAU.mul_f64(std::f64::consts::LN_2)
-    }
-
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() < 1e-3 * b.abs().max(1.0)
-    }
+    use crate::{
+        estimate::testing::{COLD, MS, TAU, close, half_life},
+        kernel::clock::{Clock, ManualClock},
+    };
 
     #[test]
     fn starts_at_cold_start() {

@@ -48,6 +48,8 @@ pub struct Scan {
     pub entries: u64,
     /// The sweep's cumulative counters.
     pub sweep: SweepStats,
+    /// How long the pass took (the sweep and the counter reads).
+    pub took: Duration,
 }
 
 /// What holds a backend id: its open flows plus its SNAT tuples.
@@ -83,6 +85,7 @@ impl Reconciler {
 
     /// One pass: a kernel sweep, then the per-backend counters.
     pub fn pass(&mut self) -> anyhow::Result<Scan> {
+        let started = std::time::Instant::now();
         let sweep = self.sweeper.run()?;
         let backend_count = self.backend_count.load(Ordering::Relaxed);
         let live = (0..backend_count as u32)
@@ -105,6 +108,7 @@ impl Reconciler {
             orphans,
             entries: sweep.entries,
             sweep,
+            took: started.elapsed(),
         })
     }
 }

@@ -11,14 +11,15 @@ use aya::maps::IterableMap as _;
 
 use anyhow::Context as _;
 use lb_common::{
-    Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES, VipTables,
-    VipZones, WRR_SCHEDULE_LEN,
+    Algorithm, BackendScore, MAGLEV_TABLE_SIZE, MAX_MAGLEV_TABLES, VIP_ZONES_MAP, VipTables,
+    VipZones,
 };
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::{
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix, VipZonesMap},
     publish::{
+        swap::{self, NewTables, Write},
         tables::{SlotBackend, VipTableSet, median_cost},
         zone_tables::{self, ZoneInput, ZoneTableSet, cumulative_shares},
     },
@@ -48,7 +49,11 @@ impl Default for UpdateTimes {
 
 impl UpdateTimes {
     pub fn record(&mut self, started: Instant) {
-        let s = started.elapsed().as_secs_f64();
+        self.record_duration(started.elapsed());
+    }
+
+    pub fn record_duration(&mut self, took: std::time::Duration) {
+        let s = took.as_secs_f64();
         self.histogram.observe(s);
         self.max_seconds = self.max_seconds.max(s);
     }
@@ -57,12 +62,17 @@ impl UpdateTimes {
 /// Writes a VIP's weight-derived tables (see `publish::tables`), each
 /// block in one `BPF_MAP_UPDATE_BATCH` call.
 ///
-/// Maglev tables are built aside and swapped: a VIP's new table is written
-/// into a table no VIP's descriptor points at, and only then does the
-/// VIP's descriptor switch to it, so the kernel never reads a half-written
-/// table. (With every one of the [`MAX_MAGLEV_TABLES`] tables in use,
-/// there is no spare: the table is rewritten in place.) The WRR schedule
-/// and the weight prefix sums are still rewritten in place.
+/// Every table is built aside and swapped in (`publish::swap`):
+/// - the WRR schedule and the weight prefix sums go into the half of the
+///   VIP's blocks the kernel does not read, and the VIP's descriptor then
+///   flips to that half;
+/// - a Maglev table is written into a table no VIP's descriptor points
+///   at, and the same descriptor write switches the VIP to it. (With
+///   every one of the [`MAX_MAGLEV_TABLES`] tables in use, there is no
+///   spare: the table is rewritten in place, counted in
+///   `maglev_in_place`.)
+///
+/// So the kernel never reads a half-written table.
 ///
 /// A zone-aware VIP's tables ([`TableWriter::write_zoned`]) take the same
 /// path, followed by its `VIP_ZONES` descriptor. Leaving zone mode is
@@ -84,6 +94,18 @@ pub struct TableWriter {
     last_zones: std::collections::HashMap<u32, VipZones>,
     /// Maglev tables rewritten in place for want of a spare.
     pub maglev_in_place: u64,
+    /// `VIP_TABLES` descriptor writes (stagings and flips).
+    pub descriptor_writes: u64,
+}
+
+/// The descriptor writes that switch a VIP to tables written aside
+/// ([`TableWriter::write_aside`]); [`TableWriter::flip`] performs them.
+#[derive(Debug)]
+#[must_use = "the kernel reads the new tables only after the flip"]
+pub struct PendingFlip {
+    vip_id: u32,
+    writes: Vec<Write<'static>>,
+    maglev_table: Option<u32>,
 }
 
 /// The lowest Maglev table no VIP uses.
@@ -103,6 +125,7 @@ impl TableWriter {
             current: std::collections::HashMap::new(),
             last_zones: std::collections::HashMap::new(),
             maglev_in_place: 0,
+            descriptor_writes: 0,
         })
     }
 
@@ -128,16 +151,16 @@ impl TableWriter {
         self.write_set(
             vip_id,
             maglev_table,
-            &set.schedule,
-            &set.prefix,
-            &set.maglev,
+            (&set.schedule, &set.prefix, &set.maglev),
+            None,
         )
     }
 
     /// Builds and writes the tables of the zone-aware VIP `vip_id` for its
     /// zone `blocks` in failover order (see `publish::zone_tables`; the
     /// VIP's slot block must hold the blocks' slots in that order), then
-    /// its `VIP_ZONES` descriptor, which makes the kernel route by zone.
+    /// its `VIP_ZONES` descriptor, which makes the kernel route by zone
+    /// and names the half just written.
     pub fn write_zoned(
         &mut self,
         vip_id: u32,
@@ -152,8 +175,12 @@ impl TableWriter {
             prefix,
             maglev,
         } = zone_tables::build(algorithm, blocks)?;
-        self.write_set(vip_id, maglev_table, &schedule, &prefix, &maglev)?;
-        self.insert_zones(vip_id, zones)
+        self.write_set(
+            vip_id,
+            maglev_table,
+            (&schedule, &prefix, &maglev),
+            Some(zones),
+        )
     }
 
     /// Removes VIP `vip_id`'s zone descriptor: the kernel selects over its
@@ -226,65 +253,167 @@ impl TableWriter {
         Ok(())
     }
 
-    /// Writes VIP `vip_id`'s table contents, then its descriptor (with the
-    /// Maglev table built aside and swapped in, see [`TableWriter`]).
+    /// Writes VIP `vip_id`'s table contents, then its descriptors, in the
+    /// order `publish::swap::plan` gives: the schedule and sums into the
+    /// half the kernel does not read, the Maglev table aside (see
+    /// [`TableWriter`]), then the flips. `zones`: a zone-aware VIP's new
+    /// zone descriptor, written last.
     fn write_set(
         &mut self,
         vip_id: u32,
         maglev_table: Option<u32>,
-        schedule: &[u32],
-        prefix: &[u32],
-        maglev: &[u32],
+        tables: (&[u32], &[u32], &[u32]),
+        zones: Option<VipZones>,
     ) -> anyhow::Result<()> {
-        let block = |first: u32, len: usize| (first..first + len as u32).collect::<Vec<u32>>();
-        write_block(
-            &mut self.schedule,
-            &block(vip_id * WRR_SCHEDULE_LEN, schedule.len()),
+        let flip = self.write_set_aside(vip_id, maglev_table, tables, zones)?;
+        self.flip(flip)
+    }
+
+    /// The first part of [`TableWriter::write`]: builds VIP `vip_id`'s
+    /// tables and writes everything the kernel does not read (the spare
+    /// half, a spare Maglev table); the kernel keeps selecting from the
+    /// tables it had until [`TableWriter::flip`] gets the result.
+    pub fn write_aside(
+        &mut self,
+        vip_id: u32,
+        algorithm: u8,
+        maglev_table: Option<u32>,
+        slots: &[SlotBackend],
+    ) -> anyhow::Result<PendingFlip> {
+        let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
+        let set = VipTableSet::build(algorithm, slots);
+        self.write_set_aside(
+            vip_id,
+            maglev_table,
+            (&set.schedule, &set.prefix, &set.maglev),
+            None,
+        )
+    }
+
+    /// [`TableWriter::write_aside`] for a zone-aware VIP (see
+    /// [`TableWriter::write_zoned`]): its zone descriptor is part of the flip.
+    pub fn write_zoned_aside(
+        &mut self,
+        vip_id: u32,
+        algorithm: u8,
+        maglev_table: Option<u32>,
+        blocks: &[ZoneInput],
+    ) -> anyhow::Result<PendingFlip> {
+        let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
+        let ZoneTableSet {
+            zones,
             schedule,
-        )
-        .context("writing VIP_SCHEDULE")?;
-        write_block(
-            &mut self.prefix,
-            &block(vip_id * MAX_BACKENDS_PER_VIP, prefix.len()),
             prefix,
+            maglev,
+        } = zone_tables::build(algorithm, blocks)?;
+        self.write_set_aside(
+            vip_id,
+            maglev_table,
+            (&schedule, &prefix, &maglev),
+            Some(zones),
         )
-        .context("writing VIP_WEIGHT_PREFIX")?;
-        // The reference cost is the score loop's ([`ScoreWriter`]): kept.
-        let mut descriptor = VipTables {
-            schedule_len: schedule.len() as u32,
-            reference_cost: self
-                .descriptors
-                .get(&vip_id, 0)
-                .map_or(0, |t| t.reference_cost),
-            ..VipTables::default()
-        };
-        if let Some(planned) = maglev_table
-            && !maglev.is_empty()
-        {
-            // A VIP added at runtime takes a table no VIP uses.
-            let fresh = spare_table(&self.current).unwrap_or(planned);
-            let current = *self.current.entry(vip_id).or_insert(fresh);
-            let table = spare_table(&self.current).unwrap_or_else(|| {
-                self.maglev_in_place += 1;
-                current
-            });
-            write_block(
-                &mut self.maglev,
-                &block(table * MAGLEV_TABLE_SIZE, maglev.len()),
-                maglev,
-            )
-            .context("writing MAGLEV")?;
-            descriptor.maglev_table = table;
-            descriptor.has_maglev = 1;
-            self.descriptors
-                .set(vip_id, descriptor, 0)
-                .context("writing VIP_TABLES")?;
-            self.current.insert(vip_id, table);
-            return Ok(());
+    }
+
+    /// Makes the kernel select from the tables [`TableWriter::write_aside`]
+    /// wrote: the descriptor writes of the plan.
+    pub fn flip(&mut self, flip: PendingFlip) -> anyhow::Result<()> {
+        for write in flip.writes {
+            self.apply(flip.vip_id, write)?;
         }
-        self.descriptors
-            .set(vip_id, descriptor, 0)
-            .context("writing VIP_TABLES")
+        if let Some(table) = flip.maglev_table {
+            self.current.insert(flip.vip_id, table);
+        }
+        Ok(())
+    }
+
+    fn write_set_aside(
+        &mut self,
+        vip_id: u32,
+        maglev_table: Option<u32>,
+        tables: (&[u32], &[u32], &[u32]),
+        zones: Option<VipZones>,
+    ) -> anyhow::Result<PendingFlip> {
+        let (schedule, prefix, maglev) = tables;
+        // What the kernel reads now, from the maps themselves (so a
+        // restarted control plane knows the live halves too). The
+        // reference cost is the score loop's ([`ScoreWriter`]): kept.
+        let current = match self.descriptors.get(&vip_id, 0) {
+            Ok(t) => t,
+            Err(aya::maps::MapError::KeyNotFound) => VipTables::default(),
+            Err(e) => return Err(e).context("reading VIP_TABLES"),
+        };
+        let current_zones = self.live_zones(vip_id)?;
+        let maglev = match maglev_table {
+            Some(planned) if !maglev.is_empty() => {
+                // A VIP added at runtime takes a table no VIP uses.
+                let fresh = spare_table(&self.current).unwrap_or(planned);
+                let current = *self.current.entry(vip_id).or_insert(fresh);
+                let table = spare_table(&self.current).unwrap_or_else(|| {
+                    self.maglev_in_place += 1;
+                    current
+                });
+                Some((table, maglev))
+            }
+            _ => None,
+        };
+        let new = NewTables {
+            schedule,
+            prefix,
+            maglev,
+            zones,
+        };
+        let plan = swap::plan(vip_id, &current, current_zones.as_ref(), new)
+            .with_context(|| format!("VIP {vip_id} has no table blocks"))?;
+        for write in plan.aside {
+            self.apply(vip_id, write)?;
+        }
+        Ok(PendingFlip {
+            vip_id,
+            writes: plan.flip,
+            maglev_table: maglev.map(|(table, _)| table),
+        })
+    }
+
+    /// Performs one write of a plan.
+    fn apply(&mut self, vip_id: u32, write: Write<'_>) -> anyhow::Result<()> {
+        let block = |first: u32, len: usize| (first..first + len as u32).collect::<Vec<u32>>();
+        match write {
+            Write::Schedule { first, entries } => {
+                write_block(&mut self.schedule, &block(first, entries.len()), entries)
+                    .context("writing VIP_SCHEDULE")
+            }
+            Write::Prefix { first, sums } => {
+                write_block(&mut self.prefix, &block(first, sums.len()), sums)
+                    .context("writing VIP_WEIGHT_PREFIX")
+            }
+            Write::Maglev { table, entries } => write_block(
+                &mut self.maglev,
+                &block(table * MAGLEV_TABLE_SIZE, entries.len()),
+                entries,
+            )
+            .context("writing MAGLEV"),
+            Write::Tables(tables) => {
+                self.descriptor_writes += 1;
+                self.descriptors
+                    .set(vip_id, tables, 0)
+                    .context("writing VIP_TABLES")
+            }
+            Write::Zones(zones) => self.insert_zones(vip_id, *zones),
+        }
+    }
+
+    /// VIP `vip_id`'s entry in `VIP_ZONES`, read back from the map (a
+    /// previous instance may have left one); without the map pinned (a pin
+    /// directory holding only the table maps), the one last written.
+    fn live_zones(&mut self, vip_id: u32) -> anyhow::Result<Option<VipZones>> {
+        if self.zones.is_none() && !self.pin_dir.join(VIP_ZONES_MAP).exists() {
+            return Ok(self.last_zones.get(&vip_id).copied());
+        }
+        match self.zones_map()?.get(&vip_id, 0) {
+            Ok(zones) => Ok(Some(zones)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).context("reading VIP_ZONES"),
+        }
     }
 
     /// Frees the Maglev table of VIP `vip_id` (removed and drained).

@@ -15,9 +15,11 @@
 //!   slot;
 //! - smooth WRR: each block's schedule, of slot indexes *relative to the
 //!   block's first slot*, at entries `schedule_first .. + schedule_len` of
-//!   the VIP's `WRR_SCHEDULE_LEN` entries, the blocks' runs one after the
-//!   other (the length is shared out in proportion to each block's need,
-//!   each block with slots getting at least one entry per slot);
+//!   one half (`WRR_SCHEDULE_LEN` entries) of the VIP's schedule block, the
+//!   blocks' runs one after the other (the length is shared out in
+//!   proportion to each block's need, each block with slots getting at
+//!   least one entry per slot). The writer picks the half and records it in
+//!   the descriptor (`VipZones::half`, see `publish::swap`);
 //! - Maglev: block `i`'s table of `ZONE_MAGLEV_SIZE` backend ids at entries
 //!   `i * ZONE_MAGLEV_SIZE ..` of one `MAGLEV_TABLE_SIZE` table. The rest of
 //!   the table repeats those entries, so a reader that takes it for a

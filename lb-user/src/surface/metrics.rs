@@ -73,6 +73,8 @@ pub struct Snapshot {
     pub score_times: UpdateTimes,
     /// Whole score ticks (scores and selections).
     pub tick_times: UpdateTimes,
+    /// Reconciliation passes (kernel sweep and counter reads).
+    pub reconcile_times: UpdateTimes,
     /// VIPs currently in panic mode (serving backends that fail checks).
     pub vips_in_panic: u64,
     /// Zone-aware VIPs: their zone blocks and routing state.
@@ -657,6 +659,12 @@ fn render_map_updates(out: &mut Exposition, s: &Snapshot) {
     );
     out.histogram(&[], &s.tick_times.histogram);
     out.family(
+        "lb_reconcile_seconds",
+        "histogram",
+        "Time of one reconciliation pass: the kernel sweep of the flow table and the per-backend counter reads.",
+    );
+    out.histogram(&[], &s.reconcile_times.histogram);
+    out.family(
         "lb_map_update_max_seconds",
         "gauge",
         "Slowest map update so far.",
@@ -830,6 +838,7 @@ mod tests {
         s.publish_times.histogram.observe(0.003);
         s.publish_times.histogram.observe(5.0);
         s.tick_times.histogram.observe(0.00002);
+        s.reconcile_times.histogram.observe(0.003);
         let text = render(&s);
         assert!(text.contains(
             "lb_backend_connections_opened_total{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 5\n"
@@ -860,6 +869,10 @@ mod tests {
         assert!(text.contains("lb_map_update_seconds_bucket{le=\"+Inf\",kind=\"publish\"} 2\n"));
         assert!(text.contains("lb_map_update_seconds_count{kind=\"scores\"} 0\n"));
         assert!(text.contains("# TYPE lb_score_tick_seconds histogram\n"));
+        assert!(text.contains("# TYPE lb_reconcile_seconds histogram\n"));
+        assert!(text.contains("lb_reconcile_seconds_count 1\n"));
+        assert!(text.contains("lb_reconcile_seconds_bucket{le=\"0.00256\"} 0\n"));
+        assert!(text.contains("lb_reconcile_seconds_bucket{le=\"0.01024\"} 1\n"));
         assert!(text.contains("lb_score_tick_seconds_bucket{le=\"0.00004\"} 1\n"));
         assert!(text.ends_with("# EOF\n"));
         // Every sample belongs to a declared family.

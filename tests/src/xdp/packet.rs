@@ -526,3 +526,166 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
 pub fn ether_frame(dst: [u8; 6], src: [u8; 6], ether_type: u16, body: &[u8]) -> Vec<u8> {
     [&dst[..], &src, &ether_type.to_be_bytes(), body].concat()
 }
+
+/// Splits a built IPv4 or IPv6 frame (no IPv6 extension headers) into
+/// fragments of at most `chunk` payload bytes (a multiple of 8), each with
+/// the Ethernet and IP headers of `frame`, as a router would (RFC 791,
+/// RFC 8200: IPv6 gets a fragment header). `id` is the identification
+/// (16 bits used for IPv4).
+pub fn fragment(frame: &[u8], chunk: usize, id: u32) -> Vec<Vec<u8>> {
+    assert!(
+        chunk > 0 && chunk.is_multiple_of(8),
+        "fragment payload {chunk}"
+    );
+    let p = parse(frame).expect("an IP frame");
+    let v4 = p.src.is_ipv4();
+    let (header_end, next) = if v4 {
+        (p.l4, p.proto)
+    } else {
+        assert_eq!(p.l4, p.l3 + IPV6_LEN, "no extension headers");
+        (p.l3 + IPV6_LEN, p.proto)
+    };
+    let data = &frame[header_end..p.end];
+    let pieces: Vec<&[u8]> = data.chunks(chunk).collect();
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(i, piece)| {
+            let offset = i * chunk;
+            let more = i + 1 < pieces.len();
+            let mut f = frame[..header_end].to_vec();
+            if v4 {
+                let ip = &mut f[p.l3..];
+                let tot = (header_end - p.l3 + piece.len()) as u16;
+                ip[2..4].copy_from_slice(&tot.to_be_bytes());
+                ip[4..6].copy_from_slice(&(id as u16).to_be_bytes());
+                let frag = (offset / 8) as u16 | if more { 0x2000 } else { 0 };
+                ip[6..8].copy_from_slice(&frag.to_be_bytes());
+                ip[10..12].copy_from_slice(&[0, 0]);
+                let sum = checksum(&[&ip[..header_end - p.l3]]);
+                ip[10..12].copy_from_slice(&sum.to_be_bytes());
+            } else {
+                let ip = &mut f[p.l3..];
+                ip[4..6].copy_from_slice(&((8 + piece.len()) as u16).to_be_bytes());
+                ip[6] = IPV6_FRAGMENT;
+                let bits = ((offset / 8) as u16) << 3 | u16::from(more);
+                f.extend_from_slice(&[next, 0]);
+                f.extend_from_slice(&bits.to_be_bytes());
+                f.extend_from_slice(&id.to_be_bytes());
+            }
+            f.extend_from_slice(piece);
+            f
+        })
+        .collect()
+}
+
+/// The frame [`fragment`] split, put back together from `fragments` (in
+/// any order): the first fragment's Ethernet and IP headers without the
+/// fragmentation fields, and every payload at its offset. `None` if they
+/// do not make one whole datagram.
+pub fn reassemble(fragments: &[Vec<u8>]) -> Option<Vec<u8>> {
+    let mut parts: Vec<(usize, bool, usize, &[u8])> = Vec::new();
+    for f in fragments {
+        let p = parse(f)?;
+        if p.src.is_ipv4() {
+            let bits = u16::from_be_bytes([f[p.l3 + 6], f[p.l3 + 7]]);
+            let offset = usize::from(bits & 0x1fff) * 8;
+            parts.push((offset, bits & 0x2000 != 0, p.l4, &f[p.l4..p.end]));
+        } else {
+            let frag = p.l3 + IPV6_LEN;
+            if f[p.l3 + 6] != IPV6_FRAGMENT {
+                return None;
+            }
+            let bits = u16::from_be_bytes([f[frag + 2], f[frag + 3]]);
+            let offset = usize::from(bits >> 3) * 8;
+            parts.push((offset, bits & 1 != 0, frag, &f[frag + 8..p.end]));
+        }
+    }
+    parts.sort_by_key(|part| part.0);
+    let (first_offset, _, header_end, _) = *parts.first()?;
+    let last = parts.last()?;
+    if first_offset != 0 || last.1 {
+        return None;
+    }
+    let first = &fragments[fragments
+        .iter()
+        .position(|f| reassembly_offset(f) == Some(0))?];
+    let p = parse(first)?;
+    let mut whole = first[..header_end].to_vec();
+    let mut expected = 0;
+    for (offset, _, _, data) in &parts {
+        if *offset != expected {
+            return None;
+        }
+        whole.extend_from_slice(data);
+        expected += data.len();
+    }
+    let ip = &mut whole[p.l3..];
+    if p.src.is_ipv4() {
+        let hdr = header_end - p.l3;
+        ip[2..4].copy_from_slice(&((hdr + expected) as u16).to_be_bytes());
+        ip[6..8].copy_from_slice(&[0, 0]);
+        ip[10..12].copy_from_slice(&[0, 0]);
+        let sum = checksum(&[&ip[..hdr]]);
+        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        let next = first[header_end];
+        ip[4..6].copy_from_slice(&(expected as u16).to_be_bytes());
+        ip[6] = next;
+    }
+    Some(whole)
+}
+
+/// The fragment offset of an IPv4 or IPv6 fragment frame.
+fn reassembly_offset(frame: &[u8]) -> Option<usize> {
+    let p = parse(frame)?;
+    if p.src.is_ipv4() {
+        let bits = u16::from_be_bytes([frame[p.l3 + 6], frame[p.l3 + 7]]);
+        Some(usize::from(bits & 0x1fff) * 8)
+    } else {
+        let frag = p.l3 + IPV6_LEN;
+        let bits = u16::from_be_bytes([*frame.get(frag + 2)?, *frame.get(frag + 3)?]);
+        Some(usize::from(bits >> 3) * 8)
+    }
+}
+
+#[cfg(test)]
+mod fragment_tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    #[test]
+    fn fragments_reassemble_to_the_original_in_any_order() {
+        let mut v4 = Pkt::udp(
+            (Ipv4Addr::new(10, 0, 2, 7), 40_000),
+            (Ipv4Addr::new(10, 0, 0, 100), 53),
+        )
+        .payload(&[7u8; 4000]);
+        // A datagram that may be fragmented: no DF.
+        v4.ipv4_frag = 0;
+        let v4 = v4.build();
+        let v6 = Pkt::udp(
+            (Ipv6Addr::new(0x2001, 0xdb8, 0, 2, 0, 0, 0, 7), 40_000),
+            (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100), 53),
+        )
+        .payload(&[7u8; 4000])
+        .build();
+        for (frame, chunk) in [(&v4, 1480), (&v6, 1448)] {
+            let mut pieces = fragment(frame, chunk, 0x1234);
+            assert_eq!(pieces.len(), 3);
+            for piece in &pieces {
+                assert!(piece.len() <= 14 + 40 + 8 + 1480, "{}", piece.len());
+            }
+            // (Not assert_eq: a mismatch would print 4 KiB twice.)
+            assert!(reassemble(&pieces).as_deref() == Some(frame.as_slice()));
+            pieces.reverse();
+            assert!(reassemble(&pieces).as_deref() == Some(frame.as_slice()));
+            pieces.pop();
+            assert!(
+                reassemble(&pieces).is_none(),
+                "the first fragment is missing"
+            );
+        }
+    }
+}

@@ -380,7 +380,10 @@ fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
     assert_eq!(restart.len(), 4, "{restart:?}");
     assert!(restart[0].starts_with("ewma_tau (10s → 5s)"), "{restart:?}");
     // The peaks' memory follows ewma_tau.
-    assert!(restart[1].starts_with("ewma_peak_tau (10s → 5s)"), "{restart:?}");
+    assert!(
+        restart[1].starts_with("ewma_peak_tau (10s → 5s)"),
+        "{restart:?}"
+    );
     assert!(restart[2].starts_with("ops.lifecycle"), "{restart:?}");
     assert_eq!(
         restart[3],
