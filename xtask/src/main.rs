@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask build-ebpf | build | test | demo`.
+//! Project tasks: `cargo xtask build-ebpf | build | test | demo | bench`.
 //!
 //! Every task first makes sure the machine has what the eBPF build needs
 //! (rust-src for nightly, bpf-linker built against nightly's own libLLVM) and,
@@ -40,8 +40,9 @@ enum Task {
     },
     /// Build a lab with one slow backend and compare P2C+EWMA with round-robin live (root).
     Demo,
-    /// Benchmarks (root): `dataplane` (ns per packet through BPF_PROG_TEST_RUN) or
-    /// `balance` (the lab with real servers, against HAProxy, nginx and nftables).
+    /// Benchmarks (root): `dataplane` (ns per packet through BPF_PROG_TEST_RUN),
+    /// `balance` (the lab with real servers, against HAProxy, nginx and nftables)
+    /// or `control` (lb-user's own cost against issue 10's targets).
     Bench {
         #[arg(value_enum)]
         suite: BenchSuite,
@@ -55,6 +56,7 @@ enum Task {
 enum BenchSuite {
     Dataplane,
     Balance,
+    Control,
 }
 
 impl BenchSuite {
@@ -63,6 +65,7 @@ impl BenchSuite {
         match self {
             Self::Dataplane => "lb-bench-dataplane",
             Self::Balance => "lb-bench-balance",
+            Self::Control => "lb-bench-control",
         }
     }
 }

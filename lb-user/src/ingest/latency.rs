@@ -67,6 +67,12 @@ pub struct LatencyReader {
     epoch: u64,
     /// (sum, count) per backend id at the previous read.
     previous: Vec<(u64, u64)>,
+    /// BACKEND_LATENCY again, for the batch lookup's raw fd.
+    batch_map: aya::maps::MapData,
+    /// False once the kernel refused a batch lookup (older than 5.6).
+    batch: bool,
+    /// Possible CPUs (0 until first needed).
+    cpus: usize,
 }
 
 impl LatencyReader {
@@ -80,6 +86,10 @@ impl LatencyReader {
             epoch_map,
             epoch,
             previous: Vec::new(),
+            batch_map: aya::maps::MapData::from_pin(pin_dir.join(lb_common::BACKEND_LATENCY_MAP))
+                .context("opening BACKEND_LATENCY")?,
+            batch: true,
+            cpus: 0,
         };
         reader.read(id_limit)?;
         Ok(reader)
@@ -95,16 +105,141 @@ impl LatencyReader {
         let first = self.previous.is_empty();
         self.previous
             .resize(id_limit.max(self.previous.len()), (0, 0));
+        // One syscall for every id (a tick with 4,096 backends made 4,096
+        // lookups); one lookup per id where the kernel lacks batches.
+        let cpus = self.cpus()?;
+        let batched = match self
+            .batch
+            .then(|| batch::lookup_per_cpu(self.batch_fd(), id_limit, cpus))
+        {
+            Some(Ok(all)) => Some(all),
+            Some(Err(e)) if !batch::unsupported(&e) => {
+                return Err(anyhow!("reading BACKEND_LATENCY in one batch: {e}"));
+            }
+            Some(Err(_)) => {
+                self.batch = false;
+                None
+            }
+            None => None,
+        };
         let mut out = Vec::new();
         for id in 0..id_limit as u32 {
-            let per_cpu = self.aggs.get(&id, 0).context("reading BACKEND_LATENCY")?;
-            let (answered, totals) = fold(id, &per_cpu, self.previous[id as usize], finished);
+            let looked_up;
+            let per_cpu: &[LatencyAgg] = match &batched {
+                Some(all) => &all[id as usize * cpus..(id as usize + 1) * cpus],
+                None => {
+                    looked_up = self.aggs.get(&id, 0).context("reading BACKEND_LATENCY")?;
+                    &looked_up
+                }
+            };
+            let (answered, totals) = fold(id, per_cpu, self.previous[id as usize], finished);
             self.previous[id as usize] = totals;
             if !first {
                 out.extend(answered);
             }
         }
         Ok(out)
+    }
+
+    fn batch_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        self.batch_map.fd().as_fd().as_raw_fd()
+    }
+
+    /// Possible CPUs: how many values each id has in a per-CPU map.
+    fn cpus(&mut self) -> anyhow::Result<usize> {
+        if self.cpus == 0 {
+            self.cpus = aya::util::nr_cpus()
+                .map_err(|(_, e)| e)
+                .context("counting possible CPUs")?;
+        }
+        Ok(self.cpus)
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` through a raw `bpf(2)` call (aya 0.14 has no
+/// batch API).
+mod batch {
+    use std::os::fd::RawFd;
+
+    use lb_common::LatencyAgg;
+
+    /// `BPF_MAP_LOOKUP_BATCH` of `enum bpf_cmd` (Linux 5.6+).
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+    /// The `batch` member of `union bpf_attr`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+
+    /// The values of keys `0..count` of the per-CPU array `fd`, key-major
+    /// (`cpus` values per key: a per-CPU value is padded to 8 bytes, which
+    /// `LatencyAgg` already is), read in one call from the first key.
+    pub fn lookup_per_cpu(
+        fd: RawFd,
+        count: usize,
+        cpus: usize,
+    ) -> std::io::Result<Vec<LatencyAgg>> {
+        const { assert!(size_of::<LatencyAgg>().is_multiple_of(8)) };
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let mut keys = vec![0u32; count];
+        let mut values = vec![LatencyAgg::default(); count * cpus];
+        let mut next = 0u32;
+        let mut attr = BatchAttr {
+            out_batch: &mut next as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: count as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr points at buffers that outlive the call: `count`
+        // keys of 4 bytes, `count × cpus` values of the map's value size
+        // (each padded to 8), and one 4-byte key for the position after.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                size_of::<BatchAttr>(),
+            )
+        };
+        // ENOENT: the walk reached the map's end (`count` is every key).
+        if ret < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+        }
+        if attr.count as usize != count || keys.iter().enumerate().any(|(i, &k)| k as usize != i) {
+            return Err(std::io::Error::other(format!(
+                "batch lookup read {} of {count} entries",
+                attr.count
+            )));
+        }
+        Ok(values)
+    }
+
+    /// The kernel's internal "not supported" (not in libc).
+    const ENOTSUPP: i32 = 524;
+
+    /// Whether `e` says the kernel has no batch operations for the map.
+    pub fn unsupported(e: &std::io::Error) -> bool {
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+        )
     }
 }
 
@@ -145,6 +280,108 @@ mod tests {
         let (a, totals) = fold(0, &cpus, (3_000, 3), 1);
         assert_eq!(a, None);
         assert_eq!(totals, (3_000, 3));
+    }
+
+    /// A per-CPU array of `LatencyAgg` made with a raw `BPF_MAP_CREATE`.
+    fn per_cpu_array(entries: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd as _;
+        #[repr(C)]
+        #[derive(Default)]
+        struct CreateAttr {
+            map_type: u32,
+            key_size: u32,
+            value_size: u32,
+            max_entries: u32,
+            map_flags: u32,
+        }
+        let attr = CreateAttr {
+            map_type: 6, // BPF_MAP_TYPE_PERCPU_ARRAY
+            key_size: 4,
+            value_size: size_of::<LatencyAgg>() as u32,
+            max_entries: entries,
+            ..CreateAttr::default()
+        };
+        // SAFETY: a valid prefix of `union bpf_attr` for BPF_MAP_CREATE (0).
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                0,
+                &attr as *const CreateAttr,
+                size_of::<CreateAttr>(),
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this fd to us.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    }
+
+    /// Writes every CPU's value of `key` with a raw `BPF_MAP_UPDATE_ELEM`.
+    fn write(fd: std::os::fd::RawFd, key: u32, values: &[LatencyAgg]) {
+        #[repr(C)]
+        struct ElemAttr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        let attr = ElemAttr {
+            map_fd: fd as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: values.as_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: key and values (one per possible CPU) outlive the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                2,
+                &attr as *const ElemAttr,
+                size_of::<ElemAttr>(),
+            )
+        };
+        assert_eq!(ret, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    #[test]
+    fn one_batch_reads_what_per_key_writes_put_on_each_cpu() {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var_os("LB_TESTS_REQUIRE_ROOT").is_none(),
+                "needs root to create a BPF map"
+            );
+            eprintln!("SKIP: needs root to create a BPF map");
+            return;
+        }
+        let cpus = aya::util::nr_cpus().unwrap();
+        let map = per_cpu_array(5).unwrap();
+        let fd = map.as_raw_fd();
+        let value =
+            |key: u32, cpu: usize| agg(u64::from(key) * 1000 + cpu as u64, u64::from(key), 7, 1);
+        for key in 0..5 {
+            let per_cpu: Vec<LatencyAgg> = (0..cpus).map(|c| value(key, c)).collect();
+            write(fd, key, &per_cpu);
+        }
+        // Fewer keys than the map holds, and all of them (the walk ends: ENOENT).
+        for count in [3, 5] {
+            let all = batch::lookup_per_cpu(fd, count, cpus).unwrap();
+            assert_eq!(all.len(), count * cpus);
+            for (key, per_cpu) in all.chunks_exact(cpus).enumerate() {
+                for (cpu, v) in per_cpu.iter().enumerate() {
+                    assert_eq!(*v, value(key as u32, cpu), "key {key} cpu {cpu}");
+                }
+            }
+        }
+        assert!(
+            batch::lookup_per_cpu(fd, 6, cpus).is_err(),
+            "more keys than the map has"
+        );
+        assert!(batch::lookup_per_cpu(fd, 0, cpus).unwrap().is_empty());
     }
 
     #[test]
