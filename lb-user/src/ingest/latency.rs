@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use lb_common::LatencyAgg;
 
+use crate::kernel::batch;
 use crate::kernel::maps::{self, LatencyAggs, LatencyEpoch};
 
 /// One backend's samples since the previous read.
@@ -154,92 +155,6 @@ impl LatencyReader {
                 .context("counting possible CPUs")?;
         }
         Ok(self.cpus)
-    }
-}
-
-/// `BPF_MAP_LOOKUP_BATCH` through a raw `bpf(2)` call (aya 0.14 has no
-/// batch API).
-mod batch {
-    use std::os::fd::RawFd;
-
-    use lb_common::LatencyAgg;
-
-    /// `BPF_MAP_LOOKUP_BATCH` of `enum bpf_cmd` (Linux 5.6+).
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
-    /// The `batch` member of `union bpf_attr`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
-
-    /// The values of keys `0..count` of the per-CPU array `fd`, key-major
-    /// (`cpus` values per key: a per-CPU value is padded to 8 bytes, which
-    /// `LatencyAgg` already is), read in one call from the first key.
-    pub fn lookup_per_cpu(
-        fd: RawFd,
-        count: usize,
-        cpus: usize,
-    ) -> std::io::Result<Vec<LatencyAgg>> {
-        const { assert!(size_of::<LatencyAgg>().is_multiple_of(8)) };
-        if count == 0 {
-            return Ok(Vec::new());
-        }
-        let mut keys = vec![0u32; count];
-        let mut values = vec![LatencyAgg::default(); count * cpus];
-        let mut next = 0u32;
-        let mut attr = BatchAttr {
-            out_batch: &mut next as *mut u32 as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: count as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: attr points at buffers that outlive the call: `count`
-        // keys of 4 bytes, `count × cpus` values of the map's value size
-        // (each padded to 8), and one 4-byte key for the position after.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                size_of::<BatchAttr>(),
-            )
-        };
-        // ENOENT: the walk reached the map's end (`count` is every key).
-        if ret < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-        }
-        if attr.count as usize != count || keys.iter().enumerate().any(|(i, &k)| k as usize != i) {
-            return Err(std::io::Error::other(format!(
-                "batch lookup read {} of {count} entries",
-                attr.count
-            )));
-        }
-        Ok(values)
-    }
-
-    /// The kernel's internal "not supported" (not in libc).
-    const ENOTSUPP: i32 = 524;
-
-    /// Whether `e` says the kernel has no batch operations for the map.
-    pub fn unsupported(e: &std::io::Error) -> bool {
-        matches!(
-            e.raw_os_error(),
-            Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
-        )
     }
 }
 

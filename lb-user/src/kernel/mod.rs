@@ -9,6 +9,7 @@
 //! Order: settings → kernel → ingest → estimate → pool → publish → surface → discover → daemon.
 
 pub mod attach;
+pub mod batch;
 pub mod bpffs;
 pub mod clock;
 pub mod iface;

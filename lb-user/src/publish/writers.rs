@@ -16,6 +16,7 @@ use lb_common::{
 };
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
+use crate::kernel::batch;
 use crate::{
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix, VipZonesMap},
     publish::{
@@ -596,73 +597,6 @@ impl ScoreWriter {
             .context("writing VIP_TABLES")?;
         self.last_reference.insert(vip_id, cost);
         Ok(())
-    }
-}
-
-/// `BPF_MAP_UPDATE_BATCH` through a raw `bpf(2)` call (aya 0.14 has no
-/// batch API).
-mod batch {
-    use std::os::fd::RawFd;
-
-    /// `BPF_MAP_UPDATE_BATCH` of `enum bpf_cmd` (Linux 5.6+).
-    const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-
-    /// The `batch` member of `union bpf_attr`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
-
-    /// Writes `values[i]` at `keys[i]` of the array map `fd`, all in one call.
-    pub fn update<V>(fd: RawFd, keys: &[u32], values: &[V]) -> std::io::Result<()> {
-        debug_assert_eq!(keys.len(), values.len());
-        let mut attr = BatchAttr {
-            keys: keys.as_ptr() as u64,
-            values: values.as_ptr() as u64,
-            count: keys.len() as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: attr points at keys and values that outlive the call, each
-        // `count` elements long, of the map's key and value sizes.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_BATCH,
-                &mut attr as *mut BatchAttr,
-                size_of::<BatchAttr>(),
-            )
-        };
-        if ret < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if attr.count as usize != keys.len() {
-            return Err(std::io::Error::other(format!(
-                "batch update wrote {} of {} entries",
-                attr.count,
-                keys.len()
-            )));
-        }
-        Ok(())
-    }
-
-    /// The kernel's internal "not supported" (not in libc).
-    const ENOTSUPP: i32 = 524;
-
-    /// Whether `e` says the kernel has no batch operations for the map.
-    pub fn unsupported(e: &std::io::Error) -> bool {
-        matches!(
-            e.raw_os_error(),
-            Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
-        )
     }
 }
 
