@@ -121,31 +121,13 @@ enum Running {
     Nothing,
 }
 
-/// The balancer namespace's `net.ipv4.ip_local_reserved_ports`.
-const RESERVED_PORTS: &str = "net.ipv4.ip_local_reserved_ports";
-
 fn run_row(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult> {
     let backends: Vec<SocketAddr> = lab.backends().iter().map(|b| b.addr()).collect();
     let vip = lab.tcp_vip();
-    // lb-user reserves its SNAT range for the host's own connections and
-    // keeps it reserved when it stops (a restarted instance needs it
-    // again). With every port reserved, a proxy row after ours in the same
-    // namespace could not open a single connection to the backends: the
-    // reservation is put back as it was after each row.
-    let ns = lab.balancer().ns.clone();
-    let reserved = lab.exec_ok(&ns, &["sysctl", "-n", RESERVED_PORTS])?;
-    let result = run_row_inner(lab, kind, row, duration_s, &backends, vip);
-    let restored = lab.exec_ok(
-        &ns,
-        &[
-            "sysctl",
-            "-q",
-            "-w",
-            &format!("{RESERVED_PORTS}={}", reserved.trim()),
-        ],
-    );
-    let result = result?;
-    restored.context("restoring the balancer namespace's reserved ports")?;
+    // Our rows reserve every port in the namespace (see
+    // `Lab::restoring_reserved_ports`); the proxy rows after them need some.
+    let result =
+        lab.restoring_reserved_ports(|| run_row_inner(lab, kind, row, duration_s, &backends, vip))?;
     // A row where nothing got through measured a broken setup, not a
     // balancer: stop instead of publishing it.
     if result.completed == 0 {

@@ -87,7 +87,6 @@ const ADD_GAP: Duration = Duration::from_millis(300);
 /// VIPs of the tick part (per-VIP limit × 4 = MAX_BACKENDS).
 const TICK_VIPS: u32 = 4;
 /// The balancer namespace's reserved-ports sysctl (lb-user sets it).
-const RESERVED_PORTS: &str = "net.ipv4.ip_local_reserved_ports";
 
 /// Runs every part of `plan` in one lab. A part that fails is reported in
 /// the returned errors and leaves its result `None`; the others still run.
@@ -141,28 +140,15 @@ fn with_lb_user<T>(
     spec: &BalancerSpec,
     f: impl FnOnce(ProcessId) -> Result<T>,
 ) -> Result<T> {
-    let ns = lab.balancer().ns.clone();
-    let reserved = lab.exec_ok(&ns, &["sysctl", "-n", RESERVED_PORTS])?;
-    let outcome = lab.start_balancer(spec).and_then(|process| {
+    lab.restoring_reserved_ports(|| {
+        let process = lab.start_balancer(spec)?;
         let result = f(process);
         let stopped = lab.stop_balancer(process, Signal::SIGTERM);
         let result = result?;
         let status = stopped?;
         ensure!(status.success(), "lb-user stopped with {status}");
         Ok(result)
-    });
-    let restored = lab.exec_ok(
-        &ns,
-        &[
-            "sysctl",
-            "-q",
-            "-w",
-            &format!("{RESERVED_PORTS}={}", reserved.trim()),
-        ],
-    );
-    let result = outcome?;
-    restored.context("restoring the namespace's reserved ports")?;
-    Ok(result)
+    })
 }
 
 /// `count` backends on the lab's backend addresses, `ports_from` upwards

@@ -271,6 +271,30 @@ impl Lab {
         self.wait(process, STOP_TIMEOUT)
     }
 
+    /// Runs `f`, then puts the balancer namespace's
+    /// `net.ipv4.ip_local_reserved_ports` back as it was, whatever `f`
+    /// returned. lb-user reserves its SNAT range there and keeps it when it
+    /// stops (a restarted instance needs it again); a proxy started after
+    /// it in the same namespace could otherwise open no connection.
+    pub fn restoring_reserved_ports<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        const RESERVED_PORTS: &str = "net.ipv4.ip_local_reserved_ports";
+        let ns = self.balancer().ns.clone();
+        let reserved = self.exec_ok(&ns, &["sysctl", "-n", RESERVED_PORTS])?;
+        let result = f();
+        let restored = self.exec_ok(
+            &ns,
+            &[
+                "sysctl",
+                "-q",
+                "-w",
+                &format!("{RESERVED_PORTS}={}", reserved.trim()),
+            ],
+        );
+        let result = result?;
+        restored.context("restoring the balancer namespace's reserved ports")?;
+        Ok(result)
+    }
+
     /// `lb-user status --json` of this lab's instance.
     pub fn status(&self) -> Result<Status> {
         let instance = self.instance();
