@@ -151,6 +151,7 @@ impl Started<'_> {
             control::serve(
                 &config.instance,
                 config.ops.control_group.clone(),
+                self.ifindex,
                 control_tx,
             )?,
         ];

@@ -430,7 +430,7 @@ impl TableWriter {
 
 /// Writes `values[i]` at `keys[i]` of an array map in one batch call, or
 /// one update each where the kernel has no batch operations on arrays.
-fn write_block<V: aya::Pod>(
+pub fn write_block<V: aya::Pod>(
     map: &mut aya::maps::Array<aya::maps::MapData, V>,
     keys: &[u32],
     values: &[V],

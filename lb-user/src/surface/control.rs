@@ -175,10 +175,12 @@ impl Response {
 /// A request with the channel its answer goes back on.
 pub type Pending = (Request, oneshot::Sender<Response>);
 
-/// Listens on the instance's socket; requests go to `requests`.
+/// Listens on the instance's socket; requests go to `requests`. New
+/// backends are resolved on interface `ifindex` first (see [`resolve_first`]).
 pub fn serve(
     instance: &str,
     group: Option<ControlGroup>,
+    ifindex: u32,
     requests: mpsc::Sender<Pending>,
 ) -> anyhow::Result<JoinHandle<()>> {
     let path = socket_path(instance);
@@ -222,7 +224,7 @@ pub fn serve(
             let requests = requests.clone();
             tokio::spawn(async move {
                 let (read, write) = stream.into_split();
-                connection(read, write, peer, requests).await;
+                connection(read, write, peer, Some(ifindex), requests).await;
                 drop(permit);
             });
         }
@@ -286,8 +288,15 @@ async fn read_line<R: AsyncRead + Unpin>(reader: &mut TokioBufReader<R>) -> Line
 }
 
 /// Serves one connection: a request per line, an answer per line.
-async fn connection<R, W>(read: R, mut write: W, peer: Peer, requests: mpsc::Sender<Pending>)
-where
+/// `resolve_on`: the interface new backends are resolved on (`None`: not
+/// at all, for tests without one).
+async fn connection<R, W>(
+    read: R,
+    mut write: W,
+    peer: Peer,
+    resolve_on: Option<u32>,
+    requests: mpsc::Sender<Pending>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -306,9 +315,13 @@ where
             Ok(mut request) => {
                 request.peer = Some(peer);
                 info!(%peer, command = ?request.command, vip = %request.vip, backend = %request.backend, "control command received");
-                match request.command {
-                    ControlCommand::Add => resolve_first([&request.backend]).await,
-                    ControlCommand::VipAdd => resolve_first(&request.backends).await,
+                match (request.command, resolve_on) {
+                    (ControlCommand::Add, Some(ifindex)) => {
+                        resolve_first(ifindex, [&request.backend]).await;
+                    }
+                    (ControlCommand::VipAdd, Some(ifindex)) => {
+                        resolve_first(ifindex, &request.backends).await;
+                    }
                     _ => {}
                 }
                 let (tx, rx) = oneshot::channel();
@@ -331,18 +344,49 @@ where
     }
 }
 
-/// Makes the kernel resolve a new backend's MAC before it can be selected,
-/// so its first flows are not dropped for want of a next hop.
-async fn resolve_first(backends: impl IntoIterator<Item = &String>) {
+/// How often [`resolve_first`] looks at the kernel's neighbour table.
+const RESOLVE_POLL: Duration = Duration::from_millis(5);
+
+/// Makes the kernel resolve new backends' MACs on interface `ifindex`
+/// before they can be selected, so their first flows are not dropped for
+/// want of a next hop: returns as soon as every one has a usable neighbour
+/// entry (at once for a known address), after probing the others, and at
+/// the latest after [`STARTUP_RESOLVE_WAIT`] (an address that never
+/// answers is added anyway; its flows wait for ARP like any other).
+async fn resolve_first(ifindex: u32, backends: impl IntoIterator<Item = &String>) {
+    use crate::kernel::neighbours::{STARTUP_RESOLVE_WAIT, netlink, probe};
+    let wanted: Vec<std::net::IpAddr> = backends
+        .into_iter()
+        .filter_map(|b| b.parse::<crate::settings::addr::BackendAddr>().ok())
+        .map(|b| b.addr.ip())
+        .collect();
+    if wanted.is_empty() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + STARTUP_RESOLVE_WAIT;
     let mut probed = false;
-    for backend in backends {
-        if let Ok(b) = backend.parse::<crate::settings::addr::BackendAddr>() {
-            crate::kernel::neighbours::probe(b.addr.ip());
+    loop {
+        let known = tokio::task::spawn_blocking(move || netlink::dump(ifindex)).await;
+        let missing: Vec<_> = match known {
+            Ok(Ok(known)) => wanted
+                .iter()
+                .filter(|ip| !known.iter().any(|(k, _)| k == *ip))
+                .copied()
+                .collect(),
+            // No answer from the kernel: probe all and wait it out.
+            _ => wanted.clone(),
+        };
+        if missing.is_empty() {
+            return;
+        }
+        if !probed {
+            missing.iter().for_each(|ip| probe(*ip));
             probed = true;
         }
-    }
-    if probed {
-        tokio::time::sleep(crate::kernel::neighbours::STARTUP_RESOLVE_WAIT).await;
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        sleep(RESOLVE_POLL).await;
     }
 }
 
@@ -458,7 +502,7 @@ mod tests {
         });
         tokio::spawn(async move {
             let (read, write) = tokio::io::split(server);
-            connection(read, write, ROOT_PEER, tx).await;
+            connection(read, write, ROOT_PEER, None, tx).await;
         });
         client
     }
