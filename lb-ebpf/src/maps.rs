@@ -53,8 +53,13 @@ pub static VIP_SCHEDULE: Array<u32> =
 #[map(name = "VIP_WEIGHT_PREFIX")]
 pub static VIP_WEIGHT_PREFIX: Array<u32> =
     Array::with_max_entries(MAX_VIPS * TABLE_HALVES * MAX_BACKENDS_PER_VIP, 0);
+/// Memory-mappable (`BPF_F_MMAPABLE`): the control plane writes a 65,537
+/// entry table aside with plain stores, not 65,537 map updates.
 #[map(name = "MAGLEV")]
-pub static MAGLEV: Array<u32> = Array::with_max_entries(MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE, 0);
+pub static MAGLEV: Array<u32> = Array::with_max_entries(
+    MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE,
+    aya_ebpf::bindings::BPF_F_MMAPABLE,
+);
 #[map(name = "BACKEND_PROGRESS")]
 pub static BACKEND_PROGRESS: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "NEW_FLOW_LIMIT")]

@@ -28,6 +28,12 @@ pub fn write_tables(
     TableWriter::open(pin_dir)?.write(vip_id, algorithm, maglev_table, slots)
 }
 
+/// Whether the control plane's writer maps `MAGLEV` into memory (so its
+/// tables are written with plain stores) for the maps pinned in `pin_dir`.
+pub fn maglev_mapped(pin_dir: &Path) -> anyhow::Result<bool> {
+    Ok(TableWriter::open(pin_dir)?.maglev_mapped())
+}
+
 /// Writes the zone-aware VIP `vip_id`'s tables for its zone `blocks` (in
 /// failover order) and then its `VIP_ZONES` descriptor, with the control
 /// plane's own writer, through the maps pinned in `pin_dir` (the table maps

@@ -234,7 +234,7 @@ fn least_conn_picks_the_fewest_per_weight() {
 
 fn maglev_uses_the_control_planes_table() {
     let weights = [1, 1, 1, 1, 1];
-    let lb = setup(Algorithm::Maglev, &weights, 0, 0);
+    let mut lb = setup(Algorithm::Maglev, &weights, 0, 0);
     let slots: Vec<_> = (0..5)
         .map(|id| {
             let backend = Backend {
@@ -246,6 +246,10 @@ fn maglev_uses_the_control_planes_table() {
         })
         .collect();
     let table = VipTableSet::build(Algorithm::Maglev, &slots).maglev;
+    // The writer stores the table through its memory mapping of MAGLEV
+    // (the map is BPF_F_MMAPABLE), so the SYNs below check that path.
+    let mapped = with_table_pins(&mut lb, production::maglev_mapped).expect("opening the writer");
+    assert!(mapped, "MAGLEV is not memory-mapped by the control plane");
     for i in 0..200 {
         let (addr, port) = client(i);
         let hash = flow_hash_v4(

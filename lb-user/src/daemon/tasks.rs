@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 
 use super::errors::{ControlErrors, Stage};
 use crate::{
-    ingest::reconcile::{RECONCILE_INTERVAL, Reconciler, Scan},
+    ingest::reconcile::{MIN_PASS_INTERVAL, Reconciler, Scan, pass_interval},
     kernel::neighbours::{self, STARTUP_RESOLVE_WAIT},
     settings::config::Config,
 };
@@ -18,8 +18,9 @@ use crate::{
 /// Re-reads the configuration (the file and the flags) on SIGHUP.
 pub type Reload = Arc<dyn Fn() -> anyhow::Result<Config> + Send + Sync>;
 
-/// Runs a pass (one kernel sweep) every [`RECONCILE_INTERVAL`] on a
-/// blocking thread (the sweep's syscall walks the whole flow table).
+/// Runs passes (one kernel sweep each) on a blocking thread (the sweep's
+/// syscall walks the whole flow table), each one [`pass_interval`] after
+/// the previous one: every second while passes are cheap.
 /// A failed pass is counted and logged (rate-limited) as a `scan` control
 /// error, and the next one runs on schedule.
 pub fn spawn_reconciler(
@@ -29,8 +30,9 @@ pub fn spawn_reconciler(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut reconciler = reconciler;
+        let mut next = MIN_PASS_INTERVAL;
         loop {
-            sleep(RECONCILE_INTERVAL).await;
+            sleep(next).await;
             let joined = tokio::task::spawn_blocking(move || {
                 let outcome = reconciler.pass();
                 (reconciler, outcome)
@@ -43,6 +45,7 @@ pub fn spawn_reconciler(
             reconciler = back;
             match outcome {
                 Ok(scan) => {
+                    next = pass_interval(scan.cpu);
                     if results.send(scan).await.is_err() {
                         return;
                     }

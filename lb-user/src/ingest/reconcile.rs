@@ -3,12 +3,23 @@
 //!
 //! The kernel counts every end of a flow: FIN/FIN and RST in the data path,
 //! idle expiry, unanswered SYNs and orphans in the sweep (`lb_sweep`, run
-//! here once a second with one `BPF_PROG_TEST_RUN`). So in-flight is
-//! exactly `opened - closed`, with no correction from user space, and a
-//! pass costs one syscall plus two array reads per backend, independent of
-//! the flow table's size. (The per-entry walk from user space this replaced
-//! cost two syscalls per entry, and deleted by key long after reading, so a
-//! SYN that re-created a key during the walk lost its entry.)
+//! here with one `BPF_PROG_TEST_RUN`). So in-flight is exactly
+//! `opened - closed`, with no correction from user space, and a pass costs
+//! one syscall plus two array reads per backend. (The per-entry walk from
+//! user space this replaced cost two syscalls per entry, and deleted by key
+//! long after reading, so a SYN that re-created a key during the walk lost
+//! its entry.)
+//!
+//! The sweep's one syscall still walks every bucket and entry of the table
+//! in the kernel: about 5 ms for an empty table of 2,097,152 entries and
+//! 0.3 s with 1,000,000 entries in it. So passes are spaced by what the
+//! last one cost ([`pass_interval`]): every second while a pass is cheap,
+//! less often as the table fills, so the sweep never uses more than
+//! [`SWEEP_CPU_SHARE`] of a core. Expiries are late by at most the
+//! interval: nothing at lab sizes, up to [`MAX_PASS_INTERVAL`] with a
+//! million entries, where idle timeouts (minutes) and the SNAT quarantine
+//! (a minute) are long against it and unanswered SYNs are also caught by
+//! the active health checks.
 //!
 //! The sweep's expiries reach the event loop as ring-buffer events
 //! (`Closed{idle}`, `Refused` for an unanswered SYN), like every other
@@ -26,12 +37,33 @@ use anyhow::Context as _;
 use lb_common::{BackendConns, SweepStats};
 
 use crate::kernel::{
+    batch,
     maps::{self, Conns, SnatUsed},
     sweep::Sweeper,
 };
 
-/// How often a pass (one kernel sweep) runs.
-pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest time between two passes (a cheap sweep's cadence).
+pub const MIN_PASS_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest time between two passes, however large the table.
+pub const MAX_PASS_INTERVAL: Duration = Duration::from_secs(60);
+/// The share of one core the passes may use on average.
+pub const SWEEP_CPU_SHARE: f64 = 0.0025;
+
+/// When the next pass is due after one that cost `cpu` (the CPU time of
+/// the thread that ran it, kernel time included): `cpu ÷ SWEEP_CPU_SHARE`,
+/// at least [`MIN_PASS_INTERVAL`] and at most [`MAX_PASS_INTERVAL`].
+pub fn pass_interval(cpu: Duration) -> Duration {
+    cpu.div_f64(SWEEP_CPU_SHARE)
+        .clamp(MIN_PASS_INTERVAL, MAX_PASS_INTERVAL)
+}
+
+/// CPU time the calling thread has used (user and system).
+fn thread_cpu_time() -> Duration {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
 
 /// What one pass learnt from the kernel.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,6 +82,26 @@ pub struct Scan {
     pub sweep: SweepStats,
     /// How long the pass took (the sweep and the counter reads).
     pub took: Duration,
+    /// The CPU time the pass used (its thread's, kernel time included).
+    pub cpu: Duration,
+}
+
+/// Keys `0..count` of an array: one batch call, or one lookup each where
+/// the kernel has no batch lookup for arrays.
+fn read_all<V: aya::Pod + Default>(
+    map: &aya::maps::Array<aya::maps::MapData, V>,
+    count: usize,
+) -> anyhow::Result<Vec<V>> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+
+    use aya::maps::IterableMap as _;
+    match batch::lookup_array(map.map().fd().as_fd().as_raw_fd(), count) {
+        Ok(values) => Ok(values),
+        Err(e) if batch::unsupported(&e) => {
+            (0..count as u32).map(|id| Ok(map.get(&id, 0)?)).collect()
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What holds a backend id: its open flows plus its SNAT tuples.
@@ -86,18 +138,16 @@ impl Reconciler {
     /// One pass: a kernel sweep, then the per-backend counters.
     pub fn pass(&mut self) -> anyhow::Result<Scan> {
         let started = std::time::Instant::now();
+        let cpu_before = thread_cpu_time();
         let sweep = self.sweeper.run()?;
         let backend_count = self.backend_count.load(Ordering::Relaxed);
-        let live = (0..backend_count as u32)
-            .map(|id| {
-                let conns = self.conns.get(&id, 0).context("reading BACKEND_CONNS")?;
-                let used = self
-                    .snat_used
-                    .get(&id, 0)
-                    .context("reading BACKEND_SNAT_USED")?;
-                Ok(holding(conns, used))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let conns = read_all(&self.conns, backend_count).context("reading BACKEND_CONNS")?;
+        let used = read_all(&self.snat_used, backend_count).context("reading BACKEND_SNAT_USED")?;
+        let live = conns
+            .into_iter()
+            .zip(used)
+            .map(|(conns, used)| holding(conns, used))
+            .collect();
         // The first pass of a process (perhaps re-adopting) reports none.
         let orphans = sweep
             .orphans
@@ -109,6 +159,7 @@ impl Reconciler {
             entries: sweep.entries,
             sweep,
             took: started.elapsed(),
+            cpu: thread_cpu_time().saturating_sub(cpu_before),
         })
     }
 }
@@ -116,6 +167,42 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cheap_pass_runs_every_second_and_a_costly_one_is_spaced_by_its_cost() {
+        // An empty 2,097,152-entry table (about 5 ms): still once a second.
+        assert_eq!(
+            pass_interval(Duration::from_micros(2_000)),
+            MIN_PASS_INTERVAL
+        );
+        // Above 2.5 ms a pass, spaced so passes use 0.25% of a core.
+        assert_eq!(
+            pass_interval(Duration::from_millis(10)),
+            Duration::from_secs(4)
+        );
+        // A million entries (about 0.3 s): capped at a minute.
+        assert_eq!(pass_interval(Duration::from_millis(300)), MAX_PASS_INTERVAL);
+        assert_eq!(pass_interval(Duration::ZERO), MIN_PASS_INTERVAL);
+        // The share holds wherever the cap does not bind.
+        for ms in [3u64, 20, 50, 140] {
+            let cpu = Duration::from_millis(ms);
+            let share = cpu.as_secs_f64() / pass_interval(cpu).as_secs_f64();
+            assert!(
+                (share - SWEEP_CPU_SHARE).abs() < 1e-9,
+                "{ms} ms: share {share}"
+            );
+        }
+    }
+
+    #[test]
+    fn thread_cpu_time_counts_this_threads_work() {
+        let before = thread_cpu_time();
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        assert!(thread_cpu_time() > before, "{x}");
+    }
 
     #[test]
     fn an_id_is_held_by_open_flows_and_by_snat_tuples() {

@@ -1,6 +1,7 @@
 //! Batch map operations through a raw `bpf(2)` call (aya 0.14 has no
 //! batch API): `BPF_MAP_UPDATE_BATCH` for the control plane's writes and
-//! `BPF_MAP_LOOKUP_BATCH` for the per-tick latency read.
+//! `BPF_MAP_LOOKUP_BATCH` for the per-tick latency read and the
+//! reconciler's per-backend counters.
 use std::os::fd::RawFd;
 
 use lb_common::LatencyAgg;
@@ -62,11 +63,26 @@ pub fn update<V>(fd: RawFd, keys: &[u32], values: &[V]) -> std::io::Result<()> {
 /// `LatencyAgg` already is), read in one call from the first key.
 pub fn lookup_per_cpu(fd: RawFd, count: usize, cpus: usize) -> std::io::Result<Vec<LatencyAgg>> {
     const { assert!(size_of::<LatencyAgg>().is_multiple_of(8)) };
+    lookup_first(fd, count, cpus)
+}
+
+/// The values of keys `0..count` of the (plain) array `fd`, read in one
+/// call. `V` must be the map's value type exactly.
+pub fn lookup_array<V: aya::Pod + Default>(fd: RawFd, count: usize) -> std::io::Result<Vec<V>> {
+    lookup_first(fd, count, 1)
+}
+
+/// Keys `0..count` of an array map, `per_key` values of `V` each.
+fn lookup_first<V: Copy + Default>(
+    fd: RawFd,
+    count: usize,
+    per_key: usize,
+) -> std::io::Result<Vec<V>> {
     if count == 0 {
         return Ok(Vec::new());
     }
     let mut keys = vec![0u32; count];
-    let mut values = vec![LatencyAgg::default(); count * cpus];
+    let mut values = vec![V::default(); count * per_key];
     let mut next = 0u32;
     let mut attr = BatchAttr {
         out_batch: &mut next as *mut u32 as u64,
@@ -77,8 +93,9 @@ pub fn lookup_per_cpu(fd: RawFd, count: usize, cpus: usize) -> std::io::Result<V
         ..BatchAttr::default()
     };
     // SAFETY: attr points at buffers that outlive the call: `count`
-    // keys of 4 bytes, `count × cpus` values of the map's value size
-    // (each padded to 8), and one 4-byte key for the position after.
+    // keys of 4 bytes, `count × per_key` values of the map's value size
+    // (per-CPU ones padded to 8, which callers check), and one 4-byte key
+    // for the position after.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,

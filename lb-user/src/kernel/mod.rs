@@ -14,6 +14,7 @@ pub mod bpffs;
 pub mod clock;
 pub mod iface;
 pub mod instance;
+pub mod mapped;
 pub mod maps;
 pub mod neighbours;
 pub mod object;

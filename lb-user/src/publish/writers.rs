@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::kernel::batch;
 use crate::{
+    kernel::mapped::MappedU32Array,
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix, VipZonesMap},
     publish::{
         swap::{self, NewTables, Write},
@@ -84,6 +85,9 @@ pub struct TableWriter {
     schedule: VipSchedule,
     prefix: VipWeightPrefix,
     maglev: Maglev,
+    /// `MAGLEV` mapped into memory (`None` where the pinned map is not
+    /// mappable: then each table is one batch update).
+    maglev_mapped: Option<MappedU32Array>,
     descriptors: VipTablesMap,
     /// `VIP_ZONES`, opened at the first zone write (a pin directory that
     /// holds only the table maps serves zone-unaware VIPs).
@@ -116,10 +120,22 @@ fn spare_table(current: &std::collections::HashMap<u32, u32>) -> Option<u32> {
 
 impl TableWriter {
     pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
+        let maglev = maps::maglev(pin_dir)?;
+        let maglev_mapped = match MappedU32Array::map(
+            maglev.map().fd().as_fd(),
+            MAX_MAGLEV_TABLES * MAGLEV_TABLE_SIZE,
+        ) {
+            Ok(mapped) => Some(mapped),
+            Err(e) => {
+                tracing::debug!("writing Maglev tables by map updates: {e:#}");
+                None
+            }
+        };
         Ok(Self {
             schedule: maps::vip_schedule(pin_dir)?,
             prefix: maps::vip_weight_prefix(pin_dir)?,
-            maglev: maps::maglev(pin_dir)?,
+            maglev,
+            maglev_mapped,
             descriptors: maps::vip_tables(pin_dir)?,
             zones: None,
             pin_dir: pin_dir.to_path_buf(),
@@ -387,12 +403,17 @@ impl TableWriter {
                 write_block(&mut self.prefix, &block(first, sums.len()), sums)
                     .context("writing VIP_WEIGHT_PREFIX")
             }
-            Write::Maglev { table, entries } => write_block(
-                &mut self.maglev,
-                &block(table * MAGLEV_TABLE_SIZE, entries.len()),
-                entries,
-            )
-            .context("writing MAGLEV"),
+            Write::Maglev { table, entries } => match &mut self.maglev_mapped {
+                Some(mapped) => mapped
+                    .write(table * MAGLEV_TABLE_SIZE, entries)
+                    .context("writing MAGLEV"),
+                None => write_block(
+                    &mut self.maglev,
+                    &block(table * MAGLEV_TABLE_SIZE, entries.len()),
+                    entries,
+                )
+                .context("writing MAGLEV"),
+            },
             Write::Tables(tables) => {
                 self.descriptor_writes += 1;
                 self.descriptors
@@ -420,6 +441,12 @@ impl TableWriter {
     /// Frees the Maglev table of VIP `vip_id` (removed and drained).
     pub fn release(&mut self, vip_id: u32) {
         self.current.remove(&vip_id);
+    }
+
+    /// Whether Maglev tables are written through the memory mapping (the
+    /// pinned `MAGLEV` is `BPF_F_MMAPABLE`), not by map updates.
+    pub fn maglev_mapped(&self) -> bool {
+        self.maglev_mapped.is_some()
     }
 
     /// The Maglev table VIP `vip_id` uses now.

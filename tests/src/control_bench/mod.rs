@@ -82,6 +82,10 @@ const SNAT_PORTS: &str = "1024-65535";
 const IDLE_FLOW_TABLE_SIZE: u64 = 2 * 1_048_576;
 /// How long lb-user may take to count the written entries.
 const COUNT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest wait for one more reconciliation pass: lb-user's longest pass
+/// interval (a large table) plus the pass itself.
+const PASS_TIMEOUT: Duration =
+    Duration::from_secs(lb_user::ingest::reconcile::MAX_PASS_INTERVAL.as_secs() * 2 + 15);
 /// Pause between two Maglev adds (lets the previous publish settle).
 const ADD_GAP: Duration = Duration::from_millis(300);
 /// VIPs of the tick part (per-VIP limit × 4 = MAX_BACKENDS).
@@ -277,6 +281,30 @@ fn flow_entries(lab: &Lab) -> Result<u64> {
         .context("no lb_flow_table_entries in lb-user's metrics")
 }
 
+/// Reconciliation passes lb-user has run (`lb_reconcile_seconds_count`).
+fn reconcile_passes(lab: &Lab) -> Result<f64> {
+    Histogram::from_samples(&scrape(lab)?, "lb_reconcile_seconds", &[])
+        .map(|h| h.count)
+        .context("no lb_reconcile_seconds in lb-user's metrics")
+}
+
+/// Waits until lb-user has run `passes` reconciliation passes in all; at
+/// most [`PASS_TIMEOUT`].
+fn wait_for_passes(lab: &Lab, passes: f64) -> Result<()> {
+    let deadline = Instant::now() + PASS_TIMEOUT;
+    loop {
+        let n = reconcile_passes(lab)?;
+        if n >= passes {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "lb-user ran {n} reconciliation passes, not {passes}, within {PASS_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Part 2: idle with a million flow entries.
 fn idle(lab: &Lab, plan: &Plan) -> Result<IdleFlows> {
     // 16 backends (4 addresses × 4 ports): enough SNAT tuples for 500,000
@@ -319,6 +347,10 @@ fn idle(lab: &Lab, plan: &Plan) -> Result<IdleFlows> {
             "bench control: wrote {written} flow entries in {:.1} s",
             started.elapsed().as_secs_f64()
         );
+        // A pass that started after the fill counts every entry; passes
+        // are spaced by their cost (up to a minute with a full table).
+        let filled = reconcile_passes(lab)?;
+        wait_for_passes(lab, filled + 2.0)?;
         let deadline = Instant::now() + COUNT_TIMEOUT;
         let counted_before = loop {
             let n = flow_entries(lab)?;
@@ -340,9 +372,17 @@ fn idle(lab: &Lab, plan: &Plan) -> Result<IdleFlows> {
             }
             std::thread::sleep(Duration::from_millis(500));
         };
-        std::thread::sleep(SETTLE);
+        // The window runs from just after one pass to just after the
+        // second one from there (and for at least `window_s`), so it
+        // holds whole pass cycles: the sweep's cost is in it exactly
+        // twice, with the idle time between.
+        let at = reconcile_passes(lab)?;
+        wait_for_passes(lab, at + 1.0)?;
         let (cpu_s, window_s) = cpu_over(lab, || {
-            std::thread::sleep(Duration::from_secs_f64(plan.window_s));
+            let start = reconcile_passes(lab)?;
+            let min_end = Instant::now() + Duration::from_secs_f64(plan.window_s);
+            wait_for_passes(lab, start + 2.0)?;
+            std::thread::sleep(min_end.saturating_duration_since(Instant::now()));
             Ok(())
         })?;
         let counted_after = flow_entries(lab)?;
