@@ -60,6 +60,8 @@ pub struct Runtime {
     pub(super) flows_evicted: u64,
     /// Entries in the flow table at the last reconciliation pass.
     pub(super) flow_entries: u64,
+    /// The pass interval the last reconciliation pass's cost set.
+    pub(super) reconcile_interval: std::time::Duration,
     pub(super) flow_table_size: u32,
     /// Overrides, zones and revisions of etcd discovery (`discovery.rs`).
     pub discovery: crate::discover::state::DiscoveryState,
@@ -107,6 +109,7 @@ impl Runtime {
             events_received: 0,
             flows_evicted: 0,
             flow_entries: 0,
+            reconcile_interval: crate::ingest::reconcile::MIN_PASS_INTERVAL,
             flow_table_size: config.flow_table_size,
             discovery: crate::discover::state::DiscoveryState::new(
                 config.discovery.max_removal_percent,
@@ -259,6 +262,7 @@ impl Runtime {
             );
         }
         self.flow_entries = scan.entries;
+        self.reconcile_interval = crate::ingest::reconcile::pass_interval(scan.cpu);
         let freed = self.fleet.free_drained(&scan.live);
         for &id in &freed {
             self.kernel.publisher.clear_backend(id)?;

@@ -49,6 +49,7 @@ impl Runtime {
                 .collect(),
             flows_evicted: self.flows_evicted,
             flow_entries: self.flow_entries,
+            reconcile_interval: self.reconcile_interval,
             flow_table_size: u64::from(self.flow_table_size),
             discovery: self.discovery_metrics(),
             control_errors: self.errors.totals(),

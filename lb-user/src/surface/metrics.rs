@@ -82,6 +82,8 @@ pub struct Snapshot {
     pub zone_vips: Vec<VipZoneMetrics>,
     pub flows_evicted: u64,
     pub flow_entries: u64,
+    /// Time until the next reconciliation pass, as the last one's cost set it.
+    pub reconcile_interval: std::time::Duration,
     pub flow_table_size: u64,
     /// etcd discovery, when a VIP uses it.
     pub discovery: Option<DiscoveryMetrics>,
@@ -664,6 +666,14 @@ fn render_map_updates(out: &mut Exposition, s: &Snapshot) {
         "Time of one reconciliation pass: the kernel sweep of the flow table and the per-backend counter reads.",
     );
     out.histogram(&[], &s.reconcile_times.histogram);
+    out.single(
+        (
+            "lb_reconcile_interval_seconds",
+            "gauge",
+            "Time between reconciliation passes: 1 s, longer when a pass costs more than 0.25% of a core at that rate (a large flow table).",
+        ),
+        s.reconcile_interval.as_secs_f64(),
+    );
     out.family(
         "lb_map_update_max_seconds",
         "gauge",
