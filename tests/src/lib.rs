@@ -7,6 +7,7 @@
 
 pub mod balance;
 pub mod binaries;
+pub mod capacity;
 pub mod control_bench;
 pub mod http;
 pub mod lab;

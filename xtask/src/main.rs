@@ -42,7 +42,8 @@ enum Task {
     Demo,
     /// Benchmarks (root): `dataplane` (ns per packet through BPF_PROG_TEST_RUN),
     /// `balance` (the lab with real servers, against HAProxy, nginx and nftables)
-    /// or `control` (lb-user's own cost against issue 10's targets).
+    /// `control` (lb-user's own cost against issue 10's targets) or `capacity`
+    /// (new connections/s to one backend through 4 SNAT addresses, issue 9).
     Bench {
         #[arg(value_enum)]
         suite: BenchSuite,
@@ -57,6 +58,7 @@ enum BenchSuite {
     Dataplane,
     Balance,
     Control,
+    Capacity,
 }
 
 impl BenchSuite {
@@ -66,6 +68,7 @@ impl BenchSuite {
             Self::Dataplane => "lb-bench-dataplane",
             Self::Balance => "lb-bench-balance",
             Self::Control => "lb-bench-control",
+            Self::Capacity => "lb-bench-capacity",
         }
     }
 }
