@@ -174,6 +174,11 @@ pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).
 pub const SWEEP_PROGRAM: &str = "lb_sweep";
+/// First byte of the frame `lb_sweep` is run with: a light pass, which
+/// skips the pair checks (each open entry's lookup of its other direction,
+/// the search for lone entries) and only expires, frees and counts. Any
+/// other first byte runs a full pass.
+pub const SWEEP_LIGHT: u8 = 1;
 /// Name of the XDP program function in the object.
 pub const XDP_PROGRAM: &str = "lb_xdp";
 

@@ -7,8 +7,8 @@ use aya_ebpf::{
     helpers::bpf_get_smp_processor_id,
 };
 use lb_common::{
-    AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_SYN_SENT, FlowEntry, FlowKey,
-    LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, reason,
+    AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_SYN_SENT,
+    FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, reason,
 };
 
 use crate::{
@@ -167,6 +167,8 @@ struct Snat {
     /// Slices (CPUs) and this CPU's slice.
     cpus: u32,
     cpu: u32,
+    /// How long a closed connection's tuple stays out of use.
+    quarantine_ns: u64,
 }
 
 impl Snat {
@@ -203,6 +205,7 @@ impl Snat {
             slice,
             cpus: cpus.get(),
             cpu,
+            quarantine_ns: cfg.snat_quarantine_ns,
         })
     }
 
@@ -272,6 +275,25 @@ fn claim_snat_tuple(
     // SAFETY: this CPU's own copy of a per-CPU map value (XDP runs with
     // preemption off, so nothing else touches it meanwhile).
     let start = unsafe { *cursor };
+    // The tuple at the cursor is the one this CPU handed out longest ago:
+    // if it sits out a quarantine that is over (the sweep, whose passes
+    // can be a minute apart on a large table, has not freed it yet), free
+    // it now, so no tuple is held longer than its quarantine. Only there:
+    // one lookup per new flow at most. (Its own block, so its key's stack
+    // slot is reused by the loop's: the frame is at the 512-byte limit.)
+    {
+        let (slot, port) = snat.tuple(start);
+        let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
+        let reverse = key(
+            pkt.family,
+            pkt.proto,
+            backend.addr,
+            addr.addr,
+            backend.port,
+            port,
+        );
+        free_after_quarantine(&reverse, backend.id, snat.quarantine_ns, entry.created_ns);
+    }
     for i in 0..u64::from(SNAT_PORT_TRIES) {
         let step = start.wrapping_add(i);
         let (slot, port) = snat.tuple(step);
@@ -301,6 +323,30 @@ fn claim_snat_tuple(
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(u64::from(SNAT_PORT_TRIES)) };
     Err(reason::DROP_SNAT_EXHAUSTED)
+}
+
+/// Frees the SNAT tuple held by the reply entry at `reverse` if that entry
+/// is closed and its quarantine is over at `now`.
+/// The sweep does the same when it gets there, and whichever removes the
+/// entry first counts the tuple freed. The connection's forward entry was
+/// closed before the reply entry was stamped and leaves `closed_linger_ns`
+/// after the close, long before the quarantine ends; the sweep removes it
+/// as usual. (Nothing is copied out of the entry: the new-flow frame is at
+/// the 512-byte stack limit.)
+#[inline(always)]
+fn free_after_quarantine(reverse: &FlowKey, backend_id: u32, quarantine_ns: u64, now: u64) {
+    let Some(held) = FLOWS.get_ptr(reverse) else {
+        return;
+    };
+    // SAFETY: live map value; a racing close only makes this read stale,
+    // and a stale "not closed" just leaves the tuple alone.
+    let expired = unsafe {
+        core::ptr::read_volatile(&raw const (*held).flags) & FLOW_F_CLOSED != 0
+            && now.saturating_sub((*held).last_seen_ns) > quarantine_ns
+    };
+    if expired && FLOWS.remove(reverse).is_ok() {
+        snat_used(backend_id, u64::MAX);
+    }
 }
 
 /// Adds `delta` (wrapping: `u64::MAX` is −1) to the backend's count of

@@ -20,6 +20,12 @@
 //!   another connection (a new SYN on the same client tuple): an orphan,
 //!   stamped closed now, so its tuple is freed after a quarantine.
 //!
+//! A light pass (the frame's first byte is `SWEEP_LIGHT`) skips the pair
+//! checks: an open entry's other direction is looked up only to close the
+//! flow, so lone entries are found by full passes only. The lookups are
+//! most of a pass's cost on a large table; the control plane runs a full
+//! pass every few (see lb-user's `ingest::reconcile`).
+//!
 //! Both entries of a connection therefore leave together or the reply
 //! entry outlives its forward entry only as a stamped quarantine holder.
 //! Deleting the element the walk stands on is allowed: the hash walk holds
@@ -39,7 +45,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
-    IPPROTO_TCP, IPPROTO_UDP, SweepStats,
+    IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
 };
 
 use crate::{
@@ -53,6 +59,9 @@ use crate::{
 /// The walk's inputs and tallies, shared with the callback.
 #[repr(C)]
 struct Walk {
+    /// Whether open entries are checked against their other direction
+    /// (a full pass); a light pass looks it up only to close a flow.
+    check_pairs: bool,
     now: u64,
     tcp_idle_ns: u64,
     udp_idle_ns: u64,
@@ -63,7 +72,10 @@ struct Walk {
 }
 
 #[xdp]
-pub fn lb_sweep(_ctx: XdpContext) -> u32 {
+pub fn lb_sweep(ctx: XdpContext) -> u32 {
+    // The frame's first byte says which pass (`SWEEP_LIGHT`); bounds
+    // checked, and a frame too short for it asks for a full pass.
+    let light = first_byte(&ctx) == Some(SWEEP_LIGHT);
     let Some(cfg) = CONFIG.get(0) else {
         return xdp_action::XDP_ABORTED;
     };
@@ -71,6 +83,7 @@ pub fn lb_sweep(_ctx: XdpContext) -> u32 {
         return xdp_action::XDP_ABORTED;
     };
     let mut walk = Walk {
+        check_pairs: !light,
         now: now(),
         tcp_idle_ns: cfg.tcp_idle_ns,
         udp_idle_ns: cfg.udp_idle_ns,
@@ -98,6 +111,14 @@ pub fn lb_sweep(_ctx: XdpContext) -> u32 {
     // SAFETY: as above.
     unsafe { *stats = walk.stats };
     xdp_action::XDP_PASS
+}
+
+/// The frame's first byte, if it has eight (the control plane's frames
+/// have 64). Read as a word: with a one-byte check LLVM emits
+/// `start >= end`, a form the verifier does not follow.
+#[inline(always)]
+fn first_byte(ctx: &XdpContext) -> Option<u8> {
+    crate::packet::load::<[u8; 8]>(ctx, 0).map(|word| word[0])
 }
 
 /// One entry of the walk; returns 0 to go on.
@@ -131,7 +152,7 @@ extern "C" fn visit(
                     walk.stats.snat_freed += 1;
                 }
             }
-        } else if !forward_points_back(&key, entry) {
+        } else if walk.check_pairs && !forward_points_back(&key, entry) {
             stamp_closed(Some(entry), walk.now);
             walk.stats.orphans += 1;
         }
@@ -143,28 +164,33 @@ extern "C" fn visit(
         }
         return 0;
     }
+    let flags = Flags::of(entry).get();
+    let syn_expired = key.proto == IPPROTO_TCP
+        && flags & FLOW_F_SYNACK_SEEN == 0
+        && walk.now.saturating_sub(created) > walk.syn_timeout_ns;
+    let idle_expired = age
+        > if key.proto == IPPROTO_UDP {
+            walk.udp_idle_ns
+        } else {
+            walk.tcp_idle_ns
+        };
+    // A live flow in a light pass: no lookup (most of a pass's cost on a
+    // large table is these lookups).
+    if !walk.check_pairs && !syn_expired && !idle_expired {
+        return 0;
+    }
     let reply_key = Translation::of(entry).opposite_key_of(&key);
     let reply = FLOWS.get_ptr_mut(&reply_key);
-    let flags = Flags::of(entry).get();
     // (event kind, close reason); kind 0: none. Plain integers rather than
     // an `Option` of a tuple: LLVM copied the `None` case's undefined
     // payload register, a read the verifier rejects (`R5 !read_ok`).
     let (kind, close_reason) = if reply.is_none() {
         walk.stats.orphans += 1;
         (0, 0)
-    } else if key.proto == IPPROTO_TCP
-        && flags & FLOW_F_SYNACK_SEEN == 0
-        && walk.now.saturating_sub(created) > walk.syn_timeout_ns
-    {
+    } else if syn_expired {
         walk.stats.expired_syn += 1;
         (EVENT_REFUSED, 0)
-    } else if age
-        > if key.proto == IPPROTO_UDP {
-            walk.udp_idle_ns
-        } else {
-            walk.tcp_idle_ns
-        }
-    {
+    } else if idle_expired {
         walk.stats.expired_idle += 1;
         // Counted closed; no event (nothing to react to).
         (0, 0)

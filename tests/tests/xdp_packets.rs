@@ -303,7 +303,8 @@ fn case_sweep_expires_idle_and_unanswered(lb: &mut Lb) {
     lb.events();
     assert_eq!(lb.snat_used(0), 2);
     lb.timeouts(Timeouts::ZERO);
-    let stats = lb.sweep();
+    // A light pass (no pair checks) expires flows like a full one.
+    let stats = lb.sweep_light();
     assert_eq!((stats.expired_syn, stats.expired_idle), (1, 1));
     // The unanswered SYN is a failure the control plane reacts to; the
     // idle flow is only counted.
@@ -339,6 +340,11 @@ fn case_sweep_frees_orphans(lb: &mut Lb) {
         (SNAT, port_b),
     ));
     lb.events();
+    // A light pass does not look for lone entries: both stay.
+    let stats = lb.sweep_light();
+    assert_eq!(stats.orphans, 0);
+    assert_eq!(lb.flow_count(), 2);
+    assert_eq!(lb.conns(0).closed, 0);
     let stats = lb.sweep();
     assert_eq!(stats.orphans, 2);
     let lone = reply_entry(lb, port_a).expect("the lone reply holds its tuple in quarantine");
@@ -854,6 +860,52 @@ fn case_snat_exhausted(lb: &mut Lb) {
     assert_eq!(lb.conns(0).opened, 1);
 }
 
+fn case_snat_tuple_past_quarantine_is_taken_without_a_sweep(lb: &mut Lb) {
+    // One tuple. A closed connection holds it in quarantine: a new SYN is
+    // refused while the quarantine lasts, and takes the tuple as soon as it
+    // is over, with no sweep in between (passes can be a minute apart).
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
+    lb.syn(CLIENT_PORT);
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    let next = Pkt::tcp((CLIENT, CLIENT_PORT + 1), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&next.build()).0, XDP_DROP);
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    assert_eq!(lb.snat_used(0), 1);
+    lb.timeouts(Timeouts {
+        snat_quarantine_ns: 0,
+        ..Timeouts::default()
+    });
+    lb.syn(CLIENT_PORT + 1);
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 1).1, SNAT_PORT_MIN);
+    let reply = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
+    assert_eq!(
+        reply.flags & FLOW_F_CLOSED,
+        0,
+        "the new connection holds the tuple"
+    );
+    assert_eq!(
+        lb.snat_used(0),
+        1,
+        "the old hold freed, the new one counted"
+    );
+    assert_eq!(
+        lb.conns(0),
+        BackendConns {
+            opened: 2,
+            closed: 1
+        }
+    );
+    // The sweep finds nothing of the old connection's tuple left to free,
+    // and the new connection intact.
+    let stats = lb.sweep();
+    assert_eq!((stats.snat_freed, stats.orphans), (0, 0));
+    assert_eq!(lb.snat_used(0), 1);
+    let answer = from_backend(0, SNAT_PORT_MIN, TCP_SYN | TCP_ACK);
+    let to_new_client = answer.rewritten((VIP, HTTP), (CLIENT, CLIENT_PORT + 1), CLIENT_MAC);
+    lb.expect(&answer, XDP_TX, &to_new_client);
+}
+
 /// The SNAT address of the forward entry of the connection from `client_port`.
 fn snat_tuple_of(lb: &Lb, client_port: u16) -> (std::net::IpAddr, u16) {
     let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, client_port);
@@ -995,6 +1047,10 @@ const CASES: &[Case] = &[
     ),
     ("round-robin even", case_round_robin_even),
     ("snat exhausted", case_snat_exhausted),
+    (
+        "snat tuple past quarantine is taken without a sweep",
+        case_snat_tuple_past_quarantine_is_taken_without_a_sweep,
+    ),
     ("snat pool addresses", case_snat_pool_addresses),
     ("snat cpu slices", case_snat_cpu_slices),
     ("config not ready", case_config_not_ready),

@@ -46,6 +46,12 @@ use crate::kernel::{
 pub const MIN_PASS_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest time between two passes, however large the table.
 pub const MAX_PASS_INTERVAL: Duration = Duration::from_secs(60);
+/// Every this many passes one is full (checks each open entry against its
+/// other direction, finding lone entries); the others are light (look an
+/// entry's other direction up only to close it), about a third of the
+/// cost on a large table. The first pass of a process is full.
+pub const FULL_PASS_EVERY: u64 = 10;
+
 /// The share of one core the passes may use on average.
 pub const SWEEP_CPU_SHARE: f64 = 0.0025;
 
@@ -119,6 +125,8 @@ pub struct Reconciler {
     backend_count: Arc<AtomicUsize>,
     /// Orphans counted by the previous pass (the kernel's count is cumulative).
     orphans_seen: Option<u64>,
+    /// Passes this process has run.
+    passes: u64,
 }
 
 impl Reconciler {
@@ -132,6 +140,7 @@ impl Reconciler {
             snat_used: maps::snat_used(pin_dir)?,
             backend_count,
             orphans_seen: None,
+            passes: 0,
         })
     }
 
@@ -139,7 +148,9 @@ impl Reconciler {
     pub fn pass(&mut self) -> anyhow::Result<Scan> {
         let started = std::time::Instant::now();
         let cpu_before = thread_cpu_time();
-        let sweep = self.sweeper.run()?;
+        let light = !self.passes.is_multiple_of(FULL_PASS_EVERY);
+        self.passes += 1;
+        let sweep = self.sweeper.run(light)?;
         let backend_count = self.backend_count.load(Ordering::Relaxed);
         let conns = read_all(&self.conns, backend_count).context("reading BACKEND_CONNS")?;
         let used = read_all(&self.snat_used, backend_count).context("reading BACKEND_SNAT_USED")?;

@@ -11,15 +11,22 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{TestRun, TestRunOptions, Xdp},
 };
-use lb_common::{ALL_MAPS, SWEEP_PROGRAM, SweepStats};
+use lb_common::{ALL_MAPS, SWEEP_LIGHT, SWEEP_PROGRAM, SweepStats};
 
 use crate::kernel::{
     maps::{self, SweepStatsMap},
     object::EBPF_OBJECT,
 };
 
-/// A frame long enough for an XDP test run (the program ignores it).
-const DUMMY_FRAME: [u8; 64] = [0; 64];
+/// The frame of a full pass (an XDP test run needs one; its first byte
+/// says which pass).
+const FULL_PASS: [u8; 64] = [0; 64];
+/// The frame of a light pass (no pair checks; see lb-ebpf's `sweep.rs`).
+const LIGHT_PASS: [u8; 64] = {
+    let mut frame = [0; 64];
+    frame[0] = SWEEP_LIGHT;
+    frame
+};
 /// `lb_sweep`'s return value when it ran (XDP_PASS).
 const SWEEP_RAN: u32 = 2;
 
@@ -53,8 +60,9 @@ impl Sweeper {
         })
     }
 
-    /// Runs one sweep; returns the kernel's sweep counters after it.
-    pub fn run(&mut self) -> anyhow::Result<SweepStats> {
+    /// Runs one sweep, `light` (without the pair checks) or full; returns
+    /// the kernel's sweep counters after it.
+    pub fn run(&mut self, light: bool) -> anyhow::Result<SweepStats> {
         let program: &Xdp = self
             .ebpf
             .program(SWEEP_PROGRAM)
@@ -62,7 +70,7 @@ impl Sweeper {
             .try_into()
             .context("lb_sweep is not an XDP program")?;
         let mut opts = TestRunOptions::new();
-        opts.data_in = Some(&DUMMY_FRAME);
+        opts.data_in = Some(if light { &LIGHT_PASS } else { &FULL_PASS });
         let result = program
             .test_run(opts)
             .map_err(|e| anyhow!("running {SWEEP_PROGRAM}: {e}"))?;

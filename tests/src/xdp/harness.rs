@@ -337,8 +337,18 @@ impl Lb {
     }
 
     /// Runs one kernel sweep (`lb_sweep`) and returns its counters.
+    /// One full pass of the kernel sweep.
     pub fn sweep(&self) -> SweepStats {
         let (action, _, _) = self.run_program(lb_common::SWEEP_PROGRAM, &[0u8; 64], 1);
+        assert_eq!(action, XDP_PASS, "lb_sweep ran");
+        self.sweep_stats()
+    }
+
+    /// One light pass of the kernel sweep (no pair checks).
+    pub fn sweep_light(&self) -> SweepStats {
+        let mut frame = [0u8; 64];
+        frame[0] = lb_common::SWEEP_LIGHT;
+        let (action, _, _) = self.run_program(lb_common::SWEEP_PROGRAM, &frame, 1);
         assert_eq!(action, XDP_PASS, "lb_sweep ran");
         self.sweep_stats()
     }
