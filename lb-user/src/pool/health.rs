@@ -144,11 +144,6 @@ impl HealthChecker {
             task.avoided.store(avoided(id), Ordering::Relaxed);
         }
     }
-
-    /// The checks running, with their backend ids.
-    pub fn checked(&self) -> impl Iterator<Item = (u32, &HealthCheck)> + '_ {
-        self.tasks.iter().map(|(&id, task)| (id, &task.check))
-    }
 }
 
 impl Drop for HealthChecker {
