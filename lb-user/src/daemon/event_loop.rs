@@ -311,6 +311,8 @@ mod tests {
             backend: 0,
             addr: "10.0.0.21:80".parse().unwrap(),
             passed: true,
+            purpose: crate::pool::health::Purpose::Health,
+            latency: None,
         });
         let (tx, mut rx) = oneshot::channel();
         let request = Request {
@@ -352,6 +354,8 @@ mod tests {
             backend: 0,
             addr: "10.0.0.21:80".parse().unwrap(),
             passed: false,
+            purpose: crate::pool::health::Purpose::Health,
+            latency: None,
         });
         event_loop.handlers.failing = false;
         event_loop.on_tick();

@@ -26,7 +26,7 @@ use super::{
 use crate::{
     estimate::{
         backend_load::{BackendLoad, LoadTable},
-        latency::LatencySample,
+        latency::{LatencySample, ProbeOutcome},
     },
     ingest::{events::Event, reconcile::Scan},
     kernel::clock::Nanos,
@@ -34,7 +34,7 @@ use crate::{
     pool::zones::ZonePlan,
     pool::{
         fleet::Fleet,
-        health::{CheckResult, HealthChecker},
+        health::{CheckResult, HealthChecker, Purpose},
         plan::Plan,
     },
     publish::{tables::median_cost, writers::UpdateTimes},
@@ -53,6 +53,8 @@ pub struct Runtime {
     pub(super) checker: HealthChecker,
     /// Passed and failed health checks per backend id.
     pub(super) checks: HashMap<u32, (u64, u64)>,
+    /// Latency probes (timed checks) by what they did to the estimate.
+    pub(super) probes: ProbeCounts,
     /// Shared with the reconciler: the length of the id space.
     pub id_limit: Arc<AtomicUsize>,
     pub(super) events_received: u64,
@@ -105,6 +107,7 @@ impl Runtime {
             kernel,
             checker: HealthChecker::new(check_results, on_panic),
             checks: HashMap::new(),
+            probes: ProbeCounts::default(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
             events_received: 0,
             flows_evicted: 0,
@@ -169,10 +172,16 @@ impl Runtime {
         Ok(())
     }
 
-    /// Applies a check result; a backend whose health flips leaves (or
-    /// rejoins) the kernel's slots at once.
+    /// Applies a check result: its timing to the latency estimate of an
+    /// avoided backend, then (a regular check, not an extra latency probe)
+    /// its outcome to rise and fall; a backend whose health flips leaves
+    /// (or rejoins) the kernel's slots at once.
     pub fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()> {
         if self.fleet.member(result.backend).map(|m| m.addr) != Some(result.addr) {
+            return Ok(());
+        }
+        self.take_probe(&result, now);
+        if result.purpose == Purpose::LatencyProbe {
             return Ok(());
         }
         let counts = self.checks.entry(result.backend).or_default();
@@ -187,6 +196,45 @@ impl Runtime {
         Ok(())
     }
 
+    /// A check's timing, for the estimate of a backend users have not
+    /// sampled within its VIP's latency probe interval (the rule is in
+    /// [`crate::estimate::latency`]); nothing when probes are off.
+    fn take_probe(&mut self, result: &CheckResult, now: Nanos) {
+        let (Some(sample), Some(idle)) = (result.latency, self.fleet.latency_probe(result.backend))
+        else {
+            return;
+        };
+        let Some(outcome) = self.loads.observe_probe(result.backend, sample, now, idle) else {
+            return;
+        };
+        match outcome {
+            ProbeOutcome::Applied => {
+                self.probes.applied += 1;
+                debug!(backend = result.backend, ?sample, "latency probe applied");
+            }
+            ProbeOutcome::Busy => self.probes.busy += 1,
+            ProbeOutcome::Unchanged => self.probes.unchanged += 1,
+        }
+    }
+
+    /// Tells the health checker which backends users avoid (see
+    /// [`LoadTable::avoided`]): their HTTP checks run every latency probe
+    /// interval.
+    fn mark_avoided(&self, now: Nanos) {
+        let probed: Vec<_> = self
+            .fleet
+            .members
+            .iter()
+            .enumerate()
+            .filter_map(|(id, m)| {
+                let idle = self.fleet.latency_probe(id as u32)?;
+                Some((id as u32, m.as_ref()?.vip, idle))
+            })
+            .collect();
+        let avoided = self.loads.avoided(&probed, now);
+        self.checker.set_avoided(|id| avoided.contains(&id));
+    }
+
     /// Advances lifecycles, writes scores with effective weights, then
     /// publishes every VIP's selection (scores first, so a backend that
     /// becomes selectable already has one).
@@ -199,6 +247,7 @@ impl Runtime {
 
     fn tick(&mut self, now: Nanos) -> anyhow::Result<()> {
         self.take_latency(now)?;
+        self.mark_avoided(now);
         let loads = &self.loads;
         self.fleet.tick(now, |id| loads.ewma_ns(id, now));
         let mut selections: Vec<_> = (0..self.fleet.vips.len())
@@ -351,6 +400,17 @@ impl Runtime {
         );
         self.on_tick(now)
     }
+}
+
+/// Latency probes by outcome (see [`ProbeOutcome`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeCounts {
+    /// Taken into an avoided backend's peak memory.
+    pub applied: u64,
+    /// Ignored: users had sampled the backend within the probe interval.
+    pub busy: u64,
+    /// A lower bound (connect time, timeout) at or below the estimate.
+    pub unchanged: u64,
 }
 
 /// Each zone block's share and reference cost (the median cost of its

@@ -30,6 +30,11 @@ impl Runtime {
             reasons,
             events_lost,
             events_received: self.events_received,
+            latency_probes: vec![
+                ("applied", self.probes.applied),
+                ("busy", self.probes.busy),
+                ("unchanged", self.probes.unchanged),
+            ],
             publish_times: self.kernel.publisher.times.clone(),
             score_times: self.kernel.publisher.scores.times.clone(),
             tick_times: self.tick_times.clone(),

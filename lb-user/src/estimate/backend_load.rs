@@ -11,7 +11,9 @@ use std::time::Duration;
 use lb_common::{BackendScore, WEIGHT_SCALE};
 
 use crate::{
-    estimate::latency::{EstimateParams, LatencyEstimate, LatencySample},
+    estimate::latency::{
+        EstimateParams, LatencyEstimate, LatencySample, ProbeOutcome, ProbeSample,
+    },
     ingest::events::{CloseReason, Event},
     kernel::clock::Nanos,
     settings::addr::Weight,
@@ -133,6 +135,47 @@ impl LoadTable {
         }
     }
 
+    /// Feeds backend `id` a latency probe's measurement; it counts only
+    /// if users have not sampled the backend within `idle` (see
+    /// [`LatencyEstimate::observe_probe`]). `None` for an unknown id.
+    pub fn observe_probe(
+        &mut self,
+        id: u32,
+        probe: ProbeSample,
+        now: Nanos,
+        idle: Duration,
+    ) -> Option<ProbeOutcome> {
+        let load = self.loads.get_mut(id as usize)?;
+        Some(load.latency.observe_probe(probe, now, idle))
+    }
+
+    /// Whether users sampled backend `id` less than `idle` ago.
+    pub fn sampled_within(&self, id: u32, now: Nanos, idle: Duration) -> bool {
+        self.loads
+            .get(id as usize)
+            .and_then(|l| l.latency.last_sample())
+            .is_some_and(|t| now.since(t) < idle)
+    }
+
+    /// The backends users avoid, of `probed`: `(id, VIP index, latency
+    /// probe interval)` of every backend whose check probes. Avoided: no
+    /// user sample within its probe interval, in a VIP where another
+    /// backend had one (an idle VIP needs no extra probes).
+    pub fn avoided(&self, probed: &[(u32, usize, Duration)], now: Nanos) -> Vec<u32> {
+        let in_use: std::collections::HashSet<usize> = probed
+            .iter()
+            .filter(|&&(id, _, idle)| self.sampled_within(id, now, idle))
+            .map(|&(_, vip, _)| vip)
+            .collect();
+        probed
+            .iter()
+            .filter(|&&(id, vip, idle)| {
+                in_use.contains(&vip) && !self.sampled_within(id, now, idle)
+            })
+            .map(|&(id, _, _)| id)
+            .collect()
+    }
+
     /// Sets the effective weight (in [`WEIGHT_UNITS`]) of backend `id`,
     /// growing the table for a backend added at runtime.
     pub fn set_weight(&mut self, id: u32, weight_units: u32, template: &BackendLoad) {
@@ -187,7 +230,10 @@ impl LoadTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::clock::{Clock, ManualClock};
+    use crate::{
+        estimate::latency::ProbeSample,
+        kernel::clock::{Clock, ManualClock},
+    };
 
     const PARAMS: EstimateParams = EstimateParams {
         cold_start: Duration::from_millis(1),
@@ -227,6 +273,95 @@ mod tests {
         assert_eq!(scores[1].1.cost, 2_000_000);
         assert_eq!(scores[1].1.weight, 200);
         assert_eq!(scores[1].1.updated_ns, 5);
+    }
+
+    const PROBE_EVERY: Duration = Duration::from_millis(250);
+    const TICK: Duration = Duration::from_millis(50);
+
+    fn ms(v: u64) -> LatencySample {
+        LatencySample::single(Duration::from_millis(v))
+    }
+
+    #[test]
+    fn avoided_means_unsampled_within_the_probe_interval_while_the_vip_is_in_use() {
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[weight(1); 5], PARAMS, clock.now());
+        // VIP 0: backends 0, 1, 2; VIP 1: backends 3, 4.
+        let probed: Vec<_> = [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1)]
+            .map(|(id, vip)| (id, vip, PROBE_EVERY))
+            .to_vec();
+        // Nothing in use: no extra probes anywhere.
+        assert!(table.avoided(&probed, clock.now()).is_empty());
+        clock.advance(TICK);
+        table.observe(0, ms(6), 3, clock.now());
+        table.observe(1, ms(6), 3, clock.now());
+        assert_eq!(table.avoided(&probed, clock.now()), [2]);
+        // Sampled a moment ago: not avoided; a probe interval later: avoided.
+        table.observe(2, ms(6), 1, clock.now());
+        assert!(table.avoided(&probed, clock.now()).is_empty());
+        clock.advance(PROBE_EVERY);
+        table.observe(0, ms(6), 3, clock.now());
+        assert_eq!(table.avoided(&probed, clock.now()), [1, 2]);
+    }
+
+    /// Backend 2 of three answers one 40 ms response among 6 ms ones;
+    /// users then send it requests only while its estimate is within a
+    /// 3× re-draw bound over the median (as P2C's bound does), and with
+    /// `probes`, an avoided backend gets a 6 ms probe every probe
+    /// interval. Returns when it got user samples again, after the spike.
+    fn back_in_the_draws_after(probes: bool) -> Option<Duration> {
+        let clock = ManualClock::starting_at(0);
+        let params = EstimateParams {
+            peak_tau: Duration::from_secs(10),
+            ..PARAMS
+        };
+        let mut table = LoadTable::new(&[weight(1); 3], params, clock.now());
+        let probed: Vec<_> = (0..3).map(|id| (id, 0, PROBE_EVERY)).collect();
+        for _ in 0..100 {
+            clock.advance(TICK);
+            for id in 0..3 {
+                table.observe(id, ms(6), 5, clock.now());
+            }
+        }
+        clock.advance(TICK);
+        let spike = clock.now();
+        let peak = LatencySample {
+            mean: Duration::from_millis(8),
+            peak: Duration::from_millis(40),
+        };
+        table.observe(2, peak, 5, clock.now());
+        let mut next_probe = Nanos(clock.now().0 + PROBE_EVERY.as_nanos() as u64);
+        for _ in 0..200 {
+            clock.advance(TICK);
+            let now = clock.now();
+            let median = table.ewma_ns(1, now) as f64;
+            if table.ewma_ns(2, now) as f64 <= 3.0 * median {
+                return Some(now.since(spike));
+            }
+            table.observe(0, ms(6), 5, now);
+            table.observe(1, ms(6), 5, now);
+            if probes && now >= next_probe {
+                for id in table.avoided(&probed, now) {
+                    let probe = ProbeSample::Response(Duration::from_millis(6));
+                    table.observe_probe(id, probe, now, PROBE_EVERY);
+                }
+                next_probe = Nanos(now.0 + PROBE_EVERY.as_nanos() as u64);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn an_avoided_backend_with_fast_probes_is_back_within_half_a_second() {
+        let with = back_in_the_draws_after(true).expect("never back with probes");
+        assert!(with <= Duration::from_millis(600), "{with:?}");
+        // Without probes the 10 s peak memory keeps it out for seconds
+        // (τ·ln(40 ÷ 18) ≈ 8 s).
+        let without = back_in_the_draws_after(false);
+        assert!(
+            without.is_none_or(|t| t > Duration::from_secs(5)),
+            "{without:?}"
+        );
     }
 
     #[test]

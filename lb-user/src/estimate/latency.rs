@@ -20,6 +20,27 @@
 //! This is the "short-memory estimate next to the long one" of issue 13;
 //! the kernel's stall age covers the first milliseconds of a pause before
 //! any sample exists.
+//!
+//! **Latency probes** (issue 13's out-of-band probes): a backend whose
+//! estimate is far above its pool is avoided, so it gets no requests and
+//! no samples, and with a long peak memory only time brings it back. An
+//! active health check's timing fixes that without spending a user
+//! request ([`LatencyEstimate::observe_probe`]). The rule:
+//! * a probe counts only for a backend *avoided* for at least `idle` (no
+//!   user response that long, `--latency-probe-interval`): a backend that
+//!   users measure keeps exactly the estimate their samples give;
+//! * it then stands for a tick whose peak is the probe's latency: it
+//!   *replaces* the peak memory, downwards as well as upwards. The stored
+//!   peak is a memory of responses older than `idle` that nothing can
+//!   refute any more; the probe is the one fresh measurement. (Blending it
+//!   in like a user peak, with `w = exp(-Δt/τ)`, would not pull a 10 s
+//!   peak memory down at all: that is no faster than the idle drift);
+//! * it never touches the long memory of user means: a persistently slow
+//!   backend stays avoided by it whatever one probe says, and probes never
+//!   dilute what users measured;
+//! * a probe that only proves the backend's kernel answers (a TCP
+//!   connect) or that timed out can raise the estimate, never lower it; a
+//!   failed probe gives no sample at all.
 
 use std::time::Duration;
 
@@ -46,10 +67,33 @@ impl LatencySample {
     }
 }
 
+/// One probe's measurement (see the module's rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeSample {
+    /// Request sent to first response byte: what a user sample measures.
+    Response(Duration),
+    /// A lower bound only: a TCP connect time (answered by the backend's
+    /// kernel, not the server), or the timeout of a probe with no answer.
+    AtLeast(Duration),
+}
+
+/// What [`LatencyEstimate::observe_probe`] did with a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Users sampled the backend within `idle`: their samples rule.
+    Busy,
+    /// The peak memory now holds the probe.
+    Applied,
+    /// A lower bound at or below the estimate: nothing to learn.
+    Unchanged,
+}
+
 #[derive(Clone, Debug)]
 pub struct LatencyEstimate {
     recent: PeakEwma,
     sustained: Ewma,
+    /// When the last user sample arrived (probes do not count).
+    last_user: Option<Nanos>,
 }
 
 impl LatencyEstimate {
@@ -63,17 +107,45 @@ impl LatencyEstimate {
         Self {
             recent: PeakEwma::new(cold_start, peak_tau.min(tau), now),
             sustained: Ewma::new(cold_start, tau, now),
+            last_user: None,
         }
     }
 
+    /// One tick's user samples.
     pub fn observe(&mut self, sample: LatencySample, now: Nanos) {
         self.recent.observe(sample.peak, now);
         self.sustained.blend(sample.mean, now);
+        self.last_user = Some(self.last_user.map_or(now, |t| t.max(now)));
     }
 
-    /// When the last sample arrived, if ever.
+    /// An out-of-band probe's measurement, taken at `now`; it counts only
+    /// if no user sample arrived within `idle` (see the module's rule).
+    pub fn observe_probe(
+        &mut self,
+        probe: ProbeSample,
+        now: Nanos,
+        idle: Duration,
+    ) -> ProbeOutcome {
+        if self.last_user.is_some_and(|t| now.since(t) < idle) {
+            return ProbeOutcome::Busy;
+        }
+        match probe {
+            ProbeSample::Response(latency) => {
+                self.recent.reset(latency, now);
+                ProbeOutcome::Applied
+            }
+            ProbeSample::AtLeast(bound) if bound.as_nanos() as f64 > self.estimate_ns(now) => {
+                self.recent.reset(bound, now);
+                ProbeOutcome::Applied
+            }
+            ProbeSample::AtLeast(_) => ProbeOutcome::Unchanged,
+        }
+    }
+
+    /// When the last user sample arrived, if ever (probes do not count:
+    /// this says whether users measured the backend lately).
     pub fn last_sample(&self) -> Option<Nanos> {
-        self.recent.last_sample()
+        self.last_user
     }
 
     /// The estimate at `now`: the larger of the two, each with its idle
@@ -170,6 +242,134 @@ mod tests {
         feed(&mut e, &clock, ms(6), 10.0);
         let after = e.estimate_ns(clock.now()) / MS;
         assert!(after < 20.0, "{after}");
+    }
+
+    /// The default: one memory τ for peaks and means.
+    const DEFAULT_PARAMS: EstimateParams = EstimateParams {
+        cold_start: COLD,
+        tau: TAU,
+        peak_tau: TAU,
+    };
+    const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+    /// 5 s of 6 ms ticks, then one tick with a 40 ms response.
+    fn spiked(params: EstimateParams) -> (ManualClock, LatencyEstimate) {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(params, clock.now());
+        feed(&mut e, &clock, ms(6), 5.0);
+        clock.advance(TICK);
+        e.observe(
+            LatencySample {
+                mean: Duration::from_millis(7),
+                peak: Duration::from_millis(40),
+            },
+            clock.now(),
+        );
+        (clock, e)
+    }
+
+    fn probe_ms(v: u64) -> ProbeSample {
+        ProbeSample::Response(Duration::from_millis(v))
+    }
+
+    #[test]
+    fn a_fast_probe_brings_an_avoided_backend_back_below_the_redraw_bound() {
+        let (clock, mut e) = spiked(DEFAULT_PARAMS);
+        let mut without = e.clone();
+        // Avoided: no user samples. The first probe counts once the backend
+        // went a probe interval without any.
+        clock.advance(PROBE_EVERY);
+        assert_eq!(
+            e.observe_probe(probe_ms(6), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Applied
+        );
+        let after = e.estimate_ns(clock.now()) / MS;
+        // Within a 3× re-draw bound over 6 ms peers, at the first probe.
+        assert!(after < 18.0, "{after}");
+        assert!(after >= 6.0, "{after}: the probe, not cold start");
+        // Without probes the 10 s peak memory holds it out for seconds.
+        clock.advance(Duration::from_secs(3));
+        without.observe(ms(6), clock.now());
+        let without_after = without.estimate_ns(clock.now()) / MS;
+        assert!(without_after > 18.0, "{without_after}");
+    }
+
+    #[test]
+    fn a_probe_of_a_backend_users_still_sample_changes_nothing() {
+        let clock = ManualClock::starting_at(0);
+        let mut busy = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        let mut twin = busy.clone();
+        // 5 s of 20 ms user ticks; a 1 ms probe every 250 ms in between.
+        for tick in 1..=100u32 {
+            clock.advance(TICK);
+            busy.observe(ms(20), clock.now());
+            twin.observe(ms(20), clock.now());
+            if tick % 5 == 0 {
+                clock.advance(Duration::from_millis(1));
+                assert_eq!(
+                    busy.observe_probe(probe_ms(1), clock.now(), PROBE_EVERY),
+                    ProbeOutcome::Busy
+                );
+            }
+            assert_eq!(busy.estimate_ns(clock.now()), twin.estimate_ns(clock.now()));
+        }
+        // A probe never counts as a user sample.
+        assert_eq!(busy.last_sample(), twin.last_sample());
+    }
+
+    #[test]
+    fn a_probe_counts_only_after_a_whole_probe_interval_without_users() {
+        let (clock, mut e) = spiked(DEFAULT_PARAMS);
+        let before = e.clone();
+        clock.advance(PROBE_EVERY - Duration::from_millis(1));
+        assert_eq!(
+            e.observe_probe(probe_ms(6), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Busy
+        );
+        assert_eq!(e.estimate_ns(clock.now()), before.estimate_ns(clock.now()));
+    }
+
+    #[test]
+    fn a_failed_connect_only_or_timed_out_probe_never_lowers_the_estimate() {
+        let (clock, mut e) = spiked(DEFAULT_PARAMS);
+        clock.advance(Duration::from_secs(1));
+        let before = e.estimate_ns(clock.now());
+        // A connect time (answered by the backend's kernel, not the server).
+        assert_eq!(
+            e.observe_probe(
+                ProbeSample::AtLeast(Duration::from_micros(100)),
+                clock.now(),
+                PROBE_EVERY
+            ),
+            ProbeOutcome::Unchanged
+        );
+        assert_eq!(e.estimate_ns(clock.now()), before);
+        // A timeout is a latency of at least the timeout: it raises.
+        assert_eq!(
+            e.observe_probe(
+                ProbeSample::AtLeast(Duration::from_millis(500)),
+                clock.now(),
+                PROBE_EVERY
+            ),
+            ProbeOutcome::Applied
+        );
+        assert!(e.estimate_ns(clock.now()) >= 500.0 * MS);
+        // A failed check gives no sample at all (see `pool::health`), so
+        // the estimate just goes on drifting as if nothing happened.
+    }
+
+    #[test]
+    fn a_slow_probe_keeps_a_slow_backend_out_and_the_long_memory_keeps_users_means() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        feed(&mut e, &clock, ms(100), 10.0);
+        clock.advance(PROBE_EVERY);
+        e.observe_probe(probe_ms(100), clock.now(), PROBE_EVERY);
+        assert!(e.estimate_ns(clock.now()) / MS > 90.0);
+        // Even a fast probe leaves the long memory of 10 s of 100 ms means.
+        clock.advance(PROBE_EVERY);
+        e.observe_probe(probe_ms(6), clock.now(), PROBE_EVERY);
+        assert!(e.estimate_ns(clock.now()) / MS > 50.0);
     }
 
     #[test]

@@ -38,6 +38,12 @@ impl PeakEwma {
         }
     }
 
+    /// Sets the estimate to `sample`, above or below (a latency probe of
+    /// an avoided backend, see [`crate::estimate::latency`]).
+    pub fn reset(&mut self, sample: Duration, now: Nanos) {
+        self.average.replace(sample, now);
+    }
+
     /// The estimate at `now`, including the idle drift towards cold start.
     pub fn estimate_ns(&self, now: Nanos) -> f64 {
         self.average.estimate_ns(now)

@@ -243,6 +243,13 @@ impl Fleet {
         self.members.get(id as usize)?.as_ref()
     }
 
+    /// The latency probe interval of backend `id`'s VIP's health check
+    /// (`None`: no check, or probes off).
+    pub fn latency_probe(&self, id: u32) -> Option<std::time::Duration> {
+        let m = self.member(id)?;
+        self.vips.get(m.vip)?.health.as_ref()?.latency_probe
+    }
+
     fn member_mut(&mut self, id: u32) -> Option<&mut Member> {
         self.members.get_mut(id as usize)?.as_mut()
     }

@@ -4,25 +4,46 @@
 //! sends `GET path` and passes on the expected status. Results go to the
 //! event loop, which feeds them to the backend's lifecycle (rise/fall).
 //!
+//! Each check is also timed, as a latency probe (issue 13): an HTTP check
+//! from the request's last byte to the response's first, what the kernel
+//! measures for a user request; a TCP check its connect time, which only
+//! shows the backend's kernel answering (a lower bound). The event loop
+//! feeds the timing to the latency estimate of a backend users avoid (see
+//! [`crate::estimate::latency`]). While the runtime marks a backend as
+//! avoided, its HTTP check also runs every `latency_probe` interval, not
+//! only every `interval`; those extra checks are [`Purpose::LatencyProbe`]
+//! and never count towards rise and fall.
+//!
 //! Each check runs under a supervisor: a check that panics is reported to
 //! the checker's `on_panic` and started again one interval later, so a bug
 //! in one check neither stops the daemon nor silently ends that backend's
 //! checks.
 
-use std::{collections::HashMap, net::SocketAddr, sync::Arc};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
     sync::mpsc,
     task::JoinHandle,
-    time::{MissedTickBehavior, interval, sleep, timeout},
+    time::{Instant, MissedTickBehavior, interval, sleep, timeout},
 };
 use tracing::debug;
 
-use crate::settings::{
-    faults::{self, Fault},
-    ops::{HealthCheck, HttpCheck},
+use crate::{
+    estimate::latency::ProbeSample,
+    settings::{
+        faults::{self, Fault},
+        ops::{HealthCheck, HttpCheck},
+    },
 };
 
 /// Most bytes of a response read looking for the status line.
@@ -36,6 +57,27 @@ pub struct CheckResult {
     /// backend is ignored.
     pub addr: SocketAddr,
     pub passed: bool,
+    pub purpose: Purpose,
+    /// What the check measured: `Response` for a passed HTTP check,
+    /// `AtLeast` for a TCP connect or a timeout, nothing for a failure.
+    pub latency: Option<ProbeSample>,
+}
+
+/// Why a check ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// The regular check every interval: counts towards rise and fall.
+    Health,
+    /// An extra check of an avoided backend: only its timing is used.
+    LatencyProbe,
+}
+
+/// One task's check and the runtime's mark "avoided".
+struct Task {
+    addr: SocketAddr,
+    check: HealthCheck,
+    avoided: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
 }
 
 /// Told of a check task that panicked: the backend id and the panic's message.
@@ -43,7 +85,7 @@ pub type OnPanic = Arc<dyn Fn(u32, &str) + Send + Sync>;
 
 /// The running check tasks, by backend id.
 pub struct HealthChecker {
-    tasks: HashMap<u32, (SocketAddr, HealthCheck, JoinHandle<()>)>,
+    tasks: HashMap<u32, Task>,
     results: mpsc::Sender<CheckResult>,
     on_panic: OnPanic,
 }
@@ -59,12 +101,12 @@ impl HealthChecker {
 
     /// Runs exactly the checks in `wanted`: starts new ones, stops the rest.
     pub fn sync(&mut self, wanted: Vec<(u32, SocketAddr, HealthCheck)>) {
-        self.tasks.retain(|id, (addr, check, task)| {
+        self.tasks.retain(|id, task| {
             let keep = wanted
                 .iter()
-                .any(|(i, a, c)| i == id && a == addr && c == check);
+                .any(|(i, a, c)| i == id && *a == task.addr && *c == task.check);
             if !keep {
-                task.abort();
+                task.handle.abort();
             }
             keep
         });
@@ -72,37 +114,61 @@ impl HealthChecker {
             if self.tasks.contains_key(&id) {
                 continue;
             }
-            let task = tokio::spawn(supervise(
-                id,
-                addr,
-                check.clone(),
+            let avoided = Arc::new(AtomicBool::new(false));
+            let handle = tokio::spawn(supervise(
+                Target {
+                    backend: id,
+                    addr,
+                    check: check.clone(),
+                    avoided: avoided.clone(),
+                },
                 self.results.clone(),
                 self.on_panic.clone(),
             ));
-            self.tasks.insert(id, (addr, check, task));
+            self.tasks.insert(
+                id,
+                Task {
+                    addr,
+                    check,
+                    avoided,
+                    handle,
+                },
+            );
+        }
+    }
+
+    /// Marks the backends users avoid: their HTTP checks then also run
+    /// every latency probe interval.
+    pub fn set_avoided(&self, avoided: impl Fn(u32) -> bool) {
+        for (&id, task) in &self.tasks {
+            task.avoided.store(avoided(id), Ordering::Relaxed);
         }
     }
 }
 
 impl Drop for HealthChecker {
     fn drop(&mut self) {
-        for (_, _, task) in self.tasks.values() {
-            task.abort();
+        for task in self.tasks.values() {
+            task.handle.abort();
         }
     }
 }
 
-/// Runs backend `backend`'s checks; restarts them one interval after a
-/// panic. Aborting this task aborts the check it runs.
-async fn supervise(
+/// What one check task checks.
+#[derive(Clone)]
+struct Target {
     backend: u32,
     addr: SocketAddr,
     check: HealthCheck,
-    out: mpsc::Sender<CheckResult>,
-    on_panic: OnPanic,
-) {
+    avoided: Arc<AtomicBool>,
+}
+
+/// Runs backend `backend`'s checks; restarts them one interval after a
+/// panic. Aborting this task aborts the check it runs.
+async fn supervise(target: Target, out: mpsc::Sender<CheckResult>, on_panic: OnPanic) {
+    let (backend, interval) = (target.backend, target.check.interval);
     loop {
-        let task = tokio::spawn(run(backend, addr, check.clone(), out.clone()));
+        let task = tokio::spawn(run(target.clone(), out.clone()));
         let abort = task.abort_handle();
         let _abort_on_drop = AbortOnDrop(abort);
         match task.await {
@@ -114,7 +180,7 @@ async fn supervise(
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(no message)".into());
                 on_panic(backend, &message);
-                sleep(check.interval).await;
+                sleep(interval).await;
             }
             // The results channel closed (shutdown), or an abort.
             _ => return,
@@ -131,44 +197,87 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn run(backend: u32, addr: SocketAddr, check: HealthCheck, out: mpsc::Sender<CheckResult>) {
-    let mut tick = interval(check.interval);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+/// Checks every interval, and every latency probe interval while the
+/// backend is avoided (HTTP only: a connect time cannot bring an estimate
+/// down, and only when that is more often than the regular checks).
+async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
+    let Target {
+        backend,
+        addr,
+        check,
+        avoided,
+    } = target;
+    let mut health = interval(check.interval);
+    health.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let probe_every = check
+        .latency_probe
+        .filter(|p| check.http.is_some() && *p < check.interval);
+    let mut probe = interval(probe_every.unwrap_or(check.interval));
+    probe.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        let purpose = tokio::select! {
+            biased;
+            _ = health.tick() => Purpose::Health,
+            _ = probe.tick(), if probe_every.is_some() => Purpose::LatencyProbe,
+        };
+        if purpose == Purpose::LatencyProbe && !avoided.load(Ordering::Relaxed) {
+            continue;
+        }
         if faults::trip(Fault::HealthPanic) {
             panic!("injected fault: health-panic (backend {backend})");
         }
-        let passed = matches!(
-            timeout(check.timeout, probe(addr, check.http.as_ref())).await,
-            Ok(Ok(true))
-        );
-        debug!(backend, %addr, passed, "health check");
-        if out
-            .send(CheckResult {
-                backend,
-                addr,
-                passed,
-            })
-            .await
-            .is_err()
-        {
+        let (passed, latency) = check_once(addr, &check).await;
+        // The next extra check comes one probe interval after any check.
+        probe.reset();
+        debug!(backend, %addr, passed, ?purpose, ?latency, "health check");
+        let result = CheckResult {
+            backend,
+            addr,
+            passed,
+            purpose,
+            latency,
+        };
+        if out.send(result).await.is_err() {
             return;
         }
     }
 }
 
-/// One check; `Ok(false)` for a wrong HTTP status.
-async fn probe(addr: SocketAddr, http: Option<&HttpCheck>) -> std::io::Result<bool> {
+/// One check within the check's timeout: passed, and what it measured (a
+/// timeout counts as a latency of at least the timeout).
+async fn check_once(addr: SocketAddr, check: &HealthCheck) -> (bool, Option<ProbeSample>) {
+    match timeout(check.timeout, probe(addr, check.http.as_ref())).await {
+        Ok(Ok(m)) => (m.passed, m.latency),
+        Ok(Err(_)) => (false, None),
+        Err(_) => (false, Some(ProbeSample::AtLeast(check.timeout))),
+    }
+}
+
+/// What one check found.
+#[derive(Debug)]
+struct Measured {
+    passed: bool,
+    latency: Option<ProbeSample>,
+}
+
+/// One check; `passed: false` for a wrong HTTP status (whose timing is
+/// not used: a fast error says nothing about how fast the backend serves).
+async fn probe(addr: SocketAddr, http: Option<&HttpCheck>) -> std::io::Result<Measured> {
+    let started = Instant::now();
     let mut stream = TcpStream::connect(addr).await?;
     let Some(http) = http else {
-        return Ok(true);
+        return Ok(Measured {
+            passed: true,
+            latency: Some(ProbeSample::AtLeast(started.elapsed())),
+        });
     };
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: lb-user-health\r\nConnection: close\r\n\r\n",
         http.path
     );
     stream.write_all(request.as_bytes()).await?;
+    let sent = Instant::now();
+    let mut first_byte: Option<Duration> = None;
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     while !buf.contains(&b'\n') && buf.len() < MAX_STATUS_LINE {
@@ -176,9 +285,14 @@ async fn probe(addr: SocketAddr, http: Option<&HttpCheck>) -> std::io::Result<bo
         if n == 0 {
             break;
         }
+        first_byte.get_or_insert_with(|| sent.elapsed());
         buf.extend_from_slice(&chunk[..n]);
     }
-    Ok(status_code(&buf) == Some(http.status))
+    let passed = status_code(&buf) == Some(http.status);
+    Ok(Measured {
+        passed,
+        latency: first_byte.filter(|_| passed).map(ProbeSample::Response),
+    })
 }
 
 /// The status code of an HTTP/1.x status line.
@@ -219,14 +333,115 @@ mod tests {
                 let _ = s.write_all(reply).await;
             }
         });
-        assert!(probe(addr, None).await.unwrap());
+        let tcp = probe(addr, None).await.unwrap();
+        assert!(tcp.passed);
+        // A connect time only bounds the latency from below.
+        assert!(
+            matches!(tcp.latency, Some(ProbeSample::AtLeast(_))),
+            "{tcp:?}"
+        );
         let http = |path: &str| HttpCheck {
             path: path.into(),
             status: 200,
         };
-        assert!(probe(addr, Some(&http("/ok"))).await.unwrap());
-        assert!(!probe(addr, Some(&http("/missing"))).await.unwrap());
+        let ok = probe(addr, Some(&http("/ok"))).await.unwrap();
+        assert!(ok.passed);
+        assert!(
+            matches!(ok.latency, Some(ProbeSample::Response(_))),
+            "{ok:?}"
+        );
+        // A wrong status fails, and its timing is not used.
+        let missing = probe(addr, Some(&http("/missing"))).await.unwrap();
+        assert!(!missing.passed);
+        assert_eq!(missing.latency, None);
         // Nothing listens on port 1 of loopback.
         assert!(probe("127.0.0.1:1".parse().unwrap(), None).await.is_err());
+    }
+
+    /// A server answering `/` after `delay`, on a fresh loopback port.
+    async fn slow_server(delay: Duration) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 512];
+                    let _ = s.read(&mut buf).await;
+                    sleep(delay).await;
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn http_check(interval: Duration, latency_probe: Option<Duration>) -> HealthCheck {
+        HealthCheck {
+            http: Some(HttpCheck {
+                path: "/".into(),
+                status: 200,
+            }),
+            interval,
+            timeout: Duration::from_millis(500),
+            rise: 2,
+            fall: 2,
+            latency_probe,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_http_check_is_timed_from_request_to_first_byte() {
+        let addr = slow_server(Duration::from_millis(40)).await;
+        let check = http_check(Duration::from_secs(1), None);
+        let (passed, latency) = check_once(addr, &check).await;
+        assert!(passed);
+        let Some(ProbeSample::Response(latency)) = latency else {
+            panic!("{latency:?}");
+        };
+        // Loose: other builds share this machine.
+        assert!(latency >= Duration::from_millis(40), "{latency:?}");
+        assert!(latency < Duration::from_millis(400), "{latency:?}");
+    }
+
+    #[tokio::test]
+    async fn a_check_that_times_out_gives_a_lower_bound_and_fails() {
+        let addr = slow_server(Duration::from_secs(5)).await;
+        let mut check = http_check(Duration::from_secs(1), None);
+        check.timeout = Duration::from_millis(50);
+        let (passed, latency) = check_once(addr, &check).await;
+        assert!(!passed);
+        assert_eq!(
+            latency,
+            Some(ProbeSample::AtLeast(Duration::from_millis(50)))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_avoided_backend_is_probed_every_probe_interval_and_only_then() {
+        let addr = slow_server(Duration::ZERO).await;
+        let (tx, mut rx) = mpsc::channel(64);
+        let mut checker = HealthChecker::new(tx, Arc::new(|_, _| {}));
+        let check = http_check(Duration::from_secs(1), Some(Duration::from_millis(50)));
+        checker.sync(vec![(3, addr, check)]);
+        // Not avoided: only the regular check (the first comes at once).
+        sleep(Duration::from_millis(600)).await;
+        let mut regular = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            regular.push(r.purpose);
+        }
+        assert_eq!(regular, [Purpose::Health]);
+        // Avoided: extra checks about every 50 ms, measuring only.
+        checker.set_avoided(|id| id == 3);
+        sleep(Duration::from_millis(350)).await;
+        checker.set_avoided(|_| false);
+        let mut probes = 0;
+        while let Ok(r) = rx.try_recv() {
+            if r.purpose == Purpose::LatencyProbe {
+                probes += 1;
+                assert!(r.passed);
+                assert!(matches!(r.latency, Some(ProbeSample::Response(_))));
+            }
+        }
+        assert!((2..=8).contains(&probes), "{probes} probes in 350 ms");
     }
 }

@@ -28,6 +28,7 @@
 //! timeout = "500ms"
 //! rise = 2
 //! fall = 2
+//! latency_probe_interval = "250ms"  # or "off"; see below
 //!
 //! [[vip]]
 //! address = "10.0.0.100:80"
@@ -52,6 +53,12 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_HEALTH_RISE: u32 = 2;
 pub const DEFAULT_HEALTH_FALL: u32 = 2;
+/// How often an avoided backend gets an out-of-band latency probe (see
+/// [`HealthCheck::latency_probe`]).
+pub const DEFAULT_LATENCY_PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// Shortest latency probe interval accepted: faster probes would measure
+/// little more than the score interval can publish.
+pub const MIN_LATENCY_PROBE_INTERVAL: Duration = Duration::from_millis(10);
 pub const DEFAULT_SLOW_START: Duration = Duration::from_secs(10);
 pub const DEFAULT_SLOW_START_FLOOR: f64 = 0.5;
 pub const DEFAULT_OUTLIER_CONSECUTIVE: u32 = 5;
@@ -152,6 +159,50 @@ pub struct HealthSettings {
     #[arg(long, value_name = "N")]
     #[serde(alias = "fall")]
     pub health_fall: Option<u32>,
+    /// Latency probes of avoided backends: how often a backend that got no
+    /// user request for this long is probed with the health check, whose
+    /// timing then corrects its latency estimate (default 250ms; off: the
+    /// checks only decide up or down).
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_probe_interval)]
+    #[serde(
+        default,
+        alias = "probe_interval",
+        deserialize_with = "deserialize_probe_interval"
+    )]
+    pub latency_probe_interval: Option<ProbeInterval>,
+}
+
+/// `--latency-probe-interval`: a duration, or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeInterval {
+    Off,
+    Every(Duration),
+}
+
+/// `off`, or a duration of at least [`MIN_LATENCY_PROBE_INTERVAL`].
+pub fn parse_probe_interval(text: &str) -> Result<ProbeInterval, String> {
+    if text.trim() == "off" {
+        return Ok(ProbeInterval::Off);
+    }
+    let d = parse_duration(text).map_err(|e| format!("{e}, or off (latency probe interval)"))?;
+    if d < MIN_LATENCY_PROBE_INTERVAL {
+        return Err(format!(
+            "latency probe interval '{}' is too short: at least {}, or off",
+            text.trim(),
+            duration::format_duration(MIN_LATENCY_PROBE_INTERVAL)
+        ));
+    }
+    Ok(ProbeInterval::Every(d))
+}
+
+fn deserialize_probe_interval<'de, D>(d: D) -> Result<Option<ProbeInterval>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    parse_probe_interval(&String::deserialize(d)?)
+        .map(Some)
+        .map_err(D::Error::custom)
 }
 
 impl HealthSettings {
@@ -166,6 +217,7 @@ impl HealthSettings {
             health_timeout: self.health_timeout.or(f.health_timeout),
             health_rise: self.health_rise.or(f.health_rise),
             health_fall: self.health_fall.or(f.health_fall),
+            latency_probe_interval: self.latency_probe_interval.or(f.latency_probe_interval),
         }
     }
 
@@ -188,6 +240,13 @@ impl HealthSettings {
             timeout: self.health_timeout.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
             rise: self.health_rise.unwrap_or(DEFAULT_HEALTH_RISE),
             fall: self.health_fall.unwrap_or(DEFAULT_HEALTH_FALL),
+            latency_probe: match self
+                .latency_probe_interval
+                .unwrap_or(ProbeInterval::Every(DEFAULT_LATENCY_PROBE_INTERVAL))
+            {
+                ProbeInterval::Off => None,
+                ProbeInterval::Every(d) => Some(d),
+            },
         };
         if let Some(http) = &check.http
             && (!http.path.starts_with('/') || http.path.contains(char::is_whitespace))
@@ -226,6 +285,14 @@ pub struct HealthCheck {
     pub timeout: Duration,
     pub rise: u32,
     pub fall: u32,
+    /// Out-of-band latency probes (`None`: off). A backend that had no
+    /// user response for this long is *avoided*: a check's timing then
+    /// enters its latency estimate (see
+    /// [`crate::estimate::latency::LatencyEstimate::observe_probe`]), and
+    /// an HTTP check is run this often instead of every `interval` while
+    /// its VIP's other backends are in use. Such extra checks only
+    /// measure: they never count towards rise and fall.
+    pub latency_probe: Option<Duration>,
 }
 
 /// Every operations setting, all optional (flags and `[operations]`).
@@ -507,6 +574,50 @@ mod tests {
                 .is_err()
         );
         assert!(toml::from_str::<OpsSettings>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn latency_probes_default_to_250ms_and_can_be_turned_off_or_set() {
+        let probe = |text: &str| parse(text).health.resolve().unwrap().unwrap().latency_probe;
+        assert_eq!(
+            probe("[health]\ncheck = \"http\""),
+            Some(DEFAULT_LATENCY_PROBE_INTERVAL)
+        );
+        assert_eq!(
+            probe("[health]\ncheck = \"http\"\nlatency_probe_interval = \"off\""),
+            None
+        );
+        assert_eq!(
+            probe("[health]\ncheck = \"http\"\nprobe_interval = \"100ms\""),
+            Some(Duration::from_millis(100))
+        );
+        // A VIP's own value wins over [operations.health].
+        let global = parse("[health]\ncheck = \"http\"\nlatency_probe_interval = \"off\"");
+        let vip: HealthSettings = toml::from_str("latency_probe_interval = \"1s\"").unwrap();
+        let check = vip.or(&global.health).resolve().unwrap().unwrap();
+        assert_eq!(check.latency_probe, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn bad_latency_probe_intervals_say_what_is_wrong() {
+        assert_eq!(
+            parse_probe_interval("5ms").unwrap_err(),
+            "latency probe interval '5ms' is too short: at least 10ms, or off"
+        );
+        assert_eq!(
+            parse_probe_interval("0s").unwrap_err(),
+            "latency probe interval '0s' is too short: at least 10ms, or off"
+        );
+        let err = parse_probe_interval("soon").unwrap_err();
+        assert!(
+            err.contains("invalid duration 'soon'")
+                && err.ends_with("or off (latency probe interval)"),
+            "{err}"
+        );
+        let err = toml::from_str::<OpsSettings>("[health]\nlatency_probe_interval = \"1ms\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("too short"), "{err}");
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub struct Snapshot {
     pub reasons: Vec<(&'static str, u64)>,
     pub events_lost: u64,
     pub events_received: u64,
+    /// Latency probes by outcome (`applied`, `busy`, `unchanged`).
+    pub latency_probes: Vec<(&'static str, u64)>,
     pub publish_times: UpdateTimes,
     pub score_times: UpdateTimes,
     /// Whole score ticks (scores and selections).
@@ -617,6 +619,18 @@ fn render_backend_splits(out: &mut Exposition, s: &Snapshot) {
 
 /// Packets by reason and the ring buffer's events.
 fn render_kernel_counters(out: &mut Exposition, s: &Snapshot) {
+    out.family(
+        "lb_latency_probes_total",
+        "counter",
+        "Timed health checks by what they did to an avoided backend's latency estimate.",
+    );
+    for (outcome, v) in &s.latency_probes {
+        out.sample(
+            "lb_latency_probes_total",
+            &[("outcome", outcome)],
+            *v as f64,
+        );
+    }
     out.family(
         "lb_packets_total",
         "counter",

@@ -1,6 +1,6 @@
 //! The balance benchmark (`cargo xtask bench balance`): the lab with real
 //! backend servers, our algorithms against HAProxy, nginx, nftables and an
-//! oracle, under four scenarios (see [`scenario`]).
+//! oracle, under five scenarios (see [`scenario`]).
 //!
 //! Each scenario builds one lab; each row then runs its balancer, drives
 //! the same open-loop load through it, and is torn down before the next.
@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 
-use self::scenario::{Kind, LOCAL_ZONE, Row};
+use self::scenario::{Kind, LOCAL_ZONE, RECOVER_SLOW_MS, Row};
 use crate::{
     Binaries, Lab,
     lab::{BalancerSpec, ProcessId, XdpMode},
@@ -32,6 +32,9 @@ const SETTLE: Duration = Duration::from_secs(2);
 const SNAT_PORTS: &str = "1024-65535";
 /// Rolling window over which `degrade`'s share is judged.
 const DEGRADE_WINDOW_BUCKETS: usize = 4;
+/// Rolling window over which `recover`'s share is judged (0.5 s: the
+/// recovery is expected within seconds, so a finer reading).
+const RECOVER_WINDOW_BUCKETS: usize = 2;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -41,6 +44,11 @@ pub struct Plan {
     pub rows: Vec<Row>,
     /// Load duration of each row.
     pub duration_s: f64,
+    /// Extra lb-user arguments of our rows (e.g. `--health-check http`),
+    /// to compare settings.
+    pub lb_args: Vec<String>,
+    /// Appended to our rows' names, to tell such runs apart.
+    pub lb_suffix: Option<String>,
 }
 
 /// One row's measurements in one scenario.
@@ -71,6 +79,11 @@ pub struct RowResult {
     /// of new connections, as the servers count their accepts over a 1 s
     /// window, fell below half its fair share.
     pub degrade_reaction_s: Option<f64>,
+    /// `recover`: seconds from the slow backend being fast again until its
+    /// share of new connections over a 0.5 s window is back to at least
+    /// half its fair share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_s: Option<f64>,
     /// `(latency ms, quantile)` of the whole run, for the plots.
     pub cdf: Vec<(f64, f64)>,
 }
@@ -92,7 +105,7 @@ pub fn run(
             .with_context(|| format!("building the {} lab", kind.name()))?;
         widen_client_ports(&lab)?;
         for &row in plan.rows.iter().filter(|&&r| kind.runs(r)) {
-            let result = run_row(&lab, kind, row, plan.duration_s)
+            let result = run_row(&lab, kind, row, plan)
                 .with_context(|| format!("{} / {}", kind.name(), row.label(kind)))?;
             done(&result);
             results.push(result);
@@ -121,13 +134,16 @@ enum Running {
     Nothing,
 }
 
-fn run_row(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult> {
+fn run_row(lab: &Lab, kind: Kind, row: Row, plan: &Plan) -> Result<RowResult> {
     let backends: Vec<SocketAddr> = lab.backends().iter().map(|b| b.addr()).collect();
     let vip = lab.tcp_vip();
     // Our rows reserve every port in the namespace (see
     // `Lab::restoring_reserved_ports`); the proxy rows after them need some.
-    let result =
-        lab.restoring_reserved_ports(|| run_row_inner(lab, kind, row, duration_s, &backends, vip))?;
+    let mut result =
+        lab.restoring_reserved_ports(|| run_row_inner(lab, kind, row, plan, &backends, vip))?;
+    if let (Row::Ours(_) | Row::OursZoneAware(_), Some(suffix)) = (row, &plan.lb_suffix) {
+        result.row = format!("{} {suffix}", result.row);
+    }
     // A row where nothing got through measured a broken setup, not a
     // balancer: stop instead of publishing it.
     if result.completed == 0 {
@@ -144,7 +160,7 @@ fn run_row_inner(
     lab: &Lab,
     kind: Kind,
     row: Row,
-    duration_s: f64,
+    plan: &Plan,
     backends: &[SocketAddr],
     vip: SocketAddr,
 ) -> Result<RowResult> {
@@ -154,8 +170,13 @@ fn run_row_inner(
             let mut spec = lab.balancer_spec(algorithm, XdpMode::Native);
             // Closed flows keep their SNAT port for 60 s (TIME_WAIT-like
             // linger), so the pool must exceed rate × 60 s: use every port.
-            spec.extra_args
-                .extend(["--snat-ports".to_string(), SNAT_PORTS.to_string()]);
+            // (Unless the row's arguments give a range: health checks need
+            // ephemeral ports outside it, e.g. `--snat-ports 1024-32767`.)
+            if !plan.lb_args.iter().any(|a| a.starts_with("--snat-ports")) {
+                spec.extra_args
+                    .extend(["--snat-ports".to_string(), SNAT_PORTS.to_string()]);
+            }
+            spec.extra_args.extend(plan.lb_args.iter().cloned());
             if let Row::OursZoneAware(_) = row {
                 zone_aware(lab, kind, &mut spec)?;
             }
@@ -173,7 +194,7 @@ fn run_row_inner(
         }
         Row::Oracle => Running::Nothing,
     };
-    let measured = measure(lab, kind, row, duration_s);
+    let measured = measure(lab, kind, row, plan.duration_s);
     match running {
         Running::Processes(ps) => {
             for p in ps {
@@ -244,10 +265,18 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         .collect::<Result<Vec<_>>>()?;
     let degraded = lab.backends()[kind.slow()[0]].process;
     let mut degraded_at_ms = None;
+    let mut recovered_at_ms = None;
     if kind == Kind::Degrade {
         std::thread::sleep(Duration::from_secs_f64(duration_s / 2.0));
         lab.signal(degraded, Signal::SIGUSR1)?;
         degraded_at_ms = Some(unix_ms());
+    }
+    if kind == Kind::Recover {
+        std::thread::sleep(Duration::from_secs_f64(duration_s / 3.0));
+        lab.signal(degraded, Signal::SIGUSR1)?;
+        std::thread::sleep(Duration::from_millis(RECOVER_SLOW_MS));
+        lab.signal(degraded, Signal::SIGUSR1)?;
+        recovered_at_ms = Some(unix_ms());
     }
     let summaries = processes
         .iter()
@@ -298,6 +327,12 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         degrade_reaction_s: match degraded_at_ms {
             Some(at) if row != Row::Oracle => {
                 reaction_time(&accept_buckets(lab, at), &slow_names[0], at)
+            }
+            _ => None,
+        },
+        recovery_s: match recovered_at_ms {
+            Some(at) if row != Row::Oracle => {
+                recovery_time(&accept_buckets(lab, at), &slow_names[0], at)
             }
             _ => None,
         },
@@ -398,6 +433,31 @@ fn accept_buckets(lab: &Lab, since_ms: u64) -> AcceptBuckets {
 /// share; `None` if it never does.
 fn reaction_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option<f64> {
     let fair = 1.0 / accepts.len().max(1) as f64;
+    first_window(accepts, backend, from_ms, DEGRADE_WINDOW_BUCKETS, |share| {
+        share < fair / 2.0
+    })
+}
+
+/// Seconds after `from_ms` until `backend`'s share of the connections all
+/// backends accepted in a rolling 0.5 s window is first back to at least
+/// half its fair share; `None` if it never is.
+fn recovery_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option<f64> {
+    let fair = 1.0 / accepts.len().max(1) as f64;
+    first_window(accepts, backend, from_ms, RECOVER_WINDOW_BUCKETS, |share| {
+        share >= fair / 2.0
+    })
+}
+
+/// Seconds after `from_ms` to the end of the first rolling window of
+/// `window` report periods, wholly after `from_ms`, in which `backend`'s
+/// share of all accepted connections satisfies `found`.
+fn first_window(
+    accepts: &AcceptBuckets,
+    backend: &str,
+    from_ms: u64,
+    window: usize,
+    found: impl Fn(f64) -> bool,
+) -> Option<f64> {
     let first = from_ms / ACCEPT_REPORT_MS;
     let last = accepts
         .values()
@@ -411,13 +471,13 @@ fn reaction_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option
             .copied()
             .unwrap_or(0)
     };
-    let window = DEGRADE_WINDOW_BUCKETS as u64;
+    let window = window as u64;
     for end in first + window..=last + 1 {
         let total: u64 = (end - window..end)
             .map(|i| accepts.keys().map(|k| at(k, i)).sum::<u64>())
             .sum();
         let mine: u64 = (end - window..end).map(|i| at(backend, i)).sum();
-        if total > 0 && (mine as f64 / total as f64) < fair / 2.0 {
+        if total > 0 && found(mine as f64 / total as f64) {
             let end_ms = end * ACCEPT_REPORT_MS;
             return Some(end_ms.saturating_sub(from_ms) as f64 / 1000.0);
         }
@@ -445,5 +505,26 @@ mod tests {
         let from = 8 * ACCEPT_REPORT_MS;
         assert_eq!(reaction_time(&t, "b", from), Some(1.0));
         assert_eq!(reaction_time(&t, "a", from), None);
+    }
+
+    #[test]
+    fn recovery_is_the_end_of_the_first_half_second_back_at_half_fair_share() {
+        // Two backends (fair share 1/2); "b" gets 1 in 10 until period 11,
+        // then its share.
+        let series = |switch: u64, before: u64, after: u64| -> BTreeMap<u64, u64> {
+            (0..16)
+                .map(|i| (i, if i < switch { before } else { after }))
+                .collect()
+        };
+        let mut t = AcceptBuckets::new();
+        t.insert("a".to_string(), series(11, 18, 10));
+        t.insert("b".to_string(), series(11, 2, 10));
+        // Fast again from period 8; the first 2-period window with b at a
+        // quarter or more is 10..12 (2 + 10 of 40), ending 4 periods later.
+        let from = 8 * ACCEPT_REPORT_MS;
+        assert_eq!(recovery_time(&t, "b", from), Some(1.0));
+        // Never back: none.
+        t.insert("b".to_string(), series(16, 2, 2));
+        assert_eq!(recovery_time(&t, "b", from), None);
     }
 }

@@ -32,6 +32,7 @@ pub fn markdown(results: &[RowResult]) -> String {
     for scenario in scenarios {
         let rows: Vec<&RowResult> = results.iter().filter(|r| r.scenario == scenario).collect();
         let degrade = rows.iter().any(|r| r.scenario == "degrade");
+        let recover = rows.iter().any(|r| r.scenario == "recover");
         // In `zones` the "misbehaving" backends are zone b's: say so.
         let zones = rows.iter().any(|r| r.cross_zone_share.is_some());
         let share = if zones {
@@ -48,9 +49,13 @@ pub fn markdown(results: &[RowResult]) -> String {
             out,
             "| row | achieved req/s | errors | P50 ms | P90 ms | P99 ms | P99.9 ms | {share} | proc CPU s/10k | softirq s/10k |"
         );
-        out.push_str(if degrade { " reaction s |\n" } else { "\n" });
+        out.push_str(match (degrade, recover) {
+            (true, _) => " reaction s |\n",
+            (_, true) => " recovery s |\n",
+            _ => "\n",
+        });
         out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        out.push_str(if degrade { "---:|\n" } else { "\n" });
+        out.push_str(if degrade || recover { "---:|\n" } else { "\n" });
         for r in rows {
             let _ = write!(
                 out,
@@ -73,6 +78,14 @@ pub fn markdown(results: &[RowResult]) -> String {
                     None => "never".into(),
                 };
                 let _ = write!(out, " {reaction} |");
+            }
+            if recover {
+                let recovery = match r.recovery_s {
+                    Some(s) => format!("{s:.2}"),
+                    None if r.row.starts_with("oracle") => "n/a".into(),
+                    None => "never".into(),
+                };
+                let _ = write!(out, " {recovery} |");
             }
             out.push('\n');
         }
@@ -102,6 +115,7 @@ mod tests {
             process_cpu_s_per_10k: 0.5,
             softirq_s_per_10k: 0.25,
             degrade_reaction_s: None,
+            recovery_s: None,
             cdf: Vec::new(),
         }
     }

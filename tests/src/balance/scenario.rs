@@ -1,4 +1,4 @@
-//! The four scenarios of the balance benchmark and the rows run in each.
+//! The five scenarios of the balance benchmark and the rows run in each.
 
 use crate::lab::{Algorithm, BackendSpec};
 
@@ -16,6 +16,8 @@ pub const LOAD_FRACTION: f64 = 0.7;
 /// GC-like pauses of `stall`.
 pub const STALL_EVERY_MS: u64 = 2_000;
 pub const STALL_FOR_MS: u64 = 300;
+/// `recover`: how long the backend stays slow, from a third of the run on.
+pub const RECOVER_SLOW_MS: u64 = 1_000;
 /// `zones`: the balancer's (and the clients') zone, and the other one.
 pub const LOCAL_ZONE: &str = "a";
 pub const REMOTE_ZONE: &str = "b";
@@ -41,10 +43,20 @@ pub enum Kind {
     /// 10 equal in two zones of 5; the balancer and clients are in zone a,
     /// and zone b's answers take [`CROSS_ZONE_MS`] longer (cross-zone).
     Zones,
+    /// 10 equal; from a third of the run one is 10× slower for
+    /// [`RECOVER_SLOW_MS`], then as fast as the others again: how soon
+    /// does it get its share back?
+    Recover,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Hetero, Kind::Stall, Kind::Degrade, Kind::Zones];
+    pub const ALL: [Kind; 5] = [
+        Kind::Hetero,
+        Kind::Stall,
+        Kind::Degrade,
+        Kind::Zones,
+        Kind::Recover,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +64,7 @@ impl Kind {
             Kind::Stall => "stall",
             Kind::Degrade => "degrade",
             Kind::Zones => "zones",
+            Kind::Recover => "recover",
         }
     }
 
@@ -63,7 +76,7 @@ impl Kind {
     pub fn slow(self) -> Vec<usize> {
         match self {
             Kind::Hetero | Kind::Stall => vec![BACKENDS - 2, BACKENDS - 1],
-            Kind::Degrade => vec![BACKENDS - 1],
+            Kind::Degrade | Kind::Recover => vec![BACKENDS - 1],
             Kind::Zones => (ZONE_BACKENDS..BACKENDS).collect(),
         }
     }
@@ -219,6 +232,8 @@ mod tests {
         assert_eq!(Kind::Hetero.rate(), 1148.0);
         assert_eq!(Kind::Stall.capacity_rps(), 2000.0);
         assert_eq!(Kind::Degrade.slow(), [9]);
+        assert_eq!(Kind::Recover.slow(), [9]);
+        assert_eq!(Kind::Recover.rate(), 1400.0);
     }
 
     #[test]
@@ -273,7 +288,7 @@ mod tests {
                 "oracle (zone a backends direct)"
             ]
         );
-        for kind in [Kind::Hetero, Kind::Stall, Kind::Degrade] {
+        for kind in [Kind::Hetero, Kind::Stall, Kind::Degrade, Kind::Recover] {
             let rows: Vec<Row> = Row::all().into_iter().filter(|&r| kind.runs(r)).collect();
             assert_eq!(rows.len(), Row::all().len() - 1);
             assert!(!rows.contains(&Row::OursZoneAware(Algorithm::P2cEwma)));

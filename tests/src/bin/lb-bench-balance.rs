@@ -30,7 +30,7 @@ struct Args {
     /// Short runs (6 s per row instead of 15 s), for iteration.
     #[arg(long)]
     quick: bool,
-    /// Only these scenarios (hetero, stall, degrade, zones); repeatable.
+    /// Only these scenarios (hetero, stall, degrade, zones, recover); repeatable.
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// Only rows whose name contains this text (e.g. "p2c", "haproxy"); repeatable.
@@ -39,6 +39,13 @@ struct Args {
     /// Load duration per row in seconds (overrides --quick).
     #[arg(long)]
     duration_s: Option<f64>,
+    /// An extra lb-user argument for our rows (repeatable; e.g.
+    /// `--lb-arg=--health-check --lb-arg=http`), to compare settings.
+    #[arg(long = "lb-arg", allow_hyphen_values = true)]
+    lb_args: Vec<String>,
+    /// Appended to our rows' names (e.g. "probes"), to tell runs apart.
+    #[arg(long)]
+    lb_suffix: Option<String>,
     /// Output directory.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench"))]
     out: PathBuf,
@@ -95,6 +102,8 @@ fn run(args: Args) -> Result<()> {
         scenarios,
         rows,
         duration_s,
+        lb_args: args.lb_args,
+        lb_suffix: args.lb_suffix,
     };
     eprintln!(
         "bench: {} scenario(s), {runs} row run(s), {duration_s} s of load each",
