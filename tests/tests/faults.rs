@@ -369,7 +369,14 @@ fn latency_probes_give_a_backend_slow_for_a_moment_its_share_back_with_the_defau
     require_root!();
     slow_for_a_moment_then_its_share(
         "transient-slowness-probes",
-        &["--health-check", "http", "--health-path", "/health"],
+        &[
+            "--health-check",
+            "http",
+            "--health-path",
+            "/health",
+            "--latency-probe-interval",
+            "250ms",
+        ],
     );
 }
 
