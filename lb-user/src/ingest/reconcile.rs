@@ -11,15 +11,20 @@
 //! its entry.)
 //!
 //! The sweep's one syscall still walks every bucket and entry of the table
-//! in the kernel: about 5 ms for an empty table of 2,097,152 entries and
-//! 0.3 s with 1,000,000 entries in it. So passes are spaced by what the
-//! last one cost ([`pass_interval`]): every second while a pass is cheap,
-//! less often as the table fills, so the sweep never uses more than
+//! in the kernel: about 5 ms for an empty table of 262,144 entries and
+//! 0.3 s with 1,000,000 entries in one of 2,097,152. So passes are spaced
+//! by what the last one cost ([`pass_interval`]): every second while a pass
+//! is cheap, less often as the table fills, so the sweep uses at most
 //! [`SWEEP_CPU_SHARE`] of a core. Expiries are late by at most the
 //! interval: nothing at lab sizes, up to [`MAX_PASS_INTERVAL`] with a
-//! million entries, where idle timeouts (minutes) and the SNAT quarantine
-//! (a minute) are long against it and unanswered SYNs are also caught by
-//! the active health checks.
+//! million entries, where idle timeouts (minutes) are long against it,
+//! unanswered SYNs are also caught by the active health checks, and a SNAT
+//! tuple past its quarantine is freed by the data path itself when its
+//! CPU's cursor comes round to it.
+//!
+//! Most passes are light: an open entry's other direction is looked up
+//! only to close the flow, not to look for lone entries, which every
+//! [`FULL_PASS_EVERY`]th pass (and a process's first) does.
 //!
 //! The sweep's expiries reach the event loop as ring-buffer events
 //! (`Closed{idle}`, `Refused` for an unanswered SYN), like every other
