@@ -277,10 +277,11 @@ fn claim_snat_tuple(
     let start = unsafe { *cursor };
     // The tuple at the cursor is the one this CPU handed out longest ago:
     // if it sits out a quarantine that is over (the sweep, whose passes
-    // can be a minute apart on a large table, has not freed it yet), free
-    // it now, so no tuple is held longer than its quarantine. Only there:
-    // one lookup per new flow at most. (Its own block, so its key's stack
-    // slot is reused by the loop's: the frame is at the 512-byte limit.)
+    // can be a minute apart on a large table, frees it only after a second
+    // one), free it now, so under load no tuple is held much longer than
+    // its quarantine. Only there: one lookup per new flow at most. (Its
+    // own block, so its key's stack slot is reused by the loop's: the
+    // frame is at the 512-byte limit.)
     {
         let (slot, port) = snat.tuple(start);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
@@ -326,13 +327,16 @@ fn claim_snat_tuple(
 }
 
 /// Frees the SNAT tuple held by the reply entry at `reverse` if that entry
-/// is closed and its quarantine is over at `now`.
-/// The sweep does the same when it gets there, and whichever removes the
-/// entry first counts the tuple freed. The connection's forward entry was
-/// closed before the reply entry was stamped and leaves `closed_linger_ns`
-/// after the close, long before the quarantine ends; the sweep removes it
-/// as usual. (Nothing is copied out of the entry: the new-flow frame is at
-/// the 512-byte stack limit.)
+/// is closed and `now` is in the second quarantine after its close: the
+/// first keeps the tuple from a backend that may still hold it in
+/// TIME_WAIT, and from the second on the tuple is free, but only the data
+/// path frees it during the second and only the sweep after it. Each
+/// removes by key, so both deciding on one entry at once could free it
+/// twice, or remove a new connection's entry the other just inserted
+/// under the key. The connection's forward entry was closed before the
+/// reply entry was stamped and leaves `closed_linger_ns` after the close,
+/// long before; the sweep removes it as usual. (Nothing is copied out of
+/// the entry: the new-flow frame is at the 512-byte stack limit.)
 #[inline(always)]
 fn free_after_quarantine(reverse: &FlowKey, backend_id: u32, quarantine_ns: u64, now: u64) {
     let Some(held) = FLOWS.get_ptr(reverse) else {
@@ -341,8 +345,10 @@ fn free_after_quarantine(reverse: &FlowKey, backend_id: u32, quarantine_ns: u64,
     // SAFETY: live map value; a racing close only makes this read stale,
     // and a stale "not closed" just leaves the tuple alone.
     let expired = unsafe {
-        core::ptr::read_volatile(&raw const (*held).flags) & FLOW_F_CLOSED != 0
-            && now.saturating_sub((*held).last_seen_ns) > quarantine_ns
+        core::ptr::read_volatile(&raw const (*held).flags) & FLOW_F_CLOSED != 0 && {
+            let age = now.saturating_sub((*held).last_seen_ns);
+            age > quarantine_ns && age <= quarantine_ns.saturating_mul(2)
+        }
     };
     if expired && FLOWS.remove(reverse).is_ok() {
         snat_used(backend_id, u64::MAX);

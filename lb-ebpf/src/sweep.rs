@@ -13,9 +13,11 @@
 //!   idle (only counted); a forward entry without its reply entry is an
 //!   orphan. Each is counted closed, its reply stamped closed, and it is
 //!   removed;
-//! - reply entry, closed: removed, and its SNAT tuple freed,
-//!   `snat_quarantine_ns` after the close (the backend's TIME_WAIT plus
-//!   slack, counted from the close);
+//! - reply entry, closed: removed, and its SNAT tuple freed, two
+//!   `snat_quarantine_ns` after the close (the quarantine is the backend's
+//!   TIME_WAIT plus slack, counted from the close; in the second one the
+//!   data path frees the tuple when it needs it, see
+//!   `flow::free_after_quarantine`);
 //! - reply entry, open, whose forward entry is gone or now belongs to
 //!   another connection (a new SYN on the same client tuple): an orphan,
 //!   stamped closed now, so its tuple is freed after a quarantine.
@@ -143,7 +145,11 @@ extern "C" fn visit(
     let age = walk.now.saturating_sub(last_seen);
     if direction == DIR_TO_CLIENT {
         if closed {
-            if age > walk.snat_quarantine_ns {
+            // Between one and two quarantines the tuple belongs to the
+            // data path (`flow::free_after_quarantine`); after that, to the
+            // sweep. Never both: each removes by key, so two deciders on
+            // one entry could free a tuple twice or a new connection's.
+            if age > walk.snat_quarantine_ns.saturating_mul(2) {
                 // SAFETY: live map value.
                 let backend_id = unsafe { (*entry).backend_id };
                 if FLOWS.remove(&key).is_ok() {

@@ -862,8 +862,8 @@ fn case_snat_exhausted(lb: &mut Lb) {
 
 fn case_snat_tuple_past_quarantine_is_taken_without_a_sweep(lb: &mut Lb) {
     // One tuple. A closed connection holds it in quarantine: a new SYN is
-    // refused while the quarantine lasts, and takes the tuple as soon as it
-    // is over, with no sweep in between (passes can be a minute apart).
+    // refused while the quarantine lasts, and takes the tuple once it is
+    // over, without waiting for a sweep (passes can be a minute apart).
     lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
     lb.syn(CLIENT_PORT);
     let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
@@ -872,10 +872,19 @@ fn case_snat_tuple_past_quarantine_is_taken_without_a_sweep(lb: &mut Lb) {
     assert_eq!(lb.run(&next.build()).0, XDP_DROP);
     assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
     assert_eq!(lb.snat_used(0), 1);
+    // A quarantine of 200 ms, over: in the second one the sweep leaves the
+    // tuple to the data path, which takes it for the next SYN.
     lb.timeouts(Timeouts {
-        snat_quarantine_ns: 0,
+        snat_quarantine_ns: 200_000_000,
         ..Timeouts::default()
     });
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    let stats = lb.sweep();
+    assert_eq!(
+        stats.snat_freed, 0,
+        "the sweep frees only after two quarantines"
+    );
+    assert!(reply_entry(lb, SNAT_PORT_MIN).is_some());
     lb.syn(CLIENT_PORT + 1);
     assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 1).1, SNAT_PORT_MIN);
     let reply = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
