@@ -277,7 +277,7 @@ fn claim_snat_tuple(
     let start = unsafe { *cursor };
     // The tuple at the cursor is the one this CPU handed out longest ago:
     // if it sits out a quarantine that is over (the sweep, whose passes
-    // can be a minute apart on a large table, frees it only after a second
+    // can be two minutes apart on a large table, frees it only after a second
     // one), free it now, so under load no tuple is held much longer than
     // its quarantine. Only there: one lookup per new flow at most. (Its
     // own block, so its key's stack slot is reused by the loop's: the

@@ -12,12 +12,12 @@
 //!
 //! The sweep's one syscall still walks every bucket and entry of the table
 //! in the kernel: about 5 ms for an empty table of 262,144 entries and
-//! 0.3 s with 1,000,000 entries in one of 2,097,152. So passes are spaced
+//! 0.45–0.6 s with 1,000,000 entries in one of 2,097,152. So passes are spaced
 //! by what the last one cost ([`pass_interval`]): every second while a pass
 //! is cheap, less often as the table fills, so the sweep uses at most
 //! [`SWEEP_CPU_SHARE`] of a core. Expiries are late by at most the
 //! interval: nothing at lab sizes, up to [`MAX_PASS_INTERVAL`] with a
-//! million entries, where idle timeouts (minutes) are long against it,
+//! million entries, where the TCP idle timeout (5 minutes) is long against it,
 //! unanswered SYNs are also caught by the active health checks, and a SNAT
 //! tuple past its quarantine is freed by the data path itself when its
 //! CPU's cursor comes round to it.
@@ -50,11 +50,12 @@ use crate::kernel::{
 /// The shortest time between two passes (a cheap sweep's cadence).
 pub const MIN_PASS_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest time between two passes, however large the table.
-pub const MAX_PASS_INTERVAL: Duration = Duration::from_secs(60);
+pub const MAX_PASS_INTERVAL: Duration = Duration::from_secs(120);
 /// Every this many passes one is full (checks each open entry against its
 /// other direction, finding lone entries); the others are light (look an
-/// entry's other direction up only to close it), about a third of the
-/// cost on a large table. The first pass of a process is full.
+/// entry's other direction up only to close it), about 0.7 times the
+/// cost on a large table, where most of it is the walk itself. The first
+/// pass of a process is full.
 pub const FULL_PASS_EVERY: u64 = 10;
 
 /// The share of one core the passes may use on average.
@@ -196,8 +197,8 @@ mod tests {
             pass_interval(Duration::from_millis(10)),
             Duration::from_secs(4)
         );
-        // A million entries (about 0.3 s): capped at a minute.
-        assert_eq!(pass_interval(Duration::from_millis(300)), MAX_PASS_INTERVAL);
+        // A million entries (about 0.45 s): capped at two minutes.
+        assert_eq!(pass_interval(Duration::from_millis(450)), MAX_PASS_INTERVAL);
         assert_eq!(pass_interval(Duration::ZERO), MIN_PASS_INTERVAL);
         // The share holds wherever the cap does not bind.
         for ms in [3u64, 20, 50, 140] {
