@@ -65,8 +65,8 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    CONFIG_F_READY, DIR_TO_CLIENT, FLOW_F_CLOSED, FlowEntry, FragKey, FragPorts, IpKey, LbConfig,
-    Reason, StageResult, Verdict, action, proceed, reason,
+    CONFIG_F_READY, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry,
+    FragKey, FragPorts, IpKey, LbConfig, Reason, StageResult, Verdict, action, proceed, reason,
 };
 
 use crate::{
@@ -148,13 +148,19 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         if pkt.frag == FRAG_LATER {
             return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }
-        if !(pkt.is_tcp() && pkt.is_syn() && flags & FLOW_F_CLOSED != 0) {
+        if !(pkt.is_tcp()
+            && pkt.is_syn()
+            && (flags & FLOW_F_CLOSED != 0 || syn_went_unanswered(pkt, entry, cfg.syn_timeout_ns)))
+        {
             return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }
         // A new SYN on a closed connection's tuple starts a new connection;
         // its forward entry replaces the old one. The old reply entry was
         // stamped at the close and keeps its SNAT tuple in quarantine until
-        // the sweep frees it.
+        // it is freed. So does a SYN retransmitted after `syn_timeout`
+        // without an answer: that connection is closed as refused here, and
+        // the retransmission balanced again (to another backend, most
+        // likely), whenever the sweep's next pass would come.
     } else if pkt.frag == FRAG_LATER {
         // Its datagram's flow is gone (or was never ours): the host decides.
         return Ok(Verdict::pass(reason::PASS_FRAGMENT));
@@ -167,6 +173,30 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     // register, and the verifier must see a map value pointer come from a lookup.
     let fwd = flow::lookup(&key).ok_or(reason::DROP_FLOW_INSERT)?;
     Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd)))
+}
+
+/// Whether the client SYN `pkt` retransmits the SYN of the open forward
+/// entry `fwd`, which got no SYN-ACK within `syn_timeout_ns` of its
+/// creation; if so, closes that connection as refused, as the sweep would:
+/// counted closed, its reply entry stamped (the SNAT tuple's quarantine
+/// starts), one `Refused` event. A BPF function of its own, so its reply
+/// key is not in `lb_xdp`'s frame.
+#[inline(never)]
+fn syn_went_unanswered(pkt: &Packet, fwd: *mut FlowEntry, syn_timeout_ns: u64) -> bool {
+    let now = now();
+    // SAFETY: live map value; `created_ns` is written only at creation.
+    let (flags, created) = unsafe { ((*fwd).flags, (*fwd).created_ns) };
+    if flags & FLOW_F_SYNACK_SEEN != 0 || now.saturating_sub(created) <= syn_timeout_ns {
+        return false;
+    }
+    if track::close_counted(fwd, now) {
+        let reply = flow::lookup(&Translation::of(fwd).opposite_key(pkt));
+        track::stamp_closed(reply, now);
+        // SAFETY: live map value; written only at creation.
+        let (backend_id, vip_id) = unsafe { ((*fwd).backend_id, (*fwd).vip_id) };
+        events::emit(EVENT_REFUSED, 0, backend_id, vip_id, now, 0);
+    }
+    true
 }
 
 /// The ports of the first fragment of `pkt`'s datagram (a later

@@ -277,6 +277,50 @@ fn case_syn_after_close_reselects(lb: &mut Lb) {
     assert_eq!(lb.flow_count(), 2);
 }
 
+fn case_syn_retransmitted_past_the_timeout_is_refused_and_balanced_again(lb: &mut Lb) {
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    let first = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    let first_port = u16::from_be(first.new_sport);
+    // Within the SYN timeout a retransmission follows its connection.
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    assert!(lb.events().is_empty());
+    assert_eq!(lb.conns(0).opened, 1);
+    // Past it, still unanswered: the data path closes the connection as
+    // refused (no sweep ran) and balances the retransmission as a new one.
+    lb.timeouts(Timeouts {
+        syn_timeout_ns: 0,
+        ..Timeouts::default()
+    });
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    assert_eq!(kinds(&lb.events()), [EVENT_REFUSED]);
+    assert_eq!(
+        lb.conns(0),
+        BackendConns {
+            opened: 2,
+            closed: 1
+        }
+    );
+    let second = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    assert_eq!(second.flags, 0, "a fresh connection state");
+    let second_port = u16::from_be(second.new_sport);
+    assert_ne!(
+        second_port, first_port,
+        "the refused tuple is in quarantine"
+    );
+    let old = reply_entry(lb, first_port).expect("the refused connection's reply entry");
+    assert_ne!(old.flags & FLOW_F_CLOSED, 0, "stamped closed");
+    // The new connection is answered and translated; a later sweep counts
+    // nothing twice.
+    let answer = from_backend(0, second_port, TCP_SYN | TCP_ACK);
+    lb.expect(&answer, XDP_TX, &to_client_of(&answer));
+    lb.timeouts(Timeouts::default());
+    let stats = lb.sweep();
+    assert_eq!((stats.expired_syn, stats.orphans), (0, 0));
+    assert!(lb.events().is_empty());
+    assert_eq!(lb.conns(0).closed, 1);
+}
+
 fn case_sweep_leaves_live_flows(lb: &mut Lb) {
     let snat_port = open_tcp(lb);
     let udp = Pkt::udp((CLIENT, CLIENT_PORT), (VIP, DNS)).payload(b"q");
@@ -1056,6 +1100,10 @@ const CASES: &[Case] = &[
     ),
     ("round-robin even", case_round_robin_even),
     ("snat exhausted", case_snat_exhausted),
+    (
+        "syn retransmitted past the timeout is refused and balanced again",
+        case_syn_retransmitted_past_the_timeout_is_refused_and_balanced_again,
+    ),
     (
         "snat tuple past quarantine is taken without a sweep",
         case_snat_tuple_past_quarantine_is_taken_without_a_sweep,

@@ -17,10 +17,11 @@
 //! is cheap, less often as the table fills, so the sweep uses at most
 //! [`SWEEP_CPU_SHARE`] of a core. Expiries are late by at most the
 //! interval: nothing at lab sizes, up to [`MAX_PASS_INTERVAL`] with a
-//! million entries, where the TCP idle timeout (5 minutes) is long against it,
-//! unanswered SYNs are also caught by the active health checks, and a SNAT
-//! tuple past its quarantine is freed by the data path itself when its
-//! CPU's cursor comes round to it.
+//! million entries, where the TCP idle timeout (5 minutes) is long against it.
+//! What must be on time does not wait for a pass: the data path closes an
+//! unanswered SYN as refused when the client retransmits it past the SYN
+//! timeout, and frees a SNAT tuple past its quarantine when its CPU's
+//! cursor comes round to it.
 //!
 //! Most passes are light: an open entry's other direction is looked up
 //! only to close the flow, not to look for lone entries, which every
@@ -59,7 +60,7 @@ pub const MAX_PASS_INTERVAL: Duration = Duration::from_secs(120);
 pub const FULL_PASS_EVERY: u64 = 10;
 
 /// The share of one core the passes may use on average.
-pub const SWEEP_CPU_SHARE: f64 = 0.0025;
+pub const SWEEP_CPU_SHARE: f64 = 0.001;
 
 /// When the next pass is due after one that cost `cpu` (the CPU time of
 /// the thread that ran it, kernel time included): `cpu ÷ SWEEP_CPU_SHARE`,
@@ -187,21 +188,19 @@ mod tests {
 
     #[test]
     fn a_cheap_pass_runs_every_second_and_a_costly_one_is_spaced_by_its_cost() {
-        // An empty 2,097,152-entry table (about 5 ms): still once a second.
+        // A small table (a pass under 1 ms): once a second.
+        assert_eq!(pass_interval(Duration::from_micros(800)), MIN_PASS_INTERVAL);
+        assert_eq!(pass_interval(Duration::ZERO), MIN_PASS_INTERVAL);
+        // An empty 262,144-entry table (about 5 ms): every 5 s, so passes
+        // use 0.1% of a core.
         assert_eq!(
-            pass_interval(Duration::from_micros(2_000)),
-            MIN_PASS_INTERVAL
-        );
-        // Above 2.5 ms a pass, spaced so passes use 0.25% of a core.
-        assert_eq!(
-            pass_interval(Duration::from_millis(10)),
-            Duration::from_secs(4)
+            pass_interval(Duration::from_millis(5)),
+            Duration::from_secs(5)
         );
         // A million entries (about 0.45 s): capped at two minutes.
         assert_eq!(pass_interval(Duration::from_millis(450)), MAX_PASS_INTERVAL);
-        assert_eq!(pass_interval(Duration::ZERO), MIN_PASS_INTERVAL);
-        // The share holds wherever the cap does not bind.
-        for ms in [3u64, 20, 50, 140] {
+        // The share holds wherever neither bound binds.
+        for ms in [2u64, 20, 50, 110] {
             let cpu = Duration::from_millis(ms);
             let share = cpu.as_secs_f64() / pass_interval(cpu).as_secs_f64();
             assert!(

@@ -684,7 +684,7 @@ fn render_map_updates(out: &mut Exposition, s: &Snapshot) {
         (
             "lb_reconcile_interval_seconds",
             "gauge",
-            "Time between reconciliation passes: 1 s, longer when a pass costs more than 0.25% of a core at that rate (a large flow table).",
+            "Time between reconciliation passes: 1 s, longer when a pass costs more than 0.1% of a core at that rate (a large flow table), at most 120 s.",
         ),
         s.reconcile_interval.as_secs_f64(),
     );
