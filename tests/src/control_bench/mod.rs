@@ -315,7 +315,16 @@ fn idle(lab: &Lab, plan: &Plan) -> Result<IdleFlows> {
     let s = spec(
         vec![tcp_vip(lab.tcp_vip(), backends.clone())],
         Algorithm::P2cEwma,
-        &["--flow-table-size", &size, "--state-dir", &state],
+        // Idle timeouts longer than the part (several pass intervals of
+        // up to two minutes each), so the table stays full throughout.
+        &[
+            "--flow-table-size",
+            &size,
+            "--state-dir",
+            &state,
+            "--tcp-idle-timeout",
+            "1h",
+        ],
     );
     with_lb_user(lab, &s, |_| {
         let status = lab.status()?;
