@@ -6,6 +6,8 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::{Deserialize, Serialize};
 
+use crate::control_bench::report::thousands;
+
 /// Issue 9's target: new connections a second to one backend.
 pub const TARGET_PER_S: f64 = 10_000.0;
 /// Issue 9's duration, and the default of `--duration`.
@@ -521,19 +523,6 @@ pub fn steps_table(ceiling: &[Step], vip: &[Step], ceiling_per_s: Option<f64>) -
 
 fn opt(value: Option<f64>, decimals: usize) -> String {
     value.map_or("–".into(), |v| format!("{v:.decimals$}"))
-}
-
-/// `1234567` → `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]
