@@ -45,6 +45,27 @@ fn reach_every_backend(mode: XdpMode) {
     let _balancer = lab.start_balancer(&spec).unwrap();
     let client = lab.client().ns.clone();
 
+    // Many new flows, concurrently: every backend gets some, none fails. The
+    // load generator checks each echo byte for byte. (Before the large
+    // bodies below: a 200 KB upload is a slow first response for P2C's
+    // Peak-EWMA, which then rightly leaves that backend out for seconds.)
+    let tcp = lab
+        .run_loadgen(
+            &LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 200.0, 2.0).with_payload(3_000),
+        )
+        .unwrap();
+    assert_eq!(tcp.error_count(), 0, "{tcp:?}");
+    assert_eq!(tcp.completed, 400);
+    assert_eq!(answered(&tcp), names(&lab), "{tcp:?}");
+    let udp = lab
+        .run_loadgen(
+            &LoadConfig::open_loop(lab.udp_vip(), Protocol::Udp, 200.0, 2.0).with_payload(500),
+        )
+        .unwrap();
+    assert_eq!(udp.error_count(), 0, "{udp:?}");
+    assert_eq!(udp.completed, 400);
+    assert_eq!(answered(&udp), names(&lab), "{udp:?}");
+
     // Large bodies span many segments each way; sizes vary so a byte lost or
     // shifted by the NAT cannot hide behind a repeating pattern.
     for size in [1, 1_460, 20_000, 200_003] {
@@ -64,25 +85,6 @@ fn reach_every_backend(mode: XdpMode) {
     let (name, payload) = reply.split_at(reply.iter().position(|&b| b == b':').unwrap());
     assert!(names(&lab).contains(&*String::from_utf8_lossy(name)));
     assert_eq!(&payload[1..], b"ping through the vip");
-
-    // Many new flows, concurrently: every backend gets some, none fails. The
-    // load generator checks each echo byte for byte.
-    let tcp = lab
-        .run_loadgen(
-            &LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 200.0, 2.0).with_payload(3_000),
-        )
-        .unwrap();
-    assert_eq!(tcp.error_count(), 0, "{tcp:?}");
-    assert_eq!(tcp.completed, 400);
-    assert_eq!(answered(&tcp), names(&lab), "{tcp:?}");
-    let udp = lab
-        .run_loadgen(
-            &LoadConfig::open_loop(lab.udp_vip(), Protocol::Udp, 200.0, 2.0).with_payload(500),
-        )
-        .unwrap();
-    assert_eq!(udp.error_count(), 0, "{udp:?}");
-    assert_eq!(udp.completed, 400);
-    assert_eq!(answered(&udp), names(&lab), "{udp:?}");
 
     let status = lab.status().unwrap();
     for vip in [lab.tcp_vip(), lab.udp_vip()] {
