@@ -90,7 +90,6 @@ const PASS_TIMEOUT: Duration =
 const ADD_GAP: Duration = Duration::from_millis(300);
 /// VIPs of the tick part (per-VIP limit × 4 = MAX_BACKENDS).
 const TICK_VIPS: u32 = 4;
-/// The balancer namespace's reserved-ports sysctl (lb-user sets it).
 
 /// Runs every part of `plan` in one lab. A part that fails is reported in
 /// the returned errors and leaves its result `None`; the others still run.
