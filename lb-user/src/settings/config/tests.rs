@@ -44,17 +44,7 @@ fn minimal_flags_get_the_documented_defaults() {
     assert_eq!(c.ewma_tau, Duration::from_secs(10));
     // The peaks' memory follows --ewma-tau unless given.
     assert_eq!(c.ewma_peak_tau, Duration::from_secs(10));
-    let short = from_flags(&[
-        "--iface",
-        "eth0",
-        "--vip",
-        "10.0.0.100:80",
-        "--backend",
-        "10.0.0.21:80",
-        "--ewma-tau",
-        "2s",
-    ])
-    .unwrap();
+    let short = from_flags(&[MINIMAL, &["--ewma-tau", "2s"]].concat()).unwrap();
     assert_eq!(short.ewma_peak_tau, Duration::from_secs(2));
     assert_eq!(c.ewma_cold_start, Duration::from_millis(1));
     assert_eq!(c.score_interval, Duration::from_millis(50));
@@ -309,18 +299,7 @@ fn bad_files_have_their_messages() {
     let weight =
         err_file("[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80@0\"]\n");
     assert!(weight.contains("invalid weight '0'"), "{weight}");
-    let peak = err_flags(&[
-        "--iface",
-        "eth0",
-        "--vip",
-        "10.0.0.100:80",
-        "--backend",
-        "10.0.0.21:80",
-        "--ewma-tau",
-        "2s",
-        "--ewma-peak-tau",
-        "3s",
-    ]);
+    let peak = err_flags(&[MINIMAL, &["--ewma-tau", "2s", "--ewma-peak-tau", "3s"]].concat());
     assert_eq!(
         peak,
         "ewma peak tau 3s is longer than ewma tau 2s (the peaks' memory is the short one)"
