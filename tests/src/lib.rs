@@ -12,6 +12,7 @@ pub mod control_bench;
 pub mod http;
 pub mod lab;
 pub mod loadgen;
+pub mod netcounters;
 pub mod probe;
 pub mod production;
 pub mod root;

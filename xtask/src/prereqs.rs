@@ -8,7 +8,9 @@
 //! - protoc and the protobuf well-known types (protobuf-compiler,
 //!   libprotobuf-dev), which the etcd-client crate's build needs;
 //! - etcd (etcd-server, etcd-client) for the discovery tests, and the
-//!   openssl CLI (openssl) that makes their throwaway TLS certificates.
+//!   openssl CLI (openssl) that makes their throwaway TLS certificates;
+//! - the real clients of the lab tests: ApacheBench (apache2-utils), wrk,
+//!   iperf3 and curl.
 
 use std::{
     fs,
@@ -29,6 +31,11 @@ const LAB_TOOLS: &[(&str, &str)] = &[
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
     ("openssl", "openssl"),
+    // Real clients of the lab tests (tests/tests/real_clients.rs).
+    ("ab", "apache2-utils"),
+    ("wrk", "wrk"),
+    ("iperf3", "iperf3"),
+    ("curl", "curl"),
 ];
 /// What etcd-client's build script runs, and the imports its protos need.
 const PROTOC: &str = "protoc";

@@ -274,18 +274,7 @@ impl SnatBudget {
     }
 }
 
-/// Parses `nstat -a` output into counter → value.
-pub fn parse_nstat(text: &str) -> BTreeMap<String, u64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let name = fields.next()?;
-            let value = fields.next()?.parse().ok()?;
-            Some((name.to_string(), value))
-        })
-        .collect()
-}
+pub use crate::netcounters::parse_nstat;
 
 /// Parses a duration flag: seconds as a number, or with `ms`, `s`, `m`.
 pub fn parse_duration_s(text: &str) -> Result<f64, String> {
