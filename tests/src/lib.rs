@@ -18,6 +18,7 @@ pub mod production;
 pub mod root;
 pub mod server;
 pub mod status;
+pub mod tail;
 pub mod trials;
 pub mod xdp;
 

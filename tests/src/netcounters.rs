@@ -153,6 +153,16 @@ impl Delta {
     }
 }
 
+/// The namespace's `TcpExtTCPSynRetrans`: SYNs it sent again (each one a
+/// connection that waited at least a second).
+pub fn syn_retransmits(lab: &Lab, ns: &str) -> Result<u64> {
+    let text = lab.exec_ok(ns, &["nstat", "-asz", "TcpExtTCPSynRetrans"])?;
+    parse_nstat(&text)
+        .get("TcpExtTCPSynRetrans")
+        .copied()
+        .with_context(|| format!("no TcpExtTCPSynRetrans in nstat's output: {text}"))
+}
+
 /// A lab namespace without its per-run prefix: `lbl1234n0-cl` → `cl`
 /// (the part after the last '-').
 fn short_name(ns: &str) -> &str {

@@ -42,8 +42,9 @@ enum Task {
     Demo,
     /// Benchmarks (root): `dataplane` (ns per packet through BPF_PROG_TEST_RUN),
     /// `balance` (the lab with real servers, against HAProxy, nginx and nftables)
-    /// `control` (lb-user's own cost against issue 10's targets) or `capacity`
-    /// (new connections/s to one backend through 4 SNAT addresses, issue 9).
+    /// `control` (lb-user's own cost against issue 10's targets), `capacity`
+    /// (new connections/s to one backend through 4 SNAT addresses, issue 9)
+    /// or `tail` (where a 1 s SYN retransmit comes from, with ApacheBench).
     Bench {
         #[arg(value_enum)]
         suite: BenchSuite,
@@ -59,6 +60,7 @@ enum BenchSuite {
     Balance,
     Control,
     Capacity,
+    Tail,
 }
 
 impl BenchSuite {
@@ -69,6 +71,7 @@ impl BenchSuite {
             Self::Balance => "lb-bench-balance",
             Self::Control => "lb-bench-control",
             Self::Capacity => "lb-bench-capacity",
+            Self::Tail => "lb-bench-tail",
         }
     }
 }

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use anyhow::Context as _;
 use lb_common::{CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, LbConfig, MAX_BACKENDS};
 use tokio::time::sleep;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     errors::{ControlErrors, Stage},
@@ -223,8 +223,20 @@ pub fn mark_ready(
         },
     )?;
     log_ready(config, &snat_ip, attachment);
+    if config.snat_quarantine < LINUX_TIME_WAIT {
+        warn!(
+            quarantine = ?config.snat_quarantine,
+            "--snat-quarantine is shorter than Linux's 60 s TIME_WAIT: a SNAT tuple can go back \
+             to a backend that still holds it, and that SYN waits a second for its retransmit \
+             (docs/bench/tail.md)"
+        );
+    }
     Ok(())
 }
+
+/// How long a Linux backend keeps a closed connection's tuple in TIME_WAIT
+/// (`TCP_TIMEWAIT_LEN`, not tunable).
+const LINUX_TIME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Step 4: the kernel handles the running state keeps open.
 pub fn open_kernel_handles(

@@ -23,6 +23,7 @@ use crate::{
     Binaries, Lab,
     lab::{BalancerSpec, ProcessId, XdpMode},
     loadgen::{LoadConfig, Protocol, Summary},
+    netcounters,
     server::ACCEPT_REPORT_MS,
 };
 
@@ -60,6 +61,11 @@ pub struct RowResult {
     pub achieved_rps: f64,
     pub completed: u64,
     pub errors: u64,
+    /// SYNs the client namespace sent again during the row (`nstat`
+    /// `TcpExtTCPSynRetrans`): each is a connection that waited a second.
+    /// Absent in results written before it was measured.
+    #[serde(default)]
+    pub syn_retransmits: Option<u64>,
     pub error_kinds: BTreeMap<String, u64>,
     pub p50_ms: f64,
     pub p90_ms: f64,
@@ -259,6 +265,7 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         })
         .collect();
     let cpu_before = cpu::sample(&lab.balancer().ns)?;
+    let syn_before = netcounters::syn_retransmits(lab, &lab.client().ns)?;
     let processes = configs
         .iter()
         .map(|c| lab.spawn_loadgen(c))
@@ -289,6 +296,8 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
     }
     let summaries = summaries?;
     let cpu = cpu::sample(&lab.balancer().ns)?.since(cpu_before);
+    let syn_retransmits =
+        netcounters::syn_retransmits(lab, &lab.client().ns)?.saturating_sub(syn_before);
     let merged = merge(&summaries)?;
     let requests = merged.completed + merged.errors.values().sum::<u64>();
     let per_10k = |s: f64| {
@@ -314,6 +323,7 @@ fn measure(lab: &Lab, kind: Kind, row: Row, duration_s: f64) -> Result<RowResult
         achieved_rps: merged.completed as f64 / duration_s,
         completed: merged.completed,
         errors: merged.errors.values().sum(),
+        syn_retransmits: Some(syn_retransmits),
         error_kinds: merged.errors.clone(),
         p50_ms: merged.quantile_ms(0.50),
         p90_ms: merged.quantile_ms(0.90),

@@ -47,22 +47,24 @@ pub fn markdown(results: &[RowResult]) -> String {
         );
         let _ = write!(
             out,
-            "| row | achieved req/s | errors | P50 ms | P90 ms | P99 ms | P99.9 ms | {share} | proc CPU s/10k | softirq s/10k |"
+            "| row | achieved req/s | errors | SYN retrans | P50 ms | P90 ms | P99 ms | P99.9 ms | {share} | proc CPU s/10k | softirq s/10k |"
         );
         out.push_str(match (degrade, recover) {
             (true, _) => " reaction s |\n",
             (_, true) => " recovery s |\n",
             _ => "\n",
         });
-        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         out.push_str(if degrade || recover { "---:|\n" } else { "\n" });
         for r in rows {
             let _ = write!(
                 out,
-                "| {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}% | {:.3} | {:.3} |",
+                "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}% | {:.3} | {:.3} |",
                 r.row,
                 r.achieved_rps,
                 r.errors,
+                r.syn_retransmits
+                    .map_or_else(|| "–".to_string(), |n| n.to_string()),
                 r.p50_ms,
                 r.p90_ms,
                 r.p99_ms,
@@ -105,6 +107,7 @@ mod tests {
             achieved_rps: 999.0,
             completed: 10,
             errors: 0,
+            syn_retransmits: Some(2),
             error_kinds: Default::default(),
             p50_ms: 1.0,
             p90_ms: 2.0,
@@ -128,9 +131,9 @@ mod tests {
         ]);
         assert!(md.contains("#### hetero"));
         assert!(md.contains(
-            "| lb p2c-ewma | 999 | 0 | 1.0 | 2.0 | 3.0 | 4.0 | 25.0% | 0.500 | 0.250 |\n"
+            "| lb p2c-ewma | 999 | 0 | 2 | 1.0 | 2.0 | 3.0 | 4.0 | 25.0% | 0.500 | 0.250 |\n"
         ));
-        assert!(md.contains("| haproxy roundrobin | 999 | 0 | 1.0 | 2.0 | 3.0 | 4.0 | 25.0% | 0.500 | 0.250 | never |"));
+        assert!(md.contains("| haproxy roundrobin | 999 | 0 | 2 | 1.0 | 2.0 | 3.0 | 4.0 | 25.0% | 0.500 | 0.250 | never |"));
     }
 
     #[test]
@@ -142,7 +145,7 @@ mod tests {
         assert!(zones.contains("| cross-zone share |"));
         assert!(!zones.contains("slow share"));
         assert!(zones.contains(
-            "| lb p2c-ewma | 999 | 0 | 1.0 | 2.0 | 3.0 | 4.0 | 12.5% | 0.500 | 0.250 |\n"
+            "| lb p2c-ewma | 999 | 0 | 2 | 1.0 | 2.0 | 3.0 | 4.0 | 12.5% | 0.500 | 0.250 |\n"
         ));
     }
 

@@ -20,6 +20,7 @@ use lb_lab::{
     Binaries, Lab,
     lab::{Algorithm, BackendSpec, XdpMode},
     loadgen::{LoadConfig, Protocol, Summary},
+    netcounters,
     root::is_root,
     status::Status,
 };
@@ -160,6 +161,7 @@ fn run_algorithm(
         payload_bytes: 0,
     };
     let start_counts = opened(&lab.status()?, lab)?;
+    let kernel_before = netcounters::Snapshot::take(lab)?;
     let loadgen = lab.spawn_loadgen(&load)?;
     let started = Instant::now();
     let mut previous = start_counts.clone();
@@ -192,6 +194,12 @@ fn run_algorithm(
         .filter(|(name, count)| name.starts_with("drop") && **count > 0)
         .collect();
     println!("balancer drop counters: {drops:?}");
+    let kernel = kernel_before.delta(&netcounters::Snapshot::take(lab)?);
+    println!(
+        "client SYN retransmits: {} (each a connection that waited >= 1 s); kernel loss counters that moved: {}",
+        kernel.in_role("cl", "TcpExtTCPSynRetrans"),
+        kernel.summary()
+    );
     let exit = lab.stop_balancer(balancer, Signal::SIGTERM)?;
     if !exit.success() {
         bail!(

@@ -471,6 +471,17 @@ impl Lab {
         output_with_timeout(netns_exec(ns, argv), COMMAND_TIMEOUT)
     }
 
+    /// [`Lab::exec`] with its own time limit, for a long client run; a
+    /// non-zero exit is an error; returns stdout.
+    pub fn exec_ok_within<S: AsRef<OsStr>>(
+        &self,
+        ns: &str,
+        argv: &[S],
+        timeout: Duration,
+    ) -> Result<String> {
+        run_ok(netns_exec(ns, argv), timeout)
+    }
+
     /// Like [`Lab::exec`], but a non-zero exit is an error; returns stdout.
     pub fn exec_ok<S: AsRef<OsStr>>(&self, ns: &str, argv: &[S]) -> Result<String> {
         run_ok(netns_exec(ns, argv), COMMAND_TIMEOUT)
