@@ -42,6 +42,7 @@ use crate::{
     balance::{cpu, peers},
     lab::{Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol, VipSpec, XdpMode},
     loadgen::{self, LoadConfig},
+    netcounters,
 };
 
 /// What to measure.
@@ -244,12 +245,15 @@ fn cpu_over(lab: &Lab, f: impl FnOnce() -> Result<()>) -> Result<(f64, f64)> {
 /// One load run through whatever balances the VIP now.
 fn loaded_run(lab: &Lab, load: &LoadConfig) -> Result<ProcessRun> {
     let mut summary = None;
+    let syn_before = netcounters::syn_retransmits(lab, &lab.client().ns)?;
     let (cpu_s, window_s) = cpu_over(lab, || {
         summary = Some(lab.run_loadgen(load)?);
         std::thread::sleep(LOAD_TAIL);
         Ok(())
     })?;
     let summary = summary.context("no load summary")?;
+    let syn_retransmits =
+        netcounters::syn_retransmits(lab, &lab.client().ns)?.saturating_sub(syn_before);
     let errors: u64 = summary.errors.values().sum();
     let connections = summary.completed + errors;
     if summary.completed == 0 {
@@ -262,6 +266,7 @@ fn loaded_run(lab: &Lab, load: &LoadConfig) -> Result<ProcessRun> {
         connections,
         completed: summary.completed,
         errors,
+        syn_retransmits,
         cpu_s,
         window_s,
         cpu_s_per_10k: report::per_10k(cpu_s, connections).context("no connections")?,

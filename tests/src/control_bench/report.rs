@@ -23,6 +23,9 @@ pub struct ProcessRun {
     pub connections: u64,
     pub completed: u64,
     pub errors: u64,
+    /// SYNs the client namespace sent again during the run (`nstat`).
+    #[serde(default)]
+    pub syn_retransmits: u64,
     /// User + system CPU of the process over the load.
     pub cpu_s: f64,
     /// Seconds the CPU was counted over (the load and a short tail).
@@ -250,8 +253,9 @@ impl ControlReport {
                 md,
                 "- **Connections.** An open-loop client opened {:.0} new TCP connections a second for {:.0} s \
                  (one HTTP request each) through lb-user (p2c-ewma, native XDP) and then through HAProxy \
-                 (`mode tcp`, roundrobin) on the same VIP and backends. lb-user: {} connections ({} failed), \
-                 {:.3} CPU-s in all; HAProxy: {} connections ({} failed), {:.3} CPU-s. lb-user's idle \
+                 (`mode tcp`, roundrobin) on the same VIP and backends. lb-user: {} connections ({} failed, {} SYN \
+                 retransmits), {:.3} CPU-s in all; HAProxy: {} connections ({} failed, {} SYN retransmits), \
+                 {:.3} CPU-s. lb-user's idle \
                  cost just before the load was {:.2}% of a core; the judged figure includes it, \
                  \"above idle\" takes it out. HAProxy carries every byte in user space; lb-user \
                  only watches the data path.",
@@ -259,9 +263,11 @@ impl ControlReport {
                 c.duration_s,
                 c.lb_user.connections,
                 c.lb_user.errors,
+                c.lb_user.syn_retransmits,
                 c.lb_user.cpu_s,
                 c.haproxy.connections,
                 c.haproxy.errors,
+                c.haproxy.syn_retransmits,
                 c.haproxy.cpu_s,
                 c.lb_user_idle_core_percent,
             );
@@ -347,6 +353,7 @@ mod tests {
             connections: 10_000,
             completed: 10_000,
             errors: 0,
+            syn_retransmits: 0,
             cpu_s: cpu_s_per_10k,
             window_s: 10.0,
             cpu_s_per_10k,
