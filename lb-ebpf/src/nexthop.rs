@@ -53,7 +53,27 @@ pub fn forward(
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: bounds-checked above.
     let our_mac = unsafe { dmac_ptr.read_unaligned() };
-    let hop = fib(ctx, pkt, to, ingress)
+    let hop = resolve(ctx, pkt, to, ingress, our_mac, learned).ok_or(reason::DROP_NO_NEIGHBOUR)?;
+    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
+    unsafe {
+        dmac_ptr.write(hop.dmac);
+        smac_ptr.write(hop.smac);
+    }
+    Ok(send(hop.ifindex, ingress, tx_reason))
+}
+
+/// The next hop to `to.dst`: the FIB's, the neighbour map's, or `learned`
+/// (if its interface is not 0). `our_mac` is the frame's destination.
+#[inline(always)]
+fn resolve(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    ingress: u32,
+    our_mac: Mac,
+    learned: ReturnPath,
+) -> Option<Hop> {
+    fib(ctx, pkt, to, ingress)
         .or_else(|| neighbour(pkt.family, to.dst, our_mac, ingress))
         .or_else(|| {
             (learned.ifindex != 0).then_some(Hop {
@@ -62,18 +82,18 @@ pub fn forward(
                 ifindex: learned.ifindex,
             })
         })
-        .ok_or(reason::DROP_NO_NEIGHBOUR)?;
-    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
-    unsafe {
-        dmac_ptr.write(hop.dmac);
-        smac_ptr.write(hop.smac);
-    }
-    if hop.ifindex == ingress {
-        return Ok(Verdict::tx(tx_reason));
+}
+
+/// The verdict that sends the frame out of `ifindex`: XDP_TX (counted as
+/// `tx_reason`) on the ingress interface, else a redirect.
+#[inline(always)]
+fn send(ifindex: u32, ingress: u32, tx_reason: Reason) -> Verdict {
+    if ifindex == ingress {
+        return Verdict::tx(tx_reason);
     }
     // SAFETY: plain helper call; it only records the target for the driver.
-    let action = unsafe { bpf_redirect(hop.ifindex, 0) };
-    Ok(Verdict::new(action as u32, reason::REDIRECT))
+    let action = unsafe { bpf_redirect(ifindex, 0) };
+    Verdict::new(action as u32, reason::REDIRECT)
 }
 
 /// [`forward`] for a packet towards the backend of the forward entry
@@ -95,29 +115,37 @@ pub fn forward_to_backend(
     let (cached_mac, cached_ifindex) = unsafe { ((*fwd).client_mac, (*fwd).client_ifindex) };
     let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    if cached_ifindex != 0 && cached_ifindex == ingress {
-        // SAFETY: bounds-checked above; [u8; 6] has alignment 1. Our MAC
-        // is the frame's destination (it reached this interface).
-        unsafe {
-            let our_mac = dmac_ptr.read_unaligned();
-            dmac_ptr.write(cached_mac);
-            smac_ptr.write(our_mac);
+    // SAFETY: bounds-checked above. Our MAC is the frame's destination (it
+    // reached this interface).
+    let our_mac = unsafe { dmac_ptr.read_unaligned() };
+    // The cached and the resolved hop meet before the frame is written, as
+    // in `forward_to_client` (here that saves about 28k instructions).
+    let hop = if cached_ifindex != 0 && cached_ifindex == ingress {
+        Hop {
+            dmac: cached_mac,
+            smac: our_mac,
+            ifindex: ingress,
         }
-        return Ok(Verdict::tx(reason::TX_TO_BACKEND));
-    }
-    let verdict = forward(ctx, pkt, to, reason::TX_TO_BACKEND, ReturnPath::NONE)?;
-    if verdict.reason == reason::TX_TO_BACKEND {
-        // Sent back out of the ingress interface: remember the MAC just
-        // written. The MAC is stored before the interface that marks it valid.
-        let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
-        // SAFETY: bounds-checked; live map value.
-        unsafe {
-            let mac = dmac_ptr.read_unaligned();
-            (&raw mut (*fwd).client_mac).write_volatile(mac);
-            (&raw mut (*fwd).client_ifindex).write_volatile(ingress);
+    } else {
+        let hop = resolve(ctx, pkt, to, ingress, our_mac, ReturnPath::NONE)
+            .ok_or(reason::DROP_NO_NEIGHBOUR)?;
+        if hop.ifindex == ingress {
+            // Sent back out of the ingress interface: remember the hop. The
+            // MAC is stored before the interface that marks it valid.
+            // SAFETY: live map value.
+            unsafe {
+                (&raw mut (*fwd).client_mac).write_volatile(hop.dmac);
+                (&raw mut (*fwd).client_ifindex).write_volatile(ingress);
+            }
         }
+        hop
+    };
+    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
+    unsafe {
+        dmac_ptr.write(hop.dmac);
+        smac_ptr.write(hop.smac);
     }
-    Ok(verdict)
+    Ok(send(hop.ifindex, ingress, reason::TX_TO_BACKEND))
 }
 
 /// [`forward`] for a packet towards the client of the reply entry `rev`,
@@ -144,34 +172,45 @@ pub fn forward_to_client(
     let cached_ifindex = unsafe { (&raw const (*rev).hop_ifindex).read_volatile() };
     let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    if !refresh && cached_ifindex != 0 && cached_ifindex == ingress {
-        // SAFETY: bounds-checked above; [u8; 6] has alignment 1. Our MAC
-        // is the frame's destination (it reached this interface).
-        unsafe {
-            let our_mac = dmac_ptr.read_unaligned();
-            dmac_ptr.write(hop_mac.read_unaligned());
-            smac_ptr.write(our_mac);
+    // SAFETY: bounds-checked above. Our MAC is the frame's destination (it
+    // reached this interface).
+    let our_mac = unsafe { dmac_ptr.read_unaligned() };
+    // The cached and the resolved hop meet before the frame is written, so
+    // the verifier walks the rest of the reply path once for both (two
+    // copies of it cost about 46k instructions of the 1M budget).
+    let hop = if !refresh && cached_ifindex != 0 && cached_ifindex == ingress {
+        Hop {
+            // SAFETY: live map value; `Mac` has alignment 1.
+            dmac: unsafe { hop_mac.read_unaligned() },
+            smac: our_mac,
+            ifindex: ingress,
         }
-        return Ok(Verdict::tx(reason::TX_TO_CLIENT));
-    }
-    if refresh && cached_ifindex != 0 {
-        // Dropped first: whatever the answer now (a redirect, or none), the
-        // cached hop is stale.
-        // SAFETY: live map value.
-        unsafe { (&raw mut (*rev).hop_ifindex).write_volatile(0) };
-    }
-    let verdict = forward(ctx, pkt, to, reason::TX_TO_CLIENT, ReturnPath::of(rev))?;
-    if verdict.reason == reason::TX_TO_CLIENT {
-        // Sent back out of the ingress interface: remember the MAC just
-        // written. The MAC is stored before the interface that marks it valid.
-        let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
-        // SAFETY: bounds-checked; live map value.
-        unsafe {
-            hop_mac.write_volatile(dmac_ptr.read_unaligned());
-            (&raw mut (*rev).hop_ifindex).write_volatile(ingress);
+    } else {
+        if refresh && cached_ifindex != 0 {
+            // Dropped first: whatever the answer now (a redirect, or none),
+            // the cached hop is stale.
+            // SAFETY: live map value.
+            unsafe { (&raw mut (*rev).hop_ifindex).write_volatile(0) };
         }
+        let hop = resolve(ctx, pkt, to, ingress, our_mac, ReturnPath::of(rev))
+            .ok_or(reason::DROP_NO_NEIGHBOUR)?;
+        if hop.ifindex == ingress {
+            // Sent back out of the ingress interface: remember the hop. The
+            // MAC is stored before the interface that marks it valid.
+            // SAFETY: live map value.
+            unsafe {
+                hop_mac.write_volatile(hop.dmac);
+                (&raw mut (*rev).hop_ifindex).write_volatile(ingress);
+            }
+        }
+        hop
+    };
+    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
+    unsafe {
+        dmac_ptr.write(hop.dmac);
+        smac_ptr.write(hop.smac);
     }
-    Ok(verdict)
+    Ok(send(hop.ifindex, ingress, reason::TX_TO_CLIENT))
 }
 
 // A reply entry's cached MAC lives in the first six bytes of its
