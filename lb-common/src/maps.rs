@@ -333,7 +333,11 @@ pub const FLOW_CLOSING: u8 = 3;
 /// [`FlowEntry::flags`]: the close was counted (set with an atomic OR, so a
 /// flow is counted closed exactly once).
 pub const FLOW_F_CLOSED: u32 = 1;
-/// A client payload is waiting for the backend's first payload.
+/// A client payload is waiting for the backend's first payload. Set in the
+/// forward entry (with `request_ns`), and mirrored into the reply entry by
+/// the CPU that set it there, so the reply path knows without looking the
+/// forward entry up that a backend payload is a latency sample (see
+/// lb-ebpf's `track::reply_needs_state`).
 pub const FLOW_F_REQUEST_PENDING: u32 = 2;
 /// The backend answered the SYN.
 pub const FLOW_F_SYNACK_SEEN: u32 = 4;
@@ -349,7 +353,13 @@ pub const FLOW_F_FIN_BACKEND: u32 = 16;
 /// by the client's 5-tuple ([`DIR_TO_BACKEND`]) and one keyed by the backend's
 /// reply 5-tuple ([`DIR_TO_CLIENT`]). The fields give the rewrite to apply.
 /// Connection state (flags, timestamps) lives in the `DIR_TO_BACKEND` entry;
-/// the reply side finds it by swapping its rewrite fields into a key.
+/// the reply side finds it by swapping its rewrite fields into a key, only
+/// for the packets that need it (see lb-ebpf's `track::reply_needs_state`).
+///
+/// Some fields mean different things in the two directions (the layout
+/// stays 96 bytes, so a restarted or upgraded instance keeps adopting the
+/// pinned table; entries written before these meanings existed read as
+/// "nothing cached").
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowEntry {
@@ -365,13 +375,21 @@ pub struct FlowEntry {
     pub flags: u32,
     pub _pad2: u32,
     pub created_ns: u64,
-    /// Last activity (refreshed at most once a second). Once
+    /// Last activity (refreshed at most once a second): of the connection
+    /// in a forward entry (both directions refresh it; the sweep's idle
+    /// expiry reads it), of the backend's packets in a reply entry (each
+    /// refresh there also refreshes the forward entry, so the forward
+    /// entry's lags the backend's last packet by under two seconds). Once
     /// [`FLOW_F_CLOSED`] is set it is the time of the close and no longer
     /// moves: a closed forward entry lingers `closed_linger_ns` from it, and
     /// a closed reply entry keeps its SNAT tuple quarantined
     /// `snat_quarantine_ns` from it.
     pub last_seen_ns: u64,
-    /// Time of the client payload awaiting a response (0 = none).
+    /// [`DIR_TO_BACKEND`] entries: time of the client payload awaiting a
+    /// response (0 = none). [`DIR_TO_CLIENT`] entries: the MAC of the next
+    /// hop towards the client that the data path cached, in the field's
+    /// first six bytes (memory order; see [`FlowEntry::reply_hop`]), valid
+    /// while `hop_ifindex` is not 0.
     pub request_ns: u64,
     /// [`DIR_TO_CLIENT`] entries: the source MAC of the client's frames and
     /// the interface they arrived on, learned when the flow is created. The
@@ -383,9 +401,23 @@ pub struct FlowEntry {
     pub client_mac: [u8; 6],
     pub _pad3: [u8; 2],
     pub client_ifindex: u32,
-    pub _pad4: u32,
+    /// [`DIR_TO_CLIENT`] entries: the interface of the next hop towards the
+    /// client cached by the data path (0 = none; its MAC is in
+    /// `request_ns`), set when the frame went back out of the ingress
+    /// interface and dropped once a second, like a forward entry's.
+    /// [`DIR_TO_BACKEND`] entries: 0.
+    pub hop_ifindex: u32,
 }
 assert_size!(FlowEntry, 96);
+
+impl FlowEntry {
+    /// A [`DIR_TO_CLIENT`] entry's cached next hop towards the client: its
+    /// MAC and interface (interface 0: none cached).
+    pub const fn reply_hop(&self) -> ([u8; 6], u32) {
+        let b = self.request_ns.to_ne_bytes();
+        ([b[0], b[1], b[2], b[3], b[4], b[5]], self.hop_ifindex)
+    }
+}
 
 /// Key of [`crate::FRAGMENTS_MAP`]: one fragmented datagram as it arrives
 /// (before translation), as RFC 791 and RFC 8200 identify it.

@@ -22,6 +22,9 @@ use crate::{
 const EEXIST: i32 = -17;
 
 /// Where the client's frames came from: the next hop back to the client.
+/// Interface 0 stands for "none": a plain value rather than an `Option`,
+/// whose `None` LLVM passed on with an undefined payload register (the
+/// debug build's reply path failed verification with `R1 !read_ok`).
 #[derive(Clone, Copy)]
 pub struct ReturnPath {
     pub mac: Mac,
@@ -29,12 +32,18 @@ pub struct ReturnPath {
 }
 
 impl ReturnPath {
-    /// The return path stored in a reply entry, if it has one.
+    /// No learned return path (towards a backend).
+    pub const NONE: Self = Self {
+        mac: [0; 6],
+        ifindex: 0,
+    };
+
+    /// The return path stored in a reply entry (interface 0: none).
     #[inline(always)]
-    pub fn of(entry: *const FlowEntry) -> Option<Self> {
+    pub fn of(entry: *const FlowEntry) -> Self {
         // SAFETY: live map value; written only when the entry is created.
         let (mac, ifindex) = unsafe { ((*entry).client_mac, (*entry).client_ifindex) };
-        (ifindex != 0).then_some(Self { mac, ifindex })
+        Self { mac, ifindex }
     }
 }
 

@@ -319,12 +319,24 @@ fn forward_known(
     }
     let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
+    // The reply direction reads the clock before its next hop: the refresh
+    // that is due once a second also resolves the hop again. Still one
+    // clock read per packet (none for a later fragment to the backend).
+    let (reply_now, refresh) = match direction {
+        Direction::ToBackend => (0, false),
+        Direction::FromBackend => {
+            let t = now();
+            // A later fragment leaves the refresh to its datagram's
+            // tracked packets.
+            (
+                t,
+                pkt.frag != FRAG_LATER && track::reply_refresh_due(entry, t),
+            )
+        }
+    };
     let verdict = match direction {
         Direction::ToBackend => nexthop::forward_to_backend(ctx, pkt, &to, entry)?,
-        Direction::FromBackend => {
-            let client = ReturnPath::of(entry);
-            nexthop::forward(ctx, pkt, &to, reason::TX_TO_CLIENT, client)?
-        }
+        Direction::FromBackend => nexthop::forward_to_client(ctx, pkt, &to, entry, refresh)?,
     };
     // A later fragment has no header to track: its bytes are counted.
     if pkt.frag == FRAG_LATER {
@@ -333,14 +345,20 @@ fn forward_known(
     }
     match direction {
         Direction::ToBackend => track::client_packet(pkt, entry, now()),
-        // The forward entry holds the state. After a new SYN reused the
-        // client tuple, it belongs to the new connection: a late packet of
-        // the old one (another SNAT tuple) must not touch it.
+        // The forward entry holds the state: it is looked up (a second
+        // flow lookup) only when the packet needs it or the refresh is due;
+        // an established connection's bulk packets skip it. After a new SYN
+        // reused the client tuple, it belongs to the new connection: a late
+        // packet of the old one (another SNAT tuple) must not touch it.
         Direction::FromBackend => {
-            if let Some(fwd) = flow::lookup(&to.opposite_key(pkt))
+            // Evaluated first, always: it takes the reply entry's pending
+            // bit for a payload (see `track::reply_needs_state`).
+            let needs_state = track::reply_needs_state(pkt, entry);
+            if (needs_state || refresh)
+                && let Some(fwd) = flow::lookup(&to.opposite_key(pkt))
                 && flow::translates_to(fwd, pkt)
             {
-                track::backend_packet(pkt, fwd, now());
+                track::backend_packet(pkt, fwd, reply_now);
             }
         }
     }

@@ -22,6 +22,12 @@
 //!   another connection (a new SYN on the same client tuple): an orphan,
 //!   stamped closed now, so its tuple is freed after a quarantine.
 //!
+//! Idle expiry reads only the forward entry's `last_seen_ns`. The reply
+//! path refreshes it at most once a second per flow, when the reply
+//! entry's own `last_seen_ns` (its once-a-second stamp while open, read
+//! by nothing here) is due (`track::reply_refresh_due`), so it lags a
+//! backend's last packet by under two seconds, far below any idle timeout.
+//!
 //! A light pass (the frame's first byte is `SWEEP_LIGHT`) skips the pair
 //! checks: an open entry's other direction is looked up only to close the
 //! flow, so lone entries are found by full passes only. The lookups are

@@ -1,7 +1,12 @@
 //! Connection tracking. State lives in the forward (client → backend) entry;
 //! both directions update it, and ring-buffer events go out only when the
-//! state changes. Bits that several CPUs may race on are set and cleared
-//! with atomic read-modify-writes, and only the CPU that flipped a bit acts.
+//! state changes. A backend packet finds the forward entry through a second
+//! lookup, so the reply path does that only when the packet needs the
+//! state (`reply_refresh_due`, `reply_needs_state`): its flags (SYN, FIN,
+//! RST), a response to a pending request (mirrored into the reply entry by
+//! the forward path), or the once-a-second `last_seen_ns` refresh. Bits
+//! that several CPUs may race on are set and cleared with atomic
+//! read-modify-writes, and only the CPU that flipped a bit acts.
 //!
 //! A TCP connection is closed after both FINs (one from each side: a
 //! half-closed transfer is still in flight) or after an RST from either
@@ -54,13 +59,76 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         // reads it only after clearing the flag.
         // SAFETY: live map value.
         unsafe { (*fwd).request_ns = now };
-        flags.set(FLOW_F_REQUEST_PENDING);
+        if flags.set(FLOW_F_REQUEST_PENDING) & FLOW_F_REQUEST_PENDING == 0 {
+            // The CPU that raised the request tells the reply entry, so the
+            // backend's response looks the forward entry up for its sample
+            // (one lookup per request here, none per reply packet there).
+            // Forward first, then reply: the reply path clears them in the
+            // opposite order (`reply_needs_state`).
+            mirror_request_pending(fwd, pkt);
+        }
     }
     if pkt.has(TCP_RST) {
         close(fwd, pkt, EVENT_CLOSED, CLOSE_RST, now);
     } else if pkt.has(TCP_FIN) {
         fin(fwd, pkt, FLOW_F_FIN_CLIENT, now);
     }
+}
+
+/// Sets `FLOW_F_REQUEST_PENDING` in the reply entry of the forward entry
+/// `fwd` (a no-op if it has none).
+#[inline(always)]
+fn mirror_request_pending(fwd: *mut FlowEntry, pkt: &Packet) {
+    if let Some(rev) = lookup(&Translation::of(fwd).opposite_key(pkt)) {
+        Flags::of(rev).set(FLOW_F_REQUEST_PENDING);
+    }
+}
+
+/// Called first for each backend packet (not a later fragment) of the
+/// reply entry `rev`: whether the once-a-second refresh is due. If so, its
+/// `last_seen_ns` is refreshed now, the packet refreshes the forward
+/// entry's (`backend_packet`), and its next hop is resolved again (which
+/// picks up a changed neighbour, see `nexthop::forward_to_client`). A
+/// closed reply entry keeps its close time (its SNAT tuple's quarantine):
+/// for it the refresh is always due, so a closed connection's late packets
+/// take the full path, as every reply packet did before the reply path
+/// had a fast one.
+#[inline(always)]
+pub fn reply_refresh_due(rev: *mut FlowEntry, now: u64) -> bool {
+    if Flags::of(rev).get() & FLOW_F_CLOSED != 0 {
+        return true;
+    }
+    // SAFETY: live map value; a racing refresh (or close) stores a similar
+    // timestamp, so a torn race moves a quarantine start by nanoseconds.
+    unsafe {
+        if now.saturating_sub((*rev).last_seen_ns) > LAST_SEEN_GRANULARITY_NS {
+            (*rev).last_seen_ns = now;
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether the backend packet `pkt` of the reply entry `rev` needs the
+/// connection state in the forward entry (beyond a due refresh): a SYN
+/// (the SYN-ACK), FIN or RST, or a payload while a request is pending
+/// (the latency sample). A payload takes the reply entry's pending bit
+/// (an atomic clear, so of CPUs racing with responses only one looks the
+/// forward entry up for the sample), before `backend_packet` clears the
+/// forward entry's: a request raised in between finds the forward bit
+/// still set and is not counted, as before. Called for every packet, also
+/// one whose refresh is due, so that a payload that reaches the forward
+/// entry always clears both bits. (The bits are two words, so a narrow
+/// race remains: a request raised on another CPU between the mirror's two
+/// steps and a response's two steps can be sampled early by that response
+/// or go unsampled. Samples stay one per request at most.)
+#[inline(always)]
+pub fn reply_needs_state(pkt: &Packet, rev: *mut FlowEntry) -> bool {
+    let flags = Flags::of(rev);
+    let pending = pkt.payload_len > 0
+        && flags.get() & FLOW_F_REQUEST_PENDING != 0
+        && flags.clear(FLOW_F_REQUEST_PENDING) & FLOW_F_REQUEST_PENDING != 0;
+    pending || pkt.has(TCP_SYN | TCP_FIN | TCP_RST)
 }
 
 /// A backend packet of the connection whose forward entry is `fwd`.

@@ -11,7 +11,8 @@
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
     CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, IPPROTO_TCP, IPPROTO_UDP, reason,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, IPPROTO_TCP,
+    IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -485,6 +486,265 @@ fn case_next_hop_cached_per_flow(lb: &mut Lb) {
     lb.expect(&data, XDP_TX, &via(moved));
     let fwd = lb.flow(&fwd_key).expect("forward entry");
     assert_eq!((fwd.client_mac, fwd.client_ifindex), (moved, 1));
+}
+
+/// Makes the entry at `key` `secs` seconds older (its once-a-second
+/// refresh is then due).
+fn age(lb: &mut Lb, key: &lb_common::FlowKey, secs: u64) {
+    let mut entry = lb.flow(key).expect("flow entry");
+    entry.last_seen_ns -= secs * 1_000_000_000;
+    lb.set_flow(key, entry);
+}
+
+fn case_bulk_reply_skips_the_forward_entry(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let syn_ack = from_backend(0, snat_port, TCP_SYN | TCP_ACK);
+    lb.expect(&syn_ack, XDP_TX, &to_client_of(&syn_ack));
+    let fwd_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let rev_key = key(
+        IPPROTO_TCP,
+        (backend_addr(0), BACKEND_PORT),
+        (SNAT, snat_port),
+    );
+    // Bait, written behind the data path's back: the forward entry says a
+    // request is pending and was last seen two seconds ago; the reply
+    // entry knows of no request and was refreshed just now. A reply path
+    // that read the forward entry would take a sample and refresh it.
+    let mut bait = lb.flow(&fwd_key).expect("forward entry");
+    bait.flags |= FLOW_F_REQUEST_PENDING;
+    bait.request_ns = bait.last_seen_ns;
+    bait.last_seen_ns -= 2_000_000_000;
+    lb.set_flow(&fwd_key, bait);
+    let data = from_backend(0, snat_port, TCP_ACK | TCP_PSH).payload(&[b'x'; 100]);
+    for _ in 0..3 {
+        lb.expect(&data, XDP_TX, &to_client_of(&data));
+    }
+    assert_eq!(lb.latency(0).count, 0, "no second lookup for bulk packets");
+    assert_eq!(lb.flow(&fwd_key), Some(bait), "the forward entry untouched");
+    assert_eq!(lb.reason(reason::TX_TO_CLIENT), 4);
+    // Once the reply entry's own refresh is due (a second later; here: its
+    // stamp made older), the packet refreshes both entries' last_seen_ns
+    // (the sweep's idle expiry reads the forward entry's), and with it
+    // sees the forward entry's state.
+    age(lb, &rev_key, 2);
+    let stale_rev = lb.flow(&rev_key).expect("reply entry");
+    lb.expect(&data, XDP_TX, &to_client_of(&data));
+    let fwd = lb.flow(&fwd_key).expect("forward entry");
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    assert!(fwd.last_seen_ns > bait.last_seen_ns + 1_000_000_000);
+    assert!(rev.last_seen_ns > stale_rev.last_seen_ns + 1_000_000_000);
+    assert_eq!(fwd.flags & FLOW_F_REQUEST_PENDING, 0);
+    assert_eq!(lb.latency(0).count, 1);
+    // Within the next second, skipped again.
+    let mut bait = fwd;
+    bait.last_seen_ns -= 2_000_000_000;
+    lb.set_flow(&fwd_key, bait);
+    lb.expect(&data, XDP_TX, &to_client_of(&data));
+    assert_eq!(lb.flow(&fwd_key), Some(bait));
+    // FIN and RST always reach the connection state: both FINs close it,
+    // once; both entries carry the one close time, which later packets
+    // (a retransmitted FIN, an RST) do not move.
+    let fin = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_FIN | TCP_ACK);
+    assert_eq!(lb.run(&fin.build()).0, XDP_TX);
+    let fin_back = from_backend(0, snat_port, TCP_FIN | TCP_ACK);
+    lb.expect(&fin_back, XDP_TX, &to_client_of(&fin_back));
+    assert_eq!(lb.conns(0).closed, 1);
+    let fwd = lb.flow(&fwd_key).expect("forward entry");
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    assert_ne!(fwd.flags & FLOW_F_CLOSED, 0);
+    assert_ne!(rev.flags & FLOW_F_CLOSED, 0);
+    assert_eq!(rev.last_seen_ns, fwd.last_seen_ns, "one close time");
+    for late in [
+        fin_back.clone(),
+        from_backend(0, snat_port, TCP_ACK).payload(b"late"),
+        from_backend(0, snat_port, TCP_RST),
+    ] {
+        lb.expect(&late, XDP_TX, &to_client_of(&late));
+    }
+    assert_eq!(
+        lb.flow(&rev_key).expect("reply entry").last_seen_ns,
+        rev.last_seen_ns
+    );
+    assert_eq!(lb.conns(0).closed, 1);
+    assert!(lb.events().is_empty(), "an orderly close, counted once");
+}
+
+fn case_keep_alive_one_sample_per_request(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let fwd_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let rev_key = key(
+        IPPROTO_TCP,
+        (backend_addr(0), BACKEND_PORT),
+        (SNAT, snat_port),
+    );
+    let pending = |lb: &Lb| {
+        let fwd = lb.flow(&fwd_key).expect("forward entry").flags & FLOW_F_REQUEST_PENDING;
+        let rev = lb.flow(&rev_key).expect("reply entry").flags & FLOW_F_REQUEST_PENDING;
+        (fwd != 0, rev != 0)
+    };
+    let syn_ack = from_backend(0, snat_port, TCP_SYN | TCP_ACK);
+    lb.expect(&syn_ack, XDP_TX, &to_client_of(&syn_ack));
+    let request = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK | TCP_PSH)
+        .payload(b"GET / HTTP/1.1\r\n\r\n");
+    let response = from_backend(0, snat_port, TCP_ACK | TCP_PSH).payload(&[b'x'; 1000]);
+    let backend_ack = from_backend(0, snat_port, TCP_ACK);
+    for n in 1..=3 {
+        assert_eq!(lb.run(&request.build()).0, XDP_TX);
+        // The forward path mirrors the pending request into the reply entry.
+        assert_eq!(pending(lb), (true, true), "request {n}");
+        // A pure ACK is not a response: the request stays pending.
+        lb.expect(&backend_ack, XDP_TX, &to_client_of(&backend_ack));
+        assert_eq!(pending(lb), (true, true), "request {n}");
+        assert_eq!(lb.latency(0).count, n - 1);
+        // The response's first segment is the sample and clears both bits;
+        // the rest of the response is bulk.
+        for _ in 0..4 {
+            lb.expect(&response, XDP_TX, &to_client_of(&response));
+            assert_eq!(pending(lb), (false, false), "request {n}");
+            assert_eq!(lb.latency(0).count, n, "one sample per request");
+        }
+    }
+    // Server push without a request: no sample.
+    lb.expect(&response, XDP_TX, &to_client_of(&response));
+    assert_eq!(lb.latency(0).count, 3);
+    // A backend's reset of the live connection still closes it, with its
+    // failure event.
+    let rst = from_backend(0, snat_port, TCP_RST | TCP_ACK);
+    lb.expect(&rst, XDP_TX, &to_client_of(&rst));
+    let events = lb.events();
+    assert_eq!(kinds(&events), [EVENT_CLOSED]);
+    assert_eq!(events[0].reason, CLOSE_BACKEND_RST);
+    assert_eq!(lb.conns(0).closed, 1);
+}
+
+fn case_udp_reply_one_sample_per_query(lb: &mut Lb) {
+    let query = Pkt::udp((CLIENT, CLIENT_PORT), (VIP, DNS)).payload(b"query");
+    assert_eq!(lb.run(&query.build()).0, XDP_TX);
+    let fwd = lb.forward_entry(IPPROTO_UDP, DNS, CLIENT_PORT);
+    let snat_port = u16::from_be(fwd.new_sport);
+    let rev_key = key(
+        IPPROTO_UDP,
+        (backend_addr(0), BACKEND_PORT),
+        (SNAT, snat_port),
+    );
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    assert_ne!(
+        rev.flags & FLOW_F_REQUEST_PENDING,
+        0,
+        "mirrored at creation"
+    );
+    let answer = Pkt::udp((backend_addr(0), BACKEND_PORT), (SNAT, snat_port))
+        .macs(LB_MAC, backend_mac(0))
+        .payload(b"answer");
+    let back = answer.rewritten((VIP, DNS), (CLIENT, CLIENT_PORT), CLIENT_MAC);
+    for n in 1..=2 {
+        if n > 1 {
+            assert_eq!(lb.run(&query.build()).0, XDP_TX);
+        }
+        for _ in 0..3 {
+            lb.expect(&answer, XDP_TX, &back);
+            assert_eq!(lb.latency(0).count, n, "one sample per query");
+        }
+        let rev = lb.flow(&rev_key).expect("reply entry");
+        assert_eq!(rev.flags & FLOW_F_REQUEST_PENDING, 0);
+    }
+    // The reply's next hop is cached per flow (the learned return path here).
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    assert_eq!(rev.reply_hop(), (CLIENT_MAC, 1));
+}
+
+fn case_reply_after_tuple_reuse_leaves_the_new_connection_alone(lb: &mut Lb) {
+    let old_port = open_tcp(lb);
+    let request = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK | TCP_PSH).payload(b"req");
+    // The old connection has a request pending (in both entries) when the
+    // client resets it and reuses its tuple for a new connection.
+    assert_eq!(lb.run(&request.build()).0, XDP_TX);
+    let old_rev = reply_entry(lb, old_port).expect("old reply entry");
+    assert_ne!(old_rev.flags & FLOW_F_REQUEST_PENDING, 0);
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    let new_port = u16::from_be(lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT).new_sport);
+    assert_ne!(new_port, old_port);
+    let syn_ack = from_backend(0, new_port, TCP_SYN | TCP_ACK);
+    lb.expect(&syn_ack, XDP_TX, &to_client_of(&syn_ack));
+    assert_eq!(lb.run(&request.build()).0, XDP_TX);
+    let new_fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    assert_ne!(new_fwd.flags & FLOW_F_REQUEST_PENDING, 0);
+    // The old connection's late response, FIN and RST, each of which takes
+    // the slow path, are translated but leave the new connection's state
+    // alone (no sample, no FIN, no close).
+    for late in [
+        from_backend(0, old_port, TCP_ACK | TCP_PSH).payload(b"late answer"),
+        from_backend(0, old_port, TCP_FIN | TCP_ACK),
+        from_backend(0, old_port, TCP_RST),
+    ] {
+        lb.expect(&late, XDP_TX, &to_client_of(&late));
+    }
+    assert_eq!(lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT), new_fwd);
+    assert_eq!(lb.latency(0).count, 0);
+    assert_eq!(lb.conns(0).closed, 1, "only the old connection closed");
+    assert!(lb.events().is_empty());
+    // The new connection's response is its sample.
+    let response = from_backend(0, new_port, TCP_ACK | TCP_PSH).payload(b"answer");
+    lb.expect(&response, XDP_TX, &to_client_of(&response));
+    assert_eq!(lb.latency(0).count, 1);
+    let new_fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    assert_eq!(new_fwd.flags & FLOW_F_REQUEST_PENDING, 0);
+}
+
+fn case_reply_next_hop_cached_per_flow(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let rev_key = key(
+        IPPROTO_TCP,
+        (backend_addr(0), BACKEND_PORT),
+        (SNAT, snat_port),
+    );
+    let hop = |lb: &Lb| lb.flow(&rev_key).expect("reply entry").reply_hop();
+    let data = from_backend(0, snat_port, TCP_ACK);
+    let via = |mac| data.rewritten((VIP, HTTP), (CLIENT, CLIENT_PORT), mac);
+    // A neighbour entry for the client beats the learned return path; the
+    // first reply resolves it and the flow keeps it.
+    let near = [0x02, 0, 0, 7, 7, 7];
+    lb.neighbour(CLIENT, near, 0);
+    assert_eq!(
+        hop(lb),
+        ([0; 6], 0),
+        "nothing cached before the first reply"
+    );
+    lb.expect(&data, XDP_TX, &via(near));
+    assert_eq!(hop(lb), (near, 1));
+    // The neighbour changes: the flow keeps its hop...
+    let moved = [0x02, 0, 0, 8, 8, 8];
+    lb.neighbour(CLIENT, moved, 0);
+    lb.expect(&data, XDP_TX, &via(near));
+    lb.expect(&data, XDP_TX, &via(near));
+    // ...until its once-a-second refresh (here: the reply entry made two
+    // seconds older), which resolves it again.
+    age(lb, &rev_key, 2);
+    lb.expect(&data, XDP_TX, &via(moved));
+    assert_eq!(hop(lb), (moved, 1));
+    lb.expect(&data, XDP_TX, &via(moved));
+    // The neighbour entry goes: after the next refresh the learned return
+    // path is the last resort, and is cached in turn.
+    lb.remove_neighbour(CLIENT);
+    lb.expect(&data, XDP_TX, &via(moved));
+    age(lb, &rev_key, 2);
+    lb.expect(&data, XDP_TX, &via(CLIENT_MAC));
+    assert_eq!(hop(lb), (CLIENT_MAC, 1));
+    // The client moves behind another interface: a redirect, never
+    // cached; the stale hop is dropped at the refresh.
+    lb.neighbour(CLIENT, near, 7);
+    lb.expect(&data, XDP_TX, &via(CLIENT_MAC));
+    age(lb, &rev_key, 2);
+    assert_eq!(lb.run(&data.build()).0, XDP_REDIRECT);
+    assert_eq!(hop(lb).1, 0);
+    assert_eq!(lb.run(&data.build()).0, XDP_REDIRECT);
+    assert_eq!(lb.reason(reason::REDIRECT), 2);
+    // The learned path itself never changes.
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    assert_eq!((rev.client_mac, rev.client_ifindex), (CLIENT_MAC, 1));
 }
 
 fn case_udp_both_ways(lb: &mut Lb) {
@@ -1085,6 +1345,26 @@ const CASES: &[Case] = &[
     ("rst to syn refused", case_rst_to_syn_refused),
     ("backend reset reported", case_backend_reset_reported),
     ("next hop cached per flow", case_next_hop_cached_per_flow),
+    (
+        "bulk reply skips the forward entry",
+        case_bulk_reply_skips_the_forward_entry,
+    ),
+    (
+        "keep-alive: one sample per request",
+        case_keep_alive_one_sample_per_request,
+    ),
+    (
+        "udp reply: one sample per query",
+        case_udp_reply_one_sample_per_query,
+    ),
+    (
+        "reply after tuple reuse leaves the new connection alone",
+        case_reply_after_tuple_reuse_leaves_the_new_connection_alone,
+    ),
+    (
+        "reply next hop cached per flow",
+        case_reply_next_hop_cached_per_flow,
+    ),
     ("udp both ways", case_udp_both_ways),
     ("non-vip traffic passes", case_non_vip_passes),
     ("vlan tag kept", case_vlan_tag_kept),

@@ -45,7 +45,7 @@ fn try_translate(ctx: &XdpContext, pkt: &Packet, entry: *mut FlowEntry) -> Resul
     let towards_backend = unsafe { (*entry).direction } == DIR_TO_BACKEND;
     proceed!(rewrite(XdpContext::new(ctx.ctx), pkt, &to));
     let (tx_reason, learned) = if towards_backend {
-        (reason::TX_TO_BACKEND, None)
+        (reason::TX_TO_BACKEND, ReturnPath::NONE)
     } else {
         (reason::TX_TO_CLIENT, ReturnPath::of(entry))
     };
