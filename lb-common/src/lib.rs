@@ -41,6 +41,11 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 /// step is a `BPF_NOEXIST` insert into the (non-LRU) flow table, which
 /// never evicts anything.
 pub const SNAT_PORT_TRIES: u32 = 8;
+/// When a CPU's own SNAT slice has nothing free within [`SNAT_PORT_TRIES`],
+/// the positions of another CPU's slice it tries before refusing the flow
+/// (consecutive, from a random one). SYNs that all land on one CPU (one
+/// busy receive queue, a veth) would otherwise reach only 1/N of the tuples.
+pub const SNAT_STEAL_TRIES: u32 = 4;
 /// Addresses per family in a SNAT pool.
 pub const MAX_SNAT_ADDRS: u32 = 64;
 /// Defaults for the kernel sweep (see [`LbConfig`]): how long a closed

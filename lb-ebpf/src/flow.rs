@@ -8,11 +8,13 @@ use aya_ebpf::{
 };
 use lb_common::{
     AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_SYN_SENT,
-    FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, reason,
+    FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, SNAT_STEAL_TRIES,
+    reason,
 };
 
 use crate::{
     atomic::add_u64,
+    helpers::random,
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
     select::Chosen,
@@ -161,9 +163,11 @@ pub fn create(
 /// own slice of each backend with a cursor. A tuple the cursor reaches was
 /// last handed out by this CPU one full turn ago, so it is free unless its
 /// connection is still open or in quarantine; the cursor then steps on, at
-/// most `SNAT_PORT_TRIES` times. No two CPUs ever race for a tuple, and a
-/// step is a `BPF_NOEXIST` insert into the non-LRU flow table, which never
-/// evicts anything.
+/// most `SNAT_PORT_TRIES` times. Only when those are all in use does a CPU
+/// take from another CPU's slice (`SNAT_STEAL_TRIES` positions): SYNs are
+/// not always spread over CPUs. Every step is a `BPF_NOEXIST` insert into
+/// the non-LRU flow table, which never evicts anything, so a CPU that meets
+/// a tuple another took just steps on.
 struct Snat {
     /// First slot of the family's pool in `SNAT_ADDRS`.
     base: u32,
@@ -222,10 +226,49 @@ impl Snat {
     /// slot in `SNAT_ADDRS` and its port (network byte order).
     #[inline(always)]
     fn tuple(&self, step: u64) -> (u32, u16) {
-        // cpu < cpus and the remainder < slice, so index < cpus × slice ≤ total.
-        let index = self.cpu + self.cpus * (step % self.slice) as u32;
+        self.tuple_in(self.cpu, step)
+    }
+
+    /// The tuple at position `step` of CPU `owner`'s slice (`owner` <
+    /// `cpus`).
+    #[inline(always)]
+    fn tuple_in(&self, owner: u32, step: u64) -> (u32, u16) {
+        // owner < cpus and the remainder < slice, so index < cpus × slice ≤ total.
+        let index = owner + self.cpus * (step % self.slice) as u32;
         let port = (u32::from(self.port_min) + index % self.span) as u16;
         (self.base + index / self.span, port.to_be())
+    }
+
+    /// The tuple of try `i` of a claim: this CPU's slice from its cursor
+    /// `start` for [`SNAT_PORT_TRIES`] tries, then the `other` slice from
+    /// position `pick` on.
+    #[inline(always)]
+    fn try_tuple(&self, i: u64, start: u64, other: u32, pick: u32) -> (u32, u16) {
+        if i < u64::from(SNAT_PORT_TRIES) {
+            self.tuple_in(self.cpu, start.wrapping_add(i))
+        } else {
+            self.tuple_in(other, u64::from(pick).wrapping_add(i))
+        }
+    }
+
+    /// Another CPU's slice, chosen by `pick`; this CPU's own with a single
+    /// slice (its steal tries then walk it again, harmlessly).
+    #[inline(always)]
+    fn other_slice(&self, pick: u32) -> u32 {
+        // No `%` by a plain integer: its zero check would be a panic path.
+        let Some(other) = self
+            .cpus
+            .checked_sub(1)
+            .and_then(|others| pick.checked_rem(others))
+        else {
+            return self.cpu;
+        };
+        let owner = self.cpu + 1 + other;
+        if owner >= self.cpus {
+            owner - self.cpus
+        } else {
+            owner
+        }
     }
 }
 
@@ -306,9 +349,16 @@ fn claim_snat_tuple(
         );
         free_after_quarantine(&reverse, backend.id, snat.quarantine_ns, entry.created_ns);
     }
-    for i in 0..u64::from(SNAT_PORT_TRIES) {
-        let step = start.wrapping_add(i);
-        let (slot, port) = snat.tuple(step);
+    // The other slice (if this CPU's is full) and where in it to start.
+    let pick = random();
+    let other = snat.other_slice(pick);
+    // Every try that claims a tuple leaves the loop at one place, so the
+    // verifier follows what comes after once rather than once per try; the
+    // tuple is found again from its try's number (a plain integer: the
+    // frame is at the 512-byte limit).
+    let mut claimed = u64::MAX;
+    for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
+        let (slot, port) = snat.try_tuple(i, start, other, pick);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
         let reverse = key(
             pkt.family,
@@ -321,20 +371,27 @@ fn claim_snat_tuple(
         // NOEXIST makes the check and the claim one step.
         match FLOWS.insert(reverse, &*entry, u64::from(BPF_NOEXIST)) {
             Ok(()) => {
-                // SAFETY: as above.
-                unsafe { *cursor = step.wrapping_add(1) };
-                snat_used(backend.id, 1);
-                into_forward_entry(entry, addr.addr, port, backend);
-                return Ok(());
+                claimed = i;
+                break;
             }
             Err(EEXIST) => {}
             // Full table (E2BIG) or out of memory.
             Err(_) => return Err(reason::DROP_FLOW_INSERT),
         }
     }
+    if claimed == u64::MAX {
+        // SAFETY: as above.
+        unsafe { *cursor = start.wrapping_add(u64::from(SNAT_PORT_TRIES)) };
+        return Err(reason::DROP_SNAT_EXHAUSTED);
+    }
+    let (slot, port) = snat.try_tuple(claimed, start, other, pick);
+    let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
+    // Past the claimed tuple; after a steal, past this CPU's full stretch.
     // SAFETY: as above.
-    unsafe { *cursor = start.wrapping_add(u64::from(SNAT_PORT_TRIES)) };
-    Err(reason::DROP_SNAT_EXHAUSTED)
+    unsafe { *cursor = start.wrapping_add(claimed.min(u64::from(SNAT_PORT_TRIES) - 1) + 1) };
+    snat_used(backend.id, 1);
+    into_forward_entry(entry, addr.addr, port, backend);
+    Ok(())
 }
 
 /// Frees the SNAT tuple held by the reply entry at `reverse` if that entry

@@ -1270,21 +1270,33 @@ fn case_snat_cpu_slices(lb: &mut Lb) {
     let (_, a) = snat_tuple_of(lb, CLIENT_PORT);
     let (_, b) = snat_tuple_of(lb, CLIENT_PORT + 1);
     assert_eq!(b, a + 2, "the next tuple of this CPU's slice");
-    let (action, _) = lb.run(&Pkt::tcp((CLIENT, CLIENT_PORT + 2), (VIP, HTTP), TCP_SYN).build());
-    assert_eq!(
-        action, XDP_DROP,
-        "the slice is full (the other CPU's is not ours)"
-    );
+    // Its slice full, it takes the other CPU's tuples (SYNs that all land
+    // on one CPU still reach every tuple), and only then refuses.
+    lb.syn(CLIENT_PORT + 2);
+    lb.syn(CLIENT_PORT + 3);
+    let mut stolen = [
+        snat_tuple_of(lb, CLIENT_PORT + 2).1,
+        snat_tuple_of(lb, CLIENT_PORT + 3).1,
+    ];
+    stolen.sort_unstable();
+    let mut others: Vec<u16> = (SNAT_PORT_MIN..=SNAT_PORT_MIN + 3)
+        .filter(|p| *p != a && *p != b)
+        .collect();
+    others.sort_unstable();
+    assert_eq!(stolen.to_vec(), others, "the other slice's two tuples");
+    assert_eq!(lb.snat_used(0), 4);
+    let (action, _) = lb.run(&Pkt::tcp((CLIENT, CLIENT_PORT + 4), (VIP, HTTP), TCP_SYN).build());
+    assert_eq!(action, XDP_DROP, "every tuple of both slices is taken");
     assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
-    // Freed (closed, past quarantine): the cursor comes round to it again.
+    // Freed (closed, past quarantine): this CPU's cursor comes round to it again.
     let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
     assert_eq!(lb.run(&rst.build()).0, XDP_TX);
     lb.timeouts(Timeouts::ZERO);
     lb.sweep();
     lb.sweep();
     lb.timeouts(Timeouts::default());
-    lb.syn(CLIENT_PORT + 3);
-    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, a);
+    lb.syn(CLIENT_PORT + 5);
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 5).1, a);
 }
 
 fn case_config_not_ready(lb: &mut Lb) {
