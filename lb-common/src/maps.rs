@@ -673,7 +673,10 @@ pub mod reason {
     /// A TCP/UDP packet to a SNAT pool address, port in the SNAT range,
     /// with no flow (a backend's late reply after the flow ended, or a
     /// stray): dropped, so it never reaches the host's sockets (which would
-    /// answer it with an RST).
+    /// answer it with an RST). Also a late reply of a closed connection
+    /// whose client tuple a newer connection took: it would land in that
+    /// one. (Counted here rather than under a reason of its own so that the
+    /// reason counters keep their length, which a live upgrade requires.)
     pub const DROP_SNAT_NO_FLOW: u32 = 20;
     /// Number of reasons (size of the map).
     pub const COUNT: u32 = 21;

@@ -143,6 +143,9 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
+            if flags & FLOW_F_CLOSED != 0 && reply_of_replaced(pkt, entry) {
+                return Err(reason::DROP_SNAT_NO_FLOW);
+            }
             return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
         }
         if pkt.frag == FRAG_LATER {
@@ -364,6 +367,25 @@ fn forward_known(
     }
     stats::backend_traffic(to.backend_id, direction, pkt.frame_len);
     Ok(verdict)
+}
+
+/// Whether `rev`, the reply entry of a closed connection, translates to a
+/// client tuple that a newer connection has taken (a new SYN from the same
+/// client port, or the retransmission of a SYN given up on): its forward
+/// entry now translates to another SNAT tuple. A late packet of the old
+/// connection (a SYN-ACK after all, a retransmitted FIN) would land in the
+/// new connection, which would answer with an ACK the new backend resets;
+/// it is dropped instead, counted with the other late replies
+/// (`drop_snat_no_flow`).
+///
+/// A BPF function of its own, called from `lb_xdp` before `to_client`:
+/// inlined into the reply path, the verifier walked the rest of that path
+/// once more for each of its outcomes (about 66k instructions), and under
+/// `to_client` its key overflowed the 512-byte stack.
+#[inline(never)]
+fn reply_of_replaced(pkt: &Packet, rev: *mut FlowEntry) -> bool {
+    flow::lookup(&Translation::of(rev).opposite_key(pkt))
+        .is_some_and(|fwd| !flow::translates_to(fwd, pkt))
 }
 
 /// Does nothing but pass. Labs attach it to the peer of a veth that runs

@@ -173,14 +173,7 @@ fn run_case(lab: &Lab, case: &Case, snat: Ipv4Addr, requests: u32, rounds: u32) 
             &format!("net.ipv4.tcp_timestamps={timestamps}"),
         ],
     )?;
-    lab.exec_ok(
-        &lab.balancer().ns,
-        &[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv4.ip_local_port_range={BALANCER_EPHEMERAL_PORTS}"),
-        ],
-    )?;
+    lab.set_balancer_ephemeral_ports(BALANCER_EPHEMERAL_PORTS)?;
     let iface = lab.balancer().iface.clone();
     lab.ip(
         &lab.balancer().ns,

@@ -252,10 +252,12 @@ fn case_syn_after_close_reselects(lb: &mut Lb) {
     assert_ne!(old.flags & FLOW_F_CLOSED, 0);
     assert_eq!(lb.flow_count(), 3);
     assert_eq!(lb.snat_used(0), 2);
-    // A late packet of the old connection is translated, but does not
-    // touch the new connection's state.
+    // A late packet of the old connection would land in the new one that
+    // took the client tuple: dropped (a late reply), and it does not touch
+    // the new connection's state.
     let late = from_backend(0, old_port, TCP_FIN | TCP_ACK);
-    lb.expect(&late, XDP_TX, &to_client_of(&late));
+    assert_eq!(lb.run(&late.build()).0, XDP_DROP);
+    assert_eq!(lb.reason(reason::DROP_SNAT_NO_FLOW), 1);
     let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
     assert_eq!(
         fwd.flags, 0,
@@ -672,16 +674,20 @@ fn case_reply_after_tuple_reuse_leaves_the_new_connection_alone(lb: &mut Lb) {
     assert_eq!(lb.run(&request.build()).0, XDP_TX);
     let new_fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
     assert_ne!(new_fwd.flags & FLOW_F_REQUEST_PENDING, 0);
-    // The old connection's late response, FIN and RST, each of which takes
-    // the slow path, are translated but leave the new connection's state
-    // alone (no sample, no FIN, no close).
+    // The old connection's late response, SYN-ACK, FIN and RST would land
+    // in the new connection that took the client tuple: each is dropped
+    // (counted as a late reply) and leaves its state alone (no sample, no
+    // FIN, no close).
+    let late_before = lb.reason(reason::DROP_SNAT_NO_FLOW);
     for late in [
         from_backend(0, old_port, TCP_ACK | TCP_PSH).payload(b"late answer"),
+        from_backend(0, old_port, TCP_SYN | TCP_ACK),
         from_backend(0, old_port, TCP_FIN | TCP_ACK),
         from_backend(0, old_port, TCP_RST),
     ] {
-        lb.expect(&late, XDP_TX, &to_client_of(&late));
+        assert_eq!(lb.run(&late.build()).0, XDP_DROP);
     }
+    assert_eq!(lb.reason(reason::DROP_SNAT_NO_FLOW), late_before + 4);
     assert_eq!(lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT), new_fwd);
     assert_eq!(lb.latency(0).count, 0);
     assert_eq!(lb.conns(0).closed, 1, "only the old connection closed");

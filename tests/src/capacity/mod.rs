@@ -36,6 +36,7 @@ use crate::{
     control_bench::scrape::{self, Sample},
     lab::{Algorithm, BackendSpec, BalancerSpec, Protocol, VipSpec, XdpMode},
     loadgen::{self, LoadConfig, Summary},
+    netcounters::Snapshot,
 };
 
 /// How hard and how long.
@@ -110,14 +111,7 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
         &["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65000"],
     )?;
     lab.exec_ok(&client, &["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
-    lab.exec_ok(
-        &lab.balancer().ns,
-        &[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv4.ip_local_port_range={BALANCER_EPHEMERAL_PORTS}"),
-        ],
-    )?;
+    lab.set_balancer_ephemeral_ports(BALANCER_EPHEMERAL_PORTS)?;
     let backend = lab.backends()[0].addr();
 
     let mut ceiling = RateSearch::new(
@@ -267,16 +261,20 @@ fn step_from(
         syn_retrans: after.0.saturating_sub(before.0),
         retrans_segs: after.1.saturating_sub(before.1),
         balancer: None,
+        kernel: Default::default(),
     }
 }
 
 /// One run straight from the client to the backend.
 fn direct_run(lab: &Lab, backend: SocketAddr, rate: f64, duration_s: f64) -> Result<Step> {
     let config = load_config(backend, rate, duration_s);
+    let kernel = Snapshot::take(lab)?;
     let before = client_retransmits(lab)?;
     let summary = lab.run_loadgen(&config)?;
     let after = client_retransmits(lab)?;
-    Ok(step_from(&config, &summary, before, after))
+    let mut step = step_from(&config, &summary, before, after);
+    step.kernel = kernel.delta(&Snapshot::take(lab)?);
+    Ok(step)
 }
 
 /// lb-user's counters that a run reads before and after.
@@ -388,6 +386,7 @@ fn loaded(lab: &Lab, config: &LoadConfig, snat: &[Ipv4Addr]) -> Result<Step> {
     std::thread::sleep(SETTLE);
     let ns = lab.balancer().ns.clone();
     let before = counters(lab)?;
+    let kernel_before = Snapshot::take(lab)?;
     let retrans_before = client_retransmits(lab)?;
     let cpu_before = cpu::sample(&ns)?.processes_s;
     let started = Instant::now();
@@ -427,6 +426,7 @@ fn loaded(lab: &Lab, config: &LoadConfig, snat: &[Ipv4Addr]) -> Result<Step> {
         .filter(|(_, n)| *n > 0)
         .collect();
     let mut step = step_from(config, &summary, retrans_before, retrans_after);
+    step.kernel = kernel_before.delta(&Snapshot::take(lab)?);
     step.balancer = Some(BalancerSide {
         snat_ips: snat.iter().map(ToString::to_string).collect(),
         opened: delta(after.opened, before.opened),

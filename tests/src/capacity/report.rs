@@ -36,6 +36,10 @@ pub struct Step {
     pub retrans_segs: u64,
     /// What the balancer saw; `None` for a run straight to the backend.
     pub balancer: Option<BalancerSide>,
+    /// The kernel's loss counters of every lab namespace that moved over
+    /// the run (`crate::netcounters`): where a reset or a retransmit came from.
+    #[serde(default)]
+    pub kernel: Delta,
 }
 
 /// What lb-user and its data path reported over a run through the VIP.
@@ -274,6 +278,7 @@ impl SnatBudget {
     }
 }
 
+use crate::netcounters::Delta;
 pub use crate::netcounters::parse_nstat;
 
 /// Parses a duration flag: seconds as a number, or with `ms`, `s`, `m`.
@@ -461,6 +466,18 @@ impl CapacityReport {
             &self.vip_steps,
             self.ceiling_per_s,
         ));
+        md.push_str(
+            "\nKernel loss counters that moved over each run through the VIP (`nstat`, \
+             `ip -s link`, `ethtool -S` of every lab namespace; `/proc/net/softnet_stat`):\n\n",
+        );
+        for s in &self.vip_steps {
+            let _ = writeln!(
+                md,
+                "- {}/s: {}",
+                thousands(s.rate_per_s as u64),
+                s.kernel.summary()
+            );
+        }
         md
     }
 }

@@ -360,6 +360,21 @@ impl Lab {
 pub const METRICS_ADDR: &str = "127.0.0.1:9470";
 
 impl Lab {
+    /// Sets the balancer namespace's own ephemeral port range ("low high"),
+    /// to keep its connections (metrics scrapes) out of a wide SNAT range
+    /// that lb-user reserves.
+    pub fn set_balancer_ephemeral_ports(&self, range: &str) -> Result<()> {
+        self.exec_ok(
+            &self.balancer().ns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv4.ip_local_port_range={range}"),
+            ],
+        )
+        .map(drop)
+    }
+
     /// `GET /metrics` from lb-user's default metrics address, inside the
     /// balancer namespace.
     pub fn scrape_metrics(&self) -> Result<String> {
