@@ -94,6 +94,7 @@ pub async fn serve(
             discovery,
         )
         .await;
+    startup::save_snat_cursors(config, &attachment.pin_dir);
     let stopped = attachment.stop();
     result?;
     stopped.context("removing the pins")?;

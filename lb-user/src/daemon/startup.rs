@@ -22,7 +22,7 @@ use crate::{
         iface,
         maps::{self, Counters},
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
-        sysctl, wire,
+        snat_handover, sysctl, wire,
     },
     pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
@@ -111,6 +111,56 @@ pub fn read_previous(pin_dir: &std::path::Path) -> anyhow::Result<Previous> {
     Ok(previous)
 }
 
+/// On a cold start: the SNAT cursors a clean stop of this instance saved,
+/// if it was within the quarantine (`kernel::snat_handover`). A failure
+/// leaves the random start and is logged: it costs at most some SYNs a
+/// retransmit, never the start.
+fn restore_snat_cursors(config: &Config, pin_dir: &std::path::Path, plan: &Plan) {
+    let file = snat_handover::path(&config.state_dir, &config.instance);
+    let backends: Vec<(u32, lb_common::Backend)> = (0u32..)
+        .zip(plan.backends.iter().copied())
+        .filter(|(_, b)| b.in_use != 0)
+        .collect();
+    match snat_handover::restore(
+        pin_dir,
+        &file,
+        config.snat_ports,
+        config.snat_quarantine,
+        &backends,
+        std::time::SystemTime::now(),
+    ) {
+        Ok(0) => {}
+        Ok(n) => info!(
+            backends = n,
+            file = %file.display(),
+            "SNAT cursors of the last clean stop restored: new flows go on past the tuples it used"
+        ),
+        Err(e) => warn!("SNAT cursors of the last stop not restored (random start): {e:#}"),
+    }
+}
+
+/// On a clean stop, before the pins go: every backend's SNAT cursors, for
+/// a cold start within the quarantine (`kernel::snat_handover`). Logged,
+/// never an error of the stop.
+pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
+    let file = snat_handover::path(&config.state_dir, &config.instance);
+    let saved = read_previous(pin_dir).and_then(|previous| {
+        snat_handover::save(
+            pin_dir,
+            &file,
+            config.snat_ports,
+            &previous.backends,
+            std::time::SystemTime::now(),
+        )
+    });
+    match saved {
+        Ok(n) => info!(backends = n, file = %file.display(), "saved the SNAT cursors"),
+        Err(e) => warn!(
+            "SNAT cursors not saved (a cold start within the quarantine starts at random places): {e:#}"
+        ),
+    }
+}
+
 /// Step 1: writes the configuration's [`Plan`] (backends with their cold
 /// scores, slots, tables, VIPs), through the publisher the event loop keeps.
 /// VIPs and backends the pinned maps already have keep their ids.
@@ -131,6 +181,7 @@ pub fn write_plan(
     }
     if previous.vips.is_empty() && previous.backends.is_empty() {
         maps::seed_snat_cursors(pin_dir)?;
+        restore_snat_cursors(config, pin_dir, &plan);
     }
     if !previous.vips.is_empty() {
         info!(

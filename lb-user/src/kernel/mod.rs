@@ -18,6 +18,7 @@ pub mod mapped;
 pub mod maps;
 pub mod neighbours;
 pub mod object;
+pub mod snat_handover;
 pub mod sweep;
 pub mod sysctl;
 pub mod upgrade;

@@ -467,13 +467,18 @@ impl CapacityReport {
             self.ceiling_per_s,
         ));
         md.push_str(
-            "\nKernel loss counters that moved over each run through the VIP (`nstat`, \
-             `ip -s link`, `ethtool -S` of every lab namespace; `/proc/net/softnet_stat`):\n\n",
+            "\nKernel loss counters that moved over each run (`nstat`, `ip -s link`, \
+             `ethtool -S` of every lab namespace; `/proc/net/softnet_stat`):\n\n",
         );
-        for s in &self.vip_steps {
+        let runs = self
+            .ceiling_steps
+            .iter()
+            .map(|s| ("direct", s))
+            .chain(self.vip_steps.iter().map(|s| ("VIP", s)));
+        for (path, s) in runs {
             let _ = writeln!(
                 md,
-                "- {}/s: {}",
+                "- {path} {}/s: {}",
                 thousands(s.rate_per_s as u64),
                 s.kernel.summary()
             );
