@@ -418,23 +418,23 @@ fn wait_for_iperf(lab: &Lab, vip: SocketAddr) {
 /// in TIME_WAIT (ab's server closes first). The stop saves the SNAT cursors
 /// and the next start, within the quarantine, goes on from them: no SYN of
 /// the second run meets a tuple in TIME_WAIT (which the backend would
-/// answer with an ACK, and the client retry a second later). With 4,000
-/// ports (2,000 per CPU slice on 2 CPUs; ab's SYNs may all land on one
-/// CPU) and 1,500 used, 300 connections from a random start would often
-/// run into the used ones.
+/// answer with an ACK, and the client retry a second later). Three
+/// backends behind the TCP and the UDP VIP (each backend has an id, and
+/// cursors, per VIP); 4,000 ports (2,000 per CPU slice on 2 CPUs; ab's
+/// SYNs may all land on one CPU) and 1,000 used per backend: 100 more per
+/// backend from random starts would mostly run into the used ones.
 #[test]
 fn a_clean_restart_does_not_hand_out_tuples_the_backend_holds_in_time_wait() {
     require_root!();
-    let lab = lab(1);
+    let lab = lab(3);
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
-    spec.vips.truncate(1);
     spec.extra_args
         .extend(["--snat-ports".to_string(), "40000-43999".to_string()]);
     let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
     let first = lab.start_balancer(&spec).unwrap();
     let report = client_run(
         &lab,
-        &["ab", "-q", "-n", "1500", "-c", "8", "-s", "10", &url],
+        &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
     );
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
     let status = lab

@@ -22,7 +22,8 @@ use crate::{
         iface,
         maps::{self, Counters},
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
-        snat_handover, sysctl, wire,
+        snat_handover::{self, VipBackend},
+        sysctl, wire,
     },
     pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
@@ -117,9 +118,17 @@ pub fn read_previous(pin_dir: &std::path::Path) -> anyhow::Result<Previous> {
 /// retransmit, never the start.
 fn restore_snat_cursors(config: &Config, pin_dir: &std::path::Path, plan: &Plan) {
     let file = snat_handover::path(&config.state_dir, &config.instance);
-    let backends: Vec<(u32, lb_common::Backend)> = (0u32..)
+    let backends: Vec<VipBackend> = (0u32..)
         .zip(plan.backends.iter().copied())
         .filter(|(_, b)| b.in_use != 0)
+        .filter_map(|(id, backend)| {
+            let vip = plan
+                .vips
+                .iter()
+                .find(|v| v.meta.vip_id == backend.vip_id)?
+                .key;
+            Some(VipBackend { id, vip, backend })
+        })
         .collect();
     match snat_handover::restore(
         pin_dir,
@@ -145,11 +154,23 @@ fn restore_snat_cursors(config: &Config, pin_dir: &std::path::Path, plan: &Plan)
 pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
     let file = snat_handover::path(&config.state_dir, &config.instance);
     let saved = read_previous(pin_dir).and_then(|previous| {
+        let backends: Vec<VipBackend> = previous
+            .backends
+            .iter()
+            .filter_map(|&(id, backend)| {
+                let (vip, ..) = previous.vips.iter().find(|v| v.1 == backend.vip_id)?;
+                Some(VipBackend {
+                    id,
+                    vip: *vip,
+                    backend,
+                })
+            })
+            .collect();
         snat_handover::save(
             pin_dir,
             &file,
             config.snat_ports,
-            &previous.backends,
+            &backends,
             std::time::SystemTime::now(),
         )
     });

@@ -11,8 +11,9 @@
 //! never), instead of from a random place that may be among the last
 //! ones used.
 //!
-//! The file is keyed by backend address (ids can change across a cold
-//! start) and carries the SNAT port range and the CPU count it was made
+//! The file is keyed by VIP and backend address (ids can change across a
+//! cold start, and a backend behind two VIPs has an id, and cursors, for
+//! each) and carries the SNAT port range and the CPU count it was made
 //! with; a file from another range, another CPU count or older than the
 //! quarantine is ignored (the random start of `maps::seed_snat_cursors`
 //! stays).
@@ -23,7 +24,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use lb_common::Backend;
+use lb_common::{Backend, VipKey};
 use serde::{Deserialize, Serialize};
 
 use crate::{kernel::maps, settings::ports::PortRange};
@@ -44,9 +45,14 @@ pub struct Saved {
     pub backends: Vec<SavedBackend>,
 }
 
-/// One backend's cursors, one per possible CPU.
+/// One backend's cursors (of one VIP), one per possible CPU.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SavedBackend {
+    /// The VIP's key ([`VipKey`]'s fields).
+    pub vip_addr: [u32; 4],
+    pub vip_port: u16,
+    pub vip_proto: u8,
+    pub vip_family: u8,
     pub family: u8,
     pub addr: [u32; 4],
     /// Network byte order, as in [`Backend::port`].
@@ -59,12 +65,26 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn same_backend(saved: &SavedBackend, b: &Backend) -> bool {
-    saved.family == b.family && saved.addr == b.addr && saved.port == b.port
+/// A backend of a VIP, as the plan or the pinned maps know it.
+#[derive(Clone, Copy, Debug)]
+pub struct VipBackend {
+    pub id: u32,
+    pub vip: VipKey,
+    pub backend: Backend,
+}
+
+fn same_backend(saved: &SavedBackend, b: &VipBackend) -> bool {
+    saved.vip_addr == b.vip.addr
+        && saved.vip_port == b.vip.port
+        && saved.vip_proto == b.vip.proto
+        && saved.vip_family == b.vip.family
+        && saved.family == b.backend.family
+        && saved.addr == b.backend.addr
+        && saved.port == b.backend.port
 }
 
 impl Saved {
-    /// The cursors to put back for `backends` (id, backend) at `now`: none
+    /// The cursors to put back for `backends` at `now`: none
     /// if the file is older than `quarantine` (or from the future), or was
     /// made with another port range or CPU count.
     pub fn restorable(
@@ -73,7 +93,7 @@ impl Saved {
         quarantine: Duration,
         ports: PortRange,
         cpus: u32,
-        backends: &[(u32, Backend)],
+        backends: &[VipBackend],
     ) -> Vec<(u32, Vec<u64>)> {
         let age_ms = unix_ms(now).checked_sub(self.saved_unix_ms);
         let fresh = age_ms.is_some_and(|age| u128::from(age) < quarantine.as_millis());
@@ -82,22 +102,21 @@ impl Saved {
         }
         backends
             .iter()
-            .filter_map(|(id, b)| {
+            .filter_map(|b| {
                 let saved = self.backends.iter().find(|s| same_backend(s, b))?;
-                (saved.cursors.len() == cpus as usize).then(|| (*id, saved.cursors.clone()))
+                (saved.cursors.len() == cpus as usize).then(|| (b.id, saved.cursors.clone()))
             })
             .collect()
     }
 }
 
 /// Reads every in-use backend's cursors from the pinned maps and writes
-/// the file (temporary file, then rename). A backend with several ids (one
-/// per VIP) keeps its lowest id's cursors.
+/// the file (temporary file, then rename).
 pub fn save(
     pin_dir: &Path,
     file: &Path,
     ports: PortRange,
-    backends: &[(u32, Backend)],
+    backends: &[VipBackend],
     now: SystemTime,
 ) -> anyhow::Result<usize> {
     let cursors = maps::snat_cursors(pin_dir)?;
@@ -109,17 +128,18 @@ pub fn save(
         cpus,
         backends: Vec::new(),
     };
-    for (id, b) in backends {
-        if saved.backends.iter().any(|s| same_backend(s, b)) {
-            continue;
-        }
+    for b in backends {
         let values = cursors
-            .get(id, 0)
-            .with_context(|| format!("reading SNAT_CURSORS[{id}]"))?;
+            .get(&b.id, 0)
+            .with_context(|| format!("reading SNAT_CURSORS[{}]", b.id))?;
         saved.backends.push(SavedBackend {
-            family: b.family,
-            addr: b.addr,
-            port: b.port,
+            vip_addr: b.vip.addr,
+            vip_port: b.vip.port,
+            vip_proto: b.vip.proto,
+            vip_family: b.vip.family,
+            family: b.backend.family,
+            addr: b.backend.addr,
+            port: b.backend.port,
             cursors: values.iter().copied().collect(),
         });
     }
@@ -142,7 +162,7 @@ pub fn restore(
     file: &Path,
     ports: PortRange,
     quarantine: Duration,
-    backends: &[(u32, Backend)],
+    backends: &[VipBackend],
     now: SystemTime,
 ) -> anyhow::Result<usize> {
     let text = match std::fs::read(file) {
@@ -177,13 +197,39 @@ fn possible_cpus() -> anyhow::Result<u32> {
 mod tests {
     use super::*;
 
-    fn backend(last: u32, port: u16) -> Backend {
-        Backend {
-            addr: [last, 0, 0, 0],
+    fn vip(port: u16) -> VipKey {
+        VipKey {
+            addr: [100, 0, 0, 0],
             port: port.to_be(),
+            proto: 6,
             family: lb_common::AF_INET,
-            in_use: 1,
-            ..Backend::default()
+        }
+    }
+
+    fn backend(id: u32, vip_port: u16, last: u32, port: u16) -> VipBackend {
+        VipBackend {
+            id,
+            vip: vip(vip_port),
+            backend: Backend {
+                addr: [last, 0, 0, 0],
+                port: port.to_be(),
+                family: lb_common::AF_INET,
+                in_use: 1,
+                ..Backend::default()
+            },
+        }
+    }
+
+    fn saved_backend(vip_port: u16, last: u32, cursors: Vec<u64>) -> SavedBackend {
+        SavedBackend {
+            vip_addr: [100, 0, 0, 0],
+            vip_port: vip_port.to_be(),
+            vip_proto: 6,
+            vip_family: lb_common::AF_INET,
+            family: lb_common::AF_INET,
+            addr: [last, 0, 0, 0],
+            port: 8080u16.to_be(),
+            cursors,
         }
     }
 
@@ -194,18 +240,10 @@ mod tests {
             port_max: 32_767,
             cpus: 2,
             backends: vec![
-                SavedBackend {
-                    family: lb_common::AF_INET,
-                    addr: [21, 0, 0, 0],
-                    port: 8080u16.to_be(),
-                    cursors: vec![7, 9],
-                },
-                SavedBackend {
-                    family: lb_common::AF_INET,
-                    addr: [22, 0, 0, 0],
-                    port: 8080u16.to_be(),
-                    cursors: vec![3, 4],
-                },
+                saved_backend(80, 21, vec![7, 9]),
+                saved_backend(80, 22, vec![3, 4]),
+                // The same backend behind another VIP: cursors of its own.
+                saved_backend(8053, 21, vec![1, 2]),
             ],
         }
     }
@@ -217,13 +255,14 @@ mod tests {
     const QUARANTINE: Duration = Duration::from_secs(65);
 
     #[test]
-    fn a_fresh_file_gives_each_backend_its_cursors_by_address_not_id() {
+    fn a_fresh_file_gives_each_backend_its_cursors_by_vip_and_address_not_id() {
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        // Ids swapped and one backend new since the stop.
+        // Ids swapped and one backend new since the stop; be 21 behind two VIPs.
         let now_backends = [
-            (0, backend(22, 8080)),
-            (1, backend(21, 8080)),
-            (2, backend(23, 8080)),
+            backend(0, 80, 22, 8080),
+            backend(1, 80, 21, 8080),
+            backend(2, 80, 23, 8080),
+            backend(3, 8053, 21, 8080),
         ];
         let got = saved(t0).restorable(
             t0 + Duration::from_secs(10),
@@ -232,13 +271,13 @@ mod tests {
             2,
             &now_backends,
         );
-        assert_eq!(got, vec![(0, vec![3, 4]), (1, vec![7, 9])]);
+        assert_eq!(got, vec![(0, vec![3, 4]), (1, vec![7, 9]), (3, vec![1, 2])]);
     }
 
     #[test]
     fn a_file_that_does_not_apply_restores_nothing() {
         let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        let b = [(0, backend(21, 8080))];
+        let b = [backend(0, 80, 21, 8080)];
         let s = saved(t0);
         let at = |secs| t0 + Duration::from_secs(secs);
         assert!(
@@ -263,9 +302,14 @@ mod tests {
             "other CPU count"
         );
         assert!(
-            s.restorable(at(1), QUARANTINE, PORTS, 2, &[(0, backend(21, 9090))])
+            s.restorable(at(1), QUARANTINE, PORTS, 2, &[backend(0, 80, 21, 9090)])
                 .is_empty(),
             "another port is another backend"
+        );
+        assert!(
+            s.restorable(at(1), QUARANTINE, PORTS, 2, &[backend(0, 443, 21, 8080)])
+                .is_empty(),
+            "another VIP's backend has cursors of its own"
         );
         assert_eq!(s.restorable(at(64), QUARANTINE, PORTS, 2, &b).len(), 1);
     }
