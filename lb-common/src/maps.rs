@@ -346,6 +346,19 @@ pub const FLOW_F_SYNACK_SEEN: u32 = 4;
 pub const FLOW_F_FIN_CLIENT: u32 = 8;
 /// The backend sent a FIN.
 pub const FLOW_F_FIN_BACKEND: u32 = 16;
+/// Reply entries: the client's FIN was seen, and `created_ns` holds what
+/// the backend's TIME_WAIT for this tuple expects
+/// ([`crate::time_wait::TimeWaitView`]); with [`FLOW_F_TW_TS`] or
+/// [`FLOW_F_TW_TS_UNKNOWN`], the state of its timestamp.
+pub const FLOW_F_TW_SEEN: u32 = 32;
+/// The client's FIN carried a timestamp (its TSval is in `created_ns`).
+pub const FLOW_F_TW_TS: u32 = 64;
+/// The client's FIN had options in a layout the data path does not know.
+pub const FLOW_F_TW_TS_UNKNOWN: u32 = 128;
+/// Reply entries of closed connections: one decider (a new SYN taking the
+/// tuple over, the data path or the sweep freeing it) has claimed the
+/// entry; set with an atomic OR, so only one acts on it.
+pub const FLOW_F_TAKEN: u32 = 256;
 
 /// Value of [`crate::FLOWS_MAP`] (a plain hash, not an LRU: nothing is
 /// evicted behind the program's back; the kernel sweep, `lb_sweep`, removes
@@ -374,6 +387,10 @@ pub struct FlowEntry {
     pub _pad: u16,
     pub flags: u32,
     pub _pad2: u32,
+    /// Forward entries: when the connection was created. Reply entries:
+    /// the same until the client's FIN, then what the backend's TIME_WAIT
+    /// for the tuple expects ([`FLOW_F_TW_SEEN`],
+    /// [`crate::time_wait::TimeWaitView::packed`]).
     pub created_ns: u64,
     /// Last activity (refreshed at most once a second): of the connection
     /// in a forward entry (both directions refresh it; the sweep's idle
@@ -470,6 +487,10 @@ assert_size!(Neighbour, 12);
 
 /// [`LbConfig::flags`]: configuration has been written and the program may balance.
 pub const CONFIG_F_READY: u32 = 1;
+/// A new SYN may take over a SNAT tuple in quarantine when the backend's
+/// TIME_WAIT would accept it (`--snat-time-wait-reuse`, see
+/// [`crate::time_wait`]).
+pub const CONFIG_F_TIME_WAIT_REUSE: u32 = 2;
 
 /// Single entry of [`crate::CONFIG_MAP`].
 #[repr(C)]

@@ -3,13 +3,13 @@
 use core::num::{NonZeroU32, NonZeroU64};
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
+    bindings::{BPF_ANY, BPF_EXIST, BPF_NOEXIST},
     helpers::bpf_get_smp_processor_id,
 };
 use lb_common::{
-    AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_SYN_SENT,
-    FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, SNAT_STEAL_TRIES,
-    reason,
+    AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_TAKEN,
+    FLOW_SYN_SENT, FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES,
+    SNAT_REUSE_TRIES, SNAT_STEAL_TRIES, reason, time_wait::TsOption,
 };
 
 use crate::{
@@ -18,6 +18,8 @@ use crate::{
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
     select::Chosen,
+    time_wait,
+    track::Flags,
 };
 
 /// `-EEXIST` from a `BPF_NOEXIST` insert: the SNAT port is taken.
@@ -136,6 +138,11 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 /// Creates both entries of a new connection from the client packet `pkt`
 /// (which arrived by `client`) to `backend`, picking a free SNAT tuple: the
 /// reply entry claims the tuple, then the forward entry is written.
+///
+/// `syn`: `None` claims a free tuple; the SYN's sequence number and
+/// timestamp take over a tuple in quarantine instead ([`take_over_tuple`],
+/// for a SYN that found none free). Each caller passes one or the other
+/// as a constant.
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
@@ -144,12 +151,16 @@ pub fn create(
     vip_id: u32,
     backend: &Chosen,
     now: u64,
+    syn: Option<(u32, TsOption)>,
 ) -> Result<(), Reason> {
     let snat = Snat::of(cfg, pkt, backend)?;
     // One 96-byte entry, filled as the reply entry and then turned into
     // the forward one: two would not fit the 512-byte stack next to the rest.
     let mut entry = reply_entry(pkt, client, vip_id, backend.id, now);
-    claim_snat_tuple(pkt, backend, &snat, &mut entry)?;
+    match syn {
+        None => claim_snat_tuple(pkt, backend, &snat, &mut entry)?,
+        Some((seq, ts)) => take_over_tuple(pkt, backend, &snat, &mut entry, seq, ts)?,
+    }
     insert_forward(pkt, &entry)
 }
 
@@ -394,6 +405,66 @@ fn claim_snat_tuple(
     Ok(())
 }
 
+/// For a SYN (sequence number `seq`, timestamp `ts`) that found no free
+/// tuple: takes over one of the [`SNAT_REUSE_TRIES`] closed tuples from
+/// this CPU's cursor that `time_wait::may_take_over` allows (its backend's
+/// TIME_WAIT accepts this SYN, or its quarantine is over): the new reply
+/// entry replaces the closed one under its key (`BPF_EXIST`, after
+/// claiming it with `FLOW_F_TAKEN`), and `entry` becomes the forward
+/// entry. The backend's count of tuples held does not change. Same frame
+/// rules as [`claim_snat_tuple`].
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
+)]
+#[inline(always)]
+fn take_over_tuple(
+    pkt: &Packet,
+    backend: &Chosen,
+    snat: &Snat,
+    entry: &mut FlowEntry,
+    seq: u32,
+    ts: TsOption,
+) -> Result<(), Reason> {
+    let cursor = SNAT_CURSORS
+        .get_ptr_mut(backend.id)
+        .ok_or(reason::DROP_BAD_CONFIG)?;
+    // SAFETY: this CPU's own copy of a per-CPU map value.
+    let start = unsafe { *cursor };
+    let now = entry.created_ns;
+    let mut taken = u64::MAX;
+    for i in 0..u64::from(SNAT_REUSE_TRIES) {
+        let (slot, port) = snat.tuple(start.wrapping_add(i));
+        let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
+        let reverse = key(
+            pkt.family,
+            pkt.proto,
+            backend.addr,
+            addr.addr,
+            backend.port,
+            port,
+        );
+        if let Some(held) = FLOWS.get_ptr_mut(&reverse)
+            && time_wait::may_take_over(held, seq, ts, now, snat.quarantine_ns)
+            && FLOWS
+                .insert(&reverse, &*entry, u64::from(BPF_EXIST))
+                .is_ok()
+        {
+            taken = i;
+            break;
+        }
+    }
+    if taken == u64::MAX {
+        return Err(reason::DROP_SNAT_EXHAUSTED);
+    }
+    let (slot, port) = snat.tuple(start.wrapping_add(taken));
+    let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
+    // SAFETY: as above.
+    unsafe { *cursor = start.wrapping_add(taken + 1) };
+    into_forward_entry(entry, addr.addr, port, backend);
+    Ok(())
+}
+
 /// Frees the SNAT tuple held by the reply entry at `reverse` if that entry
 /// is closed and `now` is in the second quarantine after its close: the
 /// first keeps the tuple from a backend that may still hold it in
@@ -407,7 +478,7 @@ fn claim_snat_tuple(
 /// the entry: the new-flow frame is at the 512-byte stack limit.)
 #[inline(always)]
 fn free_after_quarantine(reverse: &FlowKey, backend_id: u32, quarantine_ns: u64, now: u64) {
-    let Some(held) = FLOWS.get_ptr(reverse) else {
+    let Some(held) = FLOWS.get_ptr_mut(reverse) else {
         return;
     };
     // SAFETY: live map value; a racing close only makes this read stale,
@@ -418,7 +489,12 @@ fn free_after_quarantine(reverse: &FlowKey, backend_id: u32, quarantine_ns: u64,
             age > quarantine_ns && age <= quarantine_ns.saturating_mul(2)
         }
     };
-    if expired && FLOWS.remove(reverse).is_ok() {
+    // Claimed first: a SYN taking the tuple over may race (see
+    // `time_wait::may_take_over`).
+    if expired
+        && Flags::of(held).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
+        && FLOWS.remove(reverse).is_ok()
+    {
         snat_used(backend_id, u64::MAX);
     }
 }

@@ -27,8 +27,11 @@ mod packet;
 // 2. headers → `Packet` (incl. the packet quoted by an ICMP error)
 mod parse;
 
-// 3. the flow table: lookup, translations, new connections
+// 3. the flow table: lookup, translations, new connections (and SNAT
+//    tuples taken over inside the backend's TIME_WAIT)
 mod flow;
+
+mod time_wait;
 
 // 4. admission and the backend choice (a global BPF function)
 mod select;
@@ -61,12 +64,13 @@ mod atomic;
 mod helpers;
 mod maps;
 
-use core::mem::MaybeUninit;
+use core::{mem::MaybeUninit, ops::ControlFlow};
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    CONFIG_F_READY, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry,
-    FragKey, FragPorts, IpKey, LbConfig, Reason, StageResult, Verdict, action, proceed, reason,
+    CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED,
+    FLOW_F_SYNACK_SEEN, FlowEntry, FragKey, FragPorts, IpKey, LbConfig, Reason, StageResult,
+    Verdict, action, proceed, reason, time_wait::TsOption,
 };
 
 use crate::{
@@ -77,7 +81,7 @@ use crate::{
     parse::Parsed,
     select::Picked,
     stats::Direction,
-    wire::ETH_SRC_OFF,
+    wire::{ETH_SRC_OFF, TCP_FIN, TCP_RST},
 };
 
 // lb-common's action values are the kernel's.
@@ -155,6 +159,9 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
             && pkt.is_syn()
             && (flags & FLOW_F_CLOSED != 0 || syn_went_unanswered(pkt, entry, cfg.syn_timeout_ns)))
         {
+            if pkt.is_tcp() && pkt.has(TCP_FIN) && !pkt.has(TCP_RST) {
+                time_wait::record_client_fin(&ctx(), pkt);
+            }
             return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }
         // A new SYN on a closed connection's tuple starts a new connection;
@@ -171,7 +178,21 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         return Err(reason::DROP_SNAT_NO_FLOW);
     }
     let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
-    proceed!(new_flow(ctx(), pkt, cfg, picked));
+    match new_flow(ctx(), pkt, cfg, picked).next() {
+        ControlFlow::Continue(_) => {}
+        // No free tuple: a SYN may take over one whose backend's TIME_WAIT
+        // accepts it (a separate stage: its frame is a sibling of
+        // `new_flow`'s, which is at the stack limit).
+        ControlFlow::Break(refused)
+            if refused.reason == reason::DROP_SNAT_EXHAUSTED
+                && pkt.is_tcp()
+                && pkt.is_syn()
+                && cfg.flags & CONFIG_F_TIME_WAIT_REUSE != 0 =>
+        {
+            proceed!(time_wait::take_over(&ctx(), pkt, picked));
+        }
+        ControlFlow::Break(verdict) => return Ok(verdict),
+    }
     // Looked up again rather than returned: a BPF function returns one
     // register, and the verifier must see a map value pointer come from a lookup.
     let fwd = flow::lookup(&key).ok_or(reason::DROP_FLOW_INSERT)?;
@@ -269,15 +290,20 @@ fn is_snat_tuple(pkt: &Packet, cfg: &LbConfig) -> bool {
 #[inline(never)]
 fn new_flow(ctx: XdpContext, pkt: &Packet, cfg: &LbConfig, picked: Picked) -> StageResult {
     keep_ctx_pointer(&ctx);
-    StageResult::continue_or_drop(try_new_flow(&ctx, pkt, cfg, picked))
+    StageResult::continue_or_drop(create_flow(&ctx, pkt, cfg, picked, None))
 }
 
+/// Creates both flow entries of a new connection to `picked`'s backend:
+/// on a free SNAT tuple, or (`syn`: the SYN's sequence number and
+/// timestamp, from `time_wait::take_over`) on one in quarantine. Each
+/// caller passes a constant `syn` kind.
 #[inline(always)]
-fn try_new_flow(
+fn create_flow(
     ctx: &XdpContext,
     pkt: &Packet,
     cfg: &LbConfig,
     picked: Picked,
+    syn: Option<(u32, TsOption)>,
 ) -> Result<(), Reason> {
     // Looked up again by id: it left service only if it did so since the pick.
     let backend = select::by_id(picked.backend_id).ok_or(reason::DROP_NO_BACKEND)?;
@@ -286,7 +312,7 @@ fn try_new_flow(
         ifindex: ctx.ingress_ifindex() as u32,
     };
     let now = now();
-    flow::create(pkt, client, cfg, picked.vip_id, &backend, now)?;
+    flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn)?;
     track::opened(backend.id, now);
     Ok(())
 }

@@ -91,3 +91,8 @@ pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 /// update swaps the whole value). Written by the control plane.
 #[map(name = "VIP_ZONES")]
 pub static VIP_ZONES: HashMap<u32, VipZones> = HashMap::with_max_entries(MAX_VIPS, 0);
+/// One slot per CPU: the parsed packet (and the pick) handed to the global
+/// functions of `time_wait`, which take scalars and the context only.
+#[map(name = "PACKET_HANDOVER")]
+pub static PACKET_HANDOVER: PerCpuArray<crate::time_wait::Handover> =
+    PerCpuArray::with_max_entries(1, 0);

@@ -52,8 +52,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
-    IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
+    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN, FlowEntry,
+    FlowKey, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
 };
 
 use crate::{
@@ -158,7 +158,11 @@ extern "C" fn visit(
             if age > walk.snat_quarantine_ns.saturating_mul(2) {
                 // SAFETY: live map value.
                 let backend_id = unsafe { (*entry).backend_id };
-                if FLOWS.remove(&key).is_ok() {
+                // Claimed first, like every free of a closed tuple (a
+                // SYN may be taking it over: `time_wait::may_take_over`).
+                if Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
+                    && FLOWS.remove(&key).is_ok()
+                {
                     snat_used(backend_id, u64::MAX);
                     walk.stats.removed += 1;
                     walk.stats.snat_freed += 1;

@@ -328,14 +328,14 @@ impl Flags {
 
     /// Sets `bits`, returning the flags from before.
     #[inline(always)]
-    fn set(self, bits: u32) -> u32 {
+    pub fn set(self, bits: u32) -> u32 {
         // SAFETY: as in `get`.
         Self::narrow(unsafe { fetch_or_u64(self.0, Self::widen(bits)) })
     }
 
     /// Clears `bits`, returning the flags from before.
     #[inline(always)]
-    fn clear(self, bits: u32) -> u32 {
+    pub fn clear(self, bits: u32) -> u32 {
         // SAFETY: as in `get`.
         Self::narrow(unsafe { fetch_and_u64(self.0, !Self::widen(bits)) })
     }

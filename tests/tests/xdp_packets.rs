@@ -11,8 +11,8 @@
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
     CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, IPPROTO_TCP,
-    IPPROTO_UDP, reason,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
+    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1225,6 +1225,190 @@ fn case_snat_tuple_past_quarantine_is_taken_without_a_sweep(lb: &mut Lb) {
     lb.expect(&answer, XDP_TX, &to_new_client);
 }
 
+/// TCP options of a Linux SYN: MSS, SACK_PERM, TS (`tsval`), NOP, WS.
+fn linux_syn_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&[0, 0, 0, 0, 1, 3, 3, 7]);
+    o
+}
+
+/// TCP options of a Linux segment after the handshake: NOP, NOP, TS.
+fn segment_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![1, 1, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&[0, 0, 0, 9]);
+    o
+}
+
+/// One SNAT tuple, time-wait reuse on: a connection from `CLIENT_PORT`
+/// whose backend closes first and whose client's FIN (sequence number
+/// `fin_seq`, `fin_options`) ends it, so the backend holds the tuple in
+/// TIME_WAIT. Returns the reply entry then.
+fn closed_by_the_backend_first(
+    lb: &mut Lb,
+    syn_options: &[u8],
+    fin_seq: u32,
+    fin_options: &[u8],
+) -> lb_common::FlowEntry {
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
+    lb.time_wait_reuse(true);
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).tcp_options(syn_options);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX, "{:?}", lb.reasons());
+    let fin_back = from_backend(0, SNAT_PORT_MIN, TCP_FIN | TCP_ACK);
+    lb.expect(&fin_back, XDP_TX, &to_client_of(&fin_back));
+    let fin = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_FIN | TCP_ACK)
+        .seq(fin_seq)
+        .tcp_options(fin_options);
+    assert_eq!(lb.run(&fin.build()).0, XDP_TX);
+    assert_eq!(lb.conns(0).closed, 1);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("the closed connection's reply entry");
+    assert_ne!(rev.flags & FLOW_F_CLOSED, 0);
+    rev
+}
+
+/// A SYN from `client_port` with sequence number `seq` and `options`:
+/// its action and whether it got the one tuple.
+fn syn_for_the_tuple(lb: &mut Lb, client_port: u16, seq: u32, options: &[u8]) -> u32 {
+    let syn = Pkt::tcp((CLIENT, client_port), (VIP, HTTP), TCP_SYN)
+        .seq(seq)
+        .tcp_options(options);
+    lb.run(&syn.build()).0
+}
+
+fn case_snat_tuple_in_time_wait_taken_by_a_syn_the_backend_accepts(lb: &mut Lb) {
+    let rev =
+        closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    // What the backend's TIME_WAIT holds: rcv_nxt = FIN + 1, the FIN's TSval.
+    assert_eq!(
+        rev.flags & (FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN),
+        FLOW_F_TW_SEEN | FLOW_F_TW_TS
+    );
+    assert_eq!(rev.created_ns, (5_001u64 << 32) | 2_000);
+    // An older timestamp: the backend's PAWS check would reject it (the
+    // old ACK, the client's RST, a SYN retransmit a second later), so the
+    // tuple stays in quarantine, whatever the sequence number.
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &linux_syn_options(1_990)),
+        XDP_DROP
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    // A newer one is accepted: the SYN takes the tuple over, unchanged.
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT + 2), (VIP, HTTP), TCP_SYN)
+        .seq(10)
+        .tcp_options(&linux_syn_options(2_001));
+    let out = syn.rewritten(
+        (SNAT, SNAT_PORT_MIN),
+        (backend_addr(0), BACKEND_PORT),
+        backend_mac(0),
+    );
+    lb.expect(&syn, XDP_TX, &out);
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 2).1, SNAT_PORT_MIN);
+    let new_rev = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
+    assert_eq!(u16::from_be(new_rev.new_dport), CLIENT_PORT + 2);
+    assert_eq!(new_rev.flags, 0, "a fresh entry: open, nothing recorded");
+    assert_eq!(lb.snat_used(0), 1, "one tuple held, by the new connection");
+    assert_eq!(
+        lb.conns(0),
+        BackendConns {
+            opened: 2,
+            closed: 1
+        }
+    );
+    // The backend's answer reaches the new client.
+    let answer = from_backend(0, SNAT_PORT_MIN, TCP_SYN | TCP_ACK);
+    let to_new = answer.rewritten((VIP, HTTP), (CLIENT, CLIENT_PORT + 2), CLIENT_MAC);
+    lb.expect(&answer, XDP_TX, &to_new);
+    // A late FIN of the old connection (its forward entry lingers) does not
+    // write the old connection's view into the new one's entry.
+    let late_fin = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_FIN | TCP_ACK)
+        .seq(5_000)
+        .tcp_options(&segment_options(2_005));
+    assert_eq!(lb.run(&late_fin.build()).0, XDP_TX);
+    let new_rev = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
+    assert_eq!(new_rev.flags & FLOW_F_TW_SEEN, 0);
+    // The sweep finds nothing to free or repair.
+    let stats = lb.sweep();
+    assert_eq!((stats.snat_freed, stats.orphans), (0, 0));
+    assert_eq!(lb.snat_used(0), 1);
+}
+
+fn case_without_timestamps_the_sequence_number_decides(lb: &mut Lb) {
+    // Neither side used timestamps: the FIN had no options.
+    closed_by_the_backend_first(lb, &[2, 4, 5, 180, 1, 3, 3, 7], 70_000, &[]);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_eq!(
+        rev.flags & (FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN),
+        FLOW_F_TW_SEEN
+    );
+    // At or before rcv_nxt (70,001): an old duplicate to the backend.
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 70_001, &[]),
+        XDP_DROP
+    );
+    assert_eq!(syn_for_the_tuple(lb, CLIENT_PORT + 2, 12, &[]), XDP_DROP);
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 2);
+    // Beyond it: accepted, also with a timestamp the old connection never
+    // negotiated (Linux then checks the sequence number only).
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 3, 70_002, &linux_syn_options(1)),
+        XDP_TX
+    );
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, SNAT_PORT_MIN);
+}
+
+fn case_unknown_fin_options_keep_a_timestamped_syn_out(lb: &mut Lb) {
+    // The FIN's options are in no layout the data path knows (a bare TS
+    // option first): whether it carried a timestamp is unknown.
+    let odd = [8, 10, 0, 0, 7, 208, 0, 0, 0, 9, 1, 1];
+    closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &odd);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_ne!(rev.flags & FLOW_F_TW_TS_UNKNOWN, 0);
+    // A timestamped SYN: unknown against unknown, the quarantine holds.
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 900_000, &linux_syn_options(1 << 30)),
+        XDP_DROP
+    );
+    // A SYN without timestamps skips PAWS: its sequence number decides.
+    assert_eq!(syn_for_the_tuple(lb, CLIENT_PORT + 2, 900_000, &[]), XDP_TX);
+}
+
+fn case_time_wait_reuse_off_keeps_the_quarantine(lb: &mut Lb) {
+    closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    lb.time_wait_reuse(false);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &linux_syn_options(3_000)),
+        XDP_DROP
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    lb.time_wait_reuse(true);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &linux_syn_options(3_000)),
+        XDP_TX
+    );
+}
+
+fn case_an_open_connection_s_tuple_is_never_taken_over(lb: &mut Lb) {
+    // The client closed its half only (FIN recorded), the backend is still
+    // sending: the connection is open, its tuple not free.
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
+    lb.time_wait_reuse(true);
+    let syn =
+        Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).tcp_options(&linux_syn_options(900));
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    let fin = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_FIN | TCP_ACK)
+        .seq(5_000)
+        .tcp_options(&segment_options(2_000));
+    assert_eq!(lb.run(&fin.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_eq!(rev.flags & (FLOW_F_CLOSED | FLOW_F_TW_SEEN), FLOW_F_TW_SEEN);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &linux_syn_options(3_000)),
+        XDP_DROP
+    );
+    assert_eq!(lb.conns(0).opened, 1);
+}
+
 /// The SNAT address of the forward entry of the connection from `client_port`.
 fn snat_tuple_of(lb: &Lb, client_port: u16) -> (std::net::IpAddr, u16) {
     let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, client_port);
@@ -1405,6 +1589,26 @@ const CASES: &[Case] = &[
     (
         "snat tuple past quarantine is taken without a sweep",
         case_snat_tuple_past_quarantine_is_taken_without_a_sweep,
+    ),
+    (
+        "snat tuple in time wait taken by a syn the backend accepts",
+        case_snat_tuple_in_time_wait_taken_by_a_syn_the_backend_accepts,
+    ),
+    (
+        "without timestamps the sequence number decides",
+        case_without_timestamps_the_sequence_number_decides,
+    ),
+    (
+        "unknown fin options keep a timestamped syn out",
+        case_unknown_fin_options_keep_a_timestamped_syn_out,
+    ),
+    (
+        "time wait reuse off keeps the quarantine",
+        case_time_wait_reuse_off_keeps_the_quarantine,
+    ),
+    (
+        "an open connection's tuple is never taken over",
+        case_an_open_connection_s_tuple_is_never_taken_over,
     ),
     ("snat pool addresses", case_snat_pool_addresses),
     ("snat cpu slices", case_snat_cpu_slices),

@@ -48,6 +48,7 @@ use crate::{
 
 /// The VIP and backend of a new flow: [`pick_backend`]'s payload, 16 bits
 /// each (ids index maps of at most 2^16 entries).
+#[derive(Clone, Copy)]
 pub struct Picked {
     pub vip_id: u32,
     pub backend_id: u32,
@@ -63,6 +64,12 @@ impl Picked {
             return Err(reason::DROP_BAD_CONFIG);
         }
         Ok((self.vip_id << 16) | self.backend_id)
+    }
+
+    /// The payload of a pick that [`Picked::into_payload`] accepted.
+    #[inline(always)]
+    pub const fn payload(self) -> u32 {
+        (self.vip_id << 16) | (self.backend_id & 0xffff)
     }
 
     #[inline(always)]

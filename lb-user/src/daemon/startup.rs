@@ -5,7 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use anyhow::Context as _;
-use lb_common::{CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, LbConfig, MAX_BACKENDS};
+use lb_common::{
+    CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DEFAULT_CLOSED_LINGER_NS, LbConfig, MAX_BACKENDS,
+};
 use tokio::time::sleep;
 use tracing::{info, warn};
 
@@ -281,7 +283,12 @@ pub fn mark_ready(
             snat_v6: first(snat_ip.v6.first().copied().map(IpAddr::V6)),
             snat_port_min: config.snat_ports.min,
             snat_port_max: config.snat_ports.max,
-            flags: CONFIG_F_READY,
+            flags: CONFIG_F_READY
+                | if config.snat_time_wait_reuse {
+                    CONFIG_F_TIME_WAIT_REUSE
+                } else {
+                    0
+                },
             ifindex,
             snat_v4_count,
             snat_v6_count,

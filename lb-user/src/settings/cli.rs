@@ -258,6 +258,11 @@ pub struct RunArgs {
     /// from the close (the backend's TIME_WAIT plus slack).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub snat_quarantine: Option<Duration>,
+    /// Whether a new TCP connection may take a SNAT tuple still in
+    /// quarantine when the backend's TIME_WAIT would accept its SYN as
+    /// sent (RFC 6191; default on).
+    #[arg(long, value_name = "on|off", value_parser = crate::settings::zone::parse_on_off)]
+    pub snat_time_wait_reuse: Option<bool>,
     /// Instance name (default lb-<iface>); pins live in /sys/fs/bpf/lb-user/<NAME>/.
     #[arg(long, value_name = "NAME")]
     pub instance: Option<String>,

@@ -33,6 +33,7 @@
 //! tcp_idle_timeout = "300s"
 //! syn_timeout = "3s"
 //! snat_quarantine = "65s"        # a closed connection's SNAT tuple, from the close
+//! snat_time_wait_reuse = true    # a SYN the backend's TIME_WAIT accepts may take one sooner
 //! instance = "lb-eth0"
 //! log_level = "info"
 //! state_dir = "/var/lib/lb-user"   # runtime changes kept across restarts
@@ -146,6 +147,9 @@ pub struct Config {
     pub syn_timeout: Duration,
     /// How long a closed connection's SNAT tuple stays reserved.
     pub snat_quarantine: Duration,
+    /// A SYN may take over a tuple in quarantine that the backend's
+    /// TIME_WAIT accepts it on (`lb_common::time_wait`).
+    pub snat_time_wait_reuse: bool,
     pub instance: String,
     pub log_level: String,
     /// Where the runtime state file lives (see `settings::state`).
@@ -221,6 +225,7 @@ pub struct FileConfig {
     syn_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     snat_quarantine: Option<Duration>,
+    snat_time_wait_reuse: Option<bool>,
     instance: Option<String>,
     log_level: Option<String>,
     state_dir: Option<std::path::PathBuf>,
@@ -477,6 +482,10 @@ impl Config {
                 file.snat_quarantine,
                 DEFAULT_SNAT_QUARANTINE,
             ),
+            snat_time_wait_reuse: args
+                .snat_time_wait_reuse
+                .or(file.snat_time_wait_reuse)
+                .unwrap_or(true),
             log_level: args
                 .log_level
                 .or(file.log_level)
@@ -857,6 +866,8 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     global!(udp_idle_timeout);
     global!(tcp_idle_timeout);
     global!(syn_timeout);
+    global!(snat_quarantine);
+    global!(snat_time_wait_reuse);
     global!(instance);
     global!(log_level);
     global!(state_dir);

@@ -13,9 +13,9 @@ use aya::{
 };
 use lb_common::{
     AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendScore,
-    CONFIG_F_READY, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent,
-    FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP,
-    MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
+    CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS,
+    FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig,
+    MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
 };
 
 use super::packet::{Pkt, TCP_SYN};
@@ -293,6 +293,19 @@ impl Lb {
         cfg.syn_timeout_ns = t.syn_timeout_ns;
         cfg.closed_linger_ns = t.closed_linger_ns;
         cfg.snat_quarantine_ns = t.snat_quarantine_ns;
+        self.write_config(cfg);
+    }
+
+    /// Whether a SYN may take over a SNAT tuple in quarantine that the
+    /// backend's TIME_WAIT accepts (`CONFIG_F_TIME_WAIT_REUSE`; off after
+    /// [`Lb::config`]).
+    pub fn time_wait_reuse(&mut self, on: bool) {
+        let mut cfg = self.current_config();
+        if on {
+            cfg.flags |= CONFIG_F_TIME_WAIT_REUSE;
+        } else {
+            cfg.flags &= !CONFIG_F_TIME_WAIT_REUSE;
+        }
         self.write_config(cfg);
     }
 

@@ -207,6 +207,14 @@ impl Pkt {
         self
     }
 
+    /// The TCP sequence number (1000 by default).
+    pub fn seq(mut self, value: u32) -> Self {
+        if let L4::Tcp { seq, .. } = &mut self.l4 {
+            *seq = value;
+        }
+        self
+    }
+
     pub fn tcp_options(mut self, bytes: &[u8]) -> Self {
         if let L4::Tcp { options, .. } = &mut self.l4 {
             *options = bytes.to_vec();

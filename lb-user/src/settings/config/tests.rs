@@ -439,6 +439,44 @@ fn snat_quarantine_from_flag_file_or_default() {
     );
 }
 
+#[test]
+fn snat_time_wait_reuse_is_on_unless_turned_off_and_needs_a_restart() {
+    assert!(from_flags(MINIMAL).unwrap().snat_time_wait_reuse);
+    let off = from_flags(&[MINIMAL, &["--snat-time-wait-reuse", "off"]].concat()).unwrap();
+    assert!(!off.snat_time_wait_reuse);
+    let file = from_file("snat_time_wait_reuse = false", MINIMAL).unwrap();
+    assert!(!file.snat_time_wait_reuse);
+    // The flag wins over the file.
+    let both = from_file(
+        "snat_time_wait_reuse = false",
+        &[MINIMAL, &["--snat-time-wait-reuse", "on"]].concat(),
+    )
+    .unwrap();
+    assert!(both.snat_time_wait_reuse);
+    assert!(
+        flag_err(&["--snat-time-wait-reuse", "yes"]).contains("expected on or off"),
+        "{}",
+        flag_err(&["--snat-time-wait-reuse", "yes"])
+    );
+    // Both SNAT settings are written once, at start.
+    let running = from_flags(MINIMAL).unwrap();
+    let restart = needs_restart(&running, &off);
+    assert!(
+        restart
+            .iter()
+            .any(|r| r.starts_with("snat_time_wait_reuse")),
+        "{restart:?}"
+    );
+    let shorter = from_flags(&[MINIMAL, &["--snat-quarantine", "30s"]].concat()).unwrap();
+    assert!(
+        needs_restart(&running, &shorter)
+            .iter()
+            .any(|r| r.starts_with("snat_quarantine")),
+        "{:?}",
+        needs_restart(&running, &shorter)
+    );
+}
+
 fn zone(name: &str) -> ZoneName {
     name.parse().unwrap()
 }

@@ -1,0 +1,275 @@
+//! SNAT tuples taken over inside the backend's TIME_WAIT: the data path's
+//! half of `lb_common::time_wait` (the rule and why it is safe are there).
+//!
+//! * The client's FIN records, in the connection's reply entry, what the
+//!   backend's TIME_WAIT for the tuple will expect ([`record_client_fin`]).
+//! * A SYN that found no free tuple may take over a closed one whose
+//!   TIME_WAIT would accept it as sent ([`may_take_over`], called by
+//!   `flow::take_over_tuple`).
+use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
+use lb_common::{
+    DIR_TO_BACKEND, FLOW_F_CLOSED, FLOW_F_TAKEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS,
+    FLOW_F_TW_TS_UNKNOWN, FlowEntry, Reason, StageResult, Verdict, reason,
+    time_wait::{
+        OPTIONS_SEEN, TS_ABSENT, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, accepts_syn,
+        timestamp,
+    },
+};
+
+use crate::{
+    flow::{Translation, lookup, packet_key},
+    maps::{CONFIG, PACKET_HANDOVER},
+    packet::{Packet, load},
+    select::Picked,
+    track::Flags,
+    wire::{TCP_DOFF_OFF, TCP_MIN_LEN},
+};
+
+/// Offset of the sequence number in the TCP header.
+const TCP_SEQ_OFF: usize = 4;
+
+/// The TCP segment's sequence number (host byte order) and timestamp
+/// option. Only the layouts `lb_common::time_wait::timestamp` knows are
+/// told apart, from the first [`OPTIONS_SEEN`] bytes of options, read in
+/// fixed sizes (a read of a variable length is one the verifier cannot
+/// bound).
+#[inline(always)]
+pub fn seq_and_timestamp(ctx: &XdpContext, pkt: &Packet) -> Option<(u32, TsOption)> {
+    let hdr: [u8; TCP_MIN_LEN] = load(ctx, pkt.l4)?;
+    let seq = u32::from_be_bytes([
+        hdr[TCP_SEQ_OFF],
+        hdr[TCP_SEQ_OFF + 1],
+        hdr[TCP_SEQ_OFF + 2],
+        hdr[TCP_SEQ_OFF + 3],
+    ]);
+    let len = (usize::from(hdr[TCP_DOFF_OFF] >> 4) * 4).saturating_sub(TCP_MIN_LEN);
+    let at = pkt.l4 + TCP_MIN_LEN;
+    let mut opts = [0u8; OPTIONS_SEEN];
+    if len >= 20 {
+        opts = load::<[u8; 20]>(ctx, at)?;
+    } else if len >= 16 {
+        opts[..16].copy_from_slice(&load::<[u8; 16]>(ctx, at)?);
+    } else if len >= 12 {
+        opts[..12].copy_from_slice(&load::<[u8; 12]>(ctx, at)?);
+    } else if len >= 8 {
+        opts[..8].copy_from_slice(&load::<[u8; 8]>(ctx, at)?);
+    } else if len >= 4 {
+        opts[..4].copy_from_slice(&load::<[u8; 4]>(ctx, at)?);
+    }
+    Some((seq, timestamp(&opts, len)))
+}
+
+/// What [`record_client_fin`] and [`take_over`] hand their global
+/// function, through this CPU's slot of `PACKET_HANDOVER`.
+#[derive(Clone, Copy)]
+pub struct Handover {
+    pub pkt: Packet,
+    /// `select::Picked`'s payload (for [`take_over`]).
+    pub picked: u32,
+    /// The segment's sequence number and timestamp, written by
+    /// [`lb_read_seq_and_timestamp`].
+    pub seq: u32,
+    pub ts: TsOption,
+}
+
+/// Headers end before this offset (the parser's limits keep them well
+/// below); the global functions check it again, as the offsets come from
+/// a map value the verifier knows nothing about.
+const MAX_L4_OFFSET: usize = 1024;
+
+/// Puts `pkt` (and `picked`) in this CPU's handover slot, with the
+/// segment's sequence number and timestamp (read by a global function of
+/// their own, so that neither the caller's nor the next global function's
+/// frame holds the option bytes: `lb_take_over`'s is near the stack limit).
+#[inline(always)]
+fn hand_over(ctx: &XdpContext, pkt: &Packet, picked: u32) -> bool {
+    let Some(slot) = PACKET_HANDOVER.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's own copy of a per-CPU map value.
+    unsafe {
+        (*slot).pkt = *pkt;
+        (*slot).picked = picked;
+    }
+    lb_read_seq_and_timestamp(ctx.ctx) != 0
+}
+
+/// The handover slot's packet, if its offsets are sane.
+#[inline(always)]
+fn handed_over() -> Option<&'static Handover> {
+    let slot = PACKET_HANDOVER.get(0)?;
+    if slot.pkt.l4 >= MAX_L4_OFFSET || slot.pkt.l3 >= slot.pkt.l4 {
+        return None;
+    }
+    Some(slot)
+}
+
+/// Reads the handover slot's segment's sequence number and timestamp into
+/// the slot; 1 if it could. A global BPF function (verified once).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub fn lb_read_seq_and_timestamp(ctx: *mut xdp_md) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    let Some(slot) = PACKET_HANDOVER.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's own copy of a per-CPU map value.
+    let pkt = unsafe { (*slot).pkt };
+    if pkt.l4 >= MAX_L4_OFFSET {
+        return 0;
+    }
+    let Some((seq, ts)) = seq_and_timestamp(&ctx, &pkt) else {
+        return 0;
+    };
+    // SAFETY: as above.
+    unsafe {
+        (*slot).seq = seq;
+        (*slot).ts = ts;
+    }
+    1
+}
+
+/// The client's FIN `pkt` (of a connection with a forward entry): records
+/// in the connection's reply entry what the backend's TIME_WAIT for the
+/// tuple will expect. A retransmitted FIN records again (Linux updates
+/// `ts_recent` from it).
+#[inline(always)]
+pub fn record_client_fin(ctx: &XdpContext, pkt: &Packet) {
+    if hand_over(ctx, pkt, 0) {
+        lb_record_client_fin();
+    }
+}
+
+/// [`record_client_fin`]'s global BPF function: verified once, on its own
+/// (as a static one, the option layouts were walked again for every
+/// state of the forward path, about 77k instructions). Returns 0.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub fn lb_record_client_fin() -> u64 {
+    let Some(&Handover { pkt, seq, ts, .. }) = handed_over() else {
+        return 0;
+    };
+    let Some(fwd) = lookup(&packet_key(&pkt)) else {
+        return 0;
+    };
+    let Some(rev) = lookup(&Translation::of(fwd).opposite_key(&pkt)) else {
+        return 0;
+    };
+    // After a takeover the tuple's reply entry belongs to a newer
+    // connection, of another client tuple: a late FIN of the old one must
+    // not overwrite it.
+    // SAFETY: live map values; written only when the entries are created.
+    if unsafe {
+        (*fwd).direction != DIR_TO_BACKEND
+            || (*rev).new_dport != pkt.sport
+            || (*rev).new_dst != pkt.saddr
+    } {
+        return 0;
+    }
+    let view = TimeWaitView::of_fin(seq, pkt.payload_len, ts);
+    // The word first, then the flags that say it is there.
+    // SAFETY: live map value; an aligned 8-byte store is one instruction.
+    unsafe { (&raw mut (*rev).created_ns).write_volatile(view.packed()) };
+    let flags = Flags::of(rev);
+    let ts_flag = match ts.state {
+        TS_PRESENT => FLOW_F_TW_TS,
+        TS_UNKNOWN => FLOW_F_TW_TS_UNKNOWN,
+        _ => 0,
+    };
+    flags.clear((FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN) & !ts_flag);
+    flags.set(FLOW_F_TW_SEEN | ts_flag);
+    0
+}
+
+/// For a SYN that found no free SNAT tuple: creates the connection to the
+/// backend `picked` chose on a tuple in quarantine that the backend's
+/// TIME_WAIT accepts the SYN on (`flow::take_over_tuple`). Continues, or
+/// drops under a reason.
+#[inline(always)]
+pub fn take_over(ctx: &XdpContext, pkt: &Packet, picked: Picked) -> StageResult {
+    if !hand_over(ctx, pkt, picked.payload()) {
+        return StageResult::verdict(Verdict::drop(reason::DROP_TRUNCATED));
+    }
+    StageResult::from_raw(lb_take_over(ctx.ctx))
+}
+
+/// [`take_over`]'s global BPF function: verified once, on its own (as a
+/// static one it cost about 180k instructions, walked again for every
+/// state of its caller).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub fn lb_take_over(ctx: *mut xdp_md) -> u64 {
+    let ctx = XdpContext::new(ctx);
+    // The packet is used in place, not copied: this frame is near the
+    // stack limit. (Its offsets are not used here: the options were read
+    // by `lb_read_seq_and_timestamp`.)
+    let Some(slot) = handed_over() else {
+        return StageResult::verdict(Verdict::drop(reason::DROP_BAD_CONFIG)).into_raw();
+    };
+    StageResult::continue_or_drop(try_take_over(
+        &ctx,
+        &slot.pkt,
+        Picked::from_payload(slot.picked),
+        slot.seq,
+        slot.ts,
+    ))
+    .into_raw()
+}
+
+#[inline(always)]
+fn try_take_over(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    picked: Picked,
+    seq: u32,
+    ts: TsOption,
+) -> Result<(), Reason> {
+    let cfg = CONFIG.get(0).ok_or(reason::DROP_BAD_CONFIG)?;
+    crate::create_flow(ctx, pkt, cfg, picked, Some((seq, ts)))
+}
+
+/// Whether a SYN with sequence number `seq` and timestamp `ts` may take
+/// over the reply entry `held` at `now`, and if so claims it
+/// ([`FLOW_F_TAKEN`], which the data path's and the sweep's frees also
+/// take first, so only one acts on it). It may when the entry is closed
+/// and either its quarantine is over (the sweep or the cursor would free
+/// it soon anyway) or the client's FIN was recorded and the backend's
+/// TIME_WAIT would accept the SYN.
+#[inline(always)]
+pub fn may_take_over(
+    held: *mut FlowEntry,
+    seq: u32,
+    ts: TsOption,
+    now: u64,
+    quarantine_ns: u64,
+) -> bool {
+    let flags = Flags::of(held);
+    let bits = flags.get();
+    if bits & FLOW_F_CLOSED == 0 || bits & FLOW_F_TAKEN != 0 {
+        return false;
+    }
+    // SAFETY: live map value; the close time and the view are written
+    // before the flags that publish them.
+    let (closed_at, word) = unsafe {
+        (
+            (&raw const (*held).last_seen_ns).read_volatile(),
+            (&raw const (*held).created_ns).read_volatile(),
+        )
+    };
+    if now.saturating_sub(closed_at) <= quarantine_ns {
+        if bits & FLOW_F_TW_SEEN == 0 {
+            return false;
+        }
+        let ts_state = if bits & FLOW_F_TW_TS != 0 {
+            TS_PRESENT
+        } else if bits & FLOW_F_TW_TS_UNKNOWN != 0 {
+            TS_UNKNOWN
+        } else {
+            TS_ABSENT
+        };
+        if !accepts_syn(&TimeWaitView::unpack(word, ts_state), seq, ts) {
+            return false;
+        }
+    }
+    flags.set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
+}
