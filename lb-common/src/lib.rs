@@ -49,9 +49,14 @@ pub const SNAT_PORT_TRIES: u32 = 8;
 pub const SNAT_STEAL_TRIES: u32 = 4;
 /// When no tuple is free within those steps, the tuples in quarantine at
 /// the cursor that a new SYN may take over because the backend's
-/// TIME_WAIT would accept it ([`time_wait`]): about half qualify with many
-/// clients, so 4 find one nearly always (15 in 16).
-pub const SNAT_REUSE_TRIES: u32 = 4;
+/// TIME_WAIT would accept it ([`time_wait`]). About half qualify: Linux
+/// clients give each connection a random timestamp offset and initial
+/// sequence number, so whether a SYN is "newer" than the last connection
+/// on the tuple is a coin toss (seen in the lab: a second connection from
+/// the same client had a lower TSval and a lower sequence number, and was
+/// accepted because the TSval was newer modulo 2^32). With 16 candidates
+/// all are unfit once in 65,536 SYNs.
+pub const SNAT_REUSE_TRIES: u32 = 16;
 /// Addresses per family in a SNAT pool.
 pub const MAX_SNAT_ADDRS: u32 = 64;
 /// Defaults for the kernel sweep (see [`LbConfig`]): how long a closed

@@ -18,9 +18,10 @@
 //! timestamp), and a new SYN may take over a tuple still in quarantine
 //! when [`accepts_syn`] says the backend would take it. Nothing is
 //! rewritten: the check picks, among the tuples in quarantine, one the
-//! SYN as sent is acceptable on. With one client address (whose
-//! timestamps only grow) nearly every tuple qualifies; with many, about
-//! half, and a claim tries [`crate::SNAT_REUSE_TRIES`] of them.
+//! SYN as sent is acceptable on. Clients pick a random timestamp offset
+//! and initial sequence number per connection, so about half the tuples
+//! qualify for a given SYN, and a claim tries [`crate::SNAT_REUSE_TRIES`]
+//! of them.
 //!
 //! Where the options are not in a layout this module knows, the answer is
 //! [`TS_UNKNOWN`] and the tuple stays in quarantine: a wrong guess would

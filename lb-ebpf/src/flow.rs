@@ -406,8 +406,8 @@ fn claim_snat_tuple(
 }
 
 /// For a SYN (sequence number `seq`, timestamp `ts`) that found no free
-/// tuple: takes over one of the [`SNAT_REUSE_TRIES`] closed tuples from
-/// this CPU's cursor that `time_wait::may_take_over` allows (its backend's
+/// tuple: takes over one of the first [`SNAT_REUSE_TRIES`] closed tuples
+/// the failed claim tried that `time_wait::may_take_over` allows (its backend's
 /// TIME_WAIT accepts this SYN, or its quarantine is over): the new reply
 /// entry replaces the closed one under its key (`BPF_EXIST`, after
 /// claiming it with `FLOW_F_TAKEN`), and `entry` becomes the forward
@@ -429,8 +429,13 @@ fn take_over_tuple(
     let cursor = SNAT_CURSORS
         .get_ptr_mut(backend.id)
         .ok_or(reason::DROP_BAD_CONFIG)?;
+    // From where the failed claim started (it stepped the cursor past its
+    // tries): the tuples this CPU handed out longest ago, most likely
+    // closed by now. From the stepped cursor, each new flow under load
+    // would move it SNAT_PORT_TRIES + 1 positions and soon meet
+    // connections still open.
     // SAFETY: this CPU's own copy of a per-CPU map value.
-    let start = unsafe { *cursor };
+    let start = unsafe { *cursor }.wrapping_sub(u64::from(SNAT_PORT_TRIES));
     let now = entry.created_ns;
     let mut taken = u64::MAX;
     for i in 0..u64::from(SNAT_REUSE_TRIES) {

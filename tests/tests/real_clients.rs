@@ -471,3 +471,95 @@ fn a_clean_restart_does_not_hand_out_tuples_the_backend_holds_in_time_wait() {
         delta.summary()
     );
 }
+
+/// ApacheBench through a SNAT range far too small for its rate under the
+/// quarantine alone: 64 ports to one backend, which closes first (ab asks
+/// for HTTP/1.0), so it holds every tuple in TIME_WAIT for 60 s. The
+/// quarantine alone allows 64 connections per 65 s; with
+/// `--snat-time-wait-reuse` (the default) a SYN takes over a tuple whose
+/// TIME_WAIT accepts it (about half: each connection of ab gets a random
+/// timestamp offset and initial sequence number), so 3,000 connections
+/// pass in seconds with no SYN retransmitted and none rejected by the
+/// backend's PAWS check. Then,
+/// with the reuse off, the same range runs dry (`drop_snat_exhausted`), so
+/// the first part did need it.
+#[test]
+fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit() {
+    require_root!();
+    let lab = lab(1);
+    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    spec.extra_args
+        .extend(["--snat-ports".to_string(), "40000-40063".to_string()]);
+    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
+    let balancer = lab.start_balancer(&spec).unwrap();
+    let before = Snapshot::take(&lab).unwrap();
+    let started = std::time::Instant::now();
+    let report = client_run(
+        &lab,
+        &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
+    );
+    let took = started.elapsed();
+    let delta = counters_since(&lab, &before, "ab on 64 SNAT ports");
+    let backend_time_wait = lab
+        .exec(
+            &lab.backends()[0].host.ns,
+            &["ss", "-Htan", "state", "time-wait"],
+        )
+        .map(|out| String::from_utf8_lossy(&out.stdout).lines().count())
+        .unwrap_or(0);
+    let metrics = lab.scrape_metrics().unwrap();
+    let exhausted = metric(&metrics, "lb_packets_total{reason=\"drop_snat_exhausted\"}");
+    eprintln!(
+        "3,000 connections on 64 tuples in {took:.1?}; backend sockets in TIME_WAIT after: \
+         {backend_time_wait}; drop_snat_exhausted {exhausted}"
+    );
+    assert_eq!(
+        field(&report, "Complete requests:"),
+        Some(3_000.0),
+        "{report}"
+    );
+    assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
+    // Within one quarantine: the tuples were reused inside it, ~47 times
+    // each.
+    assert!(took.as_secs() < 60, "took {took:?}");
+    // The backend did hold the tuples in TIME_WAIT (it closed first).
+    assert!(backend_time_wait > 0, "no TIME_WAIT on the backend");
+    assert_eq!(
+        delta.in_role("cl", "TcpExtTCPSynRetrans"),
+        0,
+        "SYNs retransmitted: {}",
+        delta.summary()
+    );
+    assert_eq!(
+        delta.in_role("be", "TcpExtPAWSTimewait"),
+        0,
+        "SYNs rejected by the backend's TIME_WAIT: {}",
+        delta.summary()
+    );
+    assert_eq!(exhausted, 0.0);
+
+    // The same range without the reuse: the quarantine holds every tuple,
+    // and new connections are refused within the first few hundred.
+    let status = lab
+        .stop_balancer(balancer, nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    assert!(status.success(), "lb-user stopped with {status}");
+    spec.extra_args
+        .extend(["--snat-time-wait-reuse".to_string(), "off".to_string()]);
+    let _without = lab.start_balancer(&spec).unwrap();
+    // ab gives up on its first unanswered SYN after 2 s: a failure is
+    // expected here, so its exit status is not checked.
+    let _ = lab.exec(
+        &lab.client().ns,
+        &["ab", "-q", "-n", "300", "-c", "8", "-s", "2", &url],
+    );
+    let exhausted = metric(
+        &lab.scrape_metrics().unwrap(),
+        "lb_packets_total{reason=\"drop_snat_exhausted\"}",
+    );
+    eprintln!("without the reuse: drop_snat_exhausted {exhausted}");
+    assert!(
+        exhausted > 0.0,
+        "300 connections on 64 tuples in quarantine were all served"
+    );
+}
