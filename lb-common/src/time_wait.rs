@@ -187,8 +187,8 @@ impl TimeWaitView {
 /// a SYN with sequence number `seq` and timestamp `ts` for a new
 /// connection (Linux's rule, RFC 6191's in substance):
 /// * the old connection used timestamps and the SYN carries one: PAWS must
-///   not reject it (TSval at least `ts_recent` − 1), and then either the
-///   TSval is newer or the sequence number is beyond `rcv_nxt`;
+///   not reject it (TSval at least `ts_recent`), and then either the TSval
+///   is newer or the sequence number is beyond `rcv_nxt`;
 /// * otherwise (no timestamps on one side; Linux parses none when the old
 ///   connection had none): the sequence number is beyond `rcv_nxt`.
 ///
@@ -201,9 +201,10 @@ pub const fn accepts_syn(tw: &TimeWaitView, seq: u32, ts: TsOption) -> bool {
             seq_after
         }
         (TS_PRESENT, TS_PRESENT) => {
-            // Linux's PAWS window is 1: ts_recent − TSval ≤ 1 passes.
+            // `tcp_paws_reject` checks with a window of 0 here: a TSval
+            // behind `ts_recent` at all is rejected.
             let behind = tw.ts_recent.value.wrapping_sub(ts.value) as i32;
-            behind <= 1 && (behind < 0 || seq_after)
+            behind <= 0 && (behind < 0 || seq_after)
         }
         _ => false,
     }
@@ -307,11 +308,11 @@ mod tests {
         let old = tw(1_000, TsOption::present(500));
         assert!(accepts_syn(&old, 10, TsOption::present(501)));
         assert!(accepts_syn(&old, 2_000, TsOption::present(501)));
-        // Equal or one behind: PAWS lets it through, the sequence decides.
+        // Equal: PAWS lets it through, the sequence decides.
         assert!(!accepts_syn(&old, 10, TsOption::present(500)));
         assert!(accepts_syn(&old, 2_000, TsOption::present(500)));
-        assert!(accepts_syn(&old, 2_000, TsOption::present(499)));
-        // Further behind: PAWS rejects it (`PAWSTimewait`), sequence or not.
+        // Behind: PAWS rejects it (`PAWSTimewait`), sequence or not.
+        assert!(!accepts_syn(&old, 2_000, TsOption::present(499)));
         assert!(!accepts_syn(&old, 2_000, TsOption::present(498)));
         // TSvals wrap.
         let wrapped = tw(1_000, TsOption::present(u32::MAX - 1));

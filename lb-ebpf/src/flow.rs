@@ -411,8 +411,9 @@ fn claim_snat_tuple(
 /// TIME_WAIT accepts this SYN, or its quarantine is over): the new reply
 /// entry replaces the closed one under its key (`BPF_EXIST`, after
 /// claiming it with `FLOW_F_TAKEN`), and `entry` becomes the forward
-/// entry. The backend's count of tuples held does not change. Same frame
-/// rules as [`claim_snat_tuple`].
+/// entry. The count of tuples held moves only if the closed connection
+/// was another VIP's (another id of the same backend). Same frame rules
+/// as [`claim_snat_tuple`].
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
@@ -438,6 +439,9 @@ fn take_over_tuple(
     let start = unsafe { *cursor }.wrapping_sub(u64::from(SNAT_PORT_TRIES));
     let now = entry.created_ns;
     let mut taken = u64::MAX;
+    // Whose count the tuple leaves: a backend behind two VIPs has an id
+    // for each, and the same tuples (the key holds its address).
+    let mut held_by = backend.id;
     for i in 0..u64::from(SNAT_REUSE_TRIES) {
         let (slot, port) = snat.tuple(start.wrapping_add(i));
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
@@ -451,12 +455,19 @@ fn take_over_tuple(
         );
         if let Some(held) = FLOWS.get_ptr_mut(&reverse)
             && time_wait::may_take_over(held, seq, ts, now, snat.quarantine_ns)
-            && FLOWS
+        {
+            // SAFETY: live map value; written only when it was created.
+            held_by = unsafe { (*held).backend_id };
+            if FLOWS
                 .insert(&reverse, &*entry, u64::from(BPF_EXIST))
                 .is_ok()
-        {
-            taken = i;
-            break;
+            {
+                taken = i;
+                break;
+            }
+            // Claimed but not replaced (the table could not allocate the
+            // new value): give the claim back, so the sweep still frees it.
+            Flags::of(held).clear(FLOW_F_TAKEN);
         }
     }
     if taken == u64::MAX {
@@ -466,6 +477,10 @@ fn take_over_tuple(
     let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(taken + 1) };
+    if held_by != backend.id {
+        snat_used(held_by, u64::MAX);
+        snat_used(backend.id, 1);
+    }
     into_forward_entry(entry, addr.addr, port, backend);
     Ok(())
 }

@@ -81,7 +81,7 @@ use crate::{
     parse::Parsed,
     select::Picked,
     stats::Direction,
-    wire::{ETH_SRC_OFF, TCP_FIN, TCP_RST},
+    wire::ETH_SRC_OFF,
 };
 
 // lb-common's action values are the kernel's.
@@ -159,8 +159,8 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
             && pkt.is_syn()
             && (flags & FLOW_F_CLOSED != 0 || syn_went_unanswered(pkt, entry, cfg.syn_timeout_ns)))
         {
-            if pkt.is_tcp() && pkt.has(TCP_FIN) && !pkt.has(TCP_RST) {
-                time_wait::record_client_fin(&ctx(), pkt);
+            if time_wait::closes(pkt, flags) {
+                time_wait::record_client_close(&ctx(), pkt);
             }
             return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
         }

@@ -563,3 +563,64 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
         "300 connections on 64 tuples in quarantine were all served"
     );
 }
+
+/// A clean restart in the middle of time-wait reuse: ApacheBench cycles
+/// 3,000 connections through 64 SNAT ports, so the backend holds every
+/// tuple in TIME_WAIT, many of them reused within the last second; the
+/// balancer stops (SIGTERM) and starts again. The stop saves the tuples in
+/// quarantine with what each TIME_WAIT expects, the start inserts them
+/// again, so the next 500 connections take over only tuples whose
+/// TIME_WAIT accepts their SYN, as before the restart: no SYN
+/// retransmitted, none rejected by PAWS. (Without them the table is empty
+/// after the restart, and every tuple is claimed blind: about half its
+/// SYNs meet a TIME_WAIT that answers with an ACK.)
+#[test]
+fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
+    require_root!();
+    let lab = lab(1);
+    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    spec.extra_args
+        .extend(["--snat-ports".to_string(), "40000-40063".to_string()]);
+    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
+    let first = lab.start_balancer(&spec).unwrap();
+    let report = client_run(
+        &lab,
+        &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
+    );
+    assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
+    let status = lab
+        .stop_balancer(first, nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    assert!(status.success(), "lb-user stopped with {status}");
+    let saved = lab
+        .state_dir()
+        .join(format!("{}.snat-cursors.json", lab.instance()));
+    let text = std::fs::read_to_string(&saved).unwrap();
+    let file: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let quarantined = file["quarantined"].as_array().map_or(0, Vec::len);
+    assert!(
+        quarantined >= 56,
+        "{quarantined} of 64 tuples saved in quarantine"
+    );
+
+    let _second = lab.start_balancer(&spec).unwrap();
+    let before = Snapshot::take(&lab).unwrap();
+    let report = client_run(
+        &lab,
+        &["ab", "-q", "-n", "500", "-c", "8", "-s", "10", &url],
+    );
+    let delta = counters_since(&lab, &before, "ab after a clean restart on 64 ports");
+    assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
+    assert_eq!(
+        delta.in_role("cl", "TcpExtTCPSynRetrans"),
+        0,
+        "SYNs retransmitted after the restart: {}",
+        delta.summary()
+    );
+    assert_eq!(
+        delta.in_role("be", "TcpExtPAWSTimewait"),
+        0,
+        "SYNs rejected by a TIME_WAIT after the restart: {}",
+        delta.summary()
+    );
+}

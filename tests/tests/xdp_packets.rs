@@ -11,8 +11,8 @@
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
     CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
-    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_NONE,
+    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1388,9 +1388,13 @@ fn case_time_wait_reuse_off_keeps_the_quarantine(lb: &mut Lb) {
     );
 }
 
-fn case_an_open_connection_s_tuple_is_never_taken_over(lb: &mut Lb) {
-    // The client closed its half only (FIN recorded), the backend is still
-    // sending: the connection is open, its tuple not free.
+fn case_a_tuple_the_client_closed_first_is_free_after_its_last_ack(lb: &mut Lb) {
+    // The client's FIN first: the connection is still open (the backend
+    // may be sending), its tuple not free; and once the backend's FIN
+    // closes it, the backend waits in LAST_ACK, not TIME_WAIT, where a
+    // SYN on the tuple would draw a challenge ACK: no view is recorded,
+    // the tuple stays in quarantine until the client's last ACK, and then
+    // any SYN may take it (the backend holds no TIME_WAIT).
     lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
     lb.time_wait_reuse(true);
     let syn =
@@ -1401,12 +1405,38 @@ fn case_an_open_connection_s_tuple_is_never_taken_over(lb: &mut Lb) {
         .tcp_options(&segment_options(2_000));
     assert_eq!(lb.run(&fin.build()).0, XDP_TX);
     let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
-    assert_eq!(rev.flags & (FLOW_F_CLOSED | FLOW_F_TW_SEEN), FLOW_F_TW_SEEN);
+    assert_eq!(rev.flags & (FLOW_F_CLOSED | FLOW_F_TW_SEEN), 0);
     assert_eq!(
         syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &linux_syn_options(3_000)),
-        XDP_DROP
+        XDP_DROP,
+        "an open connection's tuple"
     );
+    let fin_back = from_backend(0, SNAT_PORT_MIN, TCP_FIN | TCP_ACK);
+    lb.expect(&fin_back, XDP_TX, &to_client_of(&fin_back));
+    // A retransmitted client FIN, after the backend's: still no view.
+    assert_eq!(lb.run(&fin.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_eq!(rev.flags & (FLOW_F_CLOSED | FLOW_F_TW_SEEN), FLOW_F_CLOSED);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &linux_syn_options(3_000)),
+        XDP_DROP,
+        "a tuple whose backend is in LAST_ACK"
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 2);
     assert_eq!(lb.conns(0).opened, 1);
+    // The client's last ACK (of the backend's FIN): LAST_ACK is over.
+    let last_ack = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK)
+        .seq(5_001)
+        .tcp_options(&segment_options(2_001));
+    assert_eq!(lb.run(&last_ack.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_ne!(rev.flags & FLOW_F_TW_NONE, 0);
+    // Any SYN now, even one whose timestamp and sequence number are behind.
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 3, 1, &linux_syn_options(1)),
+        XDP_TX
+    );
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, SNAT_PORT_MIN);
 }
 
 /// The SNAT address of the forward entry of the connection from `client_port`.
@@ -1607,8 +1637,8 @@ const CASES: &[Case] = &[
         case_time_wait_reuse_off_keeps_the_quarantine,
     ),
     (
-        "an open connection's tuple is never taken over",
-        case_an_open_connection_s_tuple_is_never_taken_over,
+        "a tuple the client closed first is free after its last ack",
+        case_a_tuple_the_client_closed_first_is_free_after_its_last_ack,
     ),
     ("snat pool addresses", case_snat_pool_addresses),
     ("snat cpu slices", case_snat_cpu_slices),

@@ -140,11 +140,14 @@ fn restore_snat_cursors(config: &Config, pin_dir: &std::path::Path, plan: &Plan)
         &backends,
         std::time::SystemTime::now(),
     ) {
-        Ok(0) => {}
-        Ok(n) => info!(
+        Ok((0, _)) => {}
+        Ok((n, tuples)) => info!(
             backends = n,
+            quarantined_tuples = tuples,
             file = %file.display(),
-            "SNAT cursors of the last clean stop restored: new flows go on past the tuples it used"
+            "SNAT cursors and quarantine of the last clean stop restored: new flows go on past \
+             the tuples it used, and none takes a tuple its backend still holds in TIME_WAIT \
+             unless that TIME_WAIT accepts it"
         ),
         Err(e) => warn!("SNAT cursors of the last stop not restored (random start): {e:#}"),
     }
@@ -172,12 +175,18 @@ pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
             pin_dir,
             &file,
             config.snat_ports,
+            config.snat_quarantine,
             &backends,
             std::time::SystemTime::now(),
         )
     });
     match saved {
-        Ok(n) => info!(backends = n, file = %file.display(), "saved the SNAT cursors"),
+        Ok((n, tuples)) => info!(
+            backends = n,
+            quarantined_tuples = tuples,
+            file = %file.display(),
+            "saved the SNAT cursors and quarantine"
+        ),
         Err(e) => warn!(
             "SNAT cursors not saved (a cold start within the quarantine starts at random places): {e:#}"
         ),

@@ -11,6 +11,18 @@
 //! never), instead of from a random place that may be among the last
 //! ones used.
 //!
+//! The cursors say where each CPU stands, not which tuples are still in
+//! quarantine: a CPU that went round its slice within the quarantine (with
+//! `--snat-time-wait-reuse`, every busy one does) has tuples just past its
+//! cursor that a backend holds in TIME_WAIT. So the stop also saves every
+//! quarantined tuple's reply entry (its close time and what the backend's
+//! TIME_WAIT expects, `lb_common::time_wait`), and the cold start inserts
+//! them again: they stay out of use until their quarantine ends, or until
+//! a SYN their TIME_WAIT accepts takes them over, as if no restart had
+//! happened. Their close times are CLOCK_MONOTONIC, valid until a reboot,
+//! so the file carries the boot id and a file from another boot restores
+//! no tuple.
+//!
 //! The file is keyed by VIP and backend address (ids can change across a
 //! cold start, and a backend behind two VIPs has an id, and cursors, for
 //! each) and carries the SNAT port range and the CPU count it was made
@@ -23,11 +35,25 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use std::collections::BTreeMap;
+
 use anyhow::Context as _;
-use lb_common::{Backend, VipKey};
+use lb_common::{
+    Backend, DIR_TO_CLIENT, FLOW_CLOSING, FLOW_F_CLOSED, FLOW_F_TAKEN, FLOW_F_TW_NONE,
+    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FlowEntry, FlowKey, VipKey,
+};
 use serde::{Deserialize, Serialize};
 
-use crate::{kernel::maps, settings::ports::PortRange};
+use crate::{
+    kernel::{
+        clock::{Clock, MonotonicClock},
+        maps,
+    },
+    settings::ports::PortRange,
+};
+
+/// `BPF_NOEXIST`.
+const BPF_NOEXIST: u64 = 1;
 
 /// The file, next to the runtime state file of `instance`.
 pub fn path(state_dir: &Path, instance: &str) -> PathBuf {
@@ -43,6 +69,105 @@ pub struct Saved {
     pub port_max: u16,
     pub cpus: u32,
     pub backends: Vec<SavedBackend>,
+    /// `/proc/sys/kernel/random/boot_id` at the stop.
+    #[serde(default)]
+    pub boot_id: String,
+    /// The tuples in quarantine at the stop.
+    #[serde(default)]
+    pub quarantined: Vec<SavedTuple>,
+}
+
+/// A SNAT tuple in quarantine at the stop: its closed reply entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedTuple {
+    /// Its backend: an index into [`Saved::backends`].
+    pub backend: usize,
+    /// The key: backend address and SNAT address, backend port and SNAT
+    /// port (network byte order), protocol, family.
+    pub key: ([u32; 4], [u32; 4], u16, u16, u8, u8),
+    /// Where the entry translates to: VIP and client, their ports.
+    pub to: ([u32; 4], [u32; 4], u16, u16),
+    /// The close and TIME_WAIT bits of its flags, the TIME_WAIT view
+    /// (`created_ns`) and the close time (`last_seen_ns`, CLOCK_MONOTONIC).
+    pub flags: u32,
+    pub view: u64,
+    pub closed_ns: u64,
+    pub client_mac: [u8; 6],
+    pub client_ifindex: u32,
+}
+
+/// The flags a restored tuple keeps.
+const KEPT_FLAGS: u32 =
+    FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN | FLOW_F_TW_NONE;
+
+impl SavedTuple {
+    fn of(backend: usize, key: &FlowKey, entry: &FlowEntry) -> Self {
+        Self {
+            backend,
+            key: (
+                key.src, key.dst, key.sport, key.dport, key.proto, key.family,
+            ),
+            to: (
+                entry.new_src,
+                entry.new_dst,
+                entry.new_sport,
+                entry.new_dport,
+            ),
+            flags: entry.flags & KEPT_FLAGS,
+            view: entry.created_ns,
+            closed_ns: entry.last_seen_ns,
+            client_mac: entry.client_mac,
+            client_ifindex: entry.client_ifindex,
+        }
+    }
+
+    /// The key and reply entry to insert for backend id `id` of VIP
+    /// `vip_id`.
+    fn entry(&self, id: u32, vip_id: u32) -> (FlowKey, FlowEntry) {
+        let (src, dst, sport, dport, proto, family) = self.key;
+        let key = FlowKey {
+            src,
+            dst,
+            sport,
+            dport,
+            proto,
+            family,
+            _pad: [0; 2],
+        };
+        let entry = FlowEntry {
+            new_src: self.to.0,
+            new_dst: self.to.1,
+            new_sport: self.to.2,
+            new_dport: self.to.3,
+            backend_id: id,
+            vip_id,
+            direction: DIR_TO_CLIENT,
+            state: FLOW_CLOSING,
+            flags: self.flags & KEPT_FLAGS,
+            created_ns: self.view,
+            last_seen_ns: self.closed_ns,
+            client_mac: self.client_mac,
+            client_ifindex: self.client_ifindex,
+            ..FlowEntry::default()
+        };
+        (key, entry)
+    }
+}
+
+/// Whether a reply entry holds its tuple in quarantine at `now_ns`
+/// (CLOCK_MONOTONIC): closed, not being freed or taken over, closed less
+/// than `quarantine` ago.
+fn in_quarantine(entry: &FlowEntry, now_ns: u64, quarantine: Duration) -> bool {
+    entry.direction == DIR_TO_CLIENT
+        && entry.flags & FLOW_F_CLOSED != 0
+        && entry.flags & FLOW_F_TAKEN == 0
+        && u128::from(now_ns.saturating_sub(entry.last_seen_ns)) < quarantine.as_nanos()
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// One backend's cursors (of one VIP), one per possible CPU.
@@ -110,15 +235,45 @@ impl Saved {
     }
 }
 
-/// Reads every in-use backend's cursors from the pinned maps and writes
-/// the file (temporary file, then rename).
+impl Saved {
+    /// The quarantined tuples to insert again for `backends` at `now`
+    /// (the same conditions as [`Saved::restorable`], and the same boot):
+    /// each with its backend's current id and VIP id.
+    pub fn restorable_tuples<'a>(
+        &'a self,
+        now: SystemTime,
+        quarantine: Duration,
+        ports: PortRange,
+        cpus: u32,
+        boot_id: &str,
+        backends: &'a [VipBackend],
+    ) -> impl Iterator<Item = (&'a SavedTuple, &'a VipBackend)> + 'a {
+        let applies = !self
+            .restorable(now, quarantine, ports, cpus, backends)
+            .is_empty()
+            && !boot_id.is_empty()
+            && self.boot_id == boot_id;
+        self.quarantined
+            .iter()
+            .filter(move |_| applies)
+            .filter_map(move |t| {
+                let saved = self.backends.get(t.backend)?;
+                Some((t, backends.iter().find(|b| same_backend(saved, b))?))
+            })
+    }
+}
+
+/// Reads every in-use backend's cursors and the tuples in quarantine from
+/// the pinned maps and writes the file (temporary file, then rename).
+/// Returns the backends and the tuples saved.
 pub fn save(
     pin_dir: &Path,
     file: &Path,
     ports: PortRange,
+    quarantine: Duration,
     backends: &[VipBackend],
     now: SystemTime,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<(usize, usize)> {
     let cursors = maps::snat_cursors(pin_dir)?;
     let cpus = possible_cpus()?;
     let mut saved = Saved {
@@ -127,6 +282,8 @@ pub fn save(
         port_max: ports.max,
         cpus,
         backends: Vec::new(),
+        boot_id: boot_id(),
+        quarantined: Vec::new(),
     };
     for b in backends {
         let values = cursors
@@ -143,6 +300,17 @@ pub fn save(
             cursors: values.iter().copied().collect(),
         });
     }
+    let flows = maps::flows(pin_dir)?;
+    let now_ns = MonotonicClock.now().0;
+    // Entries that fail to read (removed during the walk) are skipped.
+    for (key, entry) in flows.iter().filter_map(Result::ok) {
+        if !in_quarantine(&entry, now_ns, quarantine) {
+            continue;
+        }
+        if let Some(index) = backends.iter().position(|b| b.id == entry.backend_id) {
+            saved.quarantined.push(SavedTuple::of(index, &key, &entry));
+        }
+    }
     let text = serde_json::to_vec(&saved).context("encoding the SNAT cursors")?;
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -150,13 +318,16 @@ pub fn save(
     let tmp = file.with_extension("json.tmp");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, file).with_context(|| format!("renaming to {}", file.display()))?;
-    Ok(saved.backends.len())
+    Ok((saved.backends.len(), saved.quarantined.len()))
 }
 
 /// Puts back what [`save`] left, if it still applies (see
-/// [`Saved::restorable`]); the number of backends restored. A missing
-/// file is nothing to restore; an unreadable one is an error the caller
-/// logs (the random start stays).
+/// [`Saved::restorable`] and [`Saved::restorable_tuples`]): the cursors,
+/// then the quarantined tuples (each inserted only where the table has
+/// nothing, and counted in its backend's tuples held). Returns the
+/// backends and the tuples restored. A missing file is nothing to
+/// restore; an unreadable one is an error the caller logs (the random
+/// start stays).
 pub fn restore(
     pin_dir: &Path,
     file: &Path,
@@ -164,10 +335,10 @@ pub fn restore(
     quarantine: Duration,
     backends: &[VipBackend],
     now: SystemTime,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<(usize, usize)> {
     let text = match std::fs::read(file) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
         Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
     };
     let saved: Saved =
@@ -183,7 +354,29 @@ pub fn restore(
             )
             .with_context(|| format!("writing SNAT_CURSORS[{id}]"))?;
     }
-    Ok(restore.len())
+    let mut flows = maps::flows(pin_dir)?;
+    let mut held: BTreeMap<u32, u64> = BTreeMap::new();
+    for (tuple, backend) in saved.restorable_tuples(
+        now,
+        quarantine,
+        ports,
+        possible_cpus()?,
+        &boot_id(),
+        backends,
+    ) {
+        let (key, entry) = tuple.entry(backend.id, backend.backend.vip_id);
+        // NOEXIST: a tuple some flow holds already stays that flow's.
+        if flows.insert(key, entry, u64::from(BPF_NOEXIST)).is_ok() {
+            *held.entry(backend.id).or_default() += 1;
+        }
+    }
+    let mut used = maps::snat_used(pin_dir)?;
+    for (&id, &n) in &held {
+        let before = used.get(&id, 0).unwrap_or(0);
+        used.set(id, before + n, 0)
+            .with_context(|| format!("writing BACKEND_SNAT_USED[{id}]"))?;
+    }
+    Ok((restore.len(), held.values().sum::<u64>() as usize))
 }
 
 fn possible_cpus() -> anyhow::Result<u32> {
@@ -245,6 +438,8 @@ mod tests {
                 // The same backend behind another VIP: cursors of its own.
                 saved_backend(8053, 21, vec![1, 2]),
             ],
+            boot_id: "boot-1".into(),
+            quarantined: Vec::new(),
         }
     }
 
@@ -312,6 +507,125 @@ mod tests {
             "another VIP's backend has cursors of its own"
         );
         assert_eq!(s.restorable(at(64), QUARANTINE, PORTS, 2, &b).len(), 1);
+    }
+
+    fn closed_reply(backend_id: u32, snat_port: u16, closed_ns: u64) -> (FlowKey, FlowEntry) {
+        let key = FlowKey {
+            src: [21, 0, 0, 0],
+            dst: [9, 0, 0, 0],
+            sport: 8080u16.to_be(),
+            dport: snat_port.to_be(),
+            proto: 6,
+            family: lb_common::AF_INET,
+            _pad: [0; 2],
+        };
+        let entry = FlowEntry {
+            new_src: [100, 0, 0, 0],
+            new_dst: [10, 0, 0, 0],
+            new_sport: 80u16.to_be(),
+            new_dport: 51_000u16.to_be(),
+            backend_id,
+            vip_id: 0,
+            direction: DIR_TO_CLIENT,
+            state: FLOW_CLOSING,
+            flags: FLOW_F_CLOSED
+                | FLOW_F_TW_SEEN
+                | FLOW_F_TW_TS
+                | lb_common::FLOW_F_REQUEST_PENDING,
+            created_ns: (5_001 << 32) | 2_000,
+            last_seen_ns: closed_ns,
+            request_ns: 0xdead,
+            client_mac: [2, 0, 0, 0, 0, 1],
+            client_ifindex: 3,
+            hop_ifindex: 7,
+            ..FlowEntry::default()
+        };
+        (key, entry)
+    }
+
+    #[test]
+    fn quarantined_tuples_come_back_with_their_view_under_the_backends_new_id() {
+        let quarantine = Duration::from_secs(65);
+        let now_ns = 100_000_000_000;
+        let (key, entry) = closed_reply(1, 40_000, now_ns - 3_000_000_000);
+        assert!(in_quarantine(&entry, now_ns, quarantine));
+        // Open, taken, too old, or the other direction: not in quarantine.
+        let open = FlowEntry { flags: 0, ..entry };
+        let taken = FlowEntry {
+            flags: entry.flags | FLOW_F_TAKEN,
+            ..entry
+        };
+        let old = FlowEntry {
+            last_seen_ns: now_ns - 66_000_000_000,
+            ..entry
+        };
+        let forward = FlowEntry {
+            direction: lb_common::DIR_TO_BACKEND,
+            ..entry
+        };
+        for e in [open, taken, old, forward] {
+            assert!(!in_quarantine(&e, now_ns, quarantine), "{e:?}");
+        }
+
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut file = saved(t0);
+        // Saved under be 21 of VIP 80 (index 0); its id was 1 then.
+        file.quarantined.push(SavedTuple::of(0, &key, &entry));
+        let text = serde_json::to_string(&file).unwrap();
+        let file: Saved = serde_json::from_str(&text).unwrap();
+        // Now its id is 5, of VIP id 2.
+        let mut be = backend(5, 80, 21, 8080);
+        be.backend.vip_id = 2;
+        let now_backends = [backend(0, 80, 22, 8080), be];
+        let at = t0 + Duration::from_secs(10);
+        let got: Vec<_> = file
+            .restorable_tuples(at, QUARANTINE, PORTS, 2, "boot-1", &now_backends)
+            .map(|(t, b)| t.entry(b.id, b.backend.vip_id))
+            .collect();
+        assert_eq!(got.len(), 1);
+        let (k, e) = got[0];
+        assert_eq!(k, key);
+        assert_eq!((e.backend_id, e.vip_id), (5, 2));
+        // The translation, close time, view and return path come back; the
+        // pending bit and the cached hop do not.
+        assert_eq!(
+            (e.new_src, e.new_dst, e.new_sport, e.new_dport),
+            (
+                entry.new_src,
+                entry.new_dst,
+                entry.new_sport,
+                entry.new_dport
+            )
+        );
+        assert_eq!(
+            (e.created_ns, e.last_seen_ns),
+            (entry.created_ns, entry.last_seen_ns)
+        );
+        assert_eq!(e.flags, FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS);
+        assert_eq!((e.client_mac, e.client_ifindex), (entry.client_mac, 3));
+        assert_eq!((e.request_ns, e.hop_ifindex), (0, 0));
+        // Another boot (close times would mean nothing), no boot id, a
+        // stale file or a backend gone: no tuple.
+        for boot in ["boot-2", ""] {
+            assert_eq!(
+                file.restorable_tuples(at, QUARANTINE, PORTS, 2, boot, &now_backends)
+                    .count(),
+                0,
+                "{boot:?}"
+            );
+        }
+        let late = t0 + Duration::from_secs(70);
+        assert_eq!(
+            file.restorable_tuples(late, QUARANTINE, PORTS, 2, "boot-1", &now_backends)
+                .count(),
+            0
+        );
+        let without = [backend(0, 80, 22, 8080)];
+        assert_eq!(
+            file.restorable_tuples(at, QUARANTINE, PORTS, 2, "boot-1", &without)
+                .count(),
+            0
+        );
     }
 
     #[test]
