@@ -366,7 +366,7 @@ pub fn restore(
     ) {
         let (key, entry) = tuple.entry(backend.id, backend.backend.vip_id);
         // NOEXIST: a tuple some flow holds already stays that flow's.
-        if flows.insert(key, entry, u64::from(BPF_NOEXIST)).is_ok() {
+        if flows.insert(key, entry, BPF_NOEXIST).is_ok() {
             *held.entry(backend.id).or_default() += 1;
         }
     }
