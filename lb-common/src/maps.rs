@@ -359,13 +359,12 @@ pub const FLOW_F_TW_TS_UNKNOWN: u32 = 128;
 /// tuple over, the data path or the sweep freeing it) has claimed the
 /// entry; set with an atomic OR, so only one acts on it.
 pub const FLOW_F_TAKEN: u32 = 256;
-/// Forward entries: the client's FIN came first (before the backend's),
-/// so the backend ends in LAST_ACK, not TIME_WAIT.
+/// Forward entries: the client's FIN came first (before the backend's):
+/// the backend goes through LAST_ACK and ends with no TIME_WAIT, unless
+/// the two FINs crossed, when it ends in TIME_WAIT after the client's ACK
+/// of its FIN. Either way the client's last ACK is what the backend saw
+/// last from it.
 pub const FLOW_F_CLIENT_CLOSED_FIRST: u32 = 512;
-/// Reply entries: the backend holds no TIME_WAIT for the tuple: it closed
-/// after the client, and the client's last ACK (of the backend's FIN) has
-/// passed, which ends its LAST_ACK. Any SYN may take the tuple over.
-pub const FLOW_F_TW_NONE: u32 = 1024;
 
 /// Value of [`crate::FLOWS_MAP`] (a plain hash, not an LRU: nothing is
 /// evicted behind the program's back; the kernel sweep, `lb_sweep`, removes

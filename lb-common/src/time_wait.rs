@@ -16,7 +16,10 @@
 //! TIME_WAIT holds, from the client's FIN (the last segment the backend
 //! got from that peer: `rcv_nxt` = FIN sequence + data + 1, and the FIN's
 //! timestamp), and a new SYN may take over a tuple still in quarantine
-//! when [`accepts_syn`] says the backend would take it. Nothing is
+//! when [`accepts_syn`] says the backend would take it. (After a close
+//! the client began, its last ACK is recorded instead: the backend then
+//! holds no TIME_WAIT, or, if the two FINs crossed, one whose last
+//! segment from the client was that ACK.) Nothing is
 //! rewritten: the check picks, among the tuples in quarantine, one the
 //! SYN as sent is acceptable on. Clients pick a random timestamp offset
 //! and initial sequence number per connection, so about half the tuples
@@ -159,6 +162,16 @@ impl TimeWaitView {
     pub const fn of_fin(seq: u32, data_len: u32, ts: TsOption) -> Self {
         Self {
             rcv_nxt: seq.wrapping_add(data_len).wrapping_add(1),
+            ts_recent: ts,
+        }
+    }
+
+    /// From the client's last ACK, after its FIN (no data): its sequence
+    /// number is the next one the backend expects.
+    #[inline(always)]
+    pub const fn of_last_ack(seq: u32, ts: TsOption) -> Self {
+        Self {
+            rcv_nxt: seq,
             ts_recent: ts,
         }
     }
@@ -358,6 +371,10 @@ mod tests {
         assert_eq!(view.rcv_nxt, 0);
         let view = TimeWaitView::of_fin(100, 20, TsOption::present(77));
         assert_eq!(view.rcv_nxt, 121);
+        assert_eq!(
+            TimeWaitView::of_last_ack(121, TsOption::present(78)).rcv_nxt,
+            121
+        );
         assert_eq!(TimeWaitView::unpack(view.packed(), TS_PRESENT), view);
     }
 }

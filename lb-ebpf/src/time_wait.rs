@@ -2,17 +2,16 @@
 //! half of `lb_common::time_wait` (the rule and why it is safe are there).
 //!
 //! * The client's FIN records, in the connection's reply entry, what the
-//!   backend's TIME_WAIT for the tuple will expect, and after a close the
-//!   client began, its last ACK marks the tuple free of any TIME_WAIT
-//!   ([`record_client_close`]).
+//!   backend's TIME_WAIT for the tuple will expect, or, after a close the
+//!   client began, its last ACK does ([`record_client_close`]).
 //! * A SYN that found no free tuple may take over a closed one whose
 //!   TIME_WAIT would accept it as sent ([`may_take_over`], called by
 //!   `flow::take_over_tuple`).
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use lb_common::{
     DIR_TO_BACKEND, FLOW_F_CLIENT_CLOSED_FIRST, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND,
-    FLOW_F_FIN_CLIENT, FLOW_F_TAKEN, FLOW_F_TW_NONE, FLOW_F_TW_SEEN, FLOW_F_TW_TS,
-    FLOW_F_TW_TS_UNKNOWN, FlowEntry, Reason, StageResult, Verdict, reason,
+    FLOW_F_FIN_CLIENT, FLOW_F_TAKEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FlowEntry,
+    Reason, StageResult, Verdict, reason,
     time_wait::{
         OPTIONS_SEEN, TS_ABSENT, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, accepts_syn,
         timestamp,
@@ -134,24 +133,21 @@ pub fn lb_read_seq_and_timestamp(ctx: *mut xdp_md) -> u64 {
 
 /// Whether the client packet `pkt` of a forward entry whose flags are
 /// `flags` is one [`record_client_close`] needs: a FIN, or a pure ACK
-/// after a close the client began (its last ACK).
+/// after the close (the client's last ACK).
 #[inline(always)]
 pub fn closes(pkt: &Packet, flags: u32) -> bool {
     pkt.is_tcp()
         && !pkt.has(TCP_RST | TCP_SYN)
         && (pkt.has(TCP_FIN)
-            || (flags & FLOW_F_CLIENT_CLOSED_FIRST != 0
-                && flags & FLOW_F_CLOSED != 0
-                && pkt.has(TCP_ACK)
-                && pkt.payload_len == 0))
+            || (flags & FLOW_F_CLOSED != 0 && pkt.has(TCP_ACK) && pkt.payload_len == 0))
 }
 
 /// The client's close `pkt` (see [`closes`]) of a connection with a
-/// forward entry. A FIN after the backend's records in the connection's
-/// reply entry what the backend's TIME_WAIT for the tuple will expect (a
-/// retransmitted FIN records again: Linux updates `ts_recent` from it); a
-/// FIN before it marks the connection, and the last ACK after the
-/// backend's FIN then marks the tuple free of any TIME_WAIT.
+/// forward entry: records in the connection's reply entry what the
+/// backend's TIME_WAIT for the tuple will expect, from the client's last
+/// segment. A FIN after the backend's is that segment (a retransmitted FIN
+/// records again: Linux updates `ts_recent` from it); after a FIN before
+/// the backend's, the client's last ACK is.
 #[inline(always)]
 pub fn record_client_close(ctx: &XdpContext, pkt: &Packet) {
     if hand_over(ctx, pkt, 0) {
@@ -186,32 +182,40 @@ pub fn lb_record_client_close() -> u64 {
         return 0;
     }
     let seen = Flags::of(fwd).get();
-    if !pkt.has(TCP_FIN) {
-        // A pure ACK after a close the client began: its last ACK, which
-        // ends the backend's LAST_ACK. (Before it, a SYN on the tuple
-        // would draw a challenge ACK.)
-        if seen & FLOW_F_CLOSED != 0 && seen & FLOW_F_CLIENT_CLOSED_FIRST != 0 {
-            Flags::of(rev).set(FLOW_F_TW_NONE);
+    let view = if pkt.has(TCP_FIN) {
+        // Only a close the backend began ends in its TIME_WAIT with this
+        // FIN the last segment from the client. This FIN has not set
+        // `FLOW_F_FIN_CLIENT` yet (the forward path does, after this): the
+        // client's first FIN came after the backend's, or a retransmission
+        // of it finds the view its first one recorded.
+        if seen & FLOW_F_FIN_BACKEND == 0 {
+            // The client closes first: the backend goes through LAST_ACK
+            // (where a SYN on the tuple draws a challenge ACK), and the
+            // client's last ACK is recorded below.
+            if seen & FLOW_F_FIN_CLIENT == 0 {
+                Flags::of(fwd).set(FLOW_F_CLIENT_CLOSED_FIRST);
+            }
+            return 0;
         }
-        return 0;
-    }
-    // Only a close the backend began ends in its TIME_WAIT. This FIN has
-    // not set `FLOW_F_FIN_CLIENT` yet (the forward path does, after this):
-    // the client's first FIN came after the backend's, or a retransmission
-    // of it finds the view its first one recorded. A client's FIN before
-    // the backend's marks the connection for the last ACK above. (A
-    // simultaneous close, seen in either order, is rare; its backend waits
-    // in CLOSING for an ACK.)
-    if seen & FLOW_F_FIN_BACKEND == 0 {
-        if seen & FLOW_F_FIN_CLIENT == 0 {
-            Flags::of(fwd).set(FLOW_F_CLIENT_CLOSED_FIRST);
+        if seen & FLOW_F_FIN_CLIENT != 0 && Flags::of(rev).get() & FLOW_F_TW_SEEN == 0 {
+            return 0;
         }
-        return 0;
-    }
-    if seen & FLOW_F_FIN_CLIENT != 0 && Flags::of(rev).get() & FLOW_F_TW_SEEN == 0 {
-        return 0;
-    }
-    let view = TimeWaitView::of_fin(seq, pkt.payload_len, ts);
+        TimeWaitView::of_fin(seq, pkt.payload_len, ts)
+    } else {
+        // A pure ACK after the close: the client's last segment. After a
+        // close the client began it ends the backend's LAST_ACK (no
+        // TIME_WAIT), or, if the FINs crossed, it is the last segment the
+        // backend's TIME_WAIT saw; after one the backend began, it can
+        // only be later than the FIN recorded (the FINs crossed the other
+        // way). Recording it covers all three.
+        if seen & FLOW_F_CLOSED == 0
+            || (seen & FLOW_F_CLIENT_CLOSED_FIRST == 0
+                && Flags::of(rev).get() & FLOW_F_TW_SEEN == 0)
+        {
+            return 0;
+        }
+        TimeWaitView::of_last_ack(seq, ts)
+    };
     // The word first, then the flags that say it is there.
     // SAFETY: live map value; an aligned 8-byte store is one instruction.
     unsafe { (&raw mut (*rev).created_ns).write_volatile(view.packed()) };
@@ -278,9 +282,8 @@ fn try_take_over(
 /// ([`FLOW_F_TAKEN`], which the data path's and the sweep's frees also
 /// take first, so only one acts on it). It may when the entry is closed
 /// and either its quarantine is over (the sweep or the cursor would free
-/// it soon anyway), or the backend holds no TIME_WAIT for it
-/// ([`FLOW_F_TW_NONE`]), or the client's FIN was recorded and the
-/// backend's TIME_WAIT would accept the SYN.
+/// it soon anyway), or the client's last segment was recorded and the
+/// backend's TIME_WAIT, if it holds one, would accept the SYN.
 #[inline(always)]
 pub fn may_take_over(
     held: *mut FlowEntry,
@@ -302,7 +305,7 @@ pub fn may_take_over(
             (&raw const (*held).created_ns).read_volatile(),
         )
     };
-    if now.saturating_sub(closed_at) <= quarantine_ns && bits & FLOW_F_TW_NONE == 0 {
+    if now.saturating_sub(closed_at) <= quarantine_ns {
         if bits & FLOW_F_TW_SEEN == 0 {
             return false;
         }

@@ -4,7 +4,7 @@
 //! A SYN retransmit a second later means the first SYN, or its SYN-ACK,
 //! was lost or refused somewhere. The experiment runs ApacheBench (a real
 //! client: HTTP/1.0, a new connection per request, the server closes first,
-//! so every backend socket ends in TIME_WAIT) through the VIP in four cases
+//! so every backend socket ends in TIME_WAIT) through the VIP in five cases
 //! that differ in one thing each, and reads the kernel's loss counters of
 //! every namespace before and after ([`crate::netcounters`]):
 //!
@@ -21,7 +21,11 @@
 //!   old connection, the client resets, and retransmits its SYN a second
 //!   later;
 //! - the same two **with the client's TCP timestamps off**, which leaves the
-//!   sequence number (random per client tuple) as the only test.
+//!   sequence number (random per client tuple) as the only test;
+//! - **time-wait reuse**: the narrow range with the default quarantine and
+//!   `--snat-time-wait-reuse on` (the first four run with it off): a tuple
+//!   goes back in use inside TIME_WAIT only to a SYN that TIME_WAIT
+//!   accepts (`lb_common::time_wait`).
 //!
 //! If TIME_WAIT is the cause, the tail grows in the reuse cases; a loss on
 //! the veths or in a CPU's backlog queue shows in every case alike.
@@ -75,15 +79,21 @@ pub struct Case {
     pub snat_quarantine: Option<String>,
     /// `net.ipv4.tcp_timestamps` in the client's namespace.
     pub client_timestamps: bool,
+    /// `--snat-time-wait-reuse` (runs from before it existed read as off).
+    #[serde(default)]
+    pub time_wait_reuse: bool,
 }
 
 impl Case {
     pub fn all() -> Vec<Case> {
+        // The first four without time-wait reuse: they compare the
+        // quarantine alone against blind reuse.
         let case = |name: &str, narrow: bool, client_timestamps| Case {
             name: name.into(),
             snat_ports: Some(if narrow { NARROW_PORTS } else { WIDE_PORTS }.into()),
             snat_quarantine: narrow.then(|| NARROW_QUARANTINE.into()),
             client_timestamps,
+            time_wait_reuse: false,
         };
         vec![
             case("quarantine past TIME_WAIT", false, true),
@@ -98,6 +108,16 @@ impl Case {
                 true,
                 false,
             ),
+            // The narrow range with the default quarantine, which alone
+            // would run out of tuples: a tuple goes back in use inside
+            // TIME_WAIT only to a SYN that TIME_WAIT accepts.
+            Case {
+                name: "time-wait reuse (RFC 6191), quarantine past TIME_WAIT".into(),
+                snat_ports: Some(NARROW_PORTS.into()),
+                snat_quarantine: None,
+                client_timestamps: true,
+                time_wait_reuse: true,
+            },
         ]
     }
 }
@@ -186,6 +206,8 @@ fn run_case(lab: &Lab, case: &Case, snat: Ipv4Addr, requests: u32, rounds: u32) 
     if let Some(q) = &case.snat_quarantine {
         extra.extend(["--snat-quarantine".into(), q.clone()]);
     }
+    let reuse = if case.time_wait_reuse { "on" } else { "off" };
+    extra.extend(["--snat-time-wait-reuse".into(), reuse.into()]);
     let backends = lab.backends().iter().map(|b| (b.addr(), 1)).collect();
     let spec = BalancerSpec {
         vips: vec![VipSpec {
@@ -450,7 +472,10 @@ mod tests {
     #[test]
     fn the_cases_differ_in_one_thing_each() {
         let cases = Case::all();
-        assert_eq!(cases.len(), 4);
+        assert_eq!(cases.len(), 5);
+        assert!(cases[..4].iter().all(|c| !c.time_wait_reuse));
+        assert!(cases[4].time_wait_reuse && cases[4].snat_quarantine.is_none());
+        assert_eq!(cases[4].snat_ports.as_deref(), Some(NARROW_PORTS));
         let narrow = |c: &Case| c.snat_quarantine.is_some();
         assert!(!narrow(&cases[0]) && cases[0].client_timestamps);
         assert!(narrow(&cases[1]) && cases[1].client_timestamps);

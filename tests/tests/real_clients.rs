@@ -473,9 +473,9 @@ fn a_clean_restart_does_not_hand_out_tuples_the_backend_holds_in_time_wait() {
 }
 
 /// ApacheBench through a SNAT range far too small for its rate under the
-/// quarantine alone: 64 ports to one backend, which closes first (ab asks
+/// quarantine alone: 256 ports to one backend, which closes first (ab asks
 /// for HTTP/1.0), so it holds every tuple in TIME_WAIT for 60 s. The
-/// quarantine alone allows 64 connections per 65 s; with
+/// quarantine alone allows 256 connections per 65 s; with
 /// `--snat-time-wait-reuse` (the default) a SYN takes over a tuple whose
 /// TIME_WAIT accepts it (about half: each connection of ab gets a random
 /// timestamp offset and initial sequence number), so 3,000 connections
@@ -489,7 +489,7 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
     let lab = lab(1);
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
     spec.extra_args
-        .extend(["--snat-ports".to_string(), "40000-40063".to_string()]);
+        .extend(["--snat-ports".to_string(), "40000-40255".to_string()]);
     let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
     let balancer = lab.start_balancer(&spec).unwrap();
     let before = Snapshot::take(&lab).unwrap();
@@ -499,7 +499,7 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
         &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
     );
     let took = started.elapsed();
-    let delta = counters_since(&lab, &before, "ab on 64 SNAT ports");
+    let delta = counters_since(&lab, &before, "ab on 256 SNAT ports");
     let backend_time_wait = lab
         .exec(
             &lab.backends()[0].host.ns,
@@ -510,7 +510,7 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
     let metrics = lab.scrape_metrics().unwrap();
     let exhausted = metric(&metrics, "lb_packets_total{reason=\"drop_snat_exhausted\"}");
     eprintln!(
-        "3,000 connections on 64 tuples in {took:.1?}; backend sockets in TIME_WAIT after: \
+        "3,000 connections on 256 tuples in {took:.1?}; backend sockets in TIME_WAIT after: \
          {backend_time_wait}; drop_snat_exhausted {exhausted}"
     );
     assert_eq!(
@@ -519,7 +519,7 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
         "{report}"
     );
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
-    // Within one quarantine: the tuples were reused inside it, ~47 times
+    // Within one quarantine: the tuples were reused inside it, ~12 times
     // each.
     assert!(took.as_secs() < 60, "took {took:?}");
     // The backend did hold the tuples in TIME_WAIT (it closed first).
@@ -560,12 +560,12 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
     eprintln!("without the reuse: drop_snat_exhausted {exhausted}");
     assert!(
         exhausted > 0.0,
-        "300 connections on 64 tuples in quarantine were all served"
+        "300 connections on 256 tuples in quarantine were all served"
     );
 }
 
 /// A clean restart in the middle of time-wait reuse: ApacheBench cycles
-/// 3,000 connections through 64 SNAT ports, so the backend holds every
+/// 3,000 connections through 256 SNAT ports, so the backend holds every
 /// tuple in TIME_WAIT, many of them reused within the last second; the
 /// balancer stops (SIGTERM) and starts again. The stop saves the tuples in
 /// quarantine with what each TIME_WAIT expects, the start inserts them
@@ -580,7 +580,7 @@ fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
     let lab = lab(1);
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
     spec.extra_args
-        .extend(["--snat-ports".to_string(), "40000-40063".to_string()]);
+        .extend(["--snat-ports".to_string(), "40000-40255".to_string()]);
     let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
     let first = lab.start_balancer(&spec).unwrap();
     let report = client_run(
@@ -599,8 +599,8 @@ fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
     let file: serde_json::Value = serde_json::from_str(&text).unwrap();
     let quarantined = file["quarantined"].as_array().map_or(0, Vec::len);
     assert!(
-        quarantined >= 56,
-        "{quarantined} of 64 tuples saved in quarantine"
+        quarantined >= 224,
+        "{quarantined} of 256 tuples saved in quarantine"
     );
 
     let _second = lab.start_balancer(&spec).unwrap();
@@ -609,7 +609,7 @@ fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
         &lab,
         &["ab", "-q", "-n", "500", "-c", "8", "-s", "10", &url],
     );
-    let delta = counters_since(&lab, &before, "ab after a clean restart on 64 ports");
+    let delta = counters_since(&lab, &before, "ab after a clean restart on 256 ports");
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
     assert_eq!(
         delta.in_role("cl", "TcpExtTCPSynRetrans"),

@@ -11,8 +11,8 @@
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
     CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_NONE,
-    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
+    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1388,13 +1388,14 @@ fn case_time_wait_reuse_off_keeps_the_quarantine(lb: &mut Lb) {
     );
 }
 
-fn case_a_tuple_the_client_closed_first_is_free_after_its_last_ack(lb: &mut Lb) {
+fn case_a_tuple_the_client_closed_first_is_judged_by_its_last_ack(lb: &mut Lb) {
     // The client's FIN first: the connection is still open (the backend
-    // may be sending), its tuple not free; and once the backend's FIN
-    // closes it, the backend waits in LAST_ACK, not TIME_WAIT, where a
-    // SYN on the tuple would draw a challenge ACK: no view is recorded,
-    // the tuple stays in quarantine until the client's last ACK, and then
-    // any SYN may take it (the backend holds no TIME_WAIT).
+    // may be sending), its tuple not free; once the backend's FIN closes
+    // it, the backend waits in LAST_ACK (where a SYN on the tuple would
+    // draw a challenge ACK), so nothing is recorded from the FIN and the
+    // tuple stays in quarantine. The client's last ACK ends LAST_ACK, or,
+    // if the FINs crossed, is the last segment the backend's TIME_WAIT
+    // saw: the tuple is judged by it from then on.
     lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
     lb.time_wait_reuse(true);
     let syn =
@@ -1413,7 +1414,7 @@ fn case_a_tuple_the_client_closed_first_is_free_after_its_last_ack(lb: &mut Lb) 
     );
     let fin_back = from_backend(0, SNAT_PORT_MIN, TCP_FIN | TCP_ACK);
     lb.expect(&fin_back, XDP_TX, &to_client_of(&fin_back));
-    // A retransmitted client FIN, after the backend's: still no view.
+    // A retransmitted client FIN, after the backend's: still nothing.
     assert_eq!(lb.run(&fin.build()).0, XDP_TX);
     let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
     assert_eq!(rev.flags & (FLOW_F_CLOSED | FLOW_F_TW_SEEN), FLOW_F_CLOSED);
@@ -1424,19 +1425,27 @@ fn case_a_tuple_the_client_closed_first_is_free_after_its_last_ack(lb: &mut Lb) 
     );
     assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 2);
     assert_eq!(lb.conns(0).opened, 1);
-    // The client's last ACK (of the backend's FIN): LAST_ACK is over.
+    // The client's last ACK (of the backend's FIN).
     let last_ack = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK)
         .seq(5_001)
-        .tcp_options(&segment_options(2_001));
+        .tcp_options(&segment_options(2_010));
     assert_eq!(lb.run(&last_ack.build()).0, XDP_TX);
     let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
-    assert_ne!(rev.flags & FLOW_F_TW_NONE, 0);
-    // Any SYN now, even one whose timestamp and sequence number are behind.
     assert_eq!(
-        syn_for_the_tuple(lb, CLIENT_PORT + 3, 1, &linux_syn_options(1)),
+        rev.flags & (FLOW_F_TW_SEEN | FLOW_F_TW_TS),
+        FLOW_F_TW_SEEN | FLOW_F_TW_TS
+    );
+    assert_eq!(rev.created_ns, (5_001u64 << 32) | 2_010);
+    // Older than that ACK: refused; newer: taken.
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 3, 9_000, &linux_syn_options(2_005)),
+        XDP_DROP
+    );
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 4, 1, &linux_syn_options(2_011)),
         XDP_TX
     );
-    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, SNAT_PORT_MIN);
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 4).1, SNAT_PORT_MIN);
 }
 
 /// The SNAT address of the forward entry of the connection from `client_port`.
@@ -1637,8 +1646,8 @@ const CASES: &[Case] = &[
         case_time_wait_reuse_off_keeps_the_quarantine,
     ),
     (
-        "a tuple the client closed first is free after its last ack",
-        case_a_tuple_the_client_closed_first_is_free_after_its_last_ack,
+        "a tuple the client closed first is judged by its last ack",
+        case_a_tuple_the_client_closed_first_is_judged_by_its_last_ack,
     ),
     ("snat pool addresses", case_snat_pool_addresses),
     ("snat cpu slices", case_snat_cpu_slices),

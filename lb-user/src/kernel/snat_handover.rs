@@ -39,8 +39,8 @@ use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use lb_common::{
-    Backend, DIR_TO_CLIENT, FLOW_CLOSING, FLOW_F_CLOSED, FLOW_F_TAKEN, FLOW_F_TW_NONE,
-    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FlowEntry, FlowKey, VipKey,
+    Backend, DIR_TO_CLIENT, FLOW_CLOSING, FLOW_F_CLOSED, FLOW_F_TAKEN, FLOW_F_TW_SEEN,
+    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FlowEntry, FlowKey, VipKey,
 };
 use serde::{Deserialize, Serialize};
 
@@ -97,8 +97,7 @@ pub struct SavedTuple {
 }
 
 /// The flags a restored tuple keeps.
-const KEPT_FLAGS: u32 =
-    FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN | FLOW_F_TW_NONE;
+const KEPT_FLAGS: u32 = FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN;
 
 impl SavedTuple {
     fn of(backend: usize, key: &FlowKey, entry: &FlowEntry) -> Self {

@@ -422,7 +422,7 @@ impl CapacityReport {
         let _ = writeln!(md, "| Sustained ÷ ceiling | {ratio} |");
         let _ = writeln!(
             md,
-            "| SNAT bound for this run: {} tuples ÷ min({:.0} s, {:.0} s) | {} /s |",
+            "| SNAT bound of the quarantine alone (no time-wait reuse), this run: {} tuples ÷ min({:.0} s, {:.0} s) | {} /s |",
             thousands(self.snat.tuples()),
             self.duration_s,
             self.snat.quarantine_s,
@@ -430,7 +430,7 @@ impl CapacityReport {
         );
         let _ = writeln!(
             md,
-            "| SNAT bound, steady state: {} tuples ÷ {:.0} s | {} /s |",
+            "| The same, steady state: {} tuples ÷ {:.0} s | {} /s |",
             thousands(self.snat.tuples()),
             self.snat.quarantine_s,
             thousands(self.snat.steady_per_s() as u64)
