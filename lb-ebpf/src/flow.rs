@@ -8,18 +8,17 @@ use aya_ebpf::{
 };
 use lb_common::{
     AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_TAKEN,
-    FLOW_SYN_SENT, FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES,
-    SNAT_REUSE_TRIES, SNAT_STEAL_TRIES, reason, time_wait::TsOption,
+    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_SYN_SENT, FlowEntry, FlowKey,
+    LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, SNAT_REUSE_TRIES, SNAT_STEAL_TRIES, reason,
+    time_wait::{TS_ABSENT, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, accepts_syn},
 };
 
 use crate::{
-    atomic::add_u64,
+    atomic::{Flags, add_u64},
     helpers::random,
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
     select::Chosen,
-    time_wait,
-    track::Flags,
 };
 
 /// `-EEXIST` from a `BPF_NOEXIST` insert: the SNAT port is taken.
@@ -454,7 +453,7 @@ fn take_over_tuple(
             port,
         );
         if let Some(held) = FLOWS.get_ptr_mut(&reverse)
-            && time_wait::may_take_over(held, seq, ts, now, snat.quarantine_ns)
+            && may_take_over(held, seq, ts, now, snat.quarantine_ns)
         {
             // SAFETY: live map value; written only when it was created.
             held_by = unsafe { (*held).backend_id };
@@ -565,4 +564,50 @@ fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
         return Err(reason::DROP_FLOW_INSERT);
     }
     Ok(())
+}
+
+/// Whether a SYN with sequence number `seq` and timestamp `ts` may take
+/// over the reply entry `held` at `now`, and if so claims it
+/// ([`FLOW_F_TAKEN`], which the data path's and the sweep's frees also
+/// take first, so only one acts on it). It may when the entry is closed
+/// and either its quarantine is over (the sweep or the cursor would free
+/// it soon anyway), or the client's last segment was recorded and the
+/// backend's TIME_WAIT, if it holds one, would accept the SYN.
+#[inline(always)]
+pub fn may_take_over(
+    held: *mut FlowEntry,
+    seq: u32,
+    ts: TsOption,
+    now: u64,
+    quarantine_ns: u64,
+) -> bool {
+    let flags = Flags::of(held);
+    let bits = flags.get();
+    if bits & FLOW_F_CLOSED == 0 || bits & FLOW_F_TAKEN != 0 {
+        return false;
+    }
+    // SAFETY: live map value; the close time and the view are written
+    // before the flags that publish them.
+    let (closed_at, word) = unsafe {
+        (
+            (&raw const (*held).last_seen_ns).read_volatile(),
+            (&raw const (*held).created_ns).read_volatile(),
+        )
+    };
+    if now.saturating_sub(closed_at) <= quarantine_ns {
+        if bits & FLOW_F_TW_SEEN == 0 {
+            return false;
+        }
+        let ts_state = if bits & FLOW_F_TW_TS != 0 {
+            TS_PRESENT
+        } else if bits & FLOW_F_TW_TS_UNKNOWN != 0 {
+            TS_UNKNOWN
+        } else {
+            TS_ABSENT
+        };
+        if !accepts_syn(&TimeWaitView::unpack(word, ts_state), seq, ts) {
+            return false;
+        }
+    }
+    flags.set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
 }

@@ -3,7 +3,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use lb_common::*;
+use lb_common::{time_wait::TsOption, *};
+
+use crate::packet::Packet;
 
 #[map(name = "VIPS")]
 pub static VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(MAX_VIPS, 0);
@@ -94,5 +96,17 @@ pub static VIP_ZONES: HashMap<u32, VipZones> = HashMap::with_max_entries(MAX_VIP
 /// One slot per CPU: the parsed packet (and the pick) handed to the global
 /// functions of `time_wait`, which take scalars and the context only.
 #[map(name = "PACKET_HANDOVER")]
-pub static PACKET_HANDOVER: PerCpuArray<crate::time_wait::Handover> =
-    PerCpuArray::with_max_entries(1, 0);
+pub static PACKET_HANDOVER: PerCpuArray<Handover> = PerCpuArray::with_max_entries(1, 0);
+
+/// Value of [`PACKET_HANDOVER`]: what `time_wait::record_client_close` and
+/// `time_wait::take_over` hand their global functions.
+#[derive(Clone, Copy)]
+pub struct Handover {
+    pub pkt: Packet,
+    /// `select::Picked`'s payload (for `time_wait::take_over`).
+    pub picked: u32,
+    /// The segment's sequence number and timestamp, written by
+    /// `time_wait::lb_read_seq_and_timestamp`.
+    pub seq: u32,
+    pub ts: TsOption,
+}

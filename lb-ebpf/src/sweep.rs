@@ -57,11 +57,12 @@ use lb_common::{
 };
 
 use crate::{
+    atomic::Flags,
     events::emit,
     flow::{Translation, snat_used},
     helpers::now,
     maps::{CONFIG, FLOWS, SWEEP_STATS},
-    track::{Flags, close_counted, forward_key_of, stamp_closed},
+    track::{close_counted, forward_key_of, stamp_closed},
 };
 
 /// The walk's inputs and tallies, shared with the callback.

@@ -5,25 +5,22 @@
 //!   backend's TIME_WAIT for the tuple will expect, or, after a close the
 //!   client began, its last ACK does ([`record_client_close`]).
 //! * A SYN that found no free tuple may take over a closed one whose
-//!   TIME_WAIT would accept it as sent ([`may_take_over`], called by
-//!   `flow::take_over_tuple`).
+//!   TIME_WAIT would accept it as sent ([`take_over`]; the test of one
+//!   tuple is `flow::may_take_over`).
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use lb_common::{
     DIR_TO_BACKEND, FLOW_F_CLIENT_CLOSED_FIRST, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND,
-    FLOW_F_FIN_CLIENT, FLOW_F_TAKEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FlowEntry,
-    Reason, StageResult, Verdict, reason,
-    time_wait::{
-        OPTIONS_SEEN, TS_ABSENT, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, accepts_syn,
-        timestamp,
-    },
+    FLOW_F_FIN_CLIENT, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, Reason, StageResult,
+    Verdict, reason,
+    time_wait::{OPTIONS_SEEN, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, timestamp},
 };
 
 use crate::{
+    atomic::Flags,
     flow::{Translation, lookup, packet_key},
-    maps::{CONFIG, PACKET_HANDOVER},
+    maps::{CONFIG, Handover, PACKET_HANDOVER},
     packet::{Packet, load},
     select::Picked,
-    track::Flags,
     wire::{TCP_ACK, TCP_DOFF_OFF, TCP_FIN, TCP_MIN_LEN, TCP_RST, TCP_SYN},
 };
 
@@ -59,19 +56,6 @@ pub fn seq_and_timestamp(ctx: &XdpContext, pkt: &Packet) -> Option<(u32, TsOptio
         opts[..4].copy_from_slice(&load::<[u8; 4]>(ctx, at)?);
     }
     Some((seq, timestamp(&opts, len)))
-}
-
-/// What [`record_client_close`] and [`take_over`] hand their global
-/// function, through this CPU's slot of `PACKET_HANDOVER`.
-#[derive(Clone, Copy)]
-pub struct Handover {
-    pub pkt: Packet,
-    /// `select::Picked`'s payload (for [`take_over`]).
-    pub picked: u32,
-    /// The segment's sequence number and timestamp, written by
-    /// [`lb_read_seq_and_timestamp`].
-    pub seq: u32,
-    pub ts: TsOption,
 }
 
 /// Headers end before this offset (the parser's limits keep them well
@@ -275,50 +259,4 @@ fn try_take_over(
 ) -> Result<(), Reason> {
     let cfg = CONFIG.get(0).ok_or(reason::DROP_BAD_CONFIG)?;
     crate::create_flow(ctx, pkt, cfg, picked, Some((seq, ts)))
-}
-
-/// Whether a SYN with sequence number `seq` and timestamp `ts` may take
-/// over the reply entry `held` at `now`, and if so claims it
-/// ([`FLOW_F_TAKEN`], which the data path's and the sweep's frees also
-/// take first, so only one acts on it). It may when the entry is closed
-/// and either its quarantine is over (the sweep or the cursor would free
-/// it soon anyway), or the client's last segment was recorded and the
-/// backend's TIME_WAIT, if it holds one, would accept the SYN.
-#[inline(always)]
-pub fn may_take_over(
-    held: *mut FlowEntry,
-    seq: u32,
-    ts: TsOption,
-    now: u64,
-    quarantine_ns: u64,
-) -> bool {
-    let flags = Flags::of(held);
-    let bits = flags.get();
-    if bits & FLOW_F_CLOSED == 0 || bits & FLOW_F_TAKEN != 0 {
-        return false;
-    }
-    // SAFETY: live map value; the close time and the view are written
-    // before the flags that publish them.
-    let (closed_at, word) = unsafe {
-        (
-            (&raw const (*held).last_seen_ns).read_volatile(),
-            (&raw const (*held).created_ns).read_volatile(),
-        )
-    };
-    if now.saturating_sub(closed_at) <= quarantine_ns {
-        if bits & FLOW_F_TW_SEEN == 0 {
-            return false;
-        }
-        let ts_state = if bits & FLOW_F_TW_TS != 0 {
-            TS_PRESENT
-        } else if bits & FLOW_F_TW_TS_UNKNOWN != 0 {
-            TS_UNKNOWN
-        } else {
-            TS_ABSENT
-        };
-        if !accepts_syn(&TimeWaitView::unpack(word, ts_state), seq, ts) {
-            return false;
-        }
-    }
-    flags.set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
 }

@@ -17,8 +17,6 @@
 //! so a spoofed RST does not cut the connection at once. On close, both
 //! entries are stamped with the close time: the forward entry lingers from
 //! it, and the reply entry keeps the SNAT tuple in quarantine from it.
-use core::mem::offset_of;
-
 use lb_common::{
     CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_REFUSED, FLOW_CLOSING,
     FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND, FLOW_F_FIN_CLIENT, FLOW_F_REQUEST_PENDING,
@@ -26,7 +24,7 @@ use lb_common::{
 };
 
 use crate::{
-    atomic::{add_u64, fetch_add_u64, fetch_and_u64, fetch_or_u64},
+    atomic::{Flags, add_u64, fetch_add_u64},
     events::emit,
     flow::{Translation, lookup},
     maps::{BACKEND_CONNS, BACKEND_LATENCY, LATENCY_EPOCH},
@@ -277,66 +275,5 @@ fn touch(fwd: *mut FlowEntry, flags: Flags, now: u64) {
             // next packet resolves it again.
             (&raw mut (*fwd).client_ifindex).write_volatile(0);
         }
-    }
-}
-
-// `Flags` updates `flags` through the 64-bit word it shares with `_pad2`.
-const _: () = {
-    assert!(offset_of!(FlowEntry, flags) % 8 == 0);
-    assert!(offset_of!(FlowEntry, _pad2) == offset_of!(FlowEntry, flags) + 4);
-};
-
-/// Atomic access to the `u32` flags of a live flow entry. BPF CPU v1 has
-/// only 64-bit atomics, so the bits are set and cleared in the aligned word
-/// made of `flags` and `_pad2` (which stays zero).
-#[derive(Clone, Copy)]
-pub struct Flags(*mut u64);
-
-impl Flags {
-    #[inline(always)]
-    pub fn of(fwd: *mut FlowEntry) -> Self {
-        // SAFETY: only computes the field address.
-        Self(unsafe { (&raw mut (*fwd).flags).cast::<u64>() })
-    }
-
-    /// Position of `flags` inside the word.
-    #[inline(always)]
-    const fn widen(bits: u32) -> u64 {
-        if cfg!(target_endian = "little") {
-            bits as u64
-        } else {
-            (bits as u64) << 32
-        }
-    }
-
-    #[inline(always)]
-    const fn narrow(word: u64) -> u32 {
-        if cfg!(target_endian = "little") {
-            word as u32
-        } else {
-            (word >> 32) as u32
-        }
-    }
-
-    /// A plain load, for cheap checks before an atomic update.
-    #[inline(always)]
-    pub fn get(self) -> u32 {
-        // SAFETY: aligned word inside a live map value (RCU keeps it alive
-        // for the whole program run); aligned loads are single instructions.
-        Self::narrow(unsafe { self.0.read_volatile() })
-    }
-
-    /// Sets `bits`, returning the flags from before.
-    #[inline(always)]
-    pub fn set(self, bits: u32) -> u32 {
-        // SAFETY: as in `get`.
-        Self::narrow(unsafe { fetch_or_u64(self.0, Self::widen(bits)) })
-    }
-
-    /// Clears `bits`, returning the flags from before.
-    #[inline(always)]
-    pub fn clear(self, bits: u32) -> u32 {
-        // SAFETY: as in `get`.
-        Self::narrow(unsafe { fetch_and_u64(self.0, !Self::widen(bits)) })
     }
 }
