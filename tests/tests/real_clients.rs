@@ -11,8 +11,8 @@ use std::{net::SocketAddr, path::PathBuf};
 use lb_lab::{
     Binaries, Lab,
     lab::{
-        Algorithm, BackendSpec, Protocol as VipProtocol, VIP_ADDR, VIP_ADDR6, VIP_TCP_PORT,
-        VipSpec, XdpMode, metric,
+        Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol as VipProtocol, VIP_ADDR,
+        VIP_ADDR6, VIP_TCP_PORT, VipSpec, XdpMode, metric,
     },
     loadgen::payload_pattern,
     netcounters::{Delta, Snapshot},
@@ -50,6 +50,42 @@ fn counters_since(lab: &Lab, before: &Snapshot, what: &str) -> Delta {
         delta.summary()
     );
     delta
+}
+
+/// The lab's balancer (P2C, native XDP) with `--snat-ports ports`.
+fn spec_with_snat_ports(lab: &Lab, ports: &str) -> BalancerSpec {
+    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    spec.extra_args
+        .extend(["--snat-ports".to_string(), ports.to_string()]);
+    spec
+}
+
+/// ApacheBench: `requests` new connections, 8 at a time, to the TCP VIP;
+/// its report (the run must succeed).
+fn ab(lab: &Lab, requests: &str) -> String {
+    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
+    client_run(
+        lab,
+        &["ab", "-q", "-n", requests, "-c", "8", "-s", "10", &url],
+    )
+}
+
+/// Stops the balancer cleanly (SIGTERM) and returns the SNAT handover
+/// file it must have left.
+fn stop_cleanly_and_find_the_handover(lab: &Lab, balancer: ProcessId) -> PathBuf {
+    let status = lab
+        .stop_balancer(balancer, nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    assert!(status.success(), "lb-user stopped with {status}");
+    let saved = lab
+        .state_dir()
+        .join(format!("{}.snat-cursors.json", lab.instance()));
+    assert!(
+        saved.exists(),
+        "no {} after the clean stop",
+        saved.display()
+    );
+    saved
 }
 
 /// The value after `label` on the line that starts with it (ab's and
@@ -427,35 +463,15 @@ fn wait_for_iperf(lab: &Lab, vip: SocketAddr) {
 fn a_clean_restart_does_not_hand_out_tuples_the_backend_holds_in_time_wait() {
     require_root!();
     let lab = lab(3);
-    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
-    spec.extra_args
-        .extend(["--snat-ports".to_string(), "40000-43999".to_string()]);
-    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
+    let spec = spec_with_snat_ports(&lab, "40000-43999");
     let first = lab.start_balancer(&spec).unwrap();
-    let report = client_run(
-        &lab,
-        &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
-    );
+    let report = ab(&lab, "3000");
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
-    let status = lab
-        .stop_balancer(first, nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    assert!(status.success(), "lb-user stopped with {status}");
-    let saved = lab
-        .state_dir()
-        .join(format!("{}.snat-cursors.json", lab.instance()));
-    assert!(
-        saved.exists(),
-        "no {} after the clean stop",
-        saved.display()
-    );
+    stop_cleanly_and_find_the_handover(&lab, first);
 
     let _second = lab.start_balancer(&spec).unwrap();
     let before = Snapshot::take(&lab).unwrap();
-    let report = client_run(
-        &lab,
-        &["ab", "-q", "-n", "300", "-c", "8", "-s", "10", &url],
-    );
+    let report = ab(&lab, "300");
     let delta = counters_since(&lab, &before, "ab after a clean restart");
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
     assert_eq!(
@@ -487,17 +503,11 @@ fn a_clean_restart_does_not_hand_out_tuples_the_backend_holds_in_time_wait() {
 fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit() {
     require_root!();
     let lab = lab(1);
-    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
-    spec.extra_args
-        .extend(["--snat-ports".to_string(), "40000-40255".to_string()]);
-    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
+    let mut spec = spec_with_snat_ports(&lab, "40000-40255");
     let balancer = lab.start_balancer(&spec).unwrap();
     let before = Snapshot::take(&lab).unwrap();
     let started = std::time::Instant::now();
-    let report = client_run(
-        &lab,
-        &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
-    );
+    let report = ab(&lab, "3000");
     let took = started.elapsed();
     let delta = counters_since(&lab, &before, "ab on 256 SNAT ports");
     let backend_time_wait = lab
@@ -540,15 +550,13 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
 
     // The same range without the reuse: the quarantine holds every tuple,
     // and new connections are refused within the first few hundred.
-    let status = lab
-        .stop_balancer(balancer, nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    assert!(status.success(), "lb-user stopped with {status}");
+    stop_cleanly_and_find_the_handover(&lab, balancer);
     spec.extra_args
         .extend(["--snat-time-wait-reuse".to_string(), "off".to_string()]);
     let _without = lab.start_balancer(&spec).unwrap();
     // ab gives up on its first unanswered SYN after 2 s: a failure is
     // expected here, so its exit status is not checked.
+    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
     let _ = lab.exec(
         &lab.client().ns,
         &["ab", "-q", "-n", "300", "-c", "8", "-s", "2", &url],
@@ -578,23 +586,11 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
 fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
     require_root!();
     let lab = lab(1);
-    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
-    spec.extra_args
-        .extend(["--snat-ports".to_string(), "40000-40255".to_string()]);
-    let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
+    let spec = spec_with_snat_ports(&lab, "40000-40255");
     let first = lab.start_balancer(&spec).unwrap();
-    let report = client_run(
-        &lab,
-        &["ab", "-q", "-n", "3000", "-c", "8", "-s", "10", &url],
-    );
+    let report = ab(&lab, "3000");
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
-    let status = lab
-        .stop_balancer(first, nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    assert!(status.success(), "lb-user stopped with {status}");
-    let saved = lab
-        .state_dir()
-        .join(format!("{}.snat-cursors.json", lab.instance()));
+    let saved = stop_cleanly_and_find_the_handover(&lab, first);
     let text = std::fs::read_to_string(&saved).unwrap();
     let file: serde_json::Value = serde_json::from_str(&text).unwrap();
     let quarantined = file["quarantined"].as_array().map_or(0, Vec::len);
@@ -605,10 +601,7 @@ fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
 
     let _second = lab.start_balancer(&spec).unwrap();
     let before = Snapshot::take(&lab).unwrap();
-    let report = client_run(
-        &lab,
-        &["ab", "-q", "-n", "500", "-c", "8", "-s", "10", &url],
-    );
+    let report = ab(&lab, "500");
     let delta = counters_since(&lab, &before, "ab after a clean restart on 256 ports");
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
     assert_eq!(

@@ -208,6 +208,14 @@ fn same_backend(saved: &SavedBackend, b: &VipBackend) -> bool {
 }
 
 impl Saved {
+    /// Whether the file still applies at `now`: younger than `quarantine`
+    /// (and not from the future), made with these ports and CPU count.
+    fn applies(&self, now: SystemTime, quarantine: Duration, ports: PortRange, cpus: u32) -> bool {
+        let age_ms = unix_ms(now).checked_sub(self.saved_unix_ms);
+        let fresh = age_ms.is_some_and(|age| u128::from(age) < quarantine.as_millis());
+        fresh && (self.port_min, self.port_max) == (ports.min, ports.max) && self.cpus == cpus
+    }
+
     /// The cursors to put back for `backends` at `now`: none
     /// if the file is older than `quarantine` (or from the future), or was
     /// made with another port range or CPU count.
@@ -219,9 +227,7 @@ impl Saved {
         cpus: u32,
         backends: &[VipBackend],
     ) -> Vec<(u32, Vec<u64>)> {
-        let age_ms = unix_ms(now).checked_sub(self.saved_unix_ms);
-        let fresh = age_ms.is_some_and(|age| u128::from(age) < quarantine.as_millis());
-        if !fresh || (self.port_min, self.port_max) != (ports.min, ports.max) || self.cpus != cpus {
+        if !self.applies(now, quarantine, ports, cpus) {
             return Vec::new();
         }
         backends
@@ -247,9 +253,7 @@ impl Saved {
         boot_id: &str,
         backends: &'a [VipBackend],
     ) -> impl Iterator<Item = (&'a SavedTuple, &'a VipBackend)> + 'a {
-        let applies = !self
-            .restorable(now, quarantine, ports, cpus, backends)
-            .is_empty()
+        let applies = self.applies(now, quarantine, ports, cpus)
             && !boot_id.is_empty()
             && self.boot_id == boot_id;
         self.quarantined
