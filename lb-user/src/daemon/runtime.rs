@@ -255,7 +255,7 @@ impl Runtime {
             .collect();
         for (index, selection) in selections.iter_mut().enumerate() {
             let plan = self.fleet.zone_plan(index, selection, |id| {
-                loads.measured_ewma_ns(id, now, self.zone_sample_age)
+                loads.zone_latency_ns(id, now, self.zone_sample_age)
             });
             if let Some(p) = &plan {
                 selection.group_by_zone(p);

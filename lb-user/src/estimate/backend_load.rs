@@ -202,13 +202,16 @@ impl LoadTable {
             .map_or(0, |l| l.latency.estimate_ns(now).round() as u64)
     }
 
-    /// The estimate of backend `id` if a sample arrived within `max_age`
-    /// (an idle backend's estimate drifts to the cold-start guess, which
-    /// says nothing about how it would do).
-    pub fn measured_ewma_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
+    /// The recent mean latency of backend `id` (what zones are compared
+    /// by, [`LatencyEstimate::recent_mean_ns`]) if users sampled it within
+    /// `max_age`: an older figure says nothing about how it would do.
+    pub fn zone_latency_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
         let load = self.loads.get(id as usize)?;
         let last = load.latency.last_sample()?;
-        (now.since(last) <= max_age).then(|| load.latency.estimate_ns(now).round() as u64)
+        if now.since(last) > max_age {
+            return None;
+        }
+        Some(load.latency.recent_mean_ns()?.round() as u64)
     }
 
     /// `(backend id, score)` for every backend.
@@ -395,5 +398,107 @@ mod tests {
                 expired: 1
             }
         );
+    }
+
+    fn median(mut v: Vec<u64>) -> u64 {
+        v.sort_unstable();
+        v[v.len() / 2]
+    }
+
+    /// Zone a's five backends serve 40 requests a second each at 5 ms,
+    /// with a 20 ms response among them every second (scheduling noise);
+    /// zone b's five, as fast, get only the probe share: a 5 ms sample
+    /// each every 2 s. With the defaults (τ = 10 s for means and peaks),
+    /// P2C's estimate puts zone a at 3× zone b and it would spill; the
+    /// recent mean sees them alike. Then zone a turns 10× slower, and
+    /// within 0.45 s its recent mean reads over 6× zone b's.
+    #[test]
+    fn zones_compare_by_recent_means_that_sampling_rates_do_not_bias() {
+        let clock = ManualClock::starting_at(0);
+        let params = EstimateParams {
+            peak_tau: Duration::from_secs(10),
+            ..PARAMS
+        };
+        let mut table = LoadTable::new(&[weight(1); 10], params, clock.now());
+        let age = Duration::from_secs(10);
+        let medians = |table: &LoadTable, now| {
+            let ewma =
+                |ids: std::ops::Range<u32>| median(ids.map(|id| table.ewma_ns(id, now)).collect());
+            let zone = |ids: std::ops::Range<u32>| {
+                median(
+                    ids.map(|id| table.zone_latency_ns(id, now, age).unwrap())
+                        .collect(),
+                )
+            };
+            (ewma(0..5), ewma(5..10), zone(0..5), zone(5..10))
+        };
+        let noisy = LatencySample {
+            mean: Duration::from_micros(12_500),
+            peak: Duration::from_millis(20),
+        };
+        for tick in 0..200u32 {
+            clock.advance(TICK);
+            let now = clock.now();
+            for id in 0..5 {
+                let sample = if (tick + id * 3) % 20 == 0 {
+                    noisy
+                } else {
+                    ms(5)
+                };
+                table.observe(id, sample, 2, now);
+            }
+            for id in 5..10 {
+                if (tick + id * 8) % 40 == 0 {
+                    table.observe(id, ms(5), 1, now);
+                }
+            }
+        }
+        let (ewma_a, ewma_b, zone_a, zone_b) = medians(&table, clock.now());
+        assert!(
+            ewma_a as f64 >= 3.0 * ewma_b as f64,
+            "the bias this guards against: {ewma_a} vs {ewma_b}"
+        );
+        assert!(
+            (zone_a as f64) < 1.5 * zone_b as f64,
+            "recent means {zone_a} vs {zone_b}"
+        );
+        for tick in 0..9u32 {
+            clock.advance(TICK);
+            let now = clock.now();
+            for id in 0..5 {
+                table.observe(id, ms(50), 2, now);
+            }
+            if tick == 4 {
+                table.observe(7, ms(5), 1, now);
+            }
+        }
+        let (_, _, zone_a, zone_b) = medians(&table, clock.now());
+        assert!(
+            zone_a as f64 >= 6.0 * zone_b as f64,
+            "0.45 s after zone a turned 10× slower: {zone_a} vs {zone_b}"
+        );
+    }
+
+    #[test]
+    fn an_unsampled_or_stale_backend_has_no_zone_latency() {
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[weight(1); 2], PARAMS, clock.now());
+        let age = Duration::from_secs(2);
+        assert_eq!(table.zone_latency_ns(0, clock.now(), age), None);
+        // A probe is not a user sample.
+        table.observe_probe(
+            0,
+            ProbeSample::Response(Duration::from_millis(3)),
+            clock.now(),
+            age,
+        );
+        assert_eq!(table.zone_latency_ns(0, clock.now(), age), None);
+        // The first user sample is the figure (no blend with cold start).
+        clock.advance(Duration::from_secs(30));
+        table.observe(0, ms(8), 1, clock.now());
+        assert_eq!(table.zone_latency_ns(0, clock.now(), age), Some(8_000_000));
+        clock.advance(Duration::from_secs(3));
+        assert_eq!(table.zone_latency_ns(0, clock.now(), age), None);
+        assert_eq!(table.zone_latency_ns(9, clock.now(), age), None);
     }
 }

@@ -41,6 +41,20 @@
 //! * a probe that only proves the backend's kernel answers (a TCP
 //!   connect) or that timed out can raise the estimate, never lower it; a
 //!   failed probe gives no sample at all.
+//!
+//! **Comparing zones** needs a third figure, [`LatencyEstimate::recent_mean_ns`]:
+//! an EWMA of the interval means with a fixed short memory
+//! ([`RECENT_MEAN_TAU`]), no peaks, no idle drift, users' samples only.
+//! The estimate above is biased by how often a backend is sampled: a
+//! backend serving 40 requests a second keeps the largest of its last few
+//! hundred responses in its peak memory, while a backend of a failover
+//! zone that only gets the zone's probe share (a sample every few seconds)
+//! keeps one; between samples it drifts towards the cold-start guess as
+//! well. Two zones of equally fast backends then look 3× apart as soon as
+//! scheduling noise puts a 15 ms response among a 5 ms zone's hundreds,
+//! and a healthy local zone spills. The recent mean weighs one slow
+//! response among many by its share of the interval, and a zone 10×
+//! slower than its peers still shows 6× within half a second.
 
 use std::time::Duration;
 
@@ -88,10 +102,16 @@ pub enum ProbeOutcome {
     Unchanged,
 }
 
+/// The memory of [`LatencyEstimate::recent_mean_ns`]: a zone whose
+/// backends turn 10× slower reads 6× slower after about 0.4 s.
+pub const RECENT_MEAN_TAU: Duration = Duration::from_millis(500);
+
 #[derive(Clone, Debug)]
 pub struct LatencyEstimate {
     recent: PeakEwma,
     sustained: Ewma,
+    /// Users' interval means over about [`RECENT_MEAN_TAU`].
+    recent_mean: Ewma,
     /// When the last user sample arrived (probes do not count).
     last_user: Option<Nanos>,
 }
@@ -107,6 +127,7 @@ impl LatencyEstimate {
         Self {
             recent: PeakEwma::new(cold_start, peak_tau.min(tau), now),
             sustained: Ewma::new(cold_start, tau, now),
+            recent_mean: Ewma::new(cold_start, RECENT_MEAN_TAU, now),
             last_user: None,
         }
     }
@@ -115,6 +136,12 @@ impl LatencyEstimate {
     pub fn observe(&mut self, sample: LatencySample, now: Nanos) {
         self.recent.observe(sample.peak, now);
         self.sustained.blend(sample.mean, now);
+        // The first sample is the mean, not a blend with the cold-start guess.
+        if self.recent_mean.last_sample().is_none() {
+            self.recent_mean.replace(sample.mean, now);
+        } else {
+            self.recent_mean.blend(sample.mean, now);
+        }
         self.last_user = Some(self.last_user.map_or(now, |t| t.max(now)));
     }
 
@@ -146,6 +173,14 @@ impl LatencyEstimate {
     /// this says whether users measured the backend lately).
     pub fn last_sample(&self) -> Option<Nanos> {
         self.last_user
+    }
+
+    /// The mean latency users measured lately, as of their last sample
+    /// (`None` before the first); what zones are compared by (see the
+    /// module's docs).
+    pub fn recent_mean_ns(&self) -> Option<f64> {
+        self.last_user?;
+        Some(self.recent_mean.stored_ns())
     }
 
     /// The estimate at `now`: the larger of the two, each with its idle

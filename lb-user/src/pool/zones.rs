@@ -16,9 +16,13 @@
 //! - **Ribbon's ZoneAvoidanceRule**: a zone whose median latency estimate
 //!   is `avoid_factor` or more times the best other zone's carries only
 //!   `avoid_factor / ratio` of what it could (10× slower with the default
-//!   3: 30%). The latency estimate is P2C's cost before the in-flight and
-//!   weight terms: weights rank backends inside a zone, not zones, and the
-//!   in-flight term would fall as traffic leaves and pull it back.
+//!   3: 30%). A backend's latency here is the mean its users measured over
+//!   the last half second or so (`LatencyEstimate::recent_mean_ns`), not P2C's
+//!   peak-sensitive estimate: a busy local zone keeps the worst of hundreds
+//!   of responses in its peaks and a probed failover zone the worst of a
+//!   few, so equally fast zones would look several times apart. Weights
+//!   rank backends inside a zone, not zones, and an in-flight term would
+//!   fall as traffic leaves and pull it back, so neither counts.
 //! - **Istio's ordered failover**: the local zone first, then the zones of
 //!   `--zone-failover` in that order, then every other zone by latency,
 //!   cheapest first (backends without a zone are one more such group). Each
@@ -58,9 +62,8 @@ pub struct ZoneMember {
     pub weight: u32,
     /// Configured weight, in the same units.
     pub full_weight: u32,
-    /// Latency estimate (Peak-EWMA, ns), if it rests on recent samples: an
-    /// idle backend's estimate drifts to the cold-start guess, which must
-    /// not make an unused zone look fast.
+    /// Recent mean latency (ns), if it rests on recent samples: an unused
+    /// backend's old figure must not make its zone look fast or slow.
     pub ewma_ns: Option<u64>,
 }
 
@@ -110,7 +113,7 @@ pub struct ZoneBlockPlan {
     pub active: usize,
     /// Selectable share of the configured weight, 0..=1.
     pub healthy: f64,
-    /// Median latency estimate of the selectable backends (0: none).
+    /// Median recent mean latency of the selectable backends (0: none).
     pub median_ewma_ns: u64,
 }
 
