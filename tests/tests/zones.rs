@@ -141,7 +141,11 @@ fn a_healthy_local_zone_keeps_new_connections_and_a_killed_majority_spills_only_
     let healthy = lab.run_loadgen(&load(&lab, 4.0)).unwrap();
     let local_healthy = 1.0 - spilled(before, opened_by_zone(&lab));
     let r = routing(&lab).unwrap();
-    assert_eq!(r.spill, "local", "a healthy local zone spilled: {}", r.reason);
+    assert_eq!(
+        r.spill, "local",
+        "a healthy local zone spilled: {}",
+        r.reason
+    );
     assert_eq!(healthy.error_count(), 0, "{healthy:?}");
     assert!(
         local_healthy >= 0.95,

@@ -7,18 +7,23 @@ use super::{RowResult, scenario::Kind};
 /// The results to publish after a run: `fresh`, plus the rows of `previous`
 /// (the last published file) for every scenario this run did not measure,
 /// so `--scenario NAME` updates that scenario's table and keeps the others.
-/// A scenario's rows always come from one run. Ordered as [`Kind::ALL`].
+/// A scenario's rows always come from one run. Ordered as [`Kind::ALL`],
+/// each scenario's loads in increasing order.
 pub fn merge_published(previous: Vec<RowResult>, fresh: &[RowResult]) -> Vec<RowResult> {
     let mut merged: Vec<RowResult> = previous
         .into_iter()
         .filter(|old| !fresh.iter().any(|r| r.scenario == old.scenario))
         .chain(fresh.iter().cloned())
         .collect();
-    let order = |r: &RowResult| {
-        Kind::ALL
-            .iter()
-            .position(|k| k.name() == r.scenario)
-            .unwrap_or(Kind::ALL.len())
+    let order = |r: &RowResult| match Kind::of_table(&r.scenario) {
+        Some((kind, load)) => (
+            Kind::ALL
+                .iter()
+                .position(|&k| k == kind)
+                .unwrap_or(Kind::ALL.len()),
+            load,
+        ),
+        None => (Kind::ALL.len(), 0),
     };
     merged.sort_by_key(order);
     merged
@@ -31,8 +36,14 @@ pub fn markdown(results: &[RowResult]) -> String {
     scenarios.dedup();
     for scenario in scenarios {
         let rows: Vec<&RowResult> = results.iter().filter(|r| r.scenario == scenario).collect();
-        let degrade = rows.iter().any(|r| r.scenario == "degrade");
-        let recover = rows.iter().any(|r| r.scenario == "recover");
+        let kind = Kind::of_table(scenario).map(|(k, _)| k);
+        let degrade = kind == Some(Kind::Degrade);
+        let recover = kind == Some(Kind::Recover);
+        let held_out = if kind.is_some_and(Kind::held_out) {
+            ", held out"
+        } else {
+            ""
+        };
         // In `zones` the "misbehaving" backends are zone b's: say so.
         let zones = rows.iter().any(|r| r.cross_zone_share.is_some());
         let share = if zones {
@@ -42,7 +53,7 @@ pub fn markdown(results: &[RowResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "\n#### {scenario} (open loop at {:.0} req/s)\n",
+            "\n#### {scenario} (open loop at {:.0} req/s{held_out})\n",
             rows.first().map_or(0.0, |r| r.target_rps)
         );
         let _ = write!(
@@ -147,6 +158,40 @@ mod tests {
         assert!(zones.contains(
             "| lb p2c-ewma | 999 | 0 | 2 | 1.0 | 2.0 | 3.0 | 4.0 | 12.5% | 0.500 | 0.250 |\n"
         ));
+    }
+
+    #[test]
+    fn loads_and_held_out_scenarios_get_their_own_tables_in_order() {
+        let previous = vec![row("hetero", "old"), row("big-slow", "old")];
+        let fresh = [
+            row("hetero at 85%", "new"),
+            row("degrade at 85%", "new"),
+            row("hetero-20", "new"),
+        ];
+        let merged = merge_published(previous, &fresh);
+        let got: Vec<&str> = merged.iter().map(|r| r.scenario.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "hetero",
+                "hetero at 85%",
+                "degrade at 85%",
+                "hetero-20",
+                "big-slow"
+            ]
+        );
+        let md = markdown(&merged);
+        assert!(md.contains("#### hetero at 85% (open loop at 1000 req/s)\n"));
+        assert!(md.contains("#### hetero-20 (open loop at 1000 req/s, held out)\n"));
+        assert!(md.contains("#### big-slow (open loop at 1000 req/s, held out)\n"));
+        let degrade = md.split("#### degrade at 85%").nth(1).unwrap();
+        assert!(degrade.contains(" reaction s |"));
+        assert!(
+            !md.split("#### degrade")
+                .next()
+                .unwrap()
+                .contains("reaction s")
+        );
     }
 
     #[test]

@@ -1,4 +1,12 @@
-//! The five scenarios of the balance benchmark and the rows run in each.
+//! The scenarios of the balance benchmark and the rows run in each.
+//!
+//! Five are the ones the balancer was tuned on (`hetero`, `stall`,
+//! `degrade`, `zones`, `recover`). Two more are **held out**
+//! ([`Kind::held_out`]): no setting or rule is chosen by their results,
+//! they only check that what the tuned five reward carries over to pools
+//! of another shape (`hetero-20`: 3 slow of 20; `big-slow`: the slow
+//! backend has 4× the workers, so it can carry more than a fast one's
+//! share of in-flight requests while each of them is slow).
 
 use crate::lab::{Algorithm, BackendSpec};
 
@@ -9,10 +17,16 @@ pub const SLOW_FACTOR: u64 = 10;
 /// Worker slots of every backend (slow ones too: a slow node is a slower
 /// server, not a smaller one).
 pub const WORKERS: u32 = 2;
-/// Backends per scenario.
+/// Backends per scenario (but `hetero-20`).
 pub const BACKENDS: usize = 10;
-/// Open-loop load as a fraction of the pool's service capacity.
-pub const LOAD_FRACTION: f64 = 0.7;
+/// `hetero-20`: backends, and how many of them are slow.
+pub const WIDE_BACKENDS: usize = 20;
+pub const WIDE_SLOW: usize = 3;
+/// `big-slow`: the slow backend's workers, as a multiple of [`WORKERS`].
+pub const BIG_SLOW_WORKERS: u32 = 4;
+/// Open-loop load in percent of the pool's service capacity, by default
+/// (`--load` runs other loads, published as their own tables).
+pub const LOAD_PERCENT: u32 = 70;
 /// GC-like pauses of `stall`.
 pub const STALL_EVERY_MS: u64 = 2_000;
 pub const STALL_FOR_MS: u64 = 300;
@@ -47,15 +61,22 @@ pub enum Kind {
     /// [`RECOVER_SLOW_MS`], then as fast as the others again: how soon
     /// does it get its share back?
     Recover,
+    /// Held out: 20 backends, 3 of them 10× slower.
+    HeteroWide,
+    /// Held out: 10 backends; one is 10× slower with [`BIG_SLOW_WORKERS`]×
+    /// the workers.
+    BigSlow,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Hetero,
         Kind::Stall,
         Kind::Degrade,
         Kind::Zones,
         Kind::Recover,
+        Kind::HeteroWide,
+        Kind::BigSlow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,7 +86,41 @@ impl Kind {
             Kind::Degrade => "degrade",
             Kind::Zones => "zones",
             Kind::Recover => "recover",
+            Kind::HeteroWide => "hetero-20",
+            Kind::BigSlow => "big-slow",
         }
+    }
+
+    /// Whether no setting is tuned on this scenario (see the module's docs).
+    pub fn held_out(self) -> bool {
+        matches!(self, Kind::HeteroWide | Kind::BigSlow)
+    }
+
+    /// Number of backends.
+    pub fn count(self) -> usize {
+        match self {
+            Kind::HeteroWide => WIDE_BACKENDS,
+            _ => BACKENDS,
+        }
+    }
+
+    /// The name of this scenario's table at `load_percent`: the plain name
+    /// at the default load, `NAME at P%` otherwise.
+    pub fn table(self, load_percent: u32) -> String {
+        if load_percent == LOAD_PERCENT {
+            self.name().to_string()
+        } else {
+            format!("{} at {load_percent}%", self.name())
+        }
+    }
+
+    /// The scenario and load of a table name ([`Kind::table`]).
+    pub fn of_table(table: &str) -> Option<(Kind, u32)> {
+        let (name, load) = match table.split_once(" at ") {
+            Some((name, load)) => (name, load.strip_suffix('%')?.parse().ok()?),
+            None => (table, LOAD_PERCENT),
+        };
+        Some((Kind::ALL.into_iter().find(|k| k.name() == name)?, load))
     }
 
     /// Indexes of the backends that misbehave (the "slow" share column).
@@ -76,7 +131,8 @@ impl Kind {
     pub fn slow(self) -> Vec<usize> {
         match self {
             Kind::Hetero | Kind::Stall => vec![BACKENDS - 2, BACKENDS - 1],
-            Kind::Degrade | Kind::Recover => vec![BACKENDS - 1],
+            Kind::Degrade | Kind::Recover | Kind::BigSlow => vec![BACKENDS - 1],
+            Kind::HeteroWide => (WIDE_BACKENDS - WIDE_SLOW..WIDE_BACKENDS).collect(),
             Kind::Zones => (ZONE_BACKENDS..BACKENDS).collect(),
         }
     }
@@ -92,11 +148,17 @@ impl Kind {
 
     pub fn backends(self) -> Vec<BackendSpec> {
         let slow = self.slow();
-        (0..BACKENDS)
+        (0..self.count())
             .map(|i| {
                 let mut spec = BackendSpec::new(FAST_MS, WORKERS);
                 match self {
-                    Kind::Hetero if slow.contains(&i) => spec.service_time_ms *= SLOW_FACTOR,
+                    Kind::Hetero | Kind::HeteroWide if slow.contains(&i) => {
+                        spec.service_time_ms *= SLOW_FACTOR
+                    }
+                    Kind::BigSlow if slow.contains(&i) => {
+                        spec.service_time_ms *= SLOW_FACTOR;
+                        spec.workers *= BIG_SLOW_WORKERS;
+                    }
                     Kind::Stall if slow.contains(&i) => {
                         spec.stall_every_ms = STALL_EVERY_MS;
                         spec.stall_for_ms = STALL_FOR_MS;
@@ -116,7 +178,7 @@ impl Kind {
         capacity(&self.backends())
     }
 
-    /// The capacity [`LOAD_FRACTION`] applies to: the whole pool's, except in
+    /// The capacity the load percentage applies to: the whole pool's, except in
     /// `zones`, where it is the local zone's (zone a's 5 backends, half the
     /// pool). `zones` asks whether a balancer keeps traffic local when the
     /// local zone can carry it. At 70 % of the whole pool (1400 req/s) zone a
@@ -133,8 +195,9 @@ impl Kind {
         }
     }
 
-    pub fn rate(self) -> f64 {
-        (self.load_base_rps() * LOAD_FRACTION).round()
+    /// The open-loop rate at `load_percent` of [`Kind::load_base_rps`].
+    pub fn rate(self, load_percent: u32) -> f64 {
+        (self.load_base_rps() * f64::from(load_percent) / 100.0).round()
     }
 
     /// Whether `row` runs in this scenario. `zones` compares zone-aware
@@ -229,11 +292,43 @@ mod tests {
     fn hetero_capacity_counts_slow_nodes_at_a_tenth() {
         // 8 × 2/10ms + 2 × 2/100ms = 1600 + 40.
         assert_eq!(Kind::Hetero.capacity_rps(), 1640.0);
-        assert_eq!(Kind::Hetero.rate(), 1148.0);
+        assert_eq!(Kind::Hetero.rate(70), 1148.0);
         assert_eq!(Kind::Stall.capacity_rps(), 2000.0);
         assert_eq!(Kind::Degrade.slow(), [9]);
         assert_eq!(Kind::Recover.slow(), [9]);
-        assert_eq!(Kind::Recover.rate(), 1400.0);
+        assert_eq!(Kind::Recover.rate(70), 1400.0);
+    }
+
+    #[test]
+    fn the_held_out_pools() {
+        // 17 × 2/10ms + 3 × 2/100ms.
+        let wide = Kind::HeteroWide;
+        assert_eq!(wide.backends().len(), 20);
+        assert_eq!(wide.slow(), [17, 18, 19]);
+        assert_eq!(wide.capacity_rps(), 3460.0);
+        assert_eq!(wide.rate(70), 2422.0);
+        assert_eq!(wide.rate(85), 2941.0);
+        // 9 × 2/10ms + 8/100ms: the slow one serves 80/s, a fast one 200/s.
+        let big = Kind::BigSlow;
+        let specs = big.backends();
+        assert_eq!((specs[9].service_time_ms, specs[9].workers), (100, 8));
+        assert_eq!((specs[0].service_time_ms, specs[0].workers), (10, 2));
+        assert_eq!(big.capacity_rps(), 1880.0);
+        assert!(wide.held_out() && big.held_out());
+        assert!(!Kind::ALL[..5].iter().any(|k| k.held_out()));
+    }
+
+    #[test]
+    fn table_names_carry_the_load_when_it_is_not_the_default() {
+        assert_eq!(Kind::Hetero.table(70), "hetero");
+        assert_eq!(Kind::Hetero.table(85), "hetero at 85%");
+        for kind in Kind::ALL {
+            for load in [70, 85, 50] {
+                assert_eq!(Kind::of_table(&kind.table(load)), Some((kind, load)));
+            }
+        }
+        assert_eq!(Kind::of_table("hetero at x%"), None);
+        assert_eq!(Kind::of_table("nope"), None);
     }
 
     #[test]
@@ -241,10 +336,10 @@ mod tests {
         // 10 × 2/10ms for the pool, 5 × 2/10ms for zone a alone.
         assert_eq!(Kind::Zones.capacity_rps(), 2000.0);
         assert_eq!(Kind::Zones.load_base_rps(), 1000.0);
-        assert_eq!(Kind::Zones.rate(), 700.0);
+        assert_eq!(Kind::Zones.rate(70), 700.0);
         // The other scenarios keep loading their whole pool.
         assert_eq!(Kind::Stall.load_base_rps(), Kind::Stall.capacity_rps());
-        assert_eq!(Kind::Stall.rate(), 1400.0);
+        assert_eq!(Kind::Stall.rate(70), 1400.0);
     }
 
     #[test]
@@ -288,7 +383,7 @@ mod tests {
                 "oracle (zone a backends direct)"
             ]
         );
-        for kind in [Kind::Hetero, Kind::Stall, Kind::Degrade, Kind::Recover] {
+        for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Zones) {
             let rows: Vec<Row> = Row::all().into_iter().filter(|&r| kind.runs(r)).collect();
             assert_eq!(rows.len(), Row::all().len() - 1);
             assert!(!rows.contains(&Row::OursZoneAware(Algorithm::P2cEwma)));

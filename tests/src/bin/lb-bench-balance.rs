@@ -13,7 +13,7 @@ use lb_lab::{
     Binaries,
     balance::{
         self, Plan, RowResult, plot, report,
-        scenario::{Kind, Row},
+        scenario::{self, Kind, Row},
     },
 };
 
@@ -30,12 +30,18 @@ struct Args {
     /// Short runs (6 s per row instead of 15 s), for iteration.
     #[arg(long)]
     quick: bool,
-    /// Only these scenarios (hetero, stall, degrade, zones, recover); repeatable.
+    /// Only these scenarios (hetero, stall, degrade, zones, recover, and the
+    /// held-out hetero-20 and big-slow); repeatable.
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// Only rows whose name contains this text (e.g. "p2c", "haproxy"); repeatable.
     #[arg(long = "row")]
     rows: Vec<String>,
+    /// Open-loop load in percent of each pool's capacity (10 to 100). Any
+    /// other than 70 publishes its own tables ("hetero at 85%").
+    #[arg(long, default_value_t = scenario::LOAD_PERCENT,
+          value_parser = clap::value_parser!(u32).range(10..=100))]
+    load: u32,
     /// Load duration per row in seconds (overrides --quick).
     #[arg(long)]
     duration_s: Option<f64>,
@@ -102,12 +108,14 @@ fn run(args: Args) -> Result<()> {
         scenarios,
         rows,
         duration_s,
+        load_percent: args.load,
         lb_args: args.lb_args,
         lb_suffix: args.lb_suffix,
     };
     eprintln!(
-        "bench: {} scenario(s), {runs} row run(s), {duration_s} s of load each",
+        "bench: {} scenario(s), {runs} row run(s), {duration_s} s of load each at {}% of capacity",
         plan.scenarios.len(),
+        plan.load_percent,
     );
     let results = balance::run(&binaries, &plan, |r| {
         eprintln!(
@@ -166,7 +174,8 @@ fn write_outputs(out: &std::path::Path, results: &[RowResult]) -> Result<()> {
                 points: &r.cdf,
             })
             .collect();
-        let path = out.join(format!("balance-{scenario}.png"));
+        let file = scenario.replace(" at ", "-").replace('%', "");
+        let path = out.join(format!("balance-{file}.png"));
         plot::latency_cdf(&path, &format!("{scenario}: latency CDF"), &series)?;
     }
     println!("{md}");
