@@ -31,14 +31,15 @@ use crate::{
 const SETTLE: Duration = Duration::from_secs(2);
 /// lb-user's SNAT pool in the benchmark (see `run_row`).
 const SNAT_PORTS: &str = "1024-65535";
-/// Rolling window over which `degrade`'s share is judged: 0.5 s. (Until
-/// stop 21 it was 1 s, which no balancer can beat: the first window
-/// wholly after the slowdown ends 0.75–1 s after it, so the tables
-/// published before then read 0.76–0.98 s for every reacting row.)
-const DEGRADE_WINDOW_BUCKETS: usize = 2;
+/// Rolling window over which `degrade`'s share is judged: 0.25 s, over the
+/// servers' 50 ms accept reports. (Until stop 21 it was 1 s over 250 ms
+/// reports, which no balancer could beat: the first window after the
+/// slowdown ended 0.75–1.25 s after it, so every reacting row read
+/// 0.76–0.98 s whatever it did. Now the floor is 0.30–0.35 s.)
+const DEGRADE_WINDOW_MS: u64 = 250;
 /// Rolling window over which `recover`'s share is judged (0.5 s: the
-/// recovery is expected within seconds, so a finer reading).
-const RECOVER_WINDOW_BUCKETS: usize = 2;
+/// recovery is expected within seconds).
+const RECOVER_WINDOW_MS: u64 = 500;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -89,7 +90,7 @@ pub struct RowResult {
     /// Machine-wide softirq time per 10k requests (see [`cpu`]).
     pub softirq_s_per_10k: f64,
     /// `degrade`: seconds from the slowdown until the slow backend's share
-    /// of new connections, as the servers count their accepts over a 0.5 s
+    /// of new connections, as the servers count their accepts over a 0.25 s
     /// window, fell below half its fair share.
     pub degrade_reaction_s: Option<f64>,
     /// `recover`: seconds from the slow backend being fast again until its
@@ -451,7 +452,7 @@ fn accept_buckets(lab: &Lab, since_ms: u64) -> AcceptBuckets {
 /// share; `None` if it never does.
 fn reaction_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option<f64> {
     let fair = 1.0 / accepts.len().max(1) as f64;
-    first_window(accepts, backend, from_ms, DEGRADE_WINDOW_BUCKETS, |share| {
+    first_window(accepts, backend, from_ms, DEGRADE_WINDOW_MS, |share| {
         share < fair / 2.0
     })
 }
@@ -461,22 +462,30 @@ fn reaction_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option
 /// half its fair share; `None` if it never is.
 fn recovery_time(accepts: &AcceptBuckets, backend: &str, from_ms: u64) -> Option<f64> {
     let fair = 1.0 / accepts.len().max(1) as f64;
-    first_window(accepts, backend, from_ms, RECOVER_WINDOW_BUCKETS, |share| {
+    first_window(accepts, backend, from_ms, RECOVER_WINDOW_MS, |share| {
         share >= fair / 2.0
     })
 }
 
 /// Seconds after `from_ms` to the end of the first rolling window of
-/// `window` report periods, wholly after `from_ms`, in which `backend`'s
-/// share of all accepted connections satisfies `found`.
+/// `window_ms`, wholly after `from_ms`, in which `backend`'s share of all
+/// accepted connections satisfies `found`.
+///
+/// A server's `accepts` line at time `t` counts the accepts of
+/// `(t - P, t]` (`P` = [`ACCEPT_REPORT_MS`]), and the servers' periods are
+/// not aligned, so bucket `b` (lines with `t` in `[bP, bP + P)`) covers
+/// `(bP - P, bP + P)`: the first bucket wholly after `from_ms` is the
+/// first with `bP - P >= from_ms`, and a window ending with bucket `e - 1`
+/// is complete at `eP`.
 fn first_window(
     accepts: &AcceptBuckets,
     backend: &str,
     from_ms: u64,
-    window: usize,
+    window_ms: u64,
     found: impl Fn(f64) -> bool,
 ) -> Option<f64> {
-    let first = from_ms / ACCEPT_REPORT_MS;
+    let window = (window_ms / ACCEPT_REPORT_MS).max(1);
+    let first = (from_ms + ACCEPT_REPORT_MS).div_ceil(ACCEPT_REPORT_MS);
     let last = accepts
         .values()
         .filter_map(|b| b.keys().next_back())
@@ -489,7 +498,6 @@ fn first_window(
             .copied()
             .unwrap_or(0)
     };
-    let window = window as u64;
     for end in first + window..=last + 1 {
         let total: u64 = (end - window..end)
             .map(|i| accepts.keys().map(|k| at(k, i)).sum::<u64>())
@@ -507,47 +515,59 @@ fn first_window(
 mod tests {
     use super::*;
 
-    #[test]
-    fn reaction_is_the_end_of_the_first_window_below_half_fair_share() {
-        // Two backends (fair share 1/2); "b" falls to 1 in 10 from period 8 on.
-        let series = |before: u64, after: u64| -> BTreeMap<u64, u64> {
-            (0..16)
-                .map(|i| (i, if i < 8 { before } else { after }))
-                .collect()
-        };
+    /// Two backends (fair share 1/2) of 40 report periods; "b" has
+    /// `before` of every 20 accepts until period `switch`, `after` from then.
+    fn two(switch: u64, before: u64, after: u64) -> AcceptBuckets {
         let mut t = AcceptBuckets::new();
-        t.insert("a".to_string(), series(10, 18));
-        t.insert("b".to_string(), series(10, 2));
-        // From period 8: the first 2-period window wholly after it is 8..10,
-        // which ends 2 periods (0.5 s) later.
-        let from = 8 * ACCEPT_REPORT_MS;
-        assert_eq!(reaction_time(&t, "b", from), Some(0.5));
-        // Half-way through period 9: the window 9..11, which ends 0.375 s later.
+        let b: BTreeMap<u64, u64> = (0..40)
+            .map(|i| (i, if i < switch { before } else { after }))
+            .collect();
+        let a: BTreeMap<u64, u64> = b.iter().map(|(&i, &n)| (i, 20 - n)).collect();
+        t.insert("a".to_string(), a);
+        t.insert("b".to_string(), b);
+        t
+    }
+
+    const P: u64 = ACCEPT_REPORT_MS;
+
+    #[test]
+    fn reaction_is_the_end_of_the_first_quarter_second_below_half_fair_share() {
+        // "b" falls to 2 in 20 from period 16 on.
+        let t = two(16, 10, 2);
+        // Slowed at 15P: period 16's lines count from 15P on, so the first
+        // window is periods 16..21, complete at 21P: 6P later.
         assert_eq!(
-            reaction_time(&t, "b", 9 * ACCEPT_REPORT_MS + ACCEPT_REPORT_MS / 2),
-            Some(1.5 * ACCEPT_REPORT_MS as f64 / 1000.0)
+            reaction_time(&t, "b", 15 * P),
+            Some(6.0 * P as f64 / 1000.0)
         );
-        assert_eq!(reaction_time(&t, "a", from), None);
+        // Half a period later, the window starts one period later.
+        assert_eq!(
+            reaction_time(&t, "b", 15 * P + P / 2),
+            Some(6.5 * P as f64 / 1000.0)
+        );
+        // A window that still holds a period from before the switch is not
+        // below half: slowed at 12P, the first window 13..18 holds 3 periods
+        // at 10 and 2 at 2 (34 of 100), 14..19 26, and 15..20 18, below a
+        // quarter: complete at 20P.
+        assert_eq!(
+            reaction_time(&t, "b", 12 * P),
+            Some(8.0 * P as f64 / 1000.0)
+        );
+        assert_eq!(reaction_time(&t, "a", 15 * P), None);
     }
 
     #[test]
     fn recovery_is_the_end_of_the_first_half_second_back_at_half_fair_share() {
-        // Two backends (fair share 1/2); "b" gets 1 in 10 until period 11,
-        // then its share.
-        let series = |switch: u64, before: u64, after: u64| -> BTreeMap<u64, u64> {
-            (0..16)
-                .map(|i| (i, if i < switch { before } else { after }))
-                .collect()
-        };
-        let mut t = AcceptBuckets::new();
-        t.insert("a".to_string(), series(11, 18, 10));
-        t.insert("b".to_string(), series(11, 2, 10));
-        // Fast again from period 8; the first 2-period window with b at a
-        // quarter or more is 10..12 (2 + 10 of 40), ending 4 periods later.
-        let from = 8 * ACCEPT_REPORT_MS;
-        assert_eq!(recovery_time(&t, "b", from), Some(1.0));
+        // "b" gets 2 in 20 until period 24, then its share.
+        let t = two(24, 2, 10);
+        // Fast again at 15P: windows of 10 periods from 16; 16..26 holds
+        // 2 periods at 10 (36 of 200), 17..27 3 (44), 18..28 4 (52 ≥ 50):
+        // complete at 28P, 13P later.
+        assert_eq!(
+            recovery_time(&t, "b", 15 * P),
+            Some(13.0 * P as f64 / 1000.0)
+        );
         // Never back: none.
-        t.insert("b".to_string(), series(16, 2, 2));
-        assert_eq!(recovery_time(&t, "b", from), None);
+        assert_eq!(recovery_time(&two(40, 2, 2), "b", 15 * P), None);
     }
 }
