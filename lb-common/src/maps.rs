@@ -320,6 +320,30 @@ pub struct FlowKey {
 }
 assert_size!(FlowKey, 40);
 
+impl FlowKey {
+    /// A 5-tuple key (IPv4 addresses in word 0, the rest zero; ports in
+    /// network byte order).
+    #[inline(always)]
+    pub const fn new(
+        family: u8,
+        proto: u8,
+        src: [u32; 4],
+        dst: [u32; 4],
+        sport: u16,
+        dport: u16,
+    ) -> Self {
+        Self {
+            src,
+            dst,
+            sport,
+            dport,
+            proto,
+            family,
+            _pad: [0; 2],
+        }
+    }
+}
+
 /// [`FlowEntry::direction`]: client → VIP, rewritten towards the backend.
 pub const DIR_TO_BACKEND: u8 = 0;
 /// [`FlowEntry::direction`]: backend → SNAT address, rewritten towards the client.

@@ -50,24 +50,10 @@ impl ReturnPath {
     }
 }
 
-/// A 5-tuple key (IPv4 addresses in word 0, the rest zero).
-#[inline(always)]
-pub fn key(family: u8, proto: u8, src: [u32; 4], dst: [u32; 4], sport: u16, dport: u16) -> FlowKey {
-    FlowKey {
-        src,
-        dst,
-        sport,
-        dport,
-        proto,
-        family,
-        _pad: [0; 2],
-    }
-}
-
 /// The key of the packet as received.
 #[inline(always)]
 pub fn packet_key(pkt: &Packet) -> FlowKey {
-    key(
+    FlowKey::new(
         pkt.family, pkt.proto, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport,
     )
 }
@@ -105,7 +91,7 @@ impl Translation {
     /// the balancer never translates between IPv4 and IPv6).
     #[inline(always)]
     pub fn opposite_key(&self, pkt: &Packet) -> FlowKey {
-        key(
+        FlowKey::new(
             pkt.family, pkt.proto, self.dst, self.src, self.dport, self.sport,
         )
     }
@@ -113,7 +99,7 @@ impl Translation {
     /// [`Translation::opposite_key`] for the entry stored under `own`.
     #[inline(always)]
     pub fn opposite_key_of(&self, own: &FlowKey) -> FlowKey {
-        key(
+        FlowKey::new(
             own.family, own.proto, self.dst, self.src, self.dport, self.sport,
         )
     }
@@ -349,7 +335,7 @@ fn claim_snat_tuple(
     {
         let (slot, port) = snat.tuple(start);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
-        let reverse = key(
+        let reverse = FlowKey::new(
             pkt.family,
             pkt.proto,
             backend.addr,
@@ -370,7 +356,7 @@ fn claim_snat_tuple(
     for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
         let (slot, port) = snat.try_tuple(i, start, other, pick);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
-        let reverse = key(
+        let reverse = FlowKey::new(
             pkt.family,
             pkt.proto,
             backend.addr,
@@ -444,7 +430,7 @@ fn take_over_tuple(
     for i in 0..u64::from(SNAT_REUSE_TRIES) {
         let (slot, port) = snat.tuple(start.wrapping_add(i));
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
-        let reverse = key(
+        let reverse = FlowKey::new(
             pkt.family,
             pkt.proto,
             backend.addr,

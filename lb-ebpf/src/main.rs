@@ -69,8 +69,8 @@ use core::{mem::MaybeUninit, ops::ControlFlow};
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
     CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED,
-    FLOW_F_SYNACK_SEEN, FlowEntry, FragKey, FragPorts, IpKey, LbConfig, Reason, StageResult,
-    Verdict, action, proceed, reason, time_wait::TsOption,
+    FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey, FragKey, FragPorts, IpKey, LbConfig, Reason,
+    StageResult, Verdict, action, proceed, reason, time_wait::TsOption,
 };
 
 use crate::{
@@ -126,7 +126,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         if ports == 0 {
             return Ok(Verdict::pass(reason::PASS_FRAGMENT));
         }
-        flow::key(
+        FlowKey::new(
             pkt.family,
             pkt.proto,
             pkt.saddr,

@@ -257,7 +257,7 @@ pub fn stamp_closed(reply: Option<*mut FlowEntry>, now: u64) {
 #[inline(always)]
 pub fn forward_key_of(key: &FlowKey, reply: *const FlowEntry) -> FlowKey {
     let t = Translation::of(reply);
-    crate::flow::key(key.family, key.proto, t.dst, t.src, t.dport, t.sport)
+    FlowKey::new(key.family, key.proto, t.dst, t.src, t.dport, t.sport)
 }
 
 /// Refreshes `last_seen_ns` when it is more than a granule old (and then

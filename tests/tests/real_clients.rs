@@ -90,6 +90,34 @@ fn stop_cleanly_and_find_the_handover(lab: &Lab, balancer: ProcessId) -> PathBuf
 
 /// The value after `label` on the line that starts with it (ab's and
 /// wrk's reports), e.g. `Failed requests:        0`.
+/// No SYN was retransmitted by the clients and none was rejected by a
+/// backend's TIME_WAIT (PAWS) during `what`.
+fn assert_no_syn_waited(delta: &Delta, what: &str) {
+    assert_eq!(
+        delta.in_role("cl", "TcpExtTCPSynRetrans"),
+        0,
+        "{what}: SYNs retransmitted: {}",
+        delta.summary()
+    );
+    assert_eq!(
+        delta.in_role("be", "TcpExtPAWSTimewait"),
+        0,
+        "{what}: SYNs rejected by a TIME_WAIT: {}",
+        delta.summary()
+    );
+}
+
+/// Starts another balancer with `spec` (the previous one stopped cleanly)
+/// and runs `requests` through it with ab: none fails and no SYN waits.
+fn restart_and_ab_without_a_wait(lab: &Lab, spec: &BalancerSpec, requests: &str) {
+    lab.start_balancer(spec).unwrap();
+    let before = Snapshot::take(lab).unwrap();
+    let report = ab(lab, requests);
+    let delta = counters_since(lab, &before, "ab after a clean restart");
+    assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
+    assert_no_syn_waited(&delta, "after a clean restart");
+}
+
 fn field(report: &str, label: &str) -> Option<f64> {
     report
         .lines()
@@ -469,23 +497,7 @@ fn a_clean_restart_does_not_hand_out_tuples_the_backend_holds_in_time_wait() {
     assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
     stop_cleanly_and_find_the_handover(&lab, first);
 
-    let _second = lab.start_balancer(&spec).unwrap();
-    let before = Snapshot::take(&lab).unwrap();
-    let report = ab(&lab, "300");
-    let delta = counters_since(&lab, &before, "ab after a clean restart");
-    assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
-    assert_eq!(
-        delta.in_role("cl", "TcpExtTCPSynRetrans"),
-        0,
-        "SYNs retransmitted after the restart: {}",
-        delta.summary()
-    );
-    assert_eq!(
-        delta.in_role("be", "TcpExtPAWSTimewait"),
-        0,
-        "SYNs met tuples in TIME_WAIT: {}",
-        delta.summary()
-    );
+    restart_and_ab_without_a_wait(&lab, &spec, "300");
 }
 
 /// ApacheBench through a SNAT range far too small for its rate under the
@@ -534,18 +546,7 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
     assert!(took.as_secs() < 60, "took {took:?}");
     // The backend did hold the tuples in TIME_WAIT (it closed first).
     assert!(backend_time_wait > 0, "no TIME_WAIT on the backend");
-    assert_eq!(
-        delta.in_role("cl", "TcpExtTCPSynRetrans"),
-        0,
-        "SYNs retransmitted: {}",
-        delta.summary()
-    );
-    assert_eq!(
-        delta.in_role("be", "TcpExtPAWSTimewait"),
-        0,
-        "SYNs rejected by the backend's TIME_WAIT: {}",
-        delta.summary()
-    );
+    assert_no_syn_waited(&delta, "ab on 256 SNAT ports");
     assert_eq!(exhausted, 0.0);
 
     // The same range without the reuse: the quarantine holds every tuple,
@@ -599,21 +600,5 @@ fn a_clean_restart_keeps_the_quarantine_and_what_each_time_wait_expects() {
         "{quarantined} of 256 tuples saved in quarantine"
     );
 
-    let _second = lab.start_balancer(&spec).unwrap();
-    let before = Snapshot::take(&lab).unwrap();
-    let report = ab(&lab, "500");
-    let delta = counters_since(&lab, &before, "ab after a clean restart on 256 ports");
-    assert_eq!(field(&report, "Failed requests:"), Some(0.0), "{report}");
-    assert_eq!(
-        delta.in_role("cl", "TcpExtTCPSynRetrans"),
-        0,
-        "SYNs retransmitted after the restart: {}",
-        delta.summary()
-    );
-    assert_eq!(
-        delta.in_role("be", "TcpExtPAWSTimewait"),
-        0,
-        "SYNs rejected by a TIME_WAIT after the restart: {}",
-        delta.summary()
-    );
+    restart_and_ab_without_a_wait(&lab, &spec, "500");
 }

@@ -124,15 +124,7 @@ impl SavedTuple {
     /// `vip_id`.
     fn entry(&self, id: u32, vip_id: u32) -> (FlowKey, FlowEntry) {
         let (src, dst, sport, dport, proto, family) = self.key;
-        let key = FlowKey {
-            src,
-            dst,
-            sport,
-            dport,
-            proto,
-            family,
-            _pad: [0; 2],
-        };
+        let key = FlowKey::new(family, proto, src, dst, sport, dport);
         let entry = FlowEntry {
             new_src: self.to.0,
             new_dst: self.to.1,

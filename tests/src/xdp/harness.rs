@@ -133,15 +133,7 @@ pub fn addr_of(words: [u32; 4], family: u8) -> IpAddr {
 pub fn key<A: Into<IpAddr>>(proto: u8, src: (A, u16), dst: (A, u16)) -> FlowKey {
     let (s, family) = words(src.0.into());
     let (d, _) = words(dst.0.into());
-    FlowKey {
-        src: s,
-        dst: d,
-        sport: src.1.to_be(),
-        dport: dst.1.to_be(),
-        proto,
-        family,
-        _pad: [0; 2],
-    }
+    FlowKey::new(family, proto, s, d, src.1.to_be(), dst.1.to_be())
 }
 
 /// The `NEIGHBOURS` key of an address.
