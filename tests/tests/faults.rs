@@ -617,6 +617,62 @@ fn kill_9_and_restart_of_lb_user_loses_no_request() {
     assert_eq!(summary.per_backend.len(), 3);
 }
 
+/// The balancer namespace's `net.ipv4.ip_local_reserved_ports`.
+fn reserved_ports(lab: &Lab) -> String {
+    let ns = lab.balancer().ns.clone();
+    lab.exec_ok(&ns, &["sysctl", "-n", "net.ipv4.ip_local_reserved_ports"])
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_clean_stop_gives_back_the_snat_ports_it_reserved_even_after_a_kill_9() {
+    require_root!();
+    let lab = Fault::new("reserved-ports", 1);
+    let ns = lab.balancer().ns.clone();
+    // The operator's own reservations: 25000 lies inside the SNAT range.
+    lab.exec_ok(
+        &ns,
+        &[
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.ip_local_reserved_ports=8080,25000",
+        ],
+    )
+    .unwrap();
+    let balancer = spec(&lab, &[0], &["--snat-ports", "20000-32767"]);
+    let first = lab.start_balancer(&balancer).unwrap();
+    wait_until_configured(&lab, first);
+    assert_eq!(reserved_ports(&lab), "8080,20000-32767");
+    // Killed, it cannot give them back; its successor takes them over.
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    assert_eq!(
+        reserved_ports(&lab),
+        "8080,20000-32767",
+        "kept while the program runs on"
+    );
+    let second = lab.start_balancer(&balancer).unwrap();
+    wait_until_configured(&lab, second);
+    assert_eq!(reserved_ports(&lab), "8080,20000-32767");
+    assert!(
+        lab.stop_balancer(second, Signal::SIGTERM)
+            .unwrap()
+            .success()
+    );
+    let after = reserved_ports(&lab);
+    eprintln!(
+        "reserved ports: before 8080,25000; running 8080,20000-32767; after the clean stop {after}"
+    );
+    assert_eq!(after, "8080,25000", "only what lb-user added is released");
+    assert!(
+        lab.stderr(second).contains("released the SNAT ports"),
+        "{}",
+        lab.stderr(second)
+    );
+}
+
 /// A connection from the client namespace with a short connect timeout.
 fn try_connect(lab: &Lab, addr: SocketAddr, timeout: Duration) -> Option<TcpStream> {
     lab.in_ns(&lab.client().ns, || {

@@ -44,7 +44,7 @@ use crate::{
     kernel::{
         attach::Attachment,
         clock::{Clock, MonotonicClock, Nanos},
-        maps,
+        maps, sysctl,
     },
     pool::health::CheckResult,
     settings::{
@@ -96,6 +96,10 @@ pub async fn serve(
         .await;
     startup::save_snat_cursors(config, &attachment.pin_dir);
     let stopped = attachment.stop();
+    if stopped.is_ok() {
+        // Detached: no balanced flow holds a SNAT port any more.
+        sysctl::release_snat_ports(&config.instance);
+    }
     result?;
     stopped.context("removing the pins")?;
     info!("detached and removed the pins");

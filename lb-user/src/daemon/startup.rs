@@ -278,7 +278,7 @@ pub fn mark_ready(
         .map(|c| c.len() as u32)
         .unwrap_or(1);
     maps::write_new_flow_limit(pin_dir, config.ops.max_new_flows, cpus)?;
-    sysctl::reserve_snat_ports(config.snat_ports)?;
+    sysctl::reserve_snat_ports(config.snat_ports, &config.instance)?;
     let (snat_v4_count, snat_v6_count) = maps::write_snat_pools(pin_dir, &snat_ip.v4, &snat_ip.v6)?;
     let first = |ip: Option<IpAddr>| ip.map_or([0; 4], |ip| wire::ip_to_words(ip).0);
     // Slices of the SNAT tuple space: one per possible CPU (a CPU id

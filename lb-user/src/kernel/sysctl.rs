@@ -5,121 +5,375 @@
 //! port in the range would collide with a balanced flow's tuple (and its
 //! replies would be dropped as `drop_snat_no_flow`). The sysctl is per
 //! network namespace; existing entries are kept.
+//!
+//! What lb-user added is given back on a clean stop, and only that: the
+//! ports it added (those of the range that were not reserved already) are
+//! written to a record, `/run/lb-user/<instance>.reserved-ports`, with the
+//! network namespace they belong to. A clean stop removes the recorded
+//! ports from the sysctl and the record. A start that finds the record of a
+//! predecessor that died (same instance, same namespace) takes its ports
+//! over, so a crash, a restart and a clean stop leave the sysctl as it was
+//! before the first start.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Context as _;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::settings::ports::PortRange;
+use crate::{kernel::instance::LOCK_DIR, settings::ports::PortRange};
 
 /// The sysctl's file.
 pub const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 
-/// Adds `range` to the reserved ports, unless already reserved; logs what
-/// it did. A failure is an error the caller reports (the balancer must not
-/// run with host connections able to take SNAT ports).
-pub fn reserve_snat_ports(range: PortRange) -> anyhow::Result<()> {
-    reserve_in(Path::new(RESERVED_PORTS), range)
+/// Where an instance records the ports it added to the sysctl.
+pub fn record_path(instance: &str) -> PathBuf {
+    Path::new(LOCK_DIR).join(format!("{instance}.reserved-ports"))
 }
 
-fn reserve_in(path: &Path, range: PortRange) -> anyhow::Result<()> {
-    let current = fs::read_to_string(path)
-        .with_context(|| format!("reading {} to reserve the SNAT ports", path.display()))?;
-    match merged(&current, range.min, range.max) {
-        None => info!(
+/// This process's network namespace, as `/proc/self/ns/net` names it
+/// (`net:[4026531840]`); empty if it cannot be read.
+fn current_netns() -> String {
+    fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// Adds `range` to the reserved ports, unless already reserved, records
+/// what it added for [`release_snat_ports`], and logs it. A failure to
+/// reserve is an error the caller reports (the balancer must not run with
+/// host connections able to take SNAT ports); a failure to record is a
+/// warning (the ports then stay reserved after the stop).
+pub fn reserve_snat_ports(range: PortRange, instance: &str) -> anyhow::Result<()> {
+    reserve_in(
+        Path::new(RESERVED_PORTS),
+        &record_path(instance),
+        &current_netns(),
+        range,
+    )
+}
+
+/// Removes the ports this instance (or a predecessor of it that died in
+/// this network namespace) added to the reserved ports, and its record.
+/// Called once the program is detached; failures are logged, not fatal.
+pub fn release_snat_ports(instance: &str) {
+    release_in(
+        Path::new(RESERVED_PORTS),
+        &record_path(instance),
+        &current_netns(),
+    );
+}
+
+fn reserve_in(sysctl: &Path, record: &Path, netns: &str, range: PortRange) -> anyhow::Result<()> {
+    let text = fs::read_to_string(sysctl)
+        .with_context(|| format!("reading {} to reserve the SNAT ports", sysctl.display()))?;
+    let current = PortSet::parse(&text);
+    let mut wanted = PortSet::default();
+    wanted.insert_range(range.min, range.max);
+    let added = wanted.difference(&current);
+    if added.is_empty() {
+        info!(
             ports = %range,
             "SNAT ports already in net.ipv4.ip_local_reserved_ports"
-        ),
-        Some(value) => {
-            fs::write(path, &value).with_context(|| {
-                format!(
-                    "reserving the SNAT ports {range} in {} (the host's own connections must \
-                     not take them)",
-                    path.display()
-                )
-            })?;
-            info!(ports = %range, value, "reserved the SNAT ports: net.ipv4.ip_local_reserved_ports");
-        }
+        );
+    } else {
+        let value = current.union(&wanted).to_text();
+        fs::write(sysctl, &value).with_context(|| {
+            format!(
+                "reserving the SNAT ports {range} in {} (the host's own connections must \
+                 not take them)",
+                sysctl.display()
+            )
+        })?;
+        info!(ports = %range, value, "reserved the SNAT ports: net.ipv4.ip_local_reserved_ports");
+    }
+    // A predecessor's ports (it died without its clean stop) are ours now.
+    let owned = match read_record(record, netns) {
+        Some(inherited) => added.union(&inherited),
+        None => added,
+    };
+    let result = if owned.is_empty() {
+        fs::remove_file(record).or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Ok(()),
+            _ => Err(e),
+        })
+    } else {
+        fs::create_dir_all(record.parent().unwrap_or(Path::new("/")))
+            .and_then(|()| fs::write(record, format!("{netns}\n{}\n", owned.to_text())))
+    };
+    if let Err(e) = result {
+        warn!(
+            record = %record.display(),
+            "cannot record the SNAT ports added to net.ipv4.ip_local_reserved_ports \
+             (they will stay reserved after the stop): {e}"
+        );
     }
     Ok(())
 }
 
-/// The sysctl value with `min..=max` added, or `None` when every port of
-/// it is already reserved. `current` is the kernel's text: comma-separated
-/// ports and `a-b` ranges.
-pub fn merged(current: &str, min: u16, max: u16) -> Option<String> {
-    let mut ranges: Vec<(u16, u16)> = current
-        .trim()
-        .split(',')
-        .filter_map(|part| {
-            let part = part.trim();
-            let (a, b) = part.split_once('-').unwrap_or((part, part));
-            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
-        })
-        .collect();
-    ranges.sort_unstable();
-    // Walk the sorted ranges: is every port of min..=max covered?
-    let mut next = u32::from(min);
-    for &(a, b) in &ranges {
-        if u32::from(a) <= next && u32::from(b) >= next {
-            next = u32::from(b) + 1;
+/// The ports a record of this network namespace lists; `None` without a
+/// record, or for one written in another namespace (it is not ours).
+fn read_record(record: &Path, netns: &str) -> Option<PortSet> {
+    let text = fs::read_to_string(record).ok()?;
+    let (owner, ports) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+    (owner == netns).then(|| PortSet::parse(ports))
+}
+
+fn release_in(sysctl: &Path, record: &Path, netns: &str) {
+    let Some(owned) = read_record(record, netns) else {
+        return;
+    };
+    let released = fs::read_to_string(sysctl).and_then(|text| {
+        let current = PortSet::parse(&text);
+        let kept = current.difference(&owned);
+        if kept == current {
+            return Ok(None);
+        }
+        let value = kept.to_text();
+        // The kernel reads an empty value as "no ports"; a bare newline
+        // is what it prints then.
+        fs::write(sysctl, if value.is_empty() { "\n" } else { &value }).map(|()| Some(value))
+    });
+    match released {
+        Ok(Some(value)) => info!(
+            ports = %owned.to_text(), value,
+            "released the SNAT ports: net.ipv4.ip_local_reserved_ports"
+        ),
+        Ok(None) => {}
+        Err(e) => {
+            warn!(
+                ports = %owned.to_text(),
+                "cannot release the SNAT ports from net.ipv4.ip_local_reserved_ports \
+                 (they stay reserved): {e}"
+            );
+            return;
         }
     }
-    if next > u32::from(max) {
-        return None;
+    if let Err(e) = fs::remove_file(record) {
+        warn!(record = %record.display(), "cannot remove the SNAT ports' record: {e}");
     }
-    ranges.push((min, max));
-    Some(
-        ranges
-            .iter()
-            .map(|&(a, b)| {
-                if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(","),
-    )
+}
+
+/// A set of TCP/UDP ports, read from and written as the sysctl's text:
+/// comma-separated ports and `a-b` ranges.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PortSet {
+    bits: Box<[u64; 1024]>,
+}
+
+impl Default for PortSet {
+    fn default() -> Self {
+        Self {
+            bits: Box::new([0; 1024]),
+        }
+    }
+}
+
+impl PortSet {
+    /// The ports of `text`; parts that are not a port or a range are
+    /// skipped (the kernel's own text has none).
+    pub fn parse(text: &str) -> Self {
+        let mut set = Self::default();
+        for part in text.trim().split(',') {
+            let part = part.trim();
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            if let (Ok(a), Ok(b)) = (a.trim().parse::<u16>(), b.trim().parse::<u16>()) {
+                set.insert_range(a.min(b), a.max(b));
+            }
+        }
+        set
+    }
+
+    pub fn insert_range(&mut self, min: u16, max: u16) {
+        for port in min..=max {
+            self.bits[usize::from(port / 64)] |= 1 << (port % 64);
+        }
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        self.bits[usize::from(port / 64)] & (1 << (port % 64)) != 0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|&w| w == 0)
+    }
+
+    /// The ports of `self` that are not in `other`.
+    pub fn difference(&self, other: &Self) -> Self {
+        let mut out = self.clone();
+        for (w, o) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *w &= !o;
+        }
+        out
+    }
+
+    pub fn union(&self, other: &Self) -> Self {
+        let mut out = self.clone();
+        for (w, o) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *w |= o;
+        }
+        out
+    }
+
+    /// The sysctl's text: ascending, consecutive ports as `a-b`.
+    pub fn to_text(&self) -> String {
+        let mut parts = Vec::new();
+        let mut port = 0u32;
+        while port <= u32::from(u16::MAX) {
+            if !self.contains(port as u16) {
+                port += 1;
+                continue;
+            }
+            let start = port;
+            while port < u32::from(u16::MAX) && self.contains(port as u16 + 1) {
+                port += 1;
+            }
+            parts.push(if start == port {
+                start.to_string()
+            } else {
+                format!("{start}-{port}")
+            });
+            port += 1;
+        }
+        parts.join(",")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn adds_the_range_and_keeps_other_entries() {
-        assert_eq!(merged("", 20000, 32767).as_deref(), Some("20000-32767"));
-        assert_eq!(merged("\n", 20000, 32767).as_deref(), Some("20000-32767"));
-        assert_eq!(
-            merged("8080,9000-9100\n", 20000, 32767).as_deref(),
-            Some("8080,9000-9100,20000-32767")
-        );
+    fn set(text: &str) -> PortSet {
+        PortSet::parse(text)
     }
 
     #[test]
-    fn a_covered_range_is_left_alone() {
-        assert_eq!(merged("20000-32767", 20000, 32767), None);
-        assert_eq!(merged("1000-25000,25001-40000", 20000, 32767), None);
-        // Partly covered: added (the kernel merges overlaps itself).
+    fn port_sets_read_and_write_the_kernels_text() {
+        assert_eq!(set("").to_text(), "");
+        assert_eq!(set("\n").to_text(), "");
+        assert_eq!(set("8080,9000-9100\n").to_text(), "8080,9000-9100");
+        // Overlaps and neighbours merge; order does not matter.
         assert_eq!(
-            merged("20000-30000", 20000, 32767).as_deref(),
-            Some("20000-30000,20000-32767")
+            set("20000-30000,20000-32767,8080").to_text(),
+            "8080,20000-32767"
         );
+        assert_eq!(set("5,6,7,9").to_text(), "5-7,9");
+        assert_eq!(set("0,65535").to_text(), "0,65535");
+        assert_eq!(set("65530-65535").to_text(), "65530-65535");
+        // Junk is skipped, not fatal.
+        assert_eq!(set("x,12,a-b").to_text(), "12");
     }
 
-    #[test]
-    fn writes_the_file() {
-        let dir = std::env::temp_dir().join(format!("lb-sysctl-{}", std::process::id()));
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lb-sysctl-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("reserved");
-        fs::write(&path, "8080\n").unwrap();
-        reserve_in(&path, PortRange { min: 100, max: 200 }).unwrap();
-        assert_eq!(fs::read_to_string(&path).unwrap(), "8080,100-200");
-        let missing = dir.join("missing");
-        let err = reserve_in(&missing, PortRange { min: 1, max: 2 }).unwrap_err();
+        dir
+    }
+
+    const NS: &str = "net:[1]";
+
+    #[test]
+    fn a_stop_releases_exactly_the_ports_the_start_added() {
+        let dir = temp_dir("release");
+        let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
+        // 25000 was the operator's before the start; so were 8080 and 100-120.
+        fs::write(&sysctl, "8080,25000,100-120\n").unwrap();
+        reserve_in(
+            &sysctl,
+            &record,
+            NS,
+            PortRange {
+                min: 20000,
+                max: 32767,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            fs::read_to_string(&sysctl).unwrap(),
+            "100-120,8080,20000-32767"
+        );
+        assert_eq!(
+            fs::read_to_string(&record).unwrap(),
+            format!("{NS}\n20000-24999,25001-32767\n")
+        );
+        // Meanwhile the operator reserves another port.
+        fs::write(&sysctl, "100-120,8080,9090,20000-32767").unwrap();
+        release_in(&sysctl, &record, NS);
+        assert_eq!(
+            fs::read_to_string(&sysctl).unwrap(),
+            "100-120,8080,9090,25000"
+        );
+        assert!(!record.exists(), "the record goes with the release");
+        // A second release (no record) changes nothing.
+        release_in(&sysctl, &record, NS);
+        assert_eq!(
+            fs::read_to_string(&sysctl).unwrap(),
+            "100-120,8080,9090,25000"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_range_already_reserved_is_neither_recorded_nor_released() {
+        let dir = temp_dir("covered");
+        let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
+        fs::write(&sysctl, "1000-40000").unwrap();
+        reserve_in(
+            &sysctl,
+            &record,
+            NS,
+            PortRange {
+                min: 20000,
+                max: 32767,
+            },
+        )
+        .unwrap();
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "1000-40000");
+        assert!(!record.exists());
+        release_in(&sysctl, &record, NS);
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "1000-40000");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_restart_after_a_crash_takes_over_its_predecessors_ports() {
+        let dir = temp_dir("crash");
+        let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
+        fs::write(&sysctl, "8080").unwrap();
+        reserve_in(&sysctl, &record, NS, PortRange { min: 100, max: 200 }).unwrap();
+        // Killed: no release. The restart (with another range) finds
+        // 100-200 reserved, but the record says they were added by us.
+        reserve_in(&sysctl, &record, NS, PortRange { min: 150, max: 300 }).unwrap();
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "100-300,8080");
+        release_in(&sysctl, &record, NS);
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
+        // Another namespace's record is not ours: kept, and not used.
+        reserve_in(
+            &sysctl,
+            &record,
+            "net:[2]",
+            PortRange { min: 100, max: 200 },
+        )
+        .unwrap();
+        release_in(&sysctl, &record, NS);
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "100-200,8080");
+        assert!(record.exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_sysctl_is_an_error_that_names_it() {
+        let dir = temp_dir("missing");
+        let err = reserve_in(
+            &dir.join("missing"),
+            &dir.join("record"),
+            NS,
+            PortRange { min: 1, max: 2 },
+        )
+        .unwrap_err();
         assert!(
             format!("{err:#}").contains("reserve the SNAT ports"),
             "{err:#}"

@@ -273,9 +273,10 @@ impl Lab {
 
     /// Runs `f`, then puts the balancer namespace's
     /// `net.ipv4.ip_local_reserved_ports` back as it was, whatever `f`
-    /// returned. lb-user reserves its SNAT range there and keeps it when it
-    /// stops (a restarted instance needs it again); a proxy started after
-    /// it in the same namespace could otherwise open no connection.
+    /// returned. lb-user reserves its SNAT range there and gives back what
+    /// it added only on a clean stop (a killed one keeps it for its
+    /// successor); a proxy started after it in the same namespace could
+    /// otherwise open no connection.
     pub fn restoring_reserved_ports<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         const RESERVED_PORTS: &str = "net.ipv4.ip_local_reserved_ports";
         let ns = self.balancer().ns.clone();
