@@ -41,6 +41,10 @@ struct Args {
     /// Runs per case (each a separate BPF_PROG_TEST_RUN with repeat=1).
     #[arg(long, default_value_t = 100_000)]
     runs: usize,
+    /// Measure only the cases whose name contains this text (the two
+    /// baselines are always measured), e.g. `established` or `new flow`.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 /// One measured case.
@@ -59,12 +63,14 @@ fn main() -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let rows = run_isolated(move || bench(args.runs));
+    let only = args.only.clone();
+    let rows = run_isolated(move || bench(args.runs, only.as_deref()));
     print_table(&rows);
     Ok(())
 }
 
-fn bench(runs: usize) -> Vec<Row> {
+fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
+    let wanted = |name: &str| only.is_none_or(|text| name.contains(text));
     let mut lb = Lb::load(lb_lab::production::EBPF_OBJECT, BENCH_FLOW_TABLE);
     lb.load_program(PASS_PROGRAM);
     lb.load_program(MACSWAP_PROGRAM);
@@ -118,28 +124,30 @@ fn bench(runs: usize) -> Vec<Row> {
             runs,
             XDP_TX,
         ),
-        measure(
-            &mut lb,
-            "established, client -> backend",
-            lb_common::XDP_PROGRAM,
-            &[request],
-            runs,
-            XDP_TX,
-        ),
-        measure(
-            &mut lb,
-            "established, backend -> client",
-            lb_common::XDP_PROGRAM,
-            &[response],
-            runs,
-            XDP_TX,
-        ),
     ];
+    for (name, frame) in [
+        ("established, client -> backend", request),
+        ("established, backend -> client", response),
+    ] {
+        if wanted(name) {
+            rows.push(measure(
+                &mut lb,
+                name,
+                lb_common::XDP_PROGRAM,
+                &[frame],
+                runs,
+                XDP_TX,
+            ));
+        }
+    }
     for (i, n) in P2C_SIZES.iter().enumerate() {
+        let name = format!("new flow, P2C over {n} backends");
+        if !wanted(&name) {
+            continue;
+        }
         let port = FIRST_P2C_PORT + i as u16;
         let flows = runs.min(NEW_FLOWS);
         let frames = new_flow_frames(port, i, flows);
-        let name = format!("new flow, P2C over {n} backends");
         rows.push(measure(
             &mut lb,
             &name,
@@ -149,14 +157,17 @@ fn bench(runs: usize) -> Vec<Row> {
             XDP_TX,
         ));
     }
-    rows.push(measure(
-        &mut lb,
-        "miss (not VIP traffic)",
-        lb_common::XDP_PROGRAM,
-        &[miss],
-        runs,
-        XDP_PASS,
-    ));
+    let name = "miss (not VIP traffic)";
+    if wanted(name) {
+        rows.push(measure(
+            &mut lb,
+            name,
+            lb_common::XDP_PROGRAM,
+            &[miss],
+            runs,
+            XDP_PASS,
+        ));
+    }
     rows
 }
 
