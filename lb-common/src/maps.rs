@@ -416,7 +416,12 @@ pub struct FlowEntry {
     pub state: u8,
     pub _pad: u16,
     pub flags: u32,
-    pub _pad2: u32,
+    /// The low 32 bits of `jiffies` when a packet last compared the clock
+    /// with `last_seen_ns` (lb-ebpf's `track::refresh_check_due`): bulk
+    /// packets skip the clock until enough jiffies passed. Shares an 8-byte
+    /// word with `flags`, whose atomic updates leave it alone. 0 in entries
+    /// written before it existed (checked at the next packet).
+    pub checked_jiffies: u32,
     /// Forward entries: when the connection was created. Reply entries:
     /// the same until the client's FIN, then what the backend's TIME_WAIT
     /// for the tuple expects ([`FLOW_F_TW_SEEN`],

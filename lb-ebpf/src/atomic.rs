@@ -63,15 +63,17 @@ pub unsafe fn fetch_and_u64(ptr: *mut u64, mask: u64) -> u64 {
     unsafe { atomic_and::<u64, u64, { AtomicOrdering::SeqCst }>(ptr, mask) }
 }
 
-// `Flags` updates `flags` through the 64-bit word it shares with `_pad2`.
+// `Flags` updates `flags` through the 64-bit word it shares with
+// `checked_jiffies`.
 const _: () = {
     assert!(offset_of!(FlowEntry, flags) % 8 == 0);
-    assert!(offset_of!(FlowEntry, _pad2) == offset_of!(FlowEntry, flags) + 4);
+    assert!(offset_of!(FlowEntry, checked_jiffies) == offset_of!(FlowEntry, flags) + 4);
 };
 
 /// Atomic access to the `u32` flags of a live flow entry. BPF CPU v1 has
 /// only 64-bit atomics, so the bits are set and cleared in the aligned word
-/// made of `flags` and `_pad2` (which stays zero).
+/// made of `flags` and `checked_jiffies`, whose bits the updates leave as
+/// they are (`track::refresh_check_due` stores it plainly).
 #[derive(Clone, Copy)]
 pub struct Flags(*mut u64);
 

@@ -15,7 +15,7 @@ use lb_common::{
 
 use crate::{
     atomic::{Flags, add_u64},
-    helpers::random,
+    helpers::{jiffies, random},
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
     select::Chosen,
@@ -294,6 +294,8 @@ fn reply_entry(
         },
         created_ns: now,
         last_seen_ns: now,
+        // Just checked: the first packets skip the clock (`track`).
+        checked_jiffies: jiffies(),
         client_mac: client.mac,
         client_ifindex: client.ifindex,
         ..FlowEntry::default()

@@ -75,7 +75,7 @@ use lb_common::{
 
 use crate::{
     flow::{ReturnPath, Translation},
-    helpers::now,
+    helpers::{PacketClock, now},
     maps::{CONFIG, FRAGMENTS, SNAT_ADDR_INDEX},
     packet::{FRAG_FIRST, FRAG_LATER, Packet, keep_ctx_pointer},
     parse::Parsed,
@@ -348,19 +348,16 @@ fn forward_known(
     }
     let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
-    // The reply direction reads the clock before its next hop: the refresh
-    // that is due once a second also resolves the hop again. Still one
-    // clock read per packet (none for a later fragment to the backend).
-    let (reply_now, refresh) = match direction {
-        Direction::ToBackend => (0, false),
+    // At most one clock read per packet, and none for a bulk packet of an
+    // established flow (see `helpers::PacketClock`). The reply direction
+    // checks its refresh before the next hop: the refresh that is due once
+    // a second also resolves the hop again. A later fragment leaves the
+    // refresh to its datagram's tracked packets.
+    let mut clock = PacketClock::new();
+    let refresh = match direction {
+        Direction::ToBackend => false,
         Direction::FromBackend => {
-            let t = now();
-            // A later fragment leaves the refresh to its datagram's
-            // tracked packets.
-            (
-                t,
-                pkt.frag != FRAG_LATER && track::reply_refresh_due(entry, t),
-            )
+            pkt.frag != FRAG_LATER && track::reply_refresh_due(entry, &mut clock)
         }
     };
     let verdict = match direction {
@@ -373,7 +370,7 @@ fn forward_known(
         return Ok(verdict);
     }
     match direction {
-        Direction::ToBackend => track::client_packet(pkt, entry, now()),
+        Direction::ToBackend => track::client_packet(pkt, entry, &mut clock),
         // The forward entry holds the state: it is looked up (a second
         // flow lookup) only when the packet needs it or the refresh is due;
         // an established connection's bulk packets skip it. After a new SYN
@@ -387,7 +384,7 @@ fn forward_known(
                 && let Some(fwd) = flow::lookup(&to.opposite_key(pkt))
                 && flow::translates_to(fwd, pkt)
             {
-                track::backend_packet(pkt, fwd, reply_now);
+                track::backend_packet(pkt, fwd, clock.now());
             }
         }
     }

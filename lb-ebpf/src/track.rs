@@ -27,6 +27,7 @@ use crate::{
     atomic::{Flags, add_u64, fetch_add_u64},
     events::emit,
     flow::{Translation, lookup},
+    helpers::{PacketClock, jiffies},
     maps::{BACKEND_CONNS, BACKEND_LATENCY, LATENCY_EPOCH},
     packet::Packet,
     progress,
@@ -36,6 +37,13 @@ use crate::{
 /// `last_seen_ns` is refreshed at most this often, to avoid a store (and a
 /// cache line bounce between CPUs) on every packet.
 const LAST_SEEN_GRANULARITY_NS: u64 = 1_000_000_000;
+
+/// Bulk packets compare the precise clock with `last_seen_ns` only when
+/// this many jiffies passed since the entry's last such check
+/// (`FlowEntry::checked_jiffies`): once a second at HZ=100, ten times at
+/// HZ=1000. The refresh itself stays once a second; it comes at most this
+/// much later.
+const REFRESH_CHECK_JIFFIES: u32 = 100;
 
 /// A new connection to `backend_id`: count it open (a counter, no event).
 #[inline(always)]
@@ -48,15 +56,18 @@ pub fn opened(backend_id: u32, now: u64) {
 }
 
 /// A client packet of the connection whose forward entry is `fwd`.
+/// The clock is read only for a request, a close, or a due refresh.
 #[inline(always)]
-pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
+pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock) {
     let flags = Flags::of(fwd);
-    touch(fwd, flags, now);
+    if flags.get() & FLOW_F_CLOSED == 0 && refresh_check_due(fwd) {
+        touch(fwd, flags, clock.now());
+    }
     if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING == 0 {
         // The time is stored before the flag is published; the reply path
         // reads it only after clearing the flag.
         // SAFETY: live map value.
-        unsafe { (*fwd).request_ns = now };
+        unsafe { (*fwd).request_ns = clock.now() };
         if flags.set(FLOW_F_REQUEST_PENDING) & FLOW_F_REQUEST_PENDING == 0 {
             // The CPU that raised the request tells the reply entry, so the
             // backend's response looks the forward entry up for its sample
@@ -67,10 +78,32 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         }
     }
     if pkt.has(TCP_RST) {
-        close(fwd, pkt, EVENT_CLOSED, CLOSE_RST, now);
+        close(fwd, pkt, EVENT_CLOSED, CLOSE_RST, clock.now());
     } else if pkt.has(TCP_FIN) {
-        fin(fwd, pkt, FLOW_F_FIN_CLIENT, now);
+        fin(fwd, pkt, FLOW_F_FIN_CLIENT, clock.now());
     }
+}
+
+/// Whether a packet of `entry` should compare the precise clock with its
+/// `last_seen_ns` (the once-a-second refresh): only when
+/// [`REFRESH_CHECK_JIFFIES`] passed since the last packet that did, which
+/// this one then becomes. Jiffies cost a load, the precise clock a helper
+/// call (see `helpers`). An entry written before `checked_jiffies` existed
+/// holds 0 there: checked at its next packet.
+#[inline(always)]
+fn refresh_check_due(entry: *mut FlowEntry) -> bool {
+    let j = jiffies();
+    // SAFETY: live map value. `checked_jiffies` is the upper half of the
+    // word whose lower half `Flags` updates with atomic read-modify-writes
+    // that leave it unchanged, so this plain store and those updates keep
+    // each other's bits; a racing CPU stores a similar value.
+    unsafe {
+        if j.wrapping_sub((*entry).checked_jiffies) < REFRESH_CHECK_JIFFIES {
+            return false;
+        }
+        (*entry).checked_jiffies = j;
+    }
+    true
 }
 
 /// Sets `FLOW_F_REQUEST_PENDING` in the reply entry of the forward entry
@@ -90,12 +123,17 @@ fn mirror_request_pending(fwd: *mut FlowEntry, pkt: &Packet) {
 /// closed reply entry keeps its close time (its SNAT tuple's quarantine):
 /// for it the refresh is always due, so a closed connection's late packets
 /// take the full path, as every reply packet did before the reply path
-/// had a fast one.
+/// had a fast one. The precise clock is read (from `clock`) only when
+/// jiffies say the check may be due (`refresh_check_due`).
 #[inline(always)]
-pub fn reply_refresh_due(rev: *mut FlowEntry, now: u64) -> bool {
+pub fn reply_refresh_due(rev: *mut FlowEntry, clock: &mut PacketClock) -> bool {
     if Flags::of(rev).get() & FLOW_F_CLOSED != 0 {
         return true;
     }
+    if !refresh_check_due(rev) {
+        return false;
+    }
+    let now = clock.now();
     // SAFETY: live map value; a racing refresh (or close) stores a similar
     // timestamp, so a torn race moves a quarantine start by nanoseconds.
     unsafe {

@@ -481,9 +481,7 @@ fn case_next_hop_cached_per_flow(lb: &mut Lb) {
     // ...until its once-a-second refresh (here: the entry made a second
     // older) drops the cache; the next packet resolves the new MAC.
     let fwd_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
-    let mut fwd = lb.flow(&fwd_key).expect("forward entry");
-    fwd.last_seen_ns -= 2_000_000_000;
-    lb.set_flow(&fwd_key, fwd);
+    age(lb, &fwd_key, 2);
     lb.expect(&data, XDP_TX, &via(backend_mac(0)));
     lb.expect(&data, XDP_TX, &via(moved));
     let fwd = lb.flow(&fwd_key).expect("forward entry");
@@ -491,11 +489,49 @@ fn case_next_hop_cached_per_flow(lb: &mut Lb) {
 }
 
 /// Makes the entry at `key` `secs` seconds older (its once-a-second
-/// refresh is then due).
+/// refresh is then due): its `last_seen_ns`, and the jiffies of its last
+/// refresh check by as many seconds at HZ=1000 (the most a kernel ticks).
 fn age(lb: &mut Lb, key: &lb_common::FlowKey, secs: u64) {
     let mut entry = lb.flow(key).expect("flow entry");
     entry.last_seen_ns -= secs * 1_000_000_000;
+    entry.checked_jiffies = entry.checked_jiffies.wrapping_sub(secs as u32 * 1000);
     lb.set_flow(key, entry);
+}
+
+/// Bulk packets read no clock: with the refresh not due by jiffies, an
+/// entry whose `last_seen_ns` alone is made old is not refreshed (the
+/// precise clock was not read); once jiffies say a check is due, it is.
+fn case_bulk_packets_check_the_clock_only_when_jiffies_say_so(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let fwd_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let data = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK);
+    let via = data.rewritten(
+        (SNAT, snat_port),
+        (backend_addr(0), BACKEND_PORT),
+        backend_mac(0),
+    );
+    // A new entry counts as just checked.
+    let checked = lb.flow(&fwd_key).expect("forward entry");
+    assert_ne!(checked.checked_jiffies, 0, "stamped at creation");
+    lb.expect(&data, XDP_TX, &via);
+    let mut stale = checked;
+    stale.last_seen_ns -= 2_000_000_000;
+    lb.set_flow(&fwd_key, stale);
+    for _ in 0..3 {
+        lb.expect(&data, XDP_TX, &via);
+    }
+    assert_eq!(
+        lb.flow(&fwd_key).expect("forward entry").last_seen_ns,
+        stale.last_seen_ns,
+        "no clock read before the jiffies say so"
+    );
+    age(lb, &fwd_key, 1);
+    lb.expect(&data, XDP_TX, &via);
+    let refreshed = lb.flow(&fwd_key).expect("forward entry");
+    assert!(
+        refreshed.last_seen_ns > stale.last_seen_ns + 1_500_000_000,
+        "refreshed once jiffies said the check was due: {refreshed:?}"
+    );
 }
 
 fn case_bulk_reply_skips_the_forward_entry(lb: &mut Lb) {
@@ -1589,6 +1625,10 @@ const CASES: &[Case] = &[
     (
         "bulk reply skips the forward entry",
         case_bulk_reply_skips_the_forward_entry,
+    ),
+    (
+        "bulk packets check the clock only when jiffies say so",
+        case_bulk_packets_check_the_clock_only_when_jiffies_say_so,
     ),
     (
         "keep-alive: one sample per request",

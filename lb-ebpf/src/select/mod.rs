@@ -162,8 +162,11 @@ fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
     if pkt.is_tcp() && !pkt.is_syn() {
         return Err(reason::DROP_NO_FLOW);
     }
-    admit::admit(now())?;
-    let backend = select(vip, pkt)?;
+    // One clock read for the admission and the scores (a helper call costs
+    // as much as a flow lookup, see `helpers`).
+    let now = now();
+    admit::admit(now)?;
+    let backend = select(vip, pkt, now)?;
     Picked {
         vip_id: vip.vip_id,
         backend_id: backend.id,
@@ -171,9 +174,10 @@ fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
     .into_payload()
 }
 
-/// Picks a backend for the new flow `pkt` to the VIP described by `vip`.
+/// Picks a backend for the new flow `pkt` to the VIP described by `vip`
+/// at `now`.
 #[inline(always)]
-fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
+fn select(vip: &VipMeta, pkt: &Packet, now: u64) -> Result<Chosen, Reason> {
     // Both bound the table indexes computed below without a branch
     // (`slots::Block`).
     if vip.backend_count > MAX_BACKENDS_PER_VIP || vip.vip_id >= MAX_VIPS {
@@ -188,7 +192,7 @@ fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
         Zoned::Block(block) => (block, true),
         Zoned::Unusable => return slots::scan_all(vip.vip_id, count, random()),
     };
-    match run(&block, vip, pkt) {
+    match run(&block, vip, pkt, now) {
         // The zone has no backend in service (or the scan inside it was
         // unlucky): any backend of the VIP rather than a refusal.
         Err(reason::DROP_NO_BACKEND) if zoned => slots::scan_all(vip.vip_id, count, random()),
@@ -198,7 +202,7 @@ fn select(vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
 
 /// The VIP's algorithm over `block`.
 #[inline(always)]
-fn run(block: &Block, vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
+fn run(block: &Block, vip: &VipMeta, pkt: &Packet, now: u64) -> Result<Chosen, Reason> {
     // Unknown values fall back to P2C, the default.
     match Algorithm::from_u8(vip.algorithm) {
         Some(Algorithm::RoundRobin) => round_robin(block),
@@ -206,7 +210,7 @@ fn run(block: &Block, vip: &VipMeta, pkt: &Packet) -> Result<Chosen, Reason> {
         Some(Algorithm::Random) => random::select(block),
         Some(Algorithm::LeastConn) => least_conn::select(block),
         Some(Algorithm::Maglev) => maglev::select(block, vip, pkt),
-        _ => p2c::select(block, vip.inflight_bias),
+        _ => p2c::select(block, vip.inflight_bias, now),
     }
 }
 

@@ -13,20 +13,16 @@ use super::{
     load::{inflight, score},
     slots::{Block, Chosen, by_id, candidate, scan},
 };
-use crate::{
-    helpers::{now, random},
-    progress,
-};
+use crate::{helpers::random, progress};
 
-/// P2C inside `block`, the re-draw bound from the block's reference cost;
-/// `inflight_bias` is the VIP's (`VipMeta::inflight_bias`).
+/// P2C inside `block` at `now`, the re-draw bound from the block's
+/// reference cost; `inflight_bias` is the VIP's (`VipMeta::inflight_bias`).
 #[inline(always)]
-pub fn select(block: &Block, inflight_bias: u8) -> Result<Chosen, Reason> {
+pub fn select(block: &Block, inflight_bias: u8, now: u64) -> Result<Chosen, Reason> {
     let bias = p2c::inflight_bias(inflight_bias);
     let Some(slots) = p2c::Slots::new(block.count) else {
         return candidate(block.vip_id, block.first_slot).ok_or(reason::DROP_NO_BACKEND);
     };
-    let now = now();
     let bound = p2c::redraw_bound(block.reference_cost);
     // Inlined like the rest of the pick (an outlined closure would be a
     // BPF call taking a pointer to this stack frame).
