@@ -15,7 +15,7 @@ use lb_common::{
 
 use crate::{
     atomic::{Flags, add_u64},
-    helpers::{jiffies, random},
+    helpers::jiffies,
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
     select::Chosen,
@@ -347,8 +347,10 @@ fn claim_snat_tuple(
         );
         free_after_quarantine(&reverse, backend.id, snat.quarantine_ns, entry.created_ns);
     }
-    // The other slice (if this CPU's is full) and where in it to start.
-    let pick = random();
+    // The other slice (if this CPU's is full) and where in it to start:
+    // mixed from the cursor and the client's address and port rather than
+    // drawn: no helper call on every new flow for the rare one that steals.
+    let pick = ((start as u32) ^ u32::from(pkt.sport) ^ pkt.saddr[0]).wrapping_mul(0x9E37_79B1);
     let other = snat.other_slice(pick);
     // Every try that claims a tuple leaves the loop at one place, so the
     // verifier follows what comes after once rather than once per try; the

@@ -162,8 +162,8 @@ fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
     if pkt.is_tcp() && !pkt.is_syn() {
         return Err(reason::DROP_NO_FLOW);
     }
-    // One clock read for the admission and the scores (a helper call costs
-    // as much as a flow lookup, see `helpers`).
+    // One clock read for the admission and the scores (a read costs as
+    // much as a flow lookup, see `helpers`).
     let now = now();
     admit::admit(now)?;
     let backend = select(vip, pkt, now)?;
