@@ -180,9 +180,6 @@ pub struct Slots {
     count: NonZeroU32,
     /// `count - 1`, the slots left for the second draw.
     others: NonZeroU32,
-    /// `count × (count - 1)`, the ordered pairs of distinct slots
-    /// (saturated at `u32::MAX` above 65,536 slots).
-    pairs: NonZeroU32,
 }
 
 impl Slots {
@@ -190,25 +187,9 @@ impl Slots {
     #[inline(always)]
     pub const fn new(count: NonZeroU32) -> Option<Self> {
         match NonZeroU32::new(count.get().wrapping_sub(1)) {
-            Some(others) => Some(Self {
-                count,
-                others,
-                pairs: count.saturating_mul(others),
-            }),
+            Some(others) => Some(Self { count, others }),
             None => None,
         }
-    }
-
-    /// Two distinct slots from one random value, as [`Slots::gen_pair`]
-    /// would draw them from two: `r mod (count × (count - 1))` numbers the
-    /// ordered pairs, and its quotient and remainder by `count` are the two
-    /// draws. Each ordered pair is equally likely up to the modulo's bias,
-    /// below 2^-12 for 1024 slots. One random number is one helper call
-    /// fewer per new flow in the kernel.
-    #[inline(always)]
-    pub fn gen_pair_from(&self, r: u32) -> (u32, u32) {
-        let pair = r % self.pairs;
-        self.gen_pair(pair % self.count, pair / self.count)
     }
 
     /// Two distinct slots from two random values: the first is

@@ -152,37 +152,6 @@ fn gen_pair(count: NonZeroU32, r1: u32, r2: u32) -> Option<(u32, u32)> {
     Slots::new(count).map(|slots| slots.gen_pair(r1, r2))
 }
 
-/// The pair drawn from `count` slots with one random value, as the kernel
-/// draws it.
-fn gen_pair_from(count: NonZeroU32, r: u32) -> Option<(u32, u32)> {
-    Slots::new(count).map(|slots| slots.gen_pair_from(r))
-}
-
-#[test]
-fn one_random_value_numbers_every_ordered_pair_exactly_once() {
-    // r over 0..count × (count-1) maps one to one onto the ordered pairs
-    // of distinct slots, and the next count × (count-1) values repeat them.
-    for count in 2..=12u32 {
-        let pairs = count * (count - 1);
-        let mut seen = vec![0u32; (count * count) as usize];
-        for r in 0..2 * pairs {
-            let (a, b) = gen_pair_from(n(count), r).expect("two slots or more");
-            assert_ne!(a, b);
-            seen[(a * count + b) as usize] += 1;
-        }
-        for a in 0..count {
-            for b in 0..count {
-                let want = if a == b { 0 } else { 2 };
-                assert_eq!(
-                    seen[(a * count + b) as usize],
-                    want,
-                    "{count} slots: ({a}, {b})"
-                );
-            }
-        }
-    }
-}
-
 #[test]
 fn every_ordered_pair_comes_from_exactly_one_pair_of_residues() {
     // r1 over 0..count and r2 over 0..count-1 map one to one onto the
@@ -239,7 +208,7 @@ fn random_pairs_are_uniform_over_the_slots() {
         let mut pairs = vec![0u64; (count * count) as usize];
         let mut slots = vec![0u64; count as usize];
         for _ in 0..draws {
-            let (a, b) = gen_pair_from(n(count), draw.next()).expect("pair");
+            let (a, b) = gen_pair(n(count), draw.next(), draw.next()).expect("pair");
             pairs[(a * count + b) as usize] += 1;
             slots[a as usize] += 1;
             slots[b as usize] += 1;
@@ -360,20 +329,6 @@ proptest! {
     }
 
     #[test]
-    fn pairs_from_one_value_are_distinct_and_in_range(
-        count in prop_oneof![1u32..=4096, 4096u32..=u32::MAX],
-        r: u32,
-    ) {
-        match gen_pair_from(n(count), r) {
-            None => prop_assert_eq!(count, 1),
-            Some((a, b)) => {
-                prop_assert!(a < count && b < count);
-                prop_assert_ne!(a, b);
-            }
-        }
-    }
-
-    #[test]
     fn stall_scaling_is_monotone_in_the_age(
         cost in 1u64.., ewma: u64, since in 1u64..1 << 62,
         age in 0u64..1 << 62, more: u64,
@@ -441,7 +396,7 @@ fn simulate(slow: u32, picks: u32) -> u32 {
     let mut slow_picks = 0;
     for _ in 0..picks {
         let mut draw_pair = || {
-            let (a, b) = gen_pair_from(count, draw.next())?;
+            let (a, b) = gen_pair(count, draw.next(), draw.next())?;
             let score_of = |slot: u32| {
                 let load = Load {
                     cost: costs[slot as usize],

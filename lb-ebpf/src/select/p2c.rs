@@ -41,7 +41,7 @@ pub fn select(block: &Block, inflight_bias: u8, now: u64) -> Result<Chosen, Reas
 /// out of service.
 #[inline(always)]
 fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Option<Candidate> {
-    let (first, second) = slots.gen_pair_from(random());
+    let (first, second) = slots.gen_pair(random(), random());
     let (first, second) = (
         block.first_slot.wrapping_add(first),
         block.first_slot.wrapping_add(second),
