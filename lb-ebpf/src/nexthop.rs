@@ -96,13 +96,42 @@ fn send(ifindex: u32, ingress: u32, tx_reason: Reason) -> Verdict {
     Verdict::new(action as u32, reason::REDIRECT)
 }
 
+/// Where a flow entry caches its next hop: the fields of the MAC and of
+/// the interface (0: nothing cached). A forward entry uses its
+/// `client_mac`/`client_ifindex` (unused otherwise there); a reply entry,
+/// whose `client_*` fields hold the learned return path, uses
+/// `hop_ifindex` and the first six bytes of `request_ns`.
+struct HopCache {
+    mac: *mut Mac,
+    ifindex: *mut u32,
+}
+
+impl HopCache {
+    #[inline(always)]
+    fn of_forward(fwd: *mut FlowEntry) -> Self {
+        // SAFETY: only computes field addresses.
+        unsafe {
+            Self {
+                mac: &raw mut (*fwd).client_mac,
+                ifindex: &raw mut (*fwd).client_ifindex,
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn of_reply(rev: *mut FlowEntry) -> Self {
+        Self {
+            mac: reply_hop_mac(rev),
+            // SAFETY: only computes the field address.
+            ifindex: unsafe { &raw mut (*rev).hop_ifindex },
+        }
+    }
+}
+
 /// [`forward`] for a packet towards the backend of the forward entry
-/// `fwd`, with the next hop resolved per flow rather than per packet: the
-/// first packet's answer is kept in the entry (`client_mac`/`client_ifindex`,
-/// unused otherwise in forward entries) when it sends the frame back out of
-/// the ingress interface, and later packets use it without a FIB or
-/// neighbour lookup. `track::touch` drops it once a second, so a changed
-/// neighbour is picked up within about a second.
+/// `fwd`, with the next hop resolved per flow rather than per packet (see
+/// [`forward_cached`]). `track::touch` drops the cached hop once a second,
+/// so a changed neighbour is picked up within about a second.
 #[inline(always)]
 pub fn forward_to_backend(
     ctx: &XdpContext,
@@ -110,54 +139,25 @@ pub fn forward_to_backend(
     to: &Translation,
     fwd: *mut FlowEntry,
 ) -> Result<Verdict, Reason> {
-    let ingress = ctx.ingress_ifindex() as u32;
-    // SAFETY: live map value; a racing refresh stores the same kind of values.
-    let (cached_mac, cached_ifindex) = unsafe { ((*fwd).client_mac, (*fwd).client_ifindex) };
-    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    // SAFETY: bounds-checked above. Our MAC is the frame's destination (it
-    // reached this interface).
-    let our_mac = unsafe { dmac_ptr.read_unaligned() };
-    // The cached and the resolved hop meet before the frame is written, as
-    // in `forward_to_client` (here that saves about 28k instructions).
-    let hop = if cached_ifindex != 0 && cached_ifindex == ingress {
-        Hop {
-            dmac: cached_mac,
-            smac: our_mac,
-            ifindex: ingress,
-        }
-    } else {
-        let hop = resolve(ctx, pkt, to, ingress, our_mac, ReturnPath::NONE)
-            .ok_or(reason::DROP_NO_NEIGHBOUR)?;
-        if hop.ifindex == ingress {
-            // Sent back out of the ingress interface: remember the hop. The
-            // MAC is stored before the interface that marks it valid.
-            // SAFETY: live map value.
-            unsafe {
-                (&raw mut (*fwd).client_mac).write_volatile(hop.dmac);
-                (&raw mut (*fwd).client_ifindex).write_volatile(ingress);
-            }
-        }
-        hop
-    };
-    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
-    unsafe {
-        dmac_ptr.write(hop.dmac);
-        smac_ptr.write(hop.smac);
-    }
-    Ok(send(hop.ifindex, ingress, reason::TX_TO_BACKEND))
+    let cache = HopCache::of_forward(fwd);
+    forward_cached(
+        ctx,
+        pkt,
+        to,
+        &cache,
+        false,
+        ReturnPath::NONE,
+        reason::TX_TO_BACKEND,
+    )
 }
 
 /// [`forward`] for a packet towards the client of the reply entry `rev`,
-/// with the next hop resolved per flow rather than per packet, as
-/// [`forward_to_backend`] does: the answer of `bpf_fib_lookup`, the
-/// neighbour map or the learned return path (the last resort, which stays
-/// in `client_mac`/`client_ifindex`) is kept in the entry (`hop_ifindex`,
-/// and the MAC in `request_ns`, unused otherwise in reply entries) when it
-/// sends the frame back out of the ingress interface. `refresh` (the
-/// reply entry's once-a-second refresh is due, `track::reply_refresh_due`)
-/// resolves it again and replaces or drops the cached one, so a changed
-/// neighbour is picked up within about a second.
+/// with the next hop resolved per flow rather than per packet (see
+/// [`forward_cached`]); the learned return path (`client_mac`/
+/// `client_ifindex`) is the last resort. `refresh` (the reply entry's
+/// once-a-second refresh is due, `track::reply_refresh_due`) resolves it
+/// again and replaces or drops the cached one, so a changed neighbour is
+/// picked up within about a second.
 #[inline(always)]
 pub fn forward_to_client(
     ctx: &XdpContext,
@@ -166,22 +166,49 @@ pub fn forward_to_client(
     rev: *mut FlowEntry,
     refresh: bool,
 ) -> Result<Verdict, Reason> {
+    let cache = HopCache::of_reply(rev);
+    forward_cached(
+        ctx,
+        pkt,
+        to,
+        &cache,
+        refresh,
+        ReturnPath::of(rev),
+        reason::TX_TO_CLIENT,
+    )
+}
+
+/// [`forward`] with the next hop kept in the flow entry (`cache`): the
+/// answer of `bpf_fib_lookup`, the neighbour map or `learned` is cached
+/// when the frame goes back out of the ingress interface, and later
+/// packets use it without a lookup until it is dropped (`refresh`: resolved
+/// again now). Each caller passes constant `refresh` kinds and reasons, so
+/// each BPF function keeps only its own half.
+#[inline(always)]
+fn forward_cached(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    cache: &HopCache,
+    refresh: bool,
+    learned: ReturnPath,
+    tx_reason: Reason,
+) -> Result<Verdict, Reason> {
     let ingress = ctx.ingress_ifindex() as u32;
-    let hop_mac = reply_hop_mac(rev);
     // SAFETY: live map value; a racing refresh stores the same kind of values.
-    let cached_ifindex = unsafe { (&raw const (*rev).hop_ifindex).read_volatile() };
+    let cached_ifindex = unsafe { cache.ifindex.read_volatile() };
     let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: bounds-checked above. Our MAC is the frame's destination (it
     // reached this interface).
     let our_mac = unsafe { dmac_ptr.read_unaligned() };
     // The cached and the resolved hop meet before the frame is written, so
-    // the verifier walks the rest of the reply path once for both (two
-    // copies of it cost about 46k instructions of the 1M budget).
+    // the verifier walks the rest of the path once for both (two copies of
+    // it cost about 46k instructions of the 1M budget in the reply path).
     let hop = if !refresh && cached_ifindex != 0 && cached_ifindex == ingress {
         Hop {
             // SAFETY: live map value; `Mac` has alignment 1.
-            dmac: unsafe { hop_mac.read_unaligned() },
+            dmac: unsafe { cache.mac.read_unaligned() },
             smac: our_mac,
             ifindex: ingress,
         }
@@ -190,17 +217,17 @@ pub fn forward_to_client(
             // Dropped first: whatever the answer now (a redirect, or none),
             // the cached hop is stale.
             // SAFETY: live map value.
-            unsafe { (&raw mut (*rev).hop_ifindex).write_volatile(0) };
+            unsafe { cache.ifindex.write_volatile(0) };
         }
-        let hop = resolve(ctx, pkt, to, ingress, our_mac, ReturnPath::of(rev))
-            .ok_or(reason::DROP_NO_NEIGHBOUR)?;
+        let hop =
+            resolve(ctx, pkt, to, ingress, our_mac, learned).ok_or(reason::DROP_NO_NEIGHBOUR)?;
         if hop.ifindex == ingress {
             // Sent back out of the ingress interface: remember the hop. The
             // MAC is stored before the interface that marks it valid.
             // SAFETY: live map value.
             unsafe {
-                hop_mac.write_volatile(hop.dmac);
-                (&raw mut (*rev).hop_ifindex).write_volatile(ingress);
+                cache.mac.write_volatile(hop.dmac);
+                cache.ifindex.write_volatile(ingress);
             }
         }
         hop
@@ -210,7 +237,7 @@ pub fn forward_to_client(
         dmac_ptr.write(hop.dmac);
         smac_ptr.write(hop.smac);
     }
-    Ok(send(hop.ifindex, ingress, reason::TX_TO_CLIENT))
+    Ok(send(hop.ifindex, ingress, tx_reason))
 }
 
 // A reply entry's cached MAC lives in the first six bytes of its
