@@ -46,6 +46,11 @@ struct Args {
     /// SNAT addresses (`--snat-ip` repeated).
     #[arg(long, default_value_t = 4)]
     snat_addresses: u32,
+    /// Receive packet steering on the lab's interfaces, so each flow stays
+    /// on one CPU as with a real NIC's RSS (without it veths can reorder a
+    /// flow's segments across CPUs).
+    #[arg(long)]
+    rps: bool,
     /// Output directory (written only when --duration is the 60 s).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench"))]
     out: PathBuf,
@@ -88,6 +93,7 @@ fn run(args: Args) -> Result<()> {
         ceiling_refinements: args.ceiling_refine,
         vip_refinements: args.refine,
         snat_addresses: args.snat_addresses,
+        steer_flows: args.rps,
     };
     let report = capacity::run(&Binaries::locate()?, &plan)?;
     let md = report.markdown();

@@ -57,6 +57,9 @@ pub struct Plan {
     pub vip_refinements: u32,
     /// SNAT addresses of lb-user (`--snat-ip` repeated).
     pub snat_addresses: u32,
+    /// Receive packet steering on the lab's interfaces
+    /// (`Lab::steer_flows_by_hash`).
+    pub steer_flows: bool,
 }
 
 /// SNAT ports given to lb-user. The balancer namespace's own ephemeral
@@ -113,6 +116,12 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
     )?;
     lab.exec_ok(&client, &["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
     lab.set_balancer_ephemeral_ports(BALANCER_EPHEMERAL_PORTS)?;
+    let machine = if plan.steer_flows {
+        lab.steer_flows_by_hash()?;
+        format!("{machine}; RPS on the lab's interfaces (`--rps`)")
+    } else {
+        machine
+    };
     let backend = lab.backends()[0].addr();
 
     let mut ceiling = RateSearch::new(

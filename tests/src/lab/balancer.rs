@@ -376,6 +376,32 @@ impl Lab {
         .map(drop)
     }
 
+    /// Turns on receive packet steering (RPS, every CPU) on the client's,
+    /// the backends' and the balancer's interfaces, so the kernel keeps each
+    /// flow on one CPU by its hash, as a real NIC's RSS does. Without it a
+    /// veth hands each received frame to the backlog of the CPU that sent
+    /// it: two segments of one flow sent or forwarded from two CPUs (a
+    /// response and its FIN, through the balancer's XDP_TX and the bridge)
+    /// can reach the receiver out of order, which a direct path rarely
+    /// shows and a receiver answers with duplicate ACKs that make the
+    /// sender retransmit (README, "Capacity").
+    pub fn steer_flows_by_hash(&self) -> Result<()> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(64);
+        let mask = format!("{:x}", u64::MAX >> (64 - cpus));
+        let hosts = [self.client(), self.balancer()]
+            .into_iter()
+            .chain(self.backends().iter().map(|b| &b.host));
+        for host in hosts {
+            let script = format!(
+                "for q in /sys/class/net/{}/queues/rx-*; do echo {mask} > $q/rps_cpus; done",
+                host.iface
+            );
+            self.exec_ok(&host.ns, &["sh", "-c", &script])
+                .with_context(|| format!("turning RPS on for {} in {}", host.iface, host.ns))?;
+        }
+        Ok(())
+    }
+
     /// `GET /metrics` from lb-user's default metrics address, inside the
     /// balancer namespace.
     pub fn scrape_metrics(&self) -> Result<String> {
