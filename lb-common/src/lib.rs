@@ -79,6 +79,10 @@ pub const DEFAULT_SNAT_PORT_MAX: u16 = 32_767;
 pub const DEFAULT_INFLIGHT_BIAS: u8 = 2;
 pub const MIN_INFLIGHT_BIAS: u8 = 1;
 pub const MAX_INFLIGHT_BIAS: u8 = 3;
+/// P2C's full-scan limit (`--p2c-full-scan`): a VIP (or zone) with at most
+/// this many backends in its block has every one compared for a new flow,
+/// not two random ones (`p2c::scans_all`).
+pub const DEFAULT_P2C_FULL_SCAN: u16 = 16;
 
 /// Length of one half of each VIP's smooth weighted round-robin schedule
 /// block in [`VIP_SCHEDULE_MAP`] (4 bytes a slot, two halves a VIP: 4 MiB

@@ -96,7 +96,10 @@ pub struct VipMeta {
     /// Exponent `b` of the in-flight term `(inflight+1)^b` (1..=3).
     pub inflight_bias: u8,
     pub flags: u16,
-    pub _pad: u32,
+    /// P2C compares every backend of the block instead of two random ones
+    /// while the block has at most this many slots (0: always two).
+    pub p2c_full_scan: u16,
+    pub _pad: u16,
 }
 assert_size!(VipMeta, 16);
 

@@ -86,6 +86,18 @@ pub const fn redraw_bound(reference_cost: u64) -> u64 {
     saturating_mul(reference_cost, REDRAW_FACTOR)
 }
 
+/// Whether a block of `count` slots is scanned whole instead of drawing
+/// pairs: `count <= full_scan_limit` (the VIP's `p2c_full_scan`; 0 never).
+///
+/// With few backends, each with few workers, two random candidates are
+/// both busy often enough to queue a request behind another while a third
+/// backend sits idle; comparing all of them (d = n choices) removes that
+/// at a cost linear in the block's size, which is why it has a limit.
+#[inline(always)]
+pub const fn scans_all(count: NonZeroU32, full_scan_limit: u16) -> bool {
+    count.get() <= full_scan_limit as u32
+}
+
 /// `cost` scaled by the stall age `now - last_progress_ns` when that age
 /// exceeds `max(ewma_ns, STALL_FLOOR_NS)`; unchanged otherwise, and when no
 /// progress was ever recorded (`last_progress_ns == 0`); `u64::MAX` where
@@ -156,6 +168,54 @@ impl Candidate {
             (true, false) => false,
             _ => self.score < other.score,
         }
+    }
+}
+
+/// Scores from this one on all [rank](rank) alike (a score that large is
+/// a backend saturated beyond any comparison).
+pub const RANK_SCORE_MAX: u64 = (1 << 63) - 1;
+
+/// Significant bits of a score that a full scan compares
+/// ([`coarse_score`]): scores within 1/8 to 1/4 of each other tie.
+pub const RANK_SCORE_BITS: u32 = 3;
+
+/// `score` with all but its [`RANK_SCORE_BITS`] leading significant bits
+/// cleared. A full scan compares every backend, so with exact scores the
+/// single lowest estimate among idle backends would take every new flow
+/// (two equally fast backends never have equal estimates); coarse scores
+/// make near-equal backends tie (unless they straddle a bucket's edge),
+/// and ties go to the first of the scan,
+/// which starts at a random slot. Differences that matter stay apart: a
+/// 2× slower backend, or one more flow in flight ((n+2)² ÷ (n+1)² ≥ 1.27
+/// up to 7 in flight).
+#[inline(always)]
+pub const fn coarse_score(score: u64) -> u64 {
+    let width = 64 - score.leading_zeros();
+    if width <= RANK_SCORE_BITS {
+        return score;
+    }
+    let dropped = width - RANK_SCORE_BITS;
+    (score >> dropped) << dropped
+}
+
+/// `c`'s place in a full scan, lower first, as one integer so that the
+/// kernel's scan keeps one comparison per slot: a candidate within `bound`
+/// ranks before every one far above it, and among either kind the lower
+/// [coarse](coarse_score) score first. For scores up to
+/// [`RANK_SCORE_MAX`], `rank(a) < rank(b)` implies that `a`
+/// [beats](Candidate::beats) `b`, and `a` beating `b` implies
+/// `rank(a) <= rank(b)`.
+#[inline(always)]
+pub const fn rank(c: &Candidate, bound: u64) -> u64 {
+    let score = coarse_score(if c.score > RANK_SCORE_MAX {
+        RANK_SCORE_MAX
+    } else {
+        c.score
+    });
+    if c.far_above(bound) {
+        score | (1 << 63)
+    } else {
+        score
     }
 }
 

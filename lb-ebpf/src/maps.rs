@@ -64,6 +64,19 @@ pub static MAGLEV: Array<u32> = Array::with_max_entries(
 );
 #[map(name = "BACKEND_PROGRESS")]
 pub static BACKEND_PROGRESS: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
+/// Per CPU: the best candidate so far of a P2C full scan
+/// (`select::p2c`), scratch space of one new flow's pick.
+#[map(name = "P2C_SCAN_BEST")]
+pub static P2C_SCAN_BEST: PerCpuArray<ScanBest> = PerCpuArray::with_max_entries(1, 0);
+
+/// [`P2C_SCAN_BEST`]'s value: `lb_common::p2c::rank` and the backend id.
+#[repr(C)]
+pub struct ScanBest {
+    pub rank: u64,
+    pub id: u32,
+    pub _pad: u32,
+}
+
 #[map(name = "NEW_FLOW_LIMIT")]
 pub static NEW_FLOW_LIMIT: Array<NewFlowLimit> = Array::with_max_entries(1, 0);
 #[map(name = "NEW_FLOW_BUCKETS")]

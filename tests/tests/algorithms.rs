@@ -67,19 +67,24 @@ fn setup(algorithm: Algorithm, weights: &[u32], flags: u16, bias: u8) -> Lb {
     lb.vip(0, HTTP, IPPROTO_TCP, algorithm, bias, &ids);
     write_tables(&mut lb, algorithm, &slots);
     if flags != 0 {
-        let key = VipKey {
-            addr: words(VIP.into()).0,
-            port: HTTP.to_be(),
-            proto: IPPROTO_TCP,
-            family: lb_common::AF_INET,
-        };
-        let mut vips: aya::maps::HashMap<_, VipKey, VipMeta> =
-            aya::maps::HashMap::try_from(lb.map_mut(lb_common::VIPS_MAP)).expect("VIPS");
-        let mut meta = vips.get(&key, 0).expect("VIP");
-        meta.flags = flags;
-        vips.insert(key, meta, 0).expect("VIP");
+        edit_vip(&mut lb, |meta| meta.flags = flags);
     }
     lb
+}
+
+/// Changes VIP 0's `VipMeta` in place.
+fn edit_vip(lb: &mut Lb, edit: impl FnOnce(&mut VipMeta)) {
+    let key = VipKey {
+        addr: words(VIP.into()).0,
+        port: HTTP.to_be(),
+        proto: IPPROTO_TCP,
+        family: lb_common::AF_INET,
+    };
+    let mut vips: aya::maps::HashMap<_, VipKey, VipMeta> =
+        aya::maps::HashMap::try_from(lb.map_mut(lb_common::VIPS_MAP)).expect("VIPS");
+    let mut meta = vips.get(&key, 0).expect("VIP");
+    edit(&mut meta);
+    vips.insert(key, meta, 0).expect("VIP");
 }
 
 /// The maps the control plane's table writer fills.
@@ -498,6 +503,45 @@ fn p2c_avoids_a_backend_whose_oldest_request_is_stuck() {
     assert!(fresh[0] > 0.2 && fresh[1] > 0.2, "{fresh:?}");
 }
 
+/// With `p2c_full_scan` at least the VIP's backend count, every backend is
+/// compared, not two random ones: the one idle backend among nine busy ones
+/// wins every new flow (a random pair holds it 2 times in 10); a limit below
+/// the count draws pairs again. An idle backend far above the re-draw bound
+/// still loses to busy ones within it.
+fn p2c_full_scan_compares_every_backend() {
+    // Backend 7 idle, the others with 3 open flows each; reset before every
+    // SYN so that each new flow sees the same pool.
+    let picks = |full_scan: u16, slow_idle: bool| {
+        let mut lb = setup(Algorithm::P2cEwma, &[1; 10], 0, 0);
+        edit_vip(&mut lb, |meta| meta.p2c_full_scan = full_scan);
+        if slow_idle {
+            set_reference(&mut lb, 100_000_000);
+            let score = BackendScore {
+                ewma_ns: 1_000_000,
+                cost: 1_000_000_000,
+                weight: 1,
+                ..BackendScore::default()
+            };
+            lb.set_score(7, score);
+        }
+        (0..40)
+            .filter(|&i| {
+                for id in 0..10 {
+                    lb.set_opened(id, if id == 7 { 0 } else { 3 });
+                }
+                let (addr, port) = client(i);
+                syn_from(&lb, addr, port) == 7
+            })
+            .count()
+    };
+    assert_eq!(picks(10, false), 40, "full scan over 10 backends");
+    assert_eq!(picks(16, false), 40, "limit above the count");
+    let paired = picks(9, false);
+    println!("idle backend's picks of 40: full scan 40, pairs {paired}");
+    assert!((1..=24).contains(&paired), "pairs: {paired} of 40");
+    assert_eq!(picks(10, true), 0, "an idle backend far above the bound");
+}
+
 /// Kernel time per new flow (a SYN through select, flow creation and NAT),
 /// from BPF_PROG_TEST_RUN's duration, for each algorithm over ten backends.
 /// P2C is measured plain and with its tail features working on every flow
@@ -529,6 +573,9 @@ fn time_per_new_flow() {
         set_progress(&mut lb, id, now - 50_000_000);
     }
     rows.push(("p2c-ewma, re-draws + stall ages".into(), mean_ns(&lb)));
+    let mut lb = setup(Algorithm::P2cEwma, &[1; 10], 0, 0);
+    edit_vip(&mut lb, |meta| meta.p2c_full_scan = 16);
+    rows.push(("p2c-ewma, full scan of 10".into(), mean_ns(&lb)));
     for (name, ns) in &rows {
         println!("new flow, {name}: {ns} ns");
         assert!(*ns < 100_000, "{name}: {ns} ns per new flow");
@@ -561,6 +608,10 @@ const CASES: &[(&str, fn())] = &[
     (
         "p2c_avoids_a_backend_whose_oldest_request_is_stuck",
         p2c_avoids_a_backend_whose_oldest_request_is_stuck,
+    ),
+    (
+        "p2c_full_scan_compares_every_backend",
+        p2c_full_scan_compares_every_backend,
     ),
     ("time_per_new_flow", time_per_new_flow),
     (

@@ -434,3 +434,127 @@ fn a_stall_whose_product_overflows_costs_the_most() {
     assert_eq!(stall_scaled(cost, ewma, 1, 1 + 2 * ewma), u64::MAX);
     assert_eq!(stall_scaled(cost, ewma, 1, 1 + ewma / 2), cost);
 }
+
+/// A queueing run over 10 equal backends of 2 workers each (service time
+/// 10 ms, Poisson arrivals at 70 % of capacity): the share of requests
+/// that had to wait for a worker while the pick was made by `pick`, which
+/// gets each backend's in-flight count and a draw.
+fn waiting_share(pick: impl Fn(&[u64], &mut Draw) -> u32) -> f64 {
+    const SERVICE_US: u64 = 10_000;
+    const REQUESTS: u32 = 50_000;
+    let rate_per_us = 0.7 * 10.0 * 2.0 / SERVICE_US as f64;
+    let mut draw = Draw(7);
+    // Per backend: its two workers' free times, and its requests' ends.
+    let mut workers = [[0u64; 2]; 10];
+    let mut ends: Vec<Vec<u64>> = vec![Vec::new(); 10];
+    let (mut now, mut waited) = (0u64, 0u32);
+    for _ in 0..REQUESTS {
+        let u = (f64::from(draw.next()) + 1.0) / 4_294_967_297.0;
+        now += (-u.ln() / rate_per_us) as u64;
+        for e in &mut ends {
+            e.retain(|&end| end > now);
+        }
+        let inflight: Vec<u64> = ends.iter().map(|e| e.len() as u64).collect();
+        let b = pick(&inflight, &mut draw) as usize;
+        let w = &mut workers[b];
+        let first_free = usize::from(w[1] < w[0]);
+        let start = now.max(w[first_free]);
+        waited += u32::from(start > now);
+        w[first_free] = start + SERVICE_US;
+        ends[b].push(start + SERVICE_US);
+    }
+    f64::from(waited) / f64::from(REQUESTS)
+}
+
+fn scored_pool(inflight: &[u64]) -> impl Iterator<Item = Candidate> + '_ {
+    let load = |i: u64| Load {
+        cost: 100,
+        inflight: i,
+        ..Load::default()
+    };
+    (0u32..)
+        .zip(inflight)
+        .map(move |(id, &i)| candidate(id, load(i), inflight_bias(0), 0))
+}
+
+#[test]
+fn a_full_scan_queues_far_fewer_requests_than_pairs_on_a_small_pool() {
+    let count = n(10);
+    assert!(scans_all(count, 10) && scans_all(count, 16));
+    assert!(!scans_all(count, 9) && !scans_all(count, 0));
+    let pairs = waiting_share(|inflight, draw| {
+        let mut draw_pair = || {
+            let (a, b) = gen_pair(count, draw.next(), draw.next())?;
+            let pool: Vec<Candidate> = scored_pool(inflight).collect();
+            winner(Some(pool[a as usize]), Some(pool[b as usize]), 0)
+        };
+        choose(0, &mut draw_pair).expect("all in service").id
+    });
+    let full = waiting_share(|inflight, draw| {
+        // The kernel's fold: from a random slot on, each candidate against
+        // the best so far with `winner`.
+        let start = draw.next() % 10;
+        let pool: Vec<Candidate> = scored_pool(inflight).collect();
+        (0..10)
+            .map(|step| pool[((start + step) % 10) as usize])
+            .fold(None, |best, c| winner(best, Some(c), 0))
+            .expect("all in service")
+            .id
+    });
+    println!("waited for a worker: pairs {pairs:.4}, full scan {full:.4}");
+    // At 70 % load, pairs often hold two busy backends while another idles.
+    assert!(pairs > 0.05, "pairs {pairs}");
+    assert!(full < pairs / 3.0, "pairs {pairs}, full scan {full}");
+}
+
+proptest! {
+    #[test]
+    fn ranks_order_candidates_as_beats_does(
+        a in arb_candidate(), b in arb_candidate(), bound in 0u64..10_000,
+    ) {
+        prop_assume!(a.score <= RANK_SCORE_MAX && b.score <= RANK_SCORE_MAX);
+        if rank(&a, bound) < rank(&b, bound) {
+            prop_assert!(a.beats(&b, bound));
+        }
+        if a.beats(&b, bound) {
+            prop_assert!(rank(&a, bound) <= rank(&b, bound));
+        }
+    }
+
+    #[test]
+    fn coarse_scores_keep_order_and_lose_under_a_quarter(score: u64, other: u64) {
+        let c = coarse_score(score);
+        prop_assert!(c <= score);
+        // At most 1/4 of the value is dropped (3 significant bits kept).
+        prop_assert!(score - c <= score / 4);
+        if score <= other {
+            prop_assert!(coarse_score(score) <= coarse_score(other));
+        }
+    }
+}
+
+#[test]
+fn coarse_scores_tie_near_equal_backends_and_keep_real_differences_apart() {
+    let cost = 9_000_000; // a 9 ms backend
+    // Estimates 5 % apart in one bucket ([2^23, 1.25 × 2^23)) tie (two on
+    // either side of a bucket's edge do not: the tie is a tolerance, not a
+    // guarantee); 2× apart, or one more flow in flight, never tie.
+    assert_eq!(coarse_score(cost), coarse_score(cost * 105 / 100));
+    assert!(coarse_score(cost) < coarse_score(cost * 2));
+    for n in 0..8 {
+        assert!(
+            coarse_score(score(cost, n, 2)) < coarse_score(score(cost, n + 1, 2)),
+            "{n} in flight"
+        );
+    }
+    assert_eq!(coarse_score(0), 0);
+    assert_eq!(coarse_score(7), 7);
+}
+
+#[test]
+fn a_saturated_score_still_ranks_within_its_kind() {
+    let huge = cand(1, 10, u64::MAX);
+    let far = cand(2, 1_000_000, 1_000_000);
+    assert_eq!(rank(&huge, 100), coarse_score(RANK_SCORE_MAX));
+    assert!(rank(&huge, 100) < rank(&far, 100), "within the bound first");
+}

@@ -356,6 +356,7 @@ fn log_ready(config: &Config, snat_ip: &Snat, attachment: &Attachment) {
             vip = %v.vip,
             algorithm = v.algorithm.name(),
             inflight_bias = v.inflight_bias,
+            p2c_full_scan = v.p2c_full_scan,
             "backends {}",
             backends.join(", ")
         );

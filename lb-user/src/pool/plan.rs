@@ -105,6 +105,7 @@ pub fn vip_meta(v: &VipConfig, vip_id: u32, backend_count: u32) -> VipMeta {
         backend_count,
         algorithm: v.algorithm as u8,
         inflight_bias: v.inflight_bias,
+        p2c_full_scan: v.p2c_full_scan,
         flags: if v.maglev_source_affinity {
             VIP_F_SOURCE_AFFINITY
         } else {

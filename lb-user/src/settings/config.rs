@@ -15,6 +15,7 @@
 //! flow_table_size = 262144
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
 //! inflight_bias = 2              # default for VIPs that do not set one
+//! p2c_full_scan = 16             # default for VIPs that do not set one (0: always two)
 //! maglev_source_affinity = false # default for VIPs that do not set one
 //! zone_aware = true              # default for VIPs that do not set one;
 //!                                # default: true exactly when `zone` is set
@@ -43,6 +44,7 @@
 //! protocol = "tcp"               # optional alternative to the /tcp suffix
 //! algorithm = "round-robin"      # optional, overrides the global one
 //! inflight_bias = 1              # optional
+//! p2c_full_scan = 0              # optional
 //! maglev_source_affinity = true  # optional: maglev hashes only the client address
 //! zone_aware = false             # optional; true needs the balancer's `zone`
 //! backends = ["10.0.0.21:8080", "10.0.0.22:8080@2,zone=a"]   # same syntax as --backend
@@ -68,8 +70,9 @@ use std::{
 };
 
 use lb_common::{
-    Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, MAX_BACKENDS, MAX_BACKENDS_PER_VIP,
-    MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_SNAT_ADDRS, MAX_VIPS, MIN_INFLIGHT_BIAS,
+    Algorithm, DEFAULT_FLOW_TABLE_SIZE, DEFAULT_INFLIGHT_BIAS, DEFAULT_P2C_FULL_SCAN, MAX_BACKENDS,
+    MAX_BACKENDS_PER_VIP, MAX_INFLIGHT_BIAS, MAX_MAGLEV_TABLES, MAX_SNAT_ADDRS, MAX_VIPS,
+    MIN_INFLIGHT_BIAS,
 };
 use serde::Deserialize;
 
@@ -171,6 +174,9 @@ pub struct VipConfig {
     pub vip: VipAddr,
     pub algorithm: Algorithm,
     pub inflight_bias: u8,
+    /// P2C compares every backend while the VIP (or its zone) has at most
+    /// this many (0: always two random ones).
+    pub p2c_full_scan: u16,
     /// Maglev hashes only the client address (one client, one backend).
     pub maglev_source_affinity: bool,
     /// Route by zone (see [`ZoneSettings`]); only ever true when the
@@ -201,6 +207,7 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "de::algorithm_opt")]
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
+    p2c_full_scan: Option<u16>,
     maglev_source_affinity: Option<bool>,
     zone_aware: Option<bool>,
     zone: Option<ZoneName>,
@@ -252,6 +259,7 @@ struct FileVip {
     #[serde(default, deserialize_with = "de::algorithm_opt")]
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
+    p2c_full_scan: Option<u16>,
     maglev_source_affinity: Option<bool>,
     zone_aware: Option<bool>,
     #[serde(default, deserialize_with = "de::backends")]
@@ -297,6 +305,7 @@ impl FileConfig {
 struct VipDefaults {
     algorithm: Algorithm,
     inflight_bias: u8,
+    p2c_full_scan: u16,
     maglev_source_affinity: bool,
     zone_aware: bool,
 }
@@ -312,6 +321,10 @@ impl VipDefaults {
                 .inflight_bias
                 .or(file.inflight_bias)
                 .unwrap_or(DEFAULT_INFLIGHT_BIAS),
+            p2c_full_scan: args
+                .p2c_full_scan
+                .or(file.p2c_full_scan)
+                .unwrap_or(DEFAULT_P2C_FULL_SCAN),
             maglev_source_affinity: args.maglev_source_affinity
                 || file.maglev_source_affinity.unwrap_or(false),
             zone_aware: args
@@ -345,6 +358,7 @@ impl FileVip {
             vip,
             algorithm: self.algorithm.unwrap_or(defaults.algorithm),
             inflight_bias: self.inflight_bias.unwrap_or(defaults.inflight_bias),
+            p2c_full_scan: self.p2c_full_scan.unwrap_or(defaults.p2c_full_scan),
             maglev_source_affinity: self
                 .maglev_source_affinity
                 .unwrap_or(defaults.maglev_source_affinity),
@@ -385,6 +399,7 @@ impl Config {
                 vip,
                 algorithm: defaults.algorithm,
                 inflight_bias: defaults.inflight_bias,
+                p2c_full_scan: defaults.p2c_full_scan,
                 maglev_source_affinity: defaults.maglev_source_affinity,
                 zone_aware: defaults.zone_aware,
                 backends: std::mem::take(&mut args.backends),
@@ -891,6 +906,9 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
         }
         if old.inflight_bias != new.inflight_bias {
             out.push(format!("VIP {} inflight_bias", new.vip));
+        }
+        if old.p2c_full_scan != new.p2c_full_scan {
+            out.push(format!("VIP {} p2c_full_scan", new.vip));
         }
         if old.maglev_source_affinity != new.maglev_source_affinity {
             out.push(format!("VIP {} maglev_source_affinity", new.vip));

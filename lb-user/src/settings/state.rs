@@ -116,8 +116,14 @@ fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
     // Only a zone-aware VIP says so, so that the fingerprints of files
     // written before zones existed still match.
     let zone_aware = if v.zone_aware { " zone_aware" } else { "" };
+    // Likewise the full-scan limit, only when not the default.
+    let full_scan = if v.p2c_full_scan == lb_common::DEFAULT_P2C_FULL_SCAN {
+        String::new()
+    } else {
+        format!(" full_scan={}", v.p2c_full_scan)
+    };
     Some(format!(
-        "{} bias={} affinity={}{zone_aware} health={:?} backends={}",
+        "{} bias={} affinity={}{zone_aware}{full_scan} health={:?} backends={}",
         v.algorithm.name(),
         v.inflight_bias,
         v.maglev_source_affinity,
@@ -150,6 +156,7 @@ impl AddedVip {
             vip,
             algorithm,
             inflight_bias: lb_common::DEFAULT_INFLIGHT_BIAS,
+            p2c_full_scan: lb_common::DEFAULT_P2C_FULL_SCAN,
             maglev_source_affinity: false,
             zone_aware: zones.local.is_some(),
             backends,

@@ -17,6 +17,7 @@
 //!     "protocol": "tcp",               // or "udp"
 //!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
 //!     "inflight_bias": 2,
+//!     "p2c_full_scan": 16,             // P2C compares all backends up to this many
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "zone_routing": {                // zone-aware VIPs only
@@ -80,6 +81,7 @@ pub struct VipStatus {
     pub protocol: String,
     pub algorithm: String,
     pub inflight_bias: u8,
+    pub p2c_full_scan: u16,
     /// `static`, or `etcd PREFIX` for a discovered VIP.
     pub source: String,
     /// The etcd revision applied (discovered VIPs only).
@@ -362,6 +364,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
                 .map(|a| a.name().to_string())
                 .unwrap_or_else(|| format!("unknown({})", meta.algorithm)),
             inflight_bias: meta.inflight_bias,
+            p2c_full_scan: meta.p2c_full_scan,
             source: "static".to_string(),
             revision: None,
             zone_routing: None,

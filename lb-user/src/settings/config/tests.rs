@@ -862,3 +862,32 @@ fn a_reload_reports_a_backend_moved_to_another_zone() {
     // The zone settings and zone_aware are the reload's to apply.
     assert!(needs_restart(&running, &reloaded).is_empty());
 }
+
+#[test]
+fn the_full_scan_limit_comes_from_the_vip_the_file_the_flag_or_the_default() {
+    let file = r#"
+        iface = "eth0"
+        p2c_full_scan = 4
+        [[vip]]
+        address = "10.0.0.100:80"
+        backends = ["10.0.0.21:8080"]
+        [[vip]]
+        address = "10.0.0.101:80"
+        p2c_full_scan = 0
+        backends = ["10.0.0.21:8080"]
+        "#;
+    let c = from_file(file, &[]).unwrap();
+    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_full_scan).collect();
+    assert_eq!(limits, [4, 0]);
+    let c = from_file(file, &["--p2c-full-scan", "32"]).unwrap();
+    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_full_scan).collect();
+    assert_eq!(limits, [32, 0], "the flag replaces the file's global only");
+    let c = from_file(
+        "iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:8080\"]\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.vips[0].p2c_full_scan, lb_common::DEFAULT_P2C_FULL_SCAN);
+    let e = from_file("iface = \"eth0\"\np2c_full_scan = -1\n", &[]).unwrap_err();
+    assert!(e.to_string().contains("expected u16"), "{e}");
+}
