@@ -192,7 +192,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(MIN_INFLIGHT_BIAS as i64..=MAX_INFLIGHT_BIAS as i64))]
     pub inflight_bias: Option<u8>,
     /// P2C compares every backend, not two random ones, while a VIP (or
-    /// its zone) has at most N in service; 0 = always two (default 16).
+    /// its zone) has at most N in service; 0 = always two (default 0).
     #[arg(long, value_name = "N")]
     pub p2c_full_scan: Option<u16>,
     /// With maglev: hash only the client address, so a client keeps its backend.
