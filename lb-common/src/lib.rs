@@ -80,11 +80,10 @@ pub const DEFAULT_INFLIGHT_BIAS: u8 = 2;
 pub const MIN_INFLIGHT_BIAS: u8 = 1;
 pub const MAX_INFLIGHT_BIAS: u8 = 3;
 /// P2C's full-scan limit (`--p2c-full-scan`): a VIP (or zone) with at most
-/// this many backends in its block has every one compared for a new flow,
-/// not two random ones (`p2c::scans_all`). Off (0) by default: at light load
-/// nearly every backend is idle, so a full scan hands almost every new flow
-/// to the one with the lowest estimate (README, "Full scan of small pools").
-pub const DEFAULT_P2C_FULL_SCAN: u16 = 0;
+/// this many backends in its block has every one compared for a new flow
+/// when a random pair's winner is busy or far above the pool
+/// (`p2c::scans_all`, `p2c::settles_scan`); 0 turns it off.
+pub const DEFAULT_P2C_FULL_SCAN: u16 = 16;
 
 /// Length of one half of each VIP's smooth weighted round-robin schedule
 /// block in [`VIP_SCHEDULE_MAP`] (4 bytes a slot, two halves a VIP: 4 MiB

@@ -290,12 +290,42 @@ impl BackendConns {
     }
 }
 
-// `BACKEND_PROGRESS_MAP` holds a `u64` per backend: the last time
-// (`bpf_ktime_get_ns`) the backend made progress, i.e. answered a request
-// or received a connection while it had none open. While it has flows in
-// flight, `now - progress` bounds the age of its oldest unanswered request
-// from below; a stalled server's age keeps growing while its latency
-// samples (which need an answer) say nothing.
+/// Value of [`crate::BACKEND_PROGRESS_MAP`] (array indexed by backend id):
+/// when the backend last answered a request and was last sent one
+/// (`bpf_ktime_get_ns`). While its last request is not older than its last
+/// answer, a request is outstanding, and `now - answered_ns` bounds the age
+/// of the oldest unanswered one from below: a stalled server's age keeps
+/// growing while its latency samples (which need an answer) say nothing.
+///
+/// Requests, not open flows: an open connection with nothing asked of it
+/// (an idle keep-alive connection, a UDP flow already answered) waits for
+/// nothing, and counting its silence as a stall excluded healthy backends
+/// (the one answering most recently then took nearly every new flow).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendProgress {
+    /// The last answer (a response's first payload after a request), or
+    /// the request that found nothing outstanding: the clock of the oldest
+    /// unanswered request starts there. 0: never.
+    pub answered_ns: u64,
+    /// The last request (a client payload that raised a flow's pending bit).
+    pub requested_ns: u64,
+}
+assert_size!(BackendProgress, 16);
+
+impl BackendProgress {
+    /// Whether a request may be outstanding: one was sent, and none was
+    /// answered after it.
+    pub const fn awaiting(&self) -> bool {
+        self.requested_ns != 0 && self.requested_ns >= self.answered_ns
+    }
+
+    /// The stamp stall ages count from while a request is outstanding
+    /// (`p2c::Load::last_progress_ns`); 0 when none is.
+    pub const fn stall_clock(&self) -> u64 {
+        if self.awaiting() { self.answered_ns } else { 0 }
+    }
+}
 
 /// Value of [`crate::BACKEND_STATS_MAP`] (per-CPU array indexed by backend id).
 #[repr(C)]
@@ -774,6 +804,7 @@ pod!(
     Backend,
     BackendScore,
     BackendConns,
+    BackendProgress,
     BackendStats,
     FlowKey,
     FragKey,

@@ -8,9 +8,9 @@
 //! ([`crate::BackendScore::cost`]) and `inflight` the live in-kernel count,
 //! with two additions for the tail:
 //!
-//! - **Stall age** ([`stall_scaled`]). While a backend has flows in flight,
-//!   the time since its last progress is a lower bound on the age of its
-//!   oldest unanswered request. When that age exceeds the EWMA (and at least
+//! - **Stall age** ([`stall_scaled`]). While a request to a backend is
+//!   outstanding, the time since its last answer is a lower bound on the
+//!   age of its oldest unanswered request. When that age exceeds the EWMA (and at least
 //!   [`STALL_FLOOR_NS`]), the cost is scaled by `age / max(ewma, floor)`: a
 //!   paused server's cost climbs while it is stuck, instead of waiting for a
 //!   latency sample it cannot produce.
@@ -61,9 +61,11 @@ pub struct Load {
     pub ewma_ns: u64,
     /// Connections open to the backend ([`crate::BackendConns::inflight`]).
     pub inflight: u64,
-    /// The backend's last progress (`BACKEND_PROGRESS_MAP`), 0 for none. Only
-    /// read while flows are in flight: the caller may leave it 0 otherwise
-    /// (the kernel then skips a map lookup).
+    /// Where the backend's stall age counts from
+    /// ([`crate::BackendProgress::stall_clock`]): its last answer while a
+    /// request is outstanding, else 0 (no stall). Only read while flows are
+    /// in flight: the caller may leave it 0 otherwise (the kernel then
+    /// skips a map lookup).
     pub last_progress_ns: u64,
 }
 
@@ -93,9 +95,34 @@ pub const fn redraw_bound(reference_cost: u64) -> u64 {
 /// both busy often enough to queue a request behind another while a third
 /// backend sits idle; comparing all of them (d = n choices) removes that
 /// at a cost linear in the block's size, which is why it has a limit.
+///
+/// The scan's best is taken only when a random pair's winner does not
+/// [settle](settles_scan) the pick: at light load every backend is idle,
+/// in-flight counts do not tell them apart, and the scan's best would be
+/// nearly always the one backend whose estimate is lowest by a hair; P2C's
+/// random pair spreads the flows.
 #[inline(always)]
 pub const fn scans_all(count: NonZeroU32, full_scan_limit: u16) -> bool {
     count.get() <= full_scan_limit as u32
+}
+
+/// Whether a pair's winner `c` is taken without scanning a block that
+/// [`scans_all`]: it has no flow in flight and is within the re-draw
+/// bound. No backend can beat an idle one by its in-flight term, so the
+/// scan could only find one idle with a lower estimate, and preferring
+/// that one is what concentrates a quiet pool on a single backend. A busy
+/// winner (both of the pair are busy) or one far above the pool is what
+/// the scan is for: a third backend may be idle.
+///
+/// Idle is read from the score: the in-flight exponent is at least
+/// [`crate::MIN_INFLIGHT_BIAS`] (1), so `score == cost` exactly when
+/// nothing is in flight (or both saturated, a cost far above any bound).
+/// Not a field of [`Candidate`]: a flag there gave `Option<Candidate>` a
+/// niche whose `None` left the other fields undefined, and the compiled
+/// debug pick copied them; the verifier refuses an undefined register.
+#[inline(always)]
+pub const fn settles_scan(c: &Candidate, bound: u64) -> bool {
+    c.score == c.cost && !c.far_above(bound)
 }
 
 /// `cost` scaled by the stall age `now - last_progress_ns` when that age

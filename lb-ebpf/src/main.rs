@@ -313,7 +313,7 @@ fn create_flow(
     };
     let now = now();
     flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn)?;
-    track::opened(backend.id, now);
+    track::opened(backend.id);
     Ok(())
 }
 

@@ -63,18 +63,32 @@ pub static MAGLEV: Array<u32> = Array::with_max_entries(
     aya_ebpf::bindings::BPF_F_MMAPABLE,
 );
 #[map(name = "BACKEND_PROGRESS")]
-pub static BACKEND_PROGRESS: Array<u64> = Array::with_max_entries(MAX_BACKENDS, 0);
+pub static BACKEND_PROGRESS: Array<BackendProgress> = Array::with_max_entries(MAX_BACKENDS, 0);
 /// Per CPU: the best candidate so far of a P2C full scan
 /// (`select::p2c`), scratch space of one new flow's pick.
 #[map(name = "P2C_SCAN_BEST")]
 pub static P2C_SCAN_BEST: PerCpuArray<ScanBest> = PerCpuArray::with_max_entries(1, 0);
 
-/// [`P2C_SCAN_BEST`]'s value: `lb_common::p2c::rank` and the backend id.
+/// [`P2C_SCAN_BEST`]'s value: the best `lb_common::p2c::rank` so far and
+/// its backend, and the random pair's winner so far (`u32::MAX` ids: none).
 #[repr(C)]
 pub struct ScanBest {
     pub rank: u64,
     pub id: u32,
-    pub _pad: u32,
+    pub pair_id: u32,
+    pub pair_cost: u64,
+    pub pair_score: u64,
+}
+
+impl ScanBest {
+    /// Before a scan: nothing found.
+    pub const EMPTY: Self = Self {
+        rank: u64::MAX,
+        id: u32::MAX,
+        pair_id: u32::MAX,
+        pair_cost: 0,
+        pair_score: 0,
+    };
 }
 
 #[map(name = "NEW_FLOW_LIMIT")]

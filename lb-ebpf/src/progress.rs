@@ -1,38 +1,45 @@
-//! Per-backend progress timestamps (`BACKEND_PROGRESS`, see lb-common):
-//! refreshed when a backend answers a request, or takes a connection while
-//! it has none open. P2C reads them to see a stalled server before its
-//! latency samples can.
-use crate::maps::{BACKEND_CONNS, BACKEND_CORRECTION, BACKEND_PROGRESS};
+//! Per-backend progress timestamps (`BACKEND_PROGRESS`,
+//! `lb_common::BackendProgress`): when a backend last answered a request
+//! and was last sent one. P2C reads them to see a stalled server before
+//! its latency samples can, only while a request is outstanding.
+//!
+//! Both stamps are plain stores from several CPUs: a race leaves one of
+//! two near-equal times, and the stall rule only acts on gaps of at least
+//! `lb_common::p2c::STALL_FLOOR_NS`.
+use lb_common::BackendProgress;
+
+use crate::maps::BACKEND_PROGRESS;
 
 /// Backend `id` answered a request at `now`.
 #[inline(always)]
 pub fn answered(id: u32, now: u64) {
-    store(id, now);
-}
-
-/// Backend `id` got a connection at `now`; `opened_before` is its `opened`
-/// counter before this one. From idle, the clock of its oldest unanswered
-/// request starts now.
-#[inline(always)]
-pub fn connected(id: u32, opened_before: u64, now: u64) {
-    let closed = BACKEND_CONNS.get(id).map_or(0, |c| c.closed);
-    let correction = BACKEND_CORRECTION.get(id).copied().unwrap_or(0);
-    if opened_before <= closed.saturating_add(correction) {
-        store(id, now);
+    if let Some(p) = BACKEND_PROGRESS.get_ptr_mut(id) {
+        // SAFETY: live, aligned map value; an aligned 8-byte store is not
+        // torn (see the module documentation for races).
+        unsafe { (&raw mut (*p).answered_ns).write_volatile(now) };
     }
 }
 
-/// Time of the backend's last progress (0 = none recorded).
+/// Backend `id` was sent a request at `now`. If none was outstanding, the
+/// clock of the oldest unanswered request starts now: an answer stamped
+/// long ago (before a quiet spell) is not a stall.
 #[inline(always)]
-pub fn last(id: u32) -> u64 {
-    BACKEND_PROGRESS.get(id).copied().unwrap_or(0)
+pub fn requested(id: u32, now: u64) {
+    let Some(p) = BACKEND_PROGRESS.get_ptr_mut(id) else {
+        return;
+    };
+    // SAFETY: as in `answered`.
+    unsafe {
+        let seen = (&raw const *p).read_volatile();
+        if !seen.awaiting() {
+            (&raw mut (*p).answered_ns).write_volatile(now);
+        }
+        (&raw mut (*p).requested_ns).write_volatile(now);
+    }
 }
 
+/// Backend `id`'s stamps (all zero: never used).
 #[inline(always)]
-fn store(id: u32, now: u64) {
-    if let Some(slot) = BACKEND_PROGRESS.get_ptr_mut(id) {
-        // SAFETY: live, aligned map value; racing writers store similar
-        // timestamps, and an aligned 8-byte store is not torn.
-        unsafe { slot.write_volatile(now) };
-    }
+pub fn of(id: u32) -> BackendProgress {
+    BACKEND_PROGRESS.get(id).copied().unwrap_or_default()
 }

@@ -24,7 +24,7 @@ use lb_common::{
 };
 
 use crate::{
-    atomic::{Flags, add_u64, fetch_add_u64},
+    atomic::{Flags, add_u64},
     events::emit,
     flow::{Translation, lookup},
     helpers::{PacketClock, jiffies},
@@ -47,11 +47,10 @@ const REFRESH_CHECK_JIFFIES: u32 = 100;
 
 /// A new connection to `backend_id`: count it open (a counter, no event).
 #[inline(always)]
-pub fn opened(backend_id: u32, now: u64) {
+pub fn opened(backend_id: u32) {
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
-        let before = unsafe { fetch_add_u64(&raw mut (*conns).opened, 1) };
-        progress::connected(backend_id, before, now);
+        unsafe { add_u64(&raw mut (*conns).opened, 1) };
     }
 }
 
@@ -69,6 +68,8 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock)
         // SAFETY: live map value.
         unsafe { (*fwd).request_ns = clock.now() };
         if flags.set(FLOW_F_REQUEST_PENDING) & FLOW_F_REQUEST_PENDING == 0 {
+            // SAFETY: live map value.
+            progress::requested(unsafe { (*fwd).backend_id }, clock.now());
             // The CPU that raised the request tells the reply entry, so the
             // backend's response looks the forward entry up for its sample
             // (one lookup per request here, none per reply packet there).

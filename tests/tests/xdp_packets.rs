@@ -140,8 +140,18 @@ fn case_request_response_latency(lb: &mut Lb) {
     lb.expect(&backend_ack, XDP_TX, &to_client(backend_ack.clone()));
     assert!(lb.events().is_empty());
     assert_eq!(lb.latency(0).count, 0);
+    // The request is outstanding: its stall clock started when it was sent
+    // (the handshake alone asked nothing of the backend).
+    let asked = lb.progress(0);
+    assert!(asked.awaiting(), "{asked:?}");
+    assert_eq!(asked.stall_clock(), asked.requested_ns);
     let response = from_backend(0, snat_port, TCP_ACK | TCP_PSH).payload(&[b'x'; 301]);
     lb.expect(&response, XDP_TX, &to_client(response.clone()));
+    // Answered: an open connection with nothing asked is no stall.
+    let answered = lb.progress(0);
+    assert!(!answered.awaiting(), "{answered:?}");
+    assert!(answered.answered_ns > asked.requested_ns);
+    assert_eq!(answered.stall_clock(), 0);
     // The sample is aggregated in the kernel, not sent on the ring.
     assert!(lb.events().is_empty(), "no event per response");
     let first = lb.latency(0);
@@ -671,6 +681,7 @@ fn case_udp_reply_one_sample_per_query(lb: &mut Lb) {
         0,
         "mirrored at creation"
     );
+    assert!(lb.progress(0).awaiting(), "the query is outstanding");
     let answer = Pkt::udp((backend_addr(0), BACKEND_PORT), (SNAT, snat_port))
         .macs(LB_MAC, backend_mac(0))
         .payload(b"answer");
@@ -685,6 +696,9 @@ fn case_udp_reply_one_sample_per_query(lb: &mut Lb) {
         }
         let rev = lb.flow(&rev_key).expect("reply entry");
         assert_eq!(rev.flags & FLOW_F_REQUEST_PENDING, 0);
+        // The answered flow stays open until it idles out, waiting for
+        // nothing: no stall clock runs for the backend.
+        assert!(!lb.progress(0).awaiting(), "query {n} answered");
     }
     // The reply's next hop is cached per flow (the learned return path here).
     let rev = lb.flow(&rev_key).expect("reply entry");

@@ -501,10 +501,112 @@ fn a_full_scan_queues_far_fewer_requests_than_pairs_on_a_small_pool() {
             .expect("all in service")
             .id
     });
-    println!("waited for a worker: pairs {pairs:.4}, full scan {full:.4}");
+    // The kernel's rule: one pair first; its winner is kept if it
+    // settles (idle, within the bound), else every backend is compared.
+    let pair_then_scan = waiting_share(|inflight, draw| {
+        let pool: Vec<Candidate> = scored_pool(inflight).collect();
+        let (a, b) = gen_pair(count, draw.next(), draw.next()).expect("two slots");
+        let first =
+            winner(Some(pool[a as usize]), Some(pool[b as usize]), 0).expect("all in service");
+        if settles_scan(&first, 0) {
+            return first.id;
+        }
+        let start = draw.next() % 10;
+        (0..10)
+            .map(|step| pool[((start + step) % 10) as usize])
+            .fold(None, |best, c| winner(best, Some(c), 0))
+            .expect("all in service")
+            .id
+    });
+    println!(
+        "waited for a worker: pairs {pairs:.4}, full scan {full:.4}, \
+         pair then scan {pair_then_scan:.4}"
+    );
     // At 70 % load, pairs often hold two busy backends while another idles.
     assert!(pairs > 0.05, "pairs {pairs}");
     assert!(full < pairs / 3.0, "pairs {pairs}, full scan {full}");
+    // An idle winner is as good as the scan's pick for queueing: the rule
+    // keeps the scan's gain.
+    assert!(
+        pair_then_scan < pairs / 3.0,
+        "pairs {pairs}, pair then scan {pair_then_scan}"
+    );
+}
+
+/// A quiet pool of three equal backends whose estimates differ by a few
+/// percent (as after a light run): every backend is idle at each pick. A
+/// scan of all three hands every flow to the lowest estimate; the rule
+/// ([`settles_scan`]) keeps P2C's pair, which spreads them.
+#[test]
+fn a_quiet_small_pool_keeps_the_pairs_spread() {
+    let count = n(3);
+    // Different coarse buckets, as the lab's three backends had.
+    let costs = [8_000_000u64, 10_500_000, 12_000_000];
+    assert!(coarse_score(costs[0]) < coarse_score(costs[1]));
+    let pool: Vec<Candidate> = (0u32..)
+        .zip(costs)
+        .map(|(id, cost)| {
+            candidate(
+                id,
+                Load {
+                    cost,
+                    ..Load::default()
+                },
+                2,
+                0,
+            )
+        })
+        .collect();
+    let bound = redraw_bound(costs[1]);
+    let mut draw = Draw(11);
+    let mut picks = [0u32; 3];
+    let mut scanned = 0;
+    for _ in 0..3_000 {
+        let (a, b) = gen_pair(count, draw.next(), draw.next()).expect("two slots");
+        let first =
+            winner(Some(pool[a as usize]), Some(pool[b as usize]), bound).expect("all in service");
+        let chosen = if settles_scan(&first, bound) {
+            first
+        } else {
+            scanned += 1;
+            pool.iter()
+                .fold(None, |best, c| {
+                    let better = best.is_none_or(|b: Candidate| rank(c, bound) < rank(&b, bound));
+                    if better { Some(*c) } else { best }
+                })
+                .expect("all in service")
+        };
+        picks[chosen.id as usize] += 1;
+    }
+    assert_eq!(scanned, 0, "an idle pool never scans");
+    // Pairs: the lowest wins 2/3 of picks, the middle 1/3.
+    assert!((1_800..2_200).contains(&picks[0]), "{picks:?}");
+    assert!((800..1_200).contains(&picks[1]), "{picks:?}");
+    // A busy winner scans: one flow in flight on each of the pair.
+    let busy = candidate(
+        0,
+        Load {
+            cost: costs[0],
+            inflight: 1,
+            ..Load::default()
+        },
+        2,
+        0,
+    );
+    assert!(!settles_scan(&busy, bound));
+    // Idle is `score == cost`: true only because every bias is at least 1.
+    assert!((0..=u8::MAX).all(|b| inflight_bias(b) >= 1));
+    // So does an idle one far above the pool.
+    let far = candidate(
+        2,
+        Load {
+            cost: bound + 1,
+            ..Load::default()
+        },
+        2,
+        0,
+    );
+    assert!(!settles_scan(&far, bound));
 }
 
 proptest! {

@@ -4,12 +4,13 @@
 //! slots, the control plane's scores, the live in-flight counts and the
 //! progress timestamps.
 //!
-//! A block of at most the VIP's `p2c_full_scan` slots is scanned whole
-//! instead (`p2c::scans_all`): every backend is a candidate, folded with the
-//! same [`p2c::winner`] rule, under `bpf_loop` so the verifier checks the
-//! body once. The scan starts at a random slot, so equal scores are shared
-//! out at random rather than always won by the first slot.
-use core::ffi::c_void;
+//! In a block of at most the VIP's `p2c_full_scan` slots
+//! (`p2c::scans_all`), every backend is scored under `bpf_loop` (the
+//! verifier checks the body once): the winner of a random pair is taken if
+//! it is idle and within the bound (`p2c::settles_scan`), else the best
+//! `p2c::rank` of the block. The scan starts at a random slot, so equal
+//! ranks are shared out at random rather than always won by the first slot.
+use core::{ffi::c_void, num::NonZeroU32};
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use lb_common::{
@@ -20,7 +21,7 @@ use lb_common::{
 
 use super::{
     load::{inflight, score},
-    slots::{Block, Chosen, by_id, candidate, scan},
+    slots::{Block, Chosen, active_id, by_id, candidate, scan},
 };
 use crate::{
     helpers::random,
@@ -43,7 +44,7 @@ pub fn select(
     };
     let bound = p2c::redraw_bound(block.reference_cost);
     if p2c::scans_all(block.count, full_scan) {
-        return best_of_all(block, bias, now, bound);
+        return pair_or_best_of_all(block, slots, bias, now, bound);
     }
     // Inlined like the rest of the pick (an outlined closure would be a
     // BPF call taking a pointer to this stack frame).
@@ -61,13 +62,14 @@ pub fn select(
 // `visit` masks the bias with 3.
 const _: () = assert!(lb_common::MAX_INFLIGHT_BIAS <= 3);
 
-/// The state of [`best_of_all`], shared with its `bpf_loop` callback. The
-/// best so far lives in the per-CPU [`P2C_SCAN_BEST`] entry, not here: the
-/// verifier checks a `bpf_loop` body as a loop, iterating until its state
-/// repeats, and a best score kept on the stack is a value it tracks (with
-/// the ranges each path through the scoring leaves), so the states never
-/// repeated and the program passed the 1M-instruction limit. Values loaded
-/// from a map are unknown to it, so the body converges at once.
+/// The state of [`pair_or_best_of_all`], shared with its `bpf_loop`
+/// callback. The best so far lives in the per-CPU [`P2C_SCAN_BEST`] entry,
+/// not here: the verifier checks a `bpf_loop` body as a loop, iterating
+/// until its state repeats, and a best score kept on the stack is a value
+/// it tracks (with the ranges each path through the scoring leaves), so
+/// the states never repeated and the program passed the 1M-instruction
+/// limit. Values loaded from a map are unknown to it, so the body
+/// converges at once.
 #[repr(C)]
 struct FullScan {
     now: u64,
@@ -78,72 +80,116 @@ struct FullScan {
     count: u32,
     /// The block offset the scan starts at (< count).
     start: u32,
+    /// The random pair's block offsets.
+    pair: (u32, u32),
     bias: u32,
 }
 
-/// The best candidate of every slot of `block` (d = n choices).
+/// The most slots [`pair_or_best_of_all`] visits (a VIP's whole slot block).
+const MAX_SCAN_SLOTS: NonZeroU32 = match NonZeroU32::new(MAX_BACKENDS_PER_VIP) {
+    Some(n) => n,
+    None => panic!("MAX_BACKENDS_PER_VIP is 0"),
+};
+
+/// P2C in a block small enough to scan whole (`p2c::scans_all`): the
+/// winner of a random pair if it settles the pick (`p2c::settles_scan`:
+/// idle and within the bound), else the best [rank](p2c::rank) of every
+/// slot (d = n choices). One `bpf_loop` visits every slot and folds both,
+/// the pair as two of the slots it visits: a pair drawn before the loop
+/// and tested after it took the verifier past 900k instructions (release)
+/// and made the debug object copy an undefined register, because every
+/// path through the pair's scoring reached the scan as its own state.
 #[inline(always)]
-fn best_of_all(block: &Block, bias: u8, now: u64, bound: u64) -> Result<Chosen, Reason> {
+fn pair_or_best_of_all(
+    block: &Block,
+    slots: p2c::Slots,
+    bias: u8,
+    now: u64,
+    bound: u64,
+) -> Result<Chosen, Reason> {
     let Some(best) = P2C_SCAN_BEST.get_ptr_mut(0) else {
         return scan(block, u64::from(random()));
     };
     // SAFETY: a live per-CPU value; XDP runs one program per CPU at a time.
-    unsafe {
-        (*best).id = u32::MAX;
-        (*best).rank = u64::MAX;
-    }
-    let count = block.count.get().min(MAX_BACKENDS_PER_VIP);
+    unsafe { *best = ScanBest::EMPTY };
+    // `Block` keeps count within MAX_BACKENDS_PER_VIP; clamped anyway, and
+    // the start drawn below the clamped count.
+    let count = block.count.min(MAX_SCAN_SLOTS);
     let mut state = FullScan {
         now,
         bound,
         best,
         vip_id: block.vip_id,
         first_slot: block.first_slot,
-        count,
-        start: random() % block.count,
+        count: count.get(),
+        start: random() % count,
+        pair: slots.gen_pair(random(), random()),
         bias: u32::from(bias),
     };
     // SAFETY: `visit` has the callback signature bpf_loop expects and only
     // touches `state` and the per-CPU value, which outlive the call.
     unsafe {
         bpf_loop(
-            count,
+            count.get(),
             visit as *mut c_void,
             (&raw mut state).cast::<c_void>(),
             0,
         )
     };
     // SAFETY: as above.
-    let id = unsafe { (*best).id };
+    let found = unsafe { &*best };
+    let pair_winner = Candidate {
+        id: found.pair_id,
+        cost: found.pair_cost,
+        score: found.pair_score,
+    };
+    let id = if found.pair_id != u32::MAX && p2c::settles_scan(&pair_winner, bound) {
+        found.pair_id
+    } else {
+        found.id
+    };
     match by_id(id) {
         Some(chosen) => Ok(chosen),
         None => scan(block, u64::from(random())),
     }
 }
 
-/// One slot of [`best_of_all`]; returns 0 to go on.
+/// One slot of [`pair_or_best_of_all`]; returns 0 to go on.
 extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the pointer `best_of_all` gave it.
+    // SAFETY: bpf_loop passes back the pointer `pair_or_best_of_all` gave it.
     let s = unsafe { &mut *ctx.cast::<FullScan>() };
     // start < count and step < count: one subtraction wraps the offset.
     let mut offset = s.start.wrapping_add(step as u32);
     if offset >= s.count {
         offset = offset.wrapping_sub(s.count);
     }
-    let Some(c) = candidate(s.vip_id, s.first_slot.wrapping_add(offset)) else {
+    let Some(id) = active_id(s.vip_id, s.first_slot.wrapping_add(offset)) else {
         return 0;
     };
     // Masked, so the verifier knows the in-flight term's loop runs at most
     // 3 times (the field alone could hold any u32).
     let bias = (s.bias & 3) as u8;
-    let rank = p2c::rank(&scored(c.id, bias, s.now), s.bound);
-    // SAFETY: the per-CPU value `best_of_all` looked up.
-    unsafe {
-        // Strictly lower: a tie keeps the earlier slot of this scan, whose
-        // start was random.
-        if rank < (*s.best).rank {
-            (*s.best).rank = rank;
-            (*s.best).id = c.id;
+    let c = scored(id, bias, s.now);
+    let rank = p2c::rank(&c, s.bound);
+    // SAFETY: the per-CPU value `pair_or_best_of_all` looked up.
+    let best = unsafe { &mut *s.best };
+    // Strictly lower: a tie keeps the earlier slot of this scan, whose
+    // start was random.
+    if rank < best.rank {
+        best.rank = rank;
+        best.id = id;
+    }
+    if offset == s.pair.0 || offset == s.pair.1 {
+        let held = Candidate {
+            id: best.pair_id,
+            cost: best.pair_cost,
+            score: best.pair_score,
+        };
+        // The pair's first visited is `p2c::winner`'s first: a tie keeps it.
+        if best.pair_id == u32::MAX || c.beats(&held, s.bound) {
+            best.pair_id = id;
+            best.pair_cost = c.cost;
+            best.pair_score = c.score;
         }
     }
     0
@@ -158,8 +204,8 @@ fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Opt
         block.first_slot.wrapping_add(first),
         block.first_slot.wrapping_add(second),
     );
-    let a = candidate(block.vip_id, first).map(|c| scored(c.id, bias, now));
-    let b = candidate(block.vip_id, second).map(|c| scored(c.id, bias, now));
+    let a = active_id(block.vip_id, first).map(|id| scored(id, bias, now));
+    let b = active_id(block.vip_id, second).map(|id| scored(id, bias, now));
     p2c::winner(a, b, bound)
 }
 
@@ -172,8 +218,13 @@ fn scored(id: u32, bias: u8, now: u64) -> Candidate {
         cost: s.cost,
         ewma_ns: s.ewma_ns,
         inflight,
-        // Only counts while flows are in flight: no lookup otherwise.
-        last_progress_ns: if inflight > 0 { progress::last(id) } else { 0 },
+        // Only counts while a request is outstanding, which needs a flow
+        // in flight: no lookup otherwise.
+        last_progress_ns: if inflight > 0 {
+            progress::of(id).stall_clock()
+        } else {
+            0
+        },
     };
     p2c::candidate(id, load, bias, now)
 }

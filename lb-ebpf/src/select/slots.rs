@@ -308,11 +308,27 @@ pub fn candidate(vip_id: u32, slot: u32) -> Option<Chosen> {
     by_id(slot_backend(vip_id, slot)?)
 }
 
+/// The id of the backend in `slot` of the VIP, if it may take new flows:
+/// [`candidate`] without copying the address out (P2C scores candidates
+/// by id and looks the winner's address up once).
+#[inline(always)]
+pub fn active_id(vip_id: u32, slot: u32) -> Option<u32> {
+    let id = slot_backend(vip_id, slot)?;
+    let backend: &Backend = BACKENDS.get(id)?;
+    in_service(backend).then_some(id)
+}
+
+/// Whether `backend` may take new flows.
+#[inline(always)]
+fn in_service(backend: &Backend) -> bool {
+    backend.in_use != 0 && backend.state == BACKEND_ACTIVE
+}
+
 /// Backend `id`, if it may take new flows.
 #[inline(always)]
 pub fn by_id(id: u32) -> Option<Chosen> {
     let backend: &Backend = BACKENDS.get(id)?;
-    if backend.in_use == 0 || backend.state != BACKEND_ACTIVE {
+    if !in_service(backend) {
         return None;
     }
     Some(Chosen {

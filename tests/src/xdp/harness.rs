@@ -12,10 +12,11 @@ use aya::{
     programs::{ProgramError, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendScore,
-    CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS,
-    FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig,
-    MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
+    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendProgress,
+    BackendScore, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DEFAULT_CLOSED_LINGER_NS,
+    DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey,
+    LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats,
+    VipKey, VipMeta, reason,
 };
 
 use super::packet::{Pkt, TCP_SYN};
@@ -367,6 +368,30 @@ impl Lb {
         .expect("array")
         .get(&0, 0)
         .expect("SWEEP_STATS")
+    }
+
+    /// Backend `id`'s progress stamps (last answer, last request).
+    pub fn progress(&self, id: u32) -> BackendProgress {
+        Array::<_, BackendProgress>::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_PROGRESS_MAP)
+                .expect("BACKEND_PROGRESS"),
+        )
+        .expect("array")
+        .get(&id, 0)
+        .expect("BACKEND_PROGRESS")
+    }
+
+    /// Writes backend `id`'s progress stamps.
+    pub fn set_progress(&mut self, id: u32, progress: BackendProgress) {
+        Array::<_, BackendProgress>::try_from(
+            self.ebpf
+                .map_mut(lb_common::BACKEND_PROGRESS_MAP)
+                .expect("BACKEND_PROGRESS"),
+        )
+        .expect("array")
+        .set(id, progress, 0)
+        .expect("BACKEND_PROGRESS");
     }
 
     /// Backend `id`'s latency aggregate, summed over CPUs (the peak: the
