@@ -191,8 +191,9 @@ pub struct RunArgs {
     /// Exponent b of the in-flight term (inflight+1)^b in P2C's cost, 1..=3 (default 2).
     #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(MIN_INFLIGHT_BIAS as i64..=MAX_INFLIGHT_BIAS as i64))]
     pub inflight_bias: Option<u8>,
-    /// P2C compares every backend, not two random ones, while a VIP (or
-    /// its zone) has at most N in service; 0 = always two (default 0).
+    /// While a VIP (or its zone) has at most N backends, P2C compares every
+    /// one when a random pair's winner is busy or far above the pool;
+    /// 0 = pairs only (default 16).
     #[arg(long, value_name = "N")]
     pub p2c_full_scan: Option<u16>,
     /// With maglev: hash only the client address, so a client keeps its backend.

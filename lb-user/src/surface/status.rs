@@ -17,7 +17,7 @@
 //!     "protocol": "tcp",               // or "udp"
 //!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
 //!     "inflight_bias": 2,
-//!     "p2c_full_scan": 0,              // P2C compares all backends up to this many (0: pairs)
+//!     "p2c_full_scan": 16,             // P2C may compare all backends up to this many (0: pairs)
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "zone_routing": {                // zone-aware VIPs only
