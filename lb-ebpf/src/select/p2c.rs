@@ -86,10 +86,9 @@ struct FullScan {
 }
 
 /// The most slots [`pair_or_best_of_all`] visits (a VIP's whole slot block).
-const MAX_SCAN_SLOTS: NonZeroU32 = match NonZeroU32::new(MAX_BACKENDS_PER_VIP) {
-    Some(n) => n,
-    None => panic!("MAX_BACKENDS_PER_VIP is 0"),
-};
+/// No panic path even at compile time: at least one slot.
+const MAX_SCAN_SLOTS: NonZeroU32 = NonZeroU32::MIN.saturating_add(MAX_BACKENDS_PER_VIP - 1);
+const _: () = assert!(MAX_SCAN_SLOTS.get() == MAX_BACKENDS_PER_VIP);
 
 /// P2C in a block small enough to scan whole (`p2c::scans_all`): the
 /// winner of a random pair if it settles the pick (`p2c::settles_scan`:
