@@ -158,8 +158,9 @@ impl Runtime {
             let sample = LatencySample {
                 mean: a.mean,
                 peak: a.peak,
+                count: a.count,
             };
-            self.loads.observe(a.backend, sample, a.count, now);
+            self.loads.observe(a.backend, sample, now);
             let event = Event::Responded {
                 backend: a.backend,
                 latency: a.peak,
@@ -214,6 +215,7 @@ impl Runtime {
             }
             ProbeOutcome::Busy => self.probes.busy += 1,
             ProbeOutcome::Unchanged => self.probes.unchanged += 1,
+            ProbeOutcome::Barred => self.probes.barred += 1,
         }
     }
 
@@ -411,6 +413,9 @@ pub struct ProbeCounts {
     pub busy: u64,
     /// A lower bound (connect time, timeout) at or below the estimate.
     pub unchanged: u64,
+    /// A lower latency ignored: the backend relapsed after its estimate
+    /// was last lowered (see [`crate::estimate::refute`]).
+    pub barred: u64,
 }
 
 /// Each zone block's share and reference cost (the median cost of its

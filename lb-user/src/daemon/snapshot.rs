@@ -34,6 +34,7 @@ impl Runtime {
                 ("applied", self.probes.applied),
                 ("busy", self.probes.busy),
                 ("unchanged", self.probes.unchanged),
+                ("barred", self.probes.barred),
             ],
             publish_times: self.kernel.publisher.times.clone(),
             score_times: self.kernel.publisher.scores.times.clone(),

@@ -126,12 +126,12 @@ impl LoadTable {
     }
 
     /// Feeds backend `id` what the kernel measured since the last
-    /// refresh: `count` responses, their mean and peak (unknown ids are
+    /// refresh: how many responses, their mean and peak (unknown ids are
     /// ignored).
-    pub fn observe(&mut self, id: u32, sample: LatencySample, count: u64, now: Nanos) {
+    pub fn observe(&mut self, id: u32, sample: LatencySample, now: Nanos) {
         if let Some(load) = self.loads.get_mut(id as usize) {
             load.latency.observe(sample, now);
-            load.tally.responded += count;
+            load.tally.responded += sample.count;
         }
     }
 
@@ -233,6 +233,7 @@ impl LoadTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::config::DEFAULT_EWMA_REFUTE_AFTER;
     use crate::{
         estimate::latency::ProbeSample,
         kernel::clock::{Clock, ManualClock},
@@ -242,6 +243,7 @@ mod tests {
         cold_start: Duration::from_millis(1),
         tau: Duration::from_secs(10),
         peak_tau: Duration::from_secs(1),
+        refute_after: DEFAULT_EWMA_REFUTE_AFTER,
     };
 
     fn weight(w: u64) -> Weight {
@@ -296,14 +298,14 @@ mod tests {
         // Nothing in use: no extra probes anywhere.
         assert!(table.avoided(&probed, clock.now()).is_empty());
         clock.advance(TICK);
-        table.observe(0, ms(6), 3, clock.now());
-        table.observe(1, ms(6), 3, clock.now());
+        table.observe(0, ms(6).counted(3), clock.now());
+        table.observe(1, ms(6).counted(3), clock.now());
         assert_eq!(table.avoided(&probed, clock.now()), [2]);
         // Sampled a moment ago: not avoided; a probe interval later: avoided.
-        table.observe(2, ms(6), 1, clock.now());
+        table.observe(2, ms(6).counted(1), clock.now());
         assert!(table.avoided(&probed, clock.now()).is_empty());
         clock.advance(PROBE_EVERY);
-        table.observe(0, ms(6), 3, clock.now());
+        table.observe(0, ms(6).counted(3), clock.now());
         assert_eq!(table.avoided(&probed, clock.now()), [1, 2]);
     }
 
@@ -316,6 +318,7 @@ mod tests {
         let clock = ManualClock::starting_at(0);
         let params = EstimateParams {
             peak_tau: Duration::from_secs(10),
+            refute_after: DEFAULT_EWMA_REFUTE_AFTER,
             ..PARAMS
         };
         let mut table = LoadTable::new(&[weight(1); 3], params, clock.now());
@@ -323,7 +326,7 @@ mod tests {
         for _ in 0..100 {
             clock.advance(TICK);
             for id in 0..3 {
-                table.observe(id, ms(6), 5, clock.now());
+                table.observe(id, ms(6).counted(5), clock.now());
             }
         }
         clock.advance(TICK);
@@ -331,8 +334,9 @@ mod tests {
         let peak = LatencySample {
             mean: Duration::from_millis(8),
             peak: Duration::from_millis(40),
+            count: 1,
         };
-        table.observe(2, peak, 5, clock.now());
+        table.observe(2, peak.counted(5), clock.now());
         let mut next_probe = Nanos(clock.now().0 + PROBE_EVERY.as_nanos() as u64);
         for _ in 0..200 {
             clock.advance(TICK);
@@ -341,8 +345,8 @@ mod tests {
             if table.ewma_ns(2, now) as f64 <= 3.0 * median {
                 return Some(now.since(spike));
             }
-            table.observe(0, ms(6), 5, now);
-            table.observe(1, ms(6), 5, now);
+            table.observe(0, ms(6).counted(5), now);
+            table.observe(1, ms(6).counted(5), now);
             if probes && now >= next_probe {
                 for id in table.avoided(&probed, now) {
                     let probe = ProbeSample::Response(Duration::from_millis(6));
@@ -417,6 +421,7 @@ mod tests {
         let clock = ManualClock::starting_at(0);
         let params = EstimateParams {
             peak_tau: Duration::from_secs(10),
+            refute_after: DEFAULT_EWMA_REFUTE_AFTER,
             ..PARAMS
         };
         let mut table = LoadTable::new(&[weight(1); 10], params, clock.now());
@@ -435,6 +440,7 @@ mod tests {
         let noisy = LatencySample {
             mean: Duration::from_micros(12_500),
             peak: Duration::from_millis(20),
+            count: 1,
         };
         for tick in 0..200u32 {
             clock.advance(TICK);
@@ -445,11 +451,11 @@ mod tests {
                 } else {
                     ms(5)
                 };
-                table.observe(id, sample, 2, now);
+                table.observe(id, sample.counted(2), now);
             }
             for id in 5..10 {
                 if (tick + id * 8) % 40 == 0 {
-                    table.observe(id, ms(5), 1, now);
+                    table.observe(id, ms(5).counted(1), now);
                 }
             }
         }
@@ -466,10 +472,10 @@ mod tests {
             clock.advance(TICK);
             let now = clock.now();
             for id in 0..5 {
-                table.observe(id, ms(50), 2, now);
+                table.observe(id, ms(50).counted(2), now);
             }
             if tick == 4 {
-                table.observe(7, ms(5), 1, now);
+                table.observe(7, ms(5).counted(1), now);
             }
         }
         let (_, _, zone_a, zone_b) = medians(&table, clock.now());
@@ -495,7 +501,7 @@ mod tests {
         assert_eq!(table.zone_latency_ns(0, clock.now(), age), None);
         // The first user sample is the figure (no blend with cold start).
         clock.advance(Duration::from_secs(30));
-        table.observe(0, ms(8), 1, clock.now());
+        table.observe(0, ms(8).counted(1), clock.now());
         assert_eq!(table.zone_latency_ns(0, clock.now(), age), Some(8_000_000));
         clock.advance(Duration::from_secs(3));
         assert_eq!(table.zone_latency_ns(0, clock.now(), age), None);

@@ -9,9 +9,11 @@
 //! 300 ms samples do the same to a backend that resumed long ago.
 //!
 //! So the two jobs are split:
-//! * [`PeakEwma`] with a short τ (`ewma_peak_tau`, 1 s by default) keeps
-//!   the peak sensitivity: the first slow response still counts at once,
-//!   and a backend that stays slow keeps it high with every sample;
+//! * [`PeakEwma`] with its own τ (`ewma_peak_tau`: by default as long as
+//!   `ewma_tau`, which makes it one Finagle Peak-EWMA; shorter trades tail
+//!   for forgiveness) keeps the peak sensitivity: the first slow response
+//!   still counts at once, and a backend that stays slow keeps it high
+//!   with every sample;
 //! * an [`Ewma`] of each refresh interval's *mean* latency with the long
 //!   τ (`ewma_tau`) remembers persistent slowness: a backend that was slow
 //!   for many samples stays avoided after its peaks are forgotten, while
@@ -20,6 +22,14 @@
 //! This is the "short-memory estimate next to the long one" of issue 13;
 //! the kernel's stall age covers the first milliseconds of a pause before
 //! any sample exists.
+//!
+//! **Refutation** ([`crate::estimate::refute`]): both memories forget by
+//! time only, so a backend that was slow once and answers fast again
+//! would wait out τ·ln(peak ÷ bound) while its fast responses arrive.
+//! A run of `ewma_refute_after` responses each at most half the estimate
+//! restarts both memories from what the run measured, unless the backend
+//! relapsed within τ of its last refutation (recurring slowness stays
+//! remembered).
 //!
 //! **Latency probes** (issue 13's out-of-band probes): a backend whose
 //! estimate is far above its pool is avoided, so it gets no requests and
@@ -60,7 +70,7 @@ use std::time::Duration;
 
 pub use crate::settings::config::EstimateParams;
 use crate::{
-    estimate::{ewma::Ewma, peak_ewma::PeakEwma},
+    estimate::{ewma::Ewma, peak_ewma::PeakEwma, refute::Refutation},
     kernel::clock::Nanos,
 };
 
@@ -69,6 +79,8 @@ use crate::{
 pub struct LatencySample {
     pub mean: Duration,
     pub peak: Duration,
+    /// Responses measured (a tick's count; 1 for a single response).
+    pub count: u64,
 }
 
 impl LatencySample {
@@ -77,7 +89,13 @@ impl LatencySample {
         Self {
             mean: latency,
             peak: latency,
+            count: 1,
         }
+    }
+
+    /// The same latencies, measured over `count` responses.
+    pub fn counted(self, count: u64) -> Self {
+        Self { count, ..self }
     }
 }
 
@@ -100,6 +118,9 @@ pub enum ProbeOutcome {
     Applied,
     /// A lower bound at or below the estimate: nothing to learn.
     Unchanged,
+    /// A lower latency, ignored: the backend relapsed soon after its
+    /// estimate was last lowered (see [`crate::estimate::refute`]).
+    Barred,
 }
 
 /// The memory of [`LatencyEstimate::recent_mean_ns`]: a zone whose
@@ -114,6 +135,8 @@ pub struct LatencyEstimate {
     recent_mean: Ewma,
     /// When the last user sample arrived (probes do not count).
     last_user: Option<Nanos>,
+    /// The current run of fast responses (see [`crate::estimate::refute`]).
+    refutation: Refutation,
 }
 
 impl LatencyEstimate {
@@ -123,19 +146,32 @@ impl LatencyEstimate {
             cold_start,
             tau,
             peak_tau,
+            refute_after,
         } = params;
         Self {
             recent: PeakEwma::new(cold_start, peak_tau.min(tau), now),
             sustained: Ewma::new(cold_start, tau, now),
             recent_mean: Ewma::new(cold_start, RECENT_MEAN_TAU, now),
             last_user: None,
+            refutation: Refutation::new(refute_after, tau),
         }
     }
 
-    /// One tick's user samples.
+    /// One tick's user samples. A run of `refute_after` fast ones refutes
+    /// both memories, unless the backend relapsed lately (see
+    /// [`crate::estimate::refute`]).
     pub fn observe(&mut self, sample: LatencySample, now: Nanos) {
-        self.recent.observe(sample.peak, now);
-        self.sustained.blend(sample.mean, now);
+        let refuted = self.refutation.record(sample, self.estimate_ns(now), now);
+        match refuted {
+            Some(run) => {
+                self.recent.reset(run.peak, now);
+                self.sustained.replace(run.mean, now);
+            }
+            None => {
+                self.recent.observe(sample.peak, now);
+                self.sustained.blend(sample.mean, now);
+            }
+        }
         // The first sample is the mean, not a blend with the cold-start guess.
         if self.recent_mean.last_sample().is_none() {
             self.recent_mean.replace(sample.mean, now);
@@ -158,6 +194,14 @@ impl LatencyEstimate {
         }
         match probe {
             ProbeSample::Response(latency) => {
+                let estimate = self.estimate_ns(now);
+                let lowers = (latency.as_nanos() as f64) < estimate;
+                if lowers && self.refutation.barred(now) {
+                    return ProbeOutcome::Barred;
+                }
+                if lowers {
+                    self.refutation.lowered_by_probe(now);
+                }
                 self.recent.reset(latency, now);
                 ProbeOutcome::Applied
             }
@@ -195,6 +239,7 @@ impl LatencyEstimate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::config::DEFAULT_EWMA_REFUTE_AFTER;
     use crate::{
         estimate::testing::{COLD, MS, TAU},
         kernel::clock::{Clock, ManualClock},
@@ -205,6 +250,7 @@ mod tests {
         cold_start: COLD,
         tau: TAU,
         peak_tau: PEAK_TAU,
+        refute_after: DEFAULT_EWMA_REFUTE_AFTER,
     };
     const TICK: Duration = Duration::from_millis(50);
 
@@ -242,6 +288,7 @@ mod tests {
             LatencySample {
                 mean: Duration::from_millis(10),
                 peak: Duration::from_millis(40),
+                count: 1,
             },
             clock.now(),
         );
@@ -279,11 +326,64 @@ mod tests {
         assert!(after < 20.0, "{after}");
     }
 
+    /// `recover`: a second of 100 ms answers, the queue it built drained
+    /// with a 1 s peak, then 10 ms answers at a few per tick (a share of
+    /// traffic well under the backend's fair one).
+    #[test]
+    fn a_run_of_fast_responses_refutes_a_slow_phase_in_well_under_a_second() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        feed(&mut e, &clock, ms(10).counted(5), 5.0);
+        feed(&mut e, &clock, ms(100).counted(1), 1.0);
+        clock.advance(TICK);
+        e.observe(
+            LatencySample {
+                mean: Duration::from_millis(500),
+                peak: Duration::from_millis(1_000),
+                count: 20,
+            },
+            clock.now(),
+        );
+        let mut without = e.clone();
+        let mut ticks = 0;
+        while e.estimate_ns(clock.now()) / MS > 15.0 {
+            ticks += 1;
+            assert!(ticks <= 6, "not refuted after {ticks} ticks of 3");
+            clock.advance(TICK);
+            e.observe(ms(10).counted(3), clock.now());
+        }
+        // 16 responses: the sixth tick.
+        assert_eq!(ticks, 6);
+        // Fifteen fast responses over 3 s, one short of a run, leave it far
+        // above a 3× bound: time alone wears a peak down slowly.
+        for _ in 0..15 {
+            clock.advance(Duration::from_millis(200));
+            without.observe(ms(10), clock.now());
+        }
+        let slow = without.estimate_ns(clock.now()) / MS;
+        assert!(slow > 100.0, "{slow}");
+    }
+
+    #[test]
+    fn a_backend_slow_one_response_in_four_is_not_refuted() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        // Ticks of 4 responses, one of them 100 ms, the rest 10 ms.
+        let mixed = LatencySample {
+            mean: Duration::from_micros(32_500),
+            peak: Duration::from_millis(100),
+            count: 4,
+        };
+        feed(&mut e, &clock, mixed, 10.0);
+        assert!(e.estimate_ns(clock.now()) / MS > 90.0);
+    }
+
     /// The default: one memory τ for peaks and means.
     const DEFAULT_PARAMS: EstimateParams = EstimateParams {
         cold_start: COLD,
         tau: TAU,
         peak_tau: TAU,
+        refute_after: DEFAULT_EWMA_REFUTE_AFTER,
     };
     const PROBE_EVERY: Duration = Duration::from_millis(250);
 
@@ -297,6 +397,7 @@ mod tests {
             LatencySample {
                 mean: Duration::from_millis(7),
                 peak: Duration::from_millis(40),
+                count: 1,
             },
             clock.now(),
         );
@@ -327,6 +428,51 @@ mod tests {
         without.observe(ms(6), clock.now());
         let without_after = without.estimate_ns(clock.now()) / MS;
         assert!(without_after > 18.0, "{without_after}");
+    }
+
+    /// `stall`: a backend pauses for 300 ms every 2 s. A probe brings it
+    /// back after its first pause; after the second (a relapse) probes are
+    /// barred until it has gone τ without one.
+    #[test]
+    fn a_probe_cannot_bring_back_a_backend_that_relapsed() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        let pause = LatencySample {
+            mean: Duration::from_millis(200),
+            peak: Duration::from_millis(300),
+            count: 2,
+        };
+        feed(&mut e, &clock, ms(10).counted(3), 5.0);
+        clock.advance(TICK);
+        e.observe(pause, clock.now());
+        clock.advance(PROBE_EVERY);
+        assert_eq!(
+            e.observe_probe(probe_ms(10), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Applied
+        );
+        // Back in use, then the next pause.
+        feed(&mut e, &clock, ms(10).counted(3), 1.5);
+        clock.advance(TICK);
+        e.observe(pause, clock.now());
+        clock.advance(PROBE_EVERY);
+        assert_eq!(
+            e.observe_probe(probe_ms(10), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Barred
+        );
+        assert!(e.estimate_ns(clock.now()) / MS > 250.0);
+        // A probe that raises it still counts.
+        clock.advance(PROBE_EVERY);
+        assert_eq!(
+            e.observe_probe(probe_ms(400), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Applied
+        );
+        // τ after the relapse, with no pause seen since: probes count again.
+        clock.advance(TAU);
+        assert_eq!(
+            e.observe_probe(probe_ms(10), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Applied
+        );
+        assert!(e.estimate_ns(clock.now()) / MS < 60.0);
     }
 
     #[test]
@@ -415,6 +561,7 @@ mod tests {
                 cold_start: COLD,
                 tau: PEAK_TAU,
                 peak_tau: TAU,
+                refute_after: DEFAULT_EWMA_REFUTE_AFTER,
             },
             clock.now(),
         );

@@ -10,6 +10,7 @@ pub mod backend_load;
 pub mod ewma;
 pub mod latency;
 pub mod peak_ewma;
+pub mod refute;
 #[cfg(test)]
 mod testing;
 

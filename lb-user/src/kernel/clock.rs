@@ -13,6 +13,14 @@ impl Nanos {
     pub fn since(self, earlier: Nanos) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }
+
+    /// `d` after `self` (saturating at the end of time).
+    pub fn plus(self, d: Duration) -> Nanos {
+        Nanos(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
 }
 
 pub trait Clock {

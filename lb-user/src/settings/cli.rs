@@ -244,6 +244,12 @@ pub struct RunArgs {
     /// e.g. 1s; at most --ewma-tau).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_peak_tau: Option<Duration>,
+    /// Fast responses in a row (each at most half the estimate) that
+    /// refute a backend's latency memory, so a backend that was slow and
+    /// is fast again comes back at once (default 16; 0: only time wears
+    /// the memory down, as in plain Peak-EWMA).
+    #[arg(long, value_name = "N")]
+    pub ewma_refute_after: Option<u64>,
     /// Latency assumed for a backend with no samples, and the value an idle backend decays to.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_cold_start: Option<Duration>,

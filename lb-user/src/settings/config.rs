@@ -28,6 +28,7 @@
 //!                                # needs `zone`, must not list it
 //! ewma_tau = "10s"               # memory of the mean latency
 //! ewma_peak_tau = "10s"          # memory of peaks; default and at most ewma_tau
+//! ewma_refute_after = 16         # fast responses in a row that refute it; 0: off
 //! ewma_cold_start = "1ms"
 //! score_interval = "50ms"
 //! udp_idle_timeout = "30s"
@@ -107,8 +108,13 @@ pub struct EstimateParams {
     pub tau: Duration,
     /// Memory of the peaks (capped at `tau`).
     pub peak_tau: Duration,
+    /// Fast responses in a row that refute both memories (0: never; see
+    /// [`crate::estimate::refute`]).
+    pub refute_after: u64,
 }
 
+/// See [`crate::estimate::refute`].
+pub const DEFAULT_EWMA_REFUTE_AFTER: u64 = 16;
 pub const DEFAULT_SCORE_INTERVAL: Duration = Duration::from_millis(50);
 /// The kernel must see fresh scores at least this often (issue contract).
 pub const MAX_SCORE_INTERVAL: Duration = Duration::from_millis(100);
@@ -143,6 +149,7 @@ pub struct Config {
     pub flow_table_size: u32,
     pub ewma_tau: Duration,
     pub ewma_peak_tau: Duration,
+    pub ewma_refute_after: u64,
     pub ewma_cold_start: Duration,
     pub score_interval: Duration,
     pub udp_idle_timeout: Duration,
@@ -220,6 +227,7 @@ pub struct FileConfig {
     ewma_tau: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     ewma_peak_tau: Option<Duration>,
+    ewma_refute_after: Option<u64>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     ewma_cold_start: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
@@ -471,6 +479,10 @@ impl Config {
                 file.ewma_peak_tau,
                 pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
             ),
+            ewma_refute_after: args
+                .ewma_refute_after
+                .or(file.ewma_refute_after)
+                .unwrap_or(DEFAULT_EWMA_REFUTE_AFTER),
             ewma_cold_start: pick(
                 args.ewma_cold_start,
                 file.ewma_cold_start,
@@ -619,6 +631,7 @@ impl Config {
             cold_start: self.ewma_cold_start,
             tau: self.ewma_tau,
             peak_tau: self.ewma_peak_tau,
+            refute_after: self.ewma_refute_after,
         }
     }
 
@@ -876,6 +889,7 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     global!(flow_table_size);
     global!(ewma_tau);
     global!(ewma_peak_tau);
+    global!(ewma_refute_after);
     global!(ewma_cold_start);
     global!(score_interval);
     global!(udp_idle_timeout);

@@ -58,6 +58,9 @@ pub const DEFAULT_HEALTH_FALL: u32 = 2;
 /// recovered backend its share back in 0.84 s instead of never, and the
 /// stall median 22.8 → 14.3 ms, but the stall P99.9 65.7 → 316 ms (the
 /// stalling backends are forgiven between pauses, like a 1 s peak memory).
+/// The relapse bar (`crate::estimate::refute`) brought that P99.9 to 34 ms
+/// (recovery 0.6 s), but probe runs still showed a higher stall median and
+/// hetero P99 than runs without (README, "Refutation and relapse").
 pub const DEFAULT_LATENCY_PROBE_INTERVAL: ProbeInterval = ProbeInterval::Off;
 /// Shortest latency probe interval accepted: faster probes would measure
 /// little more than the score interval can publish.

@@ -69,7 +69,7 @@ pub struct Snapshot {
     pub reasons: Vec<(&'static str, u64)>,
     pub events_lost: u64,
     pub events_received: u64,
-    /// Latency probes by outcome (`applied`, `busy`, `unchanged`).
+    /// Latency probes by outcome (`applied`, `busy`, `unchanged`, `barred`).
     pub latency_probes: Vec<(&'static str, u64)>,
     pub publish_times: UpdateTimes,
     pub score_times: UpdateTimes,

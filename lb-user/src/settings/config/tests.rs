@@ -46,6 +46,7 @@ fn minimal_flags_get_the_documented_defaults() {
     assert_eq!(c.ewma_peak_tau, Duration::from_secs(10));
     let short = from_flags(&[MINIMAL, &["--ewma-tau", "2s"]].concat()).unwrap();
     assert_eq!(short.ewma_peak_tau, Duration::from_secs(2));
+    assert_eq!(c.ewma_refute_after, 16);
     assert_eq!(c.ewma_cold_start, Duration::from_millis(1));
     assert_eq!(c.score_interval, Duration::from_millis(50));
     assert_eq!(c.udp_idle_timeout, Duration::from_secs(30));
@@ -87,6 +88,8 @@ fn flags_and_file_mean_the_same() {
         "5s",
         "--ewma-peak-tau",
         "500ms",
+        "--ewma-refute-after",
+        "0",
         "--ewma-cold-start",
         "2ms",
         "--score-interval",
@@ -114,6 +117,7 @@ fn flags_and_file_mean_the_same() {
         flow_table_size = 1024
         ewma_tau = "5s"
         ewma_peak_tau = "500ms"
+        ewma_refute_after = 0
         ewma_cold_start = "2ms"
         score_interval = "20ms"
         udp_idle_timeout = "10s"

@@ -1,0 +1,256 @@
+//! Refuting a latency memory with a run of fast responses.
+//!
+//! Peak-EWMA (Finagle, linkerd/tower) keeps a peak until time wears it
+//! down: with the default τ of 10 s, a backend that was slow for one
+//! second (and answered the requests queued during that second with a
+//! second's delay) stays above its pool for several more seconds after
+//! it turned fast again, although every response it has given since says
+//! it is fast. Time is the only evidence the EWMA knows; the responses
+//! are better evidence.
+//!
+//! The rule: a response counts as *refuting* when it took at most
+//! 1 / [`REFUTE_RATIO`] of the current estimate. Once `ewma_refute_after`
+//! (16 by default, [`crate::settings::config::DEFAULT_EWMA_REFUTE_AFTER`])
+//! refuting responses arrived in a row (a response that does not refute
+//! ends the run), the memory is refuted: the estimate restarts from what
+//! the run measured (its peak for the peak memory, its mean for the long
+//! memory of means). 0 turns the rule off.
+//!
+//! **Relapse.** A backend whose slowness comes back (a GC pause every few
+//! seconds) would be refuted after every episode and given its full share
+//! again just in time for the next one, which then catches every request
+//! it holds: the tail is the episode's length. So a backend that turns
+//! slow again (a response [`REFUTE_RATIO`] times its estimate or more)
+//! within the long memory τ (`ewma_tau`) of being refuted is *barred*: no
+//! refutation until it has gone τ without such a response, and only time
+//! wears its memory down, as in plain Peak-EWMA. A one-off episode is
+//! refuted once; a recurring one is remembered for as long as it recurs.
+//!
+//! Why this keeps what the memories are for:
+//! * a backend that *stays* slow never answers in half its estimate, so
+//!   its memory is never refuted (`hetero`'s slow nodes stay out);
+//! * a backend whose slowness is intermittent shows it within the run:
+//!   if a quarter of its responses are still slow, a run of 16 fast ones
+//!   happens with probability 0.75¹⁶ ≈ 1 %;
+//! * an avoided backend gets no responses, so nothing is refuted without
+//!   fresh user evidence; the idle drift and (opt-in) latency probes stay
+//!   the only way back for it.
+//!
+//! The kernel aggregates responses per score tick (count, mean, peak), so
+//! a tick refutes only as a whole: its peak must be fast.
+
+use std::time::Duration;
+
+use crate::{estimate::latency::LatencySample, kernel::clock::Nanos};
+
+/// A response refutes the estimate when it took at most 1/this of it, and
+/// is a relapse when it took this many times the estimate or more.
+pub const REFUTE_RATIO: f64 = 2.0;
+
+/// The current run of refuting responses, and the relapse bar.
+#[derive(Clone, Debug)]
+pub struct Refutation {
+    /// Refuting responses in a row that refute the memory (0: never).
+    needed: u64,
+    /// How long a refuted backend is watched for a relapse, and how long
+    /// a relapse bars refutation.
+    watch: Duration,
+    responses: u64,
+    /// Σ latency of the run's responses, in nanoseconds.
+    total_ns: f64,
+    peak: Duration,
+    refuted_at: Option<Nanos>,
+    barred_until: Option<Nanos>,
+}
+
+impl Refutation {
+    pub fn new(needed: u64, watch: Duration) -> Self {
+        Self {
+            needed,
+            watch,
+            responses: 0,
+            total_ns: 0.0,
+            peak: Duration::ZERO,
+            refuted_at: None,
+            barred_until: None,
+        }
+    }
+
+    /// Adds one tick's responses, measured at `now` while the estimate was
+    /// `estimate_ns`. Returns what the run measured (count, mean, peak)
+    /// once it reaches `needed` responses and refutes the memory; the run
+    /// starts over then.
+    pub fn record(
+        &mut self,
+        sample: LatencySample,
+        estimate_ns: f64,
+        now: Nanos,
+    ) -> Option<LatencySample> {
+        if sample.count == 0 {
+            return None;
+        }
+        let peak_ns = sample.peak.as_nanos() as f64;
+        if peak_ns >= estimate_ns * REFUTE_RATIO && self.watching(now) {
+            self.barred_until = Some(now.plus(self.watch));
+        }
+        if self.needed == 0 || peak_ns * REFUTE_RATIO > estimate_ns || self.barred(now) {
+            self.end_run();
+            return None;
+        }
+        self.responses += sample.count;
+        self.total_ns += sample.mean.as_nanos() as f64 * sample.count as f64;
+        self.peak = self.peak.max(sample.peak);
+        if self.responses < self.needed {
+            return None;
+        }
+        let run = LatencySample {
+            mean: Duration::from_nanos((self.total_ns / self.responses as f64) as u64),
+            peak: self.peak,
+            count: self.responses,
+        };
+        self.end_run();
+        self.refuted_at = Some(now);
+        Some(run)
+    }
+
+    /// Something other than a run (a latency probe) lowered the estimate
+    /// at `now`: watch for a relapse as after a refutation.
+    pub fn lowered_by_probe(&mut self, now: Nanos) {
+        self.end_run();
+        self.refuted_at = Some(now);
+    }
+
+    /// Whether a relapse at `now` counts: within `watch` of the last
+    /// refutation, or while barred (a relapse extends the bar).
+    fn watching(&self, now: Nanos) -> bool {
+        self.refuted_at.is_some_and(|t| now.since(t) < self.watch) || self.barred(now)
+    }
+
+    /// Whether a relapse bars refutation at `now`.
+    pub fn barred(&self, now: Nanos) -> bool {
+        self.barred_until.is_some_and(|t| now < t)
+    }
+
+    fn end_run(&mut self) {
+        self.responses = 0;
+        self.total_ns = 0.0;
+        self.peak = Duration::ZERO;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: f64 = 1_000_000.0;
+    const WATCH: Duration = Duration::from_secs(10);
+
+    fn tick(count: u64, mean_ms: u64, peak_ms: u64) -> LatencySample {
+        LatencySample {
+            mean: Duration::from_millis(mean_ms),
+            peak: Duration::from_millis(peak_ms),
+            count,
+        }
+    }
+
+    fn at_ms(ms: u64) -> Nanos {
+        Nanos(ms * 1_000_000)
+    }
+
+    #[test]
+    fn sixteen_fast_responses_in_a_row_refute() {
+        let mut r = Refutation::new(16, WATCH);
+        assert_eq!(r.record(tick(5, 10, 12), 100.0 * MS, at_ms(50)), None);
+        assert_eq!(r.record(tick(5, 10, 14), 100.0 * MS, at_ms(100)), None);
+        assert_eq!(r.record(tick(5, 10, 11), 100.0 * MS, at_ms(150)), None);
+        let run = r
+            .record(tick(1, 14, 14), 100.0 * MS, at_ms(200))
+            .expect("refuted");
+        assert_eq!(run.count, 16);
+        assert_eq!(run.peak, Duration::from_millis(14));
+        // (15 × 10 + 14) / 16 = 10.25 ms.
+        assert_eq!(run.mean, Duration::from_micros(10_250));
+        // The run starts over.
+        assert_eq!(r.record(tick(15, 10, 10), 100.0 * MS, at_ms(250)), None);
+    }
+
+    #[test]
+    fn one_slow_response_ends_the_run() {
+        let mut r = Refutation::new(16, WATCH);
+        assert_eq!(r.record(tick(15, 10, 12), 100.0 * MS, at_ms(50)), None);
+        // Its peak is above half the estimate: the run starts over.
+        assert_eq!(r.record(tick(1, 60, 60), 100.0 * MS, at_ms(100)), None);
+        assert_eq!(r.record(tick(15, 10, 12), 100.0 * MS, at_ms(150)), None);
+        assert!(r.record(tick(1, 10, 10), 100.0 * MS, at_ms(200)).is_some());
+    }
+
+    #[test]
+    fn responses_as_slow_as_the_estimate_never_refute() {
+        let mut r = Refutation::new(16, WATCH);
+        for i in 0..1_000 {
+            assert_eq!(r.record(tick(10, 90, 100), 100.0 * MS, at_ms(i * 50)), None);
+        }
+        // Exactly half the estimate still refutes (at most 1/2).
+        assert!(
+            r.record(tick(16, 50, 50), 100.0 * MS, at_ms(50_050))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_tick_without_responses_neither_counts_nor_ends_the_run() {
+        let mut r = Refutation::new(16, WATCH);
+        assert_eq!(r.record(tick(10, 10, 10), 100.0 * MS, at_ms(50)), None);
+        assert_eq!(r.record(tick(0, 0, 0), 100.0 * MS, at_ms(100)), None);
+        assert!(r.record(tick(6, 10, 10), 100.0 * MS, at_ms(150)).is_some());
+    }
+
+    #[test]
+    fn zero_needed_never_refutes() {
+        let mut r = Refutation::new(0, WATCH);
+        for i in 0..100 {
+            assert_eq!(r.record(tick(50, 1, 1), 100.0 * MS, at_ms(i * 50)), None);
+        }
+    }
+
+    /// One pause, then fast: refuted. Pauses every 2 s: refuted after the
+    /// first only, barred while they go on, refutable again τ after the
+    /// last.
+    #[test]
+    fn a_recurring_slowness_is_refuted_once_then_barred_while_it_recurs() {
+        let mut r = Refutation::new(16, WATCH);
+        let pause = tick(2, 300, 300);
+        let fast = tick(16, 10, 12);
+        // The first pause (estimate ~12 ms) is no relapse: nothing refuted.
+        assert_eq!(r.record(pause, 12.0 * MS, at_ms(1_000)), None);
+        assert!(r.record(fast, 300.0 * MS, at_ms(1_300)).is_some());
+        for cycle in 1..=5u64 {
+            let start = 1_000 + cycle * 2_000;
+            // The estimate is the refuted one (or the pause's, barred).
+            assert_eq!(r.record(pause, 12.0 * MS, at_ms(start)), None);
+            assert!(r.barred(at_ms(start)));
+            assert_eq!(r.record(fast, 300.0 * MS, at_ms(start + 300)), None);
+        }
+        // The last pause at 11 s: barred until 21 s.
+        assert!(r.barred(at_ms(20_999)));
+        assert_eq!(r.record(fast, 300.0 * MS, at_ms(20_999)), None);
+        assert!(!r.barred(at_ms(21_000)));
+        assert!(r.record(fast, 300.0 * MS, at_ms(21_000)).is_some());
+    }
+
+    #[test]
+    fn a_slow_episode_long_after_a_refutation_is_no_relapse() {
+        let mut r = Refutation::new(16, WATCH);
+        assert!(
+            r.record(tick(16, 10, 10), 100.0 * MS, at_ms(1_000))
+                .is_some()
+        );
+        // τ later a new episode: refuted again at once.
+        assert_eq!(r.record(tick(2, 300, 300), 12.0 * MS, at_ms(11_000)), None);
+        assert!(!r.barred(at_ms(11_000)));
+        assert!(
+            r.record(tick(16, 10, 10), 300.0 * MS, at_ms(11_300))
+                .is_some()
+        );
+    }
+}
