@@ -269,10 +269,13 @@ pub struct BackendScore {
 assert_size!(BackendScore, 32);
 
 /// Value of [`crate::BACKEND_CONNS_MAP`]: monotonic counters the kernel advances
-/// with atomic adds. In-flight = opened - closed - correction (never below 0),
-/// where the correction ([`crate::BACKEND_CORRECTION_MAP`], a `u64` per backend)
-/// is owned by the control plane and accounts for flows that ended without the
-/// kernel seeing them end (LRU eviction, idle expiry).
+/// with atomic adds. In-flight = opened - closed + correction, where the
+/// correction ([`crate::BACKEND_CORRECTION_MAP`], a `u64` per backend) is
+/// owned by the control plane: the connections it holds open to the backend
+/// itself (health checks and latency probes), which occupy the backend like a
+/// user's but never pass through the data path. (The kernel counts every end
+/// of a user flow itself, eviction and idle expiry included, so nothing needs
+/// subtracting.)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendConns {
@@ -282,11 +285,11 @@ pub struct BackendConns {
 assert_size!(BackendConns, 16);
 
 impl BackendConns {
-    /// Connections currently open, after the control plane's correction.
+    /// Connections currently open, the control plane's own included.
     pub const fn inflight(&self, correction: u64) -> u64 {
         self.opened
             .saturating_sub(self.closed)
-            .saturating_sub(correction)
+            .saturating_add(correction)
     }
 }
 

@@ -5,7 +5,8 @@ use lb_common::BackendScore;
 
 use crate::maps::{BACKEND_CONNS, BACKEND_CORRECTION, BACKEND_SCORES};
 
-/// Connections open to backend `id` (opened - closed - correction, ≥ 0).
+/// Connections open to backend `id`: opened - closed (≥ 0), plus the
+/// control plane's own (its health checks, `BACKEND_CORRECTION`).
 #[inline(always)]
 pub fn inflight(id: u32) -> u64 {
     let counters = BACKEND_CONNS.get(id).copied().unwrap_or_default();

@@ -34,7 +34,7 @@ use crate::{
     pool::zones::ZonePlan,
     pool::{
         fleet::Fleet,
-        health::{CheckResult, HealthChecker, Purpose},
+        health::{CheckResult, HealthChecker, OnConnection, Purpose},
         plan::Plan,
     },
     publish::{tables::median_cost, writers::UpdateTimes},
@@ -101,11 +101,18 @@ impl Runtime {
             let e = anyhow::anyhow!("health check of backend {backend} panicked: {message}");
             panics.record(Stage::HealthTask, &e);
         });
+        let marks = kernel.control_conns.clone();
+        let mark_errors = errors.clone();
+        let on_connection: OnConnection = Arc::new(move |backend: u32, open: bool| {
+            if let Err(e) = marks.set(backend, u64::from(open)) {
+                mark_errors.record(Stage::Health, &e);
+            }
+        });
         let mut runtime = Self {
             loads: LoadTable::new(&plan.weights, config.estimate_params(), now),
             fresh_load: BackendLoad::new(Weight::DEFAULT, config.estimate_params(), now),
             kernel,
-            checker: HealthChecker::new(check_results, on_panic),
+            checker: HealthChecker::new(check_results, on_panic, on_connection),
             checks: HashMap::new(),
             probes: ProbeCounts::default(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),

@@ -22,7 +22,7 @@ use crate::{
         attach::Attachment,
         clock::Clock,
         iface,
-        maps::{self, Counters},
+        maps::{self, ControlConnections, Counters},
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
         snat_handover::{self, VipBackend},
         sysctl, wire,
@@ -86,6 +86,8 @@ pub struct KernelHandles {
     pub neighbours: BackendAddrs,
     /// Latency aggregated in the kernel, read at every score tick.
     pub latency: LatencyReader,
+    /// The health checks' own connections, added to in-flight counts.
+    pub control_conns: ControlConnections,
 }
 
 /// What a previous instance left in the pinned maps: its VIPs (with their
@@ -337,6 +339,7 @@ pub fn open_kernel_handles(
         counters: Counters::open(pin_dir)?,
         neighbours,
         latency: LatencyReader::open(pin_dir, MAX_BACKENDS as usize)?,
+        control_conns: ControlConnections::open(pin_dir)?,
     })
 }
 

@@ -162,11 +162,45 @@ pub fn write_snat_pools(
     Ok((v4.len() as u16, v6.len() as u16))
 }
 
+/// The control plane's own connections to each backend (its health
+/// checks), written to `BACKEND_CORRECTION` so that the kernel's in-flight
+/// count, which P2C and least-connections compare, includes them: a backend
+/// answering a check is as busy as one answering a user. Each backend's
+/// entry has one writer (its check task), which writes absolute values.
+#[derive(Clone)]
+pub struct ControlConnections(std::sync::Arc<std::sync::Mutex<Corrections>>);
+
+impl ControlConnections {
+    /// Opens the map and zeroes it: a previous instance stopped in the
+    /// middle of a check may have left a 1 behind.
+    pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
+        let mut map = corrections(pin_dir)?;
+        for id in 0..map.len() {
+            if map.get(&id, 0).unwrap_or_default() != 0 {
+                map.set(id, 0, 0)
+                    .with_context(|| format!("clearing BACKEND_CORRECTION[{id}]"))?;
+            }
+        }
+        Ok(Self(std::sync::Arc::new(std::sync::Mutex::new(map))))
+    }
+
+    /// Backend `id` has `open` connections of the control plane now.
+    pub fn set(&self, id: u32, open: u64) -> anyhow::Result<()> {
+        let mut map = self
+            .0
+            .lock()
+            .map_err(|_| anyhow!("BACKEND_CORRECTION lock poisoned"))?;
+        map.set(id, open, 0)
+            .with_context(|| format!("writing BACKEND_CORRECTION[{id}]"))
+    }
+}
+
 /// One backend's kernel counters.
 #[derive(Clone, Debug, Default)]
 pub struct BackendCounters {
     pub conns: BackendConns,
-    /// What the reconciler subtracts from `opened - closed`.
+    /// lb-user's own connections to the backend (health checks), added to
+    /// `opened - closed`.
     pub correction: u64,
     /// Traffic counters, one per CPU.
     pub per_cpu: Vec<BackendStats>,

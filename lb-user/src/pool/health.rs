@@ -14,6 +14,13 @@
 //! only every `interval`; those extra checks are [`Purpose::LatencyProbe`]
 //! and never count towards rise and fall.
 //!
+//! While a check's connection is open, the checker says so
+//! ([`OnConnection`]; the runtime adds it to the kernel's in-flight count
+//! of the backend): an HTTP check occupies the backend like a user request
+//! does, and P2C should not send a user to a backend busy answering one.
+//! A guard clears the mark when the check ends, times out, panics or is
+//! aborted.
+//!
 //! Each check runs under a supervisor: a check that panics is reported to
 //! the checker's `on_panic` and started again one interval later, so a bug
 //! in one check neither stops the daemon nor silently ends that backend's
@@ -83,19 +90,51 @@ struct Task {
 /// Told of a check task that panicked: the backend id and the panic's message.
 pub type OnPanic = Arc<dyn Fn(u32, &str) + Send + Sync>;
 
+/// Told when a check opens (`true`) and ends (`false`) its connection to
+/// backend `id`.
+pub type OnConnection = Arc<dyn Fn(u32, bool) + Send + Sync>;
+
+/// Marks backend `id` as holding a check's connection until dropped.
+struct CheckInFlight {
+    backend: u32,
+    on_connection: OnConnection,
+}
+
+impl CheckInFlight {
+    fn start(backend: u32, on_connection: &OnConnection) -> Self {
+        on_connection(backend, true);
+        Self {
+            backend,
+            on_connection: on_connection.clone(),
+        }
+    }
+}
+
+impl Drop for CheckInFlight {
+    fn drop(&mut self) {
+        (self.on_connection)(self.backend, false);
+    }
+}
+
 /// The running check tasks, by backend id.
 pub struct HealthChecker {
     tasks: HashMap<u32, Task>,
     results: mpsc::Sender<CheckResult>,
     on_panic: OnPanic,
+    on_connection: OnConnection,
 }
 
 impl HealthChecker {
-    pub fn new(results: mpsc::Sender<CheckResult>, on_panic: OnPanic) -> Self {
+    pub fn new(
+        results: mpsc::Sender<CheckResult>,
+        on_panic: OnPanic,
+        on_connection: OnConnection,
+    ) -> Self {
         Self {
             tasks: HashMap::new(),
             results,
             on_panic,
+            on_connection,
         }
     }
 
@@ -121,6 +160,7 @@ impl HealthChecker {
                     addr,
                     check: check.clone(),
                     avoided: avoided.clone(),
+                    on_connection: self.on_connection.clone(),
                 },
                 self.results.clone(),
                 self.on_panic.clone(),
@@ -161,6 +201,7 @@ struct Target {
     addr: SocketAddr,
     check: HealthCheck,
     avoided: Arc<AtomicBool>,
+    on_connection: OnConnection,
 }
 
 /// Runs backend `backend`'s checks; restarts them one interval after a
@@ -206,6 +247,7 @@ async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
         addr,
         check,
         avoided,
+        on_connection,
     } = target;
     let mut health = interval(check.interval);
     health.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -226,7 +268,9 @@ async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
         if faults::trip(Fault::HealthPanic) {
             panic!("injected fault: health-panic (backend {backend})");
         }
+        let in_flight = CheckInFlight::start(backend, &on_connection);
         let (passed, latency) = check_once(addr, &check).await;
+        drop(in_flight);
         // The next extra check comes one probe interval after any check.
         probe.reset();
         debug!(backend, %addr, passed, ?purpose, ?latency, "health check");
@@ -420,7 +464,7 @@ mod tests {
     async fn an_avoided_backend_is_probed_every_probe_interval_and_only_then() {
         let addr = slow_server(Duration::ZERO).await;
         let (tx, mut rx) = mpsc::channel(64);
-        let mut checker = HealthChecker::new(tx, Arc::new(|_, _| {}));
+        let mut checker = HealthChecker::new(tx, Arc::new(|_, _| {}), Arc::new(|_, _| {}));
         let check = http_check(Duration::from_secs(1), Some(Duration::from_millis(50)));
         checker.sync(vec![(3, addr, check)]);
         // Not avoided: only the regular check (the first comes at once).
@@ -443,5 +487,45 @@ mod tests {
             }
         }
         assert!((2..=8).contains(&probes), "{probes} probes in 350 ms");
+    }
+
+    /// What a checker told its [`OnConnection`], in order.
+    fn recorder() -> (OnConnection, Arc<std::sync::Mutex<Vec<(u32, bool)>>>) {
+        let marks = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = marks.clone();
+        let on: OnConnection = Arc::new(move |id, open| {
+            sink.lock().expect("marks").push((id, open));
+        });
+        (on, marks)
+    }
+
+    #[tokio::test]
+    async fn a_check_counts_as_a_connection_while_it_runs() {
+        let addr = slow_server(Duration::from_millis(300)).await;
+        let (tx, mut rx) = mpsc::channel(64);
+        let (on, marks) = recorder();
+        let mut checker = HealthChecker::new(tx, Arc::new(|_, _| {}), on);
+        checker.sync(vec![(5, addr, http_check(Duration::from_secs(10), None))]);
+        sleep(Duration::from_millis(100)).await;
+        assert_eq!(*marks.lock().expect("marks"), [(5, true)]);
+        let result = rx.recv().await.expect("a result");
+        assert!(result.passed);
+        // The mark is cleared before the result is sent.
+        assert_eq!(*marks.lock().expect("marks"), [(5, true), (5, false)]);
+    }
+
+    #[tokio::test]
+    async fn a_check_stopped_halfway_clears_its_mark() {
+        let addr = slow_server(Duration::from_secs(5)).await;
+        let (tx, _rx) = mpsc::channel(64);
+        let (on, marks) = recorder();
+        let mut checker = HealthChecker::new(tx, Arc::new(|_, _| {}), on);
+        checker.sync(vec![(7, addr, http_check(Duration::from_secs(10), None))]);
+        sleep(Duration::from_millis(100)).await;
+        assert_eq!(*marks.lock().expect("marks"), [(7, true)]);
+        // The backend leaves: its task is aborted in the middle of the check.
+        checker.sync(vec![]);
+        sleep(Duration::from_millis(100)).await;
+        assert_eq!(*marks.lock().expect("marks"), [(7, true), (7, false)]);
     }
 }

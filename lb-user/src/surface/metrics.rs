@@ -305,7 +305,7 @@ const CONNECTION_FAMILIES: [BackendFamily; 4] = [
     BackendFamily {
         name: "lb_backend_connections_active",
         kind: "gauge",
-        help: "Connections open now (opened - closed - correction).",
+        help: "Connections open now (opened - closed, plus lb-user's own health checks).",
         value: |b| b.active as f64,
     },
     BackendFamily {

@@ -33,10 +33,10 @@
 //!       "zone": "a",                   // absent: no zone (or not zone-aware)
 //!       "weight": 0.5,                 // effective weight (slow start, smoothing)
 //!       "state": "active",             // "active" | "draining" | "ejected"
-//!       "inflight": 3,                 // opened - closed - correction
+//!       "inflight": 3,                 // opened - closed + correction
 //!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
 //!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
-//!       "opened": 10, "closed": 7, "correction": 0,
+//!       "opened": 10, "closed": 7, "correction": 0, // lb-user's own (health checks)
 //!       "snat_free": 25534,            // SNAT tuples (addresses × ports) free towards it
 //!       "snat_used": 2,                // held: open, lingering or in quarantine
 //!       "packets_to_backend": 0, "bytes_to_backend": 0,
