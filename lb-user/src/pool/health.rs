@@ -489,8 +489,11 @@ mod tests {
         assert!((2..=8).contains(&probes), "{probes} probes in 350 ms");
     }
 
+    /// Every `(backend, open)` an [`OnConnection`] was told, in order.
+    type Marks = Arc<std::sync::Mutex<Vec<(u32, bool)>>>;
+
     /// What a checker told its [`OnConnection`], in order.
-    fn recorder() -> (OnConnection, Arc<std::sync::Mutex<Vec<(u32, bool)>>>) {
+    fn recorder() -> (OnConnection, Marks) {
         let marks = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = marks.clone();
         let on: OnConnection = Arc::new(move |id, open| {
