@@ -41,7 +41,7 @@ use tokio::{
     net::TcpStream,
     sync::mpsc,
     task::JoinHandle,
-    time::{Instant, MissedTickBehavior, interval, sleep, timeout},
+    time::{Instant, MissedTickBehavior, interval, sleep, sleep_until, timeout},
 };
 use tracing::debug;
 
@@ -55,6 +55,12 @@ use crate::{
 
 /// Most bytes of a response read looking for the status line.
 const MAX_STATUS_LINE: usize = 1024;
+/// Each regular check comes `interval × (1 ± CHECK_SPREAD)` after the
+/// previous one, at random (HAProxy's `spread-checks`). Without it every
+/// backend's check starts at the same instant each interval, since the
+/// tasks are spawned together: for an HTTP check that costs the backend a
+/// request's service time, the whole pool loses a worker at once.
+const CHECK_SPREAD: f64 = 0.25;
 
 /// One check's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,8 +255,8 @@ async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
         avoided,
         on_connection,
     } = target;
-    let mut health = interval(check.interval);
-    health.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first check at once, then spread (see `CHECK_SPREAD`).
+    let mut next_health = Instant::now();
     let probe_every = check
         .latency_probe
         .filter(|p| check.http.is_some() && *p < check.interval);
@@ -259,9 +265,12 @@ async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
     loop {
         let purpose = tokio::select! {
             biased;
-            _ = health.tick() => Purpose::Health,
+            () = sleep_until(next_health) => Purpose::Health,
             _ = probe.tick(), if probe_every.is_some() => Purpose::LatencyProbe,
         };
+        if purpose == Purpose::Health {
+            next_health = Instant::now() + spread(check.interval, rand::random::<f64>());
+        }
         if purpose == Purpose::LatencyProbe && !avoided.load(Ordering::Relaxed) {
             continue;
         }
@@ -285,6 +294,12 @@ async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
             return;
         }
     }
+}
+
+/// `interval` scaled by `1 - CHECK_SPREAD + 2·CHECK_SPREAD·unit`, for
+/// `unit` in `[0, 1)`.
+fn spread(interval: Duration, unit: f64) -> Duration {
+    interval.mul_f64(1.0 - CHECK_SPREAD + 2.0 * CHECK_SPREAD * unit.clamp(0.0, 1.0))
 }
 
 /// One check within the check's timeout: passed, and what it measured (a
@@ -530,5 +545,21 @@ mod tests {
         checker.sync(vec![]);
         sleep(Duration::from_millis(100)).await;
         assert_eq!(*marks.lock().expect("marks"), [(7, true), (7, false)]);
+    }
+
+    #[test]
+    fn checks_are_spread_a_quarter_either_side_of_the_interval() {
+        let second = Duration::from_secs(1);
+        assert_eq!(spread(second, 0.0), Duration::from_millis(750));
+        assert_eq!(spread(second, 0.5), second);
+        assert!(spread(second, 0.999_999) < Duration::from_millis(1_250));
+        // Out-of-range draws are clamped.
+        assert_eq!(spread(second, -3.0), Duration::from_millis(750));
+        assert_eq!(spread(second, 7.0), Duration::from_millis(1_250));
+        // Two backends' checks drift apart: the draws differ.
+        let gaps: std::collections::BTreeSet<Duration> = (0..100)
+            .map(|_| spread(second, rand::random::<f64>()))
+            .collect();
+        assert!(gaps.len() > 90, "{} distinct gaps of 100", gaps.len());
     }
 }

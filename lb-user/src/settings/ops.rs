@@ -28,7 +28,7 @@
 //! timeout = "500ms"
 //! rise = 2
 //! fall = 2
-//! latency_probe_interval = "250ms"  # default "off"; see below
+//! latency_probe_interval = "250ms"  # the default (HTTP checks only); or "off"
 //!
 //! [[vip]]
 //! address = "10.0.0.100:80"
@@ -53,15 +53,16 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_HEALTH_RISE: u32 = 2;
 pub const DEFAULT_HEALTH_FALL: u32 = 2;
-/// Out-of-band latency probes are off unless asked for: in the balance
-/// bench (README, "How the scores work") an interval of 250 ms gave a
-/// recovered backend its share back in 0.84 s instead of never, and the
-/// stall median 22.8 → 14.3 ms, but the stall P99.9 65.7 → 316 ms (the
-/// stalling backends are forgiven between pauses, like a 1 s peak memory).
-/// The relapse bar (`crate::estimate::refute`) brought that P99.9 to 34 ms
-/// (recovery 0.6 s), but probe runs still showed a higher stall median and
-/// hetero P99 than runs without (README, "Refutation and relapse").
-pub const DEFAULT_LATENCY_PROBE_INTERVAL: ProbeInterval = ProbeInterval::Off;
+/// Out-of-band latency probes of avoided backends, every 250 ms by default
+/// wherever the check is HTTP (a TCP check's connect time cannot lower an
+/// estimate, so it never probes). They were opt-in while they cost the
+/// stall P99.9 (65.7 → 316 ms: the stalling backends were forgiven between
+/// pauses); the relapse bar (`crate::estimate::refute`) fixed that, and
+/// spreading the checks (`pool::health`) removed what HTTP checks cost
+/// `hetero`'s P99. In the balance bench (README, "Refutation and relapse")
+/// a backend back to normal then gets its share back in 0.6 s instead of 6.
+pub const DEFAULT_LATENCY_PROBE_INTERVAL: ProbeInterval =
+    ProbeInterval::Every(Duration::from_millis(250));
 /// Shortest latency probe interval accepted: faster probes would measure
 /// little more than the score interval can publish.
 pub const MIN_LATENCY_PROBE_INTERVAL: Duration = Duration::from_millis(10);
@@ -167,8 +168,8 @@ pub struct HealthSettings {
     pub health_fall: Option<u32>,
     /// Latency probes of avoided backends: how often a backend that got no
     /// user request for this long is probed with the health check, whose
-    /// timing then corrects its latency estimate (default off: the checks
-    /// only decide up or down; e.g. 250ms).
+    /// timing then corrects its latency estimate (default 250ms with an
+    /// HTTP check; off: the checks only decide up or down).
     #[arg(long, value_name = "DURATION|off", value_parser = parse_probe_interval)]
     #[serde(
         default,
@@ -583,9 +584,12 @@ mod tests {
     }
 
     #[test]
-    fn latency_probes_are_off_by_default_and_can_be_set_or_turned_off() {
+    fn latency_probes_default_to_250ms_and_can_be_set_or_turned_off() {
         let probe = |text: &str| parse(text).health.resolve().unwrap().unwrap().latency_probe;
-        assert_eq!(probe("[health]\ncheck = \"http\""), None);
+        assert_eq!(
+            probe("[health]\ncheck = \"http\""),
+            Some(Duration::from_millis(250))
+        );
         assert_eq!(
             probe("[health]\ncheck = \"http\"\nlatency_probe_interval = \"250ms\""),
             Some(Duration::from_millis(250))
