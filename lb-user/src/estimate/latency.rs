@@ -68,36 +68,11 @@
 
 use std::time::Duration;
 
-pub use crate::settings::config::EstimateParams;
+pub use crate::{estimate::sample::LatencySample, settings::config::EstimateParams};
 use crate::{
     estimate::{ewma::Ewma, peak_ewma::PeakEwma, refute::Refutation},
     kernel::clock::Nanos,
 };
-
-/// What one refresh interval measured for a backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LatencySample {
-    pub mean: Duration,
-    pub peak: Duration,
-    /// Responses measured (a tick's count; 1 for a single response).
-    pub count: u64,
-}
-
-impl LatencySample {
-    /// One response's latency.
-    pub fn single(latency: Duration) -> Self {
-        Self {
-            mean: latency,
-            peak: latency,
-            count: 1,
-        }
-    }
-
-    /// The same latencies, measured over `count` responses.
-    pub fn counted(self, count: u64) -> Self {
-        Self { count, ..self }
-    }
-}
 
 /// One probe's measurement (see the module's rule).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

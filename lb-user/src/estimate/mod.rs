@@ -11,6 +11,7 @@ pub mod ewma;
 pub mod latency;
 pub mod peak_ewma;
 pub mod refute;
+pub mod sample;
 #[cfg(test)]
 mod testing;
 

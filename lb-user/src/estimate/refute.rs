@@ -41,7 +41,7 @@
 
 use std::time::Duration;
 
-use crate::{estimate::latency::LatencySample, kernel::clock::Nanos};
+use crate::{estimate::sample::LatencySample, kernel::clock::Nanos};
 
 /// A response refutes the estimate when it took at most 1/this of it, and
 /// is a relapse when it took this many times the estimate or more.
