@@ -175,7 +175,8 @@ impl LatencyEstimate {
                     return ProbeOutcome::Barred;
                 }
                 if lowers {
-                    self.refutation.lowered_by_probe(now);
+                    self.refutation
+                        .lowered_by_probe(estimate, latency.as_nanos() as f64, now);
                 }
                 self.recent.reset(latency, now);
                 ProbeOutcome::Applied

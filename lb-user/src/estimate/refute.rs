@@ -46,6 +46,14 @@ use crate::{estimate::sample::LatencySample, kernel::clock::Nanos};
 /// A response refutes the estimate when it took at most 1/this of it, and
 /// is a relapse when it took this many times the estimate or more.
 pub const REFUTE_RATIO: f64 = 2.0;
+/// Only an estimate lowered by at least this factor (by a refutation or a
+/// probe) is watched for a relapse: an episode such as a pause (300 ms over
+/// 12 ms) or a slow phase (10×), not the noise of a busy host, which moves
+/// a fast backend's peaks by 2–3× and would otherwise bar the next real
+/// episode from ever being forgiven early. (The lab caught exactly that: a
+/// backend P2C left idle at light load was probed down from 8 to 5 ms, so
+/// its one-off slowdown seconds later counted as a relapse.)
+pub const EPISODE_RATIO: f64 = 4.0;
 
 /// The current run of refuting responses, and the relapse bar.
 #[derive(Clone, Debug)]
@@ -109,15 +117,23 @@ impl Refutation {
             count: self.responses,
         };
         self.end_run();
-        self.refuted_at = Some(now);
+        self.lowered(estimate_ns, run.peak.as_nanos() as f64, now);
         Some(run)
     }
 
     /// Something other than a run (a latency probe) lowered the estimate
-    /// at `now`: watch for a relapse as after a refutation.
-    pub fn lowered_by_probe(&mut self, now: Nanos) {
+    /// from `from_ns` to `to_ns` at `now`.
+    pub fn lowered_by_probe(&mut self, from_ns: f64, to_ns: f64, now: Nanos) {
         self.end_run();
-        self.refuted_at = Some(now);
+        self.lowered(from_ns, to_ns, now);
+    }
+
+    /// Watches for a relapse if the estimate came down by an episode's
+    /// worth ([`EPISODE_RATIO`]).
+    fn lowered(&mut self, from_ns: f64, to_ns: f64, now: Nanos) {
+        if from_ns >= to_ns * EPISODE_RATIO {
+            self.refuted_at = Some(now);
+        }
     }
 
     /// Whether a relapse at `now` counts: within `watch` of the last
@@ -252,5 +268,32 @@ mod tests {
             r.record(tick(16, 10, 10), 300.0 * MS, at_ms(11_300))
                 .is_some()
         );
+    }
+
+    /// Noise (a fast backend's peaks 2–3× its norm) refuted, then a real
+    /// episode: no relapse, so the episode is forgiven on evidence too.
+    #[test]
+    fn a_refuted_noise_peak_is_not_watched_for_a_relapse() {
+        let mut r = Refutation::new(16, WATCH);
+        // 15 ms of noise over a 5 ms backend, refuted by 16 answers of 5.
+        assert!(r.record(tick(16, 5, 5), 15.0 * MS, at_ms(1_000)).is_some());
+        // Two seconds later a real slow phase (50 ms): no bar.
+        assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(3_000)), None);
+        assert!(!r.barred(at_ms(3_000)));
+        assert!(r.record(tick(16, 5, 5), 50.0 * MS, at_ms(3_500)).is_some());
+        // That one was an episode (50 over 5): the next slow phase is a relapse.
+        assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(5_000)), None);
+        assert!(r.barred(at_ms(5_000)));
+    }
+
+    #[test]
+    fn only_a_probe_that_lowers_by_an_episode_arms_the_watch() {
+        let mut r = Refutation::new(16, WATCH);
+        r.lowered_by_probe(8.0 * MS, 5.0 * MS, at_ms(1_000));
+        assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(2_000)), None);
+        assert!(!r.barred(at_ms(2_000)));
+        r.lowered_by_probe(50.0 * MS, 5.0 * MS, at_ms(3_000));
+        assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(4_000)), None);
+        assert!(r.barred(at_ms(4_000)));
     }
 }
