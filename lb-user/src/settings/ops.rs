@@ -186,6 +186,16 @@ pub enum ProbeInterval {
     Every(Duration),
 }
 
+impl ProbeInterval {
+    /// The interval, `None` when off.
+    pub fn every(self) -> Option<Duration> {
+        match self {
+            ProbeInterval::Off => None,
+            ProbeInterval::Every(d) => Some(d),
+        }
+    }
+}
+
 /// `off`, or a duration of at least [`MIN_LATENCY_PROBE_INTERVAL`].
 pub fn parse_probe_interval(text: &str) -> Result<ProbeInterval, String> {
     if text.trim() == "off" {
@@ -247,13 +257,14 @@ impl HealthSettings {
             timeout: self.health_timeout.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
             rise: self.health_rise.unwrap_or(DEFAULT_HEALTH_RISE),
             fall: self.health_fall.unwrap_or(DEFAULT_HEALTH_FALL),
-            latency_probe: match self
-                .latency_probe_interval
-                .unwrap_or(DEFAULT_LATENCY_PROBE_INTERVAL)
-            {
-                ProbeInterval::Off => None,
-                ProbeInterval::Every(d) => Some(d),
-            },
+            // The default only for an HTTP check: a TCP check's connect
+            // time cannot bring an estimate down, so it never probes.
+            latency_probe: match self.latency_probe_interval {
+                Some(given) => given,
+                None if kind == CheckKind::Http => DEFAULT_LATENCY_PROBE_INTERVAL,
+                None => ProbeInterval::Off,
+            }
+            .every(),
         };
         if let Some(http) = &check.http
             && (!http.path.starts_with('/') || http.path.contains(char::is_whitespace))
@@ -590,6 +601,8 @@ mod tests {
             probe("[health]\ncheck = \"http\""),
             Some(Duration::from_millis(250))
         );
+        // A TCP check never probes unless asked to.
+        assert_eq!(probe("[health]\ncheck = \"tcp\""), None);
         assert_eq!(
             probe("[health]\ncheck = \"http\"\nlatency_probe_interval = \"250ms\""),
             Some(Duration::from_millis(250))
