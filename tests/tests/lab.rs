@@ -117,6 +117,83 @@ fn tcp_and_udp_reach_every_backend_in_skb_mode() {
     reach_every_backend(XdpMode::Skb);
 }
 
+/// `rx_queue_N_xdp_packets` of the balancer's interface, by queue.
+fn xdp_packets_per_queue(lab: &Lab) -> Vec<u64> {
+    let stats = lab
+        .exec_ok(
+            &lab.balancer().ns,
+            &["ethtool", "-S", &lab.balancer().iface],
+        )
+        .unwrap();
+    stats
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(": ")?;
+            let queue = name
+                .strip_prefix("rx_queue_")?
+                .strip_suffix("_xdp_packets")?;
+            Some((queue.parse::<usize>().ok()?, value.parse::<u64>().ok()?))
+        })
+        .fold(Vec::new(), |mut per_queue, (queue, packets)| {
+            if per_queue.len() <= queue {
+                per_queue.resize(queue + 1, 0);
+            }
+            per_queue[queue] = packets;
+            per_queue
+        })
+}
+
+/// The balancer on a multi-queue interface (what `cargo xtask bench
+/// capacity` runs on: one queue per CPU, as a NIC with RSS): the flows are
+/// spread over the queues, native XDP runs on each queue's ring and sends
+/// back out of the queue it came in on, and every connection is answered.
+#[test]
+fn a_multi_queue_interface_runs_the_program_on_every_queue() {
+    require_root!();
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(2, BackendSpec::new(1, 16))
+        .balancer_queues(2)
+        .build()
+        .unwrap();
+    lab.steer_flows_by_hash().unwrap();
+    let spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    let _balancer = lab.start_balancer(&spec).unwrap();
+    let before = xdp_packets_per_queue(&lab);
+    assert_eq!(before.len(), 2, "two receive queues: {before:?}");
+    let tcp = lab
+        .run_loadgen(&LoadConfig::open_loop(
+            lab.tcp_vip(),
+            Protocol::Tcp,
+            400.0,
+            2.0,
+        ))
+        .unwrap();
+    assert_eq!(tcp.error_count(), 0, "{tcp:?}");
+    assert_eq!(tcp.completed, 800);
+    assert_eq!(answered(&tcp), names(&lab), "{tcp:?}");
+    let udp = lab
+        .run_loadgen(&LoadConfig::open_loop(
+            lab.udp_vip(),
+            Protocol::Udp,
+            200.0,
+            1.0,
+        ))
+        .unwrap();
+    assert_eq!(udp.error_count(), 0, "{udp:?}");
+    let after = xdp_packets_per_queue(&lab);
+    // 800 TCP connections of at least 4 balanced packets each, 200 UDP
+    // queries: the bridge spreads them by flow hash, so each queue's
+    // program sees a good share (all on one queue would leave the other
+    // near 0).
+    for (queue, (a, b)) in after.iter().zip(&before).enumerate() {
+        assert!(
+            a - b >= 500,
+            "queue {queue} ran the program for {} packets: {before:?} -> {after:?}",
+            a - b
+        );
+    }
+}
+
 #[test]
 fn traffic_to_the_balancer_itself_keeps_working_while_attached() {
     require_root!();

@@ -46,11 +46,15 @@ struct Args {
     /// SNAT addresses (`--snat-ip` repeated).
     #[arg(long, default_value_t = 4)]
     snat_addresses: u32,
-    /// Receive packet steering on the lab's interfaces, so each flow stays
-    /// on one CPU as with a real NIC's RSS (without it veths can reorder a
-    /// flow's segments across CPUs).
+    /// Run on the lab's plain interfaces instead of emulating a real NIC's
+    /// RSS. By default the balancer's veth pair has one queue per CPU (the
+    /// bridge spreads flows over them by hash) and receive packet steering
+    /// keeps each flow on one CPU on every interface. Without that a veth
+    /// hands a frame to the CPU that sent it, so a flow's segments can be
+    /// reordered across CPUs, and the balancer's single 256-frame XDP ring
+    /// drops bursts (README, "Capacity").
     #[arg(long)]
-    rps: bool,
+    no_rss: bool,
     /// Output directory (written only when --duration is the 60 s).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench"))]
     out: PathBuf,
@@ -93,7 +97,7 @@ fn run(args: Args) -> Result<()> {
         ceiling_refinements: args.ceiling_refine,
         vip_refinements: args.refine,
         snat_addresses: args.snat_addresses,
-        steer_flows: args.rps,
+        steer_flows: !args.no_rss,
     };
     let report = capacity::run(&Binaries::locate()?, &plan)?;
     let md = report.markdown();

@@ -57,8 +57,9 @@ pub struct Plan {
     pub vip_refinements: u32,
     /// SNAT addresses of lb-user (`--snat-ip` repeated).
     pub snat_addresses: u32,
-    /// Receive packet steering on the lab's interfaces
-    /// (`Lab::steer_flows_by_hash`).
+    /// RSS as on a real NIC: one queue per CPU on the balancer's veth pair
+    /// (`LabBuilder::balancer_queues`) and receive packet steering on
+    /// every interface (`Lab::steer_flows_by_hash`).
     pub steer_flows: bool,
 }
 
@@ -105,8 +106,10 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
         "1 to 16 SNAT addresses"
     );
     let machine = machine()?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let lab = Lab::builder(binaries.clone())
         .backends(1, BackendSpec::new(0, BACKEND_WORKERS))
+        .balancer_queues(if plan.steer_flows { cpus } else { 1 })
         .build()
         .context("building the lab")?;
     let client = lab.client().ns.clone();
@@ -118,7 +121,11 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
     lab.set_balancer_ephemeral_ports(BALANCER_EPHEMERAL_PORTS)?;
     let machine = if plan.steer_flows {
         lab.steer_flows_by_hash()?;
-        format!("{machine}; RPS on the lab's interfaces (`--rps`)")
+        format!(
+            "{machine}; RSS as on a real NIC (the default; `--no-rss` turns it off): the \
+             balancer's interface has {cpus} queues, and RPS keeps each flow on one CPU on every \
+             interface"
+        )
     } else {
         machine
     };

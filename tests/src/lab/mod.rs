@@ -73,6 +73,8 @@ pub const VIP_TCP_PORT: u16 = 80;
 pub const VIP_UDP_PORT: u16 = 8053;
 /// Most backends one lab builds (addresses .21 to .99 stay below the VIP).
 pub const MAX_BACKENDS: usize = 60;
+/// Most queues [`LabBuilder::balancer_queues`] gives the balancer's veth pair.
+pub const MAX_BALANCER_QUEUES: u32 = 64;
 /// Name of every host's interface except the balancer's (per-namespace names).
 pub const HOST_IFACE: &str = "eth0";
 const BRIDGE: &str = "br0";
@@ -153,6 +155,7 @@ impl Backend {
 pub struct LabBuilder {
     binaries: Binaries,
     backends: Vec<BackendSpec>,
+    balancer_queues: u32,
 }
 
 impl LabBuilder {
@@ -160,7 +163,21 @@ impl LabBuilder {
         Self {
             binaries,
             backends: Vec::new(),
+            balancer_queues: 1,
         }
+    }
+
+    /// Gives the balancer's veth pair `queues` receive and transmit queues
+    /// on both ends (1, a single-queue interface, by default), as a
+    /// multi-queue NIC has: the bridge spreads the frames it sends to the
+    /// balancer over the queues by flow hash (as RSS does), and each queue
+    /// has its own ring and NAPI poll for the XDP program. A single-queue
+    /// veth under native XDP holds at most 256 frames in flight and drops
+    /// the rest (`tx_dropped` on the bridge port), which caps what one
+    /// balancer can be shown to take well below what it can process.
+    pub fn balancer_queues(mut self, queues: u32) -> Self {
+        self.balancer_queues = queues.clamp(1, MAX_BALANCER_QUEUES);
+        self
     }
 
     /// Adds one backend.
@@ -234,10 +251,9 @@ impl LabBuilder {
             xdp_stub: None,
         };
         lab.create_switch()?;
-        for host in [lab.client.clone(), lab.balancer.clone()]
-            .iter()
-            .chain(&backend_hosts)
-        {
+        lab.connect_host(&lab.client.clone())?;
+        lab.connect_host_with_queues(&lab.balancer.clone(), self.balancer_queues)?;
+        for host in &backend_hosts {
             lab.connect_host(host)?;
         }
         lab.ip(
@@ -373,18 +389,33 @@ impl Lab {
     /// Creates the host's namespace and its veth pair, plugs the peer into the
     /// bridge, addresses the host and turns its tx checksum offload off.
     fn connect_host(&mut self, host: &Host) -> Result<()> {
+        self.connect_host_with_queues(host, 1)
+    }
+
+    /// [`Lab::connect_host`] with `queues` receive and transmit queues on
+    /// both ends of the veth pair.
+    fn connect_host_with_queues(&mut self, host: &Host, queues: u32) -> Result<()> {
         self.add_namespace(&host.ns)?;
+        let queues = queues.to_string();
         self.ip(
             &host.ns,
             &[
                 "link",
                 "add",
                 &host.iface,
+                "numtxqueues",
+                &queues,
+                "numrxqueues",
+                &queues,
                 "type",
                 "veth",
                 "peer",
                 "name",
                 &host.switch_port,
+                "numtxqueues",
+                &queues,
+                "numrxqueues",
+                &queues,
                 "netns",
                 &self.switch_ns,
             ],
