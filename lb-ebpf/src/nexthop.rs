@@ -21,7 +21,7 @@ use lb_common::{FlowEntry, IpKey, Reason, Verdict, reason};
 use crate::{
     flow::{ReturnPath, Translation},
     maps::NEIGHBOURS,
-    packet::{Mac, Packet, keep_ctx_pointer, ptr_at},
+    packet::{Mac, Packet, keep_ctx_pointer, load_mac, ptr_at},
     wire::{ETH_DST_OFF, ETH_SRC_OFF},
 };
 
@@ -52,7 +52,7 @@ pub fn forward(
     let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: bounds-checked above.
-    let our_mac = unsafe { dmac_ptr.read_unaligned() };
+    let our_mac = unsafe { load_mac(dmac_ptr) };
     let hop = resolve(ctx, pkt, to, ingress, our_mac, learned).ok_or(reason::DROP_NO_NEIGHBOUR)?;
     // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
     unsafe {
@@ -201,14 +201,14 @@ fn forward_cached(
     let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: bounds-checked above. Our MAC is the frame's destination (it
     // reached this interface).
-    let our_mac = unsafe { dmac_ptr.read_unaligned() };
+    let our_mac = unsafe { load_mac(dmac_ptr) };
     // The cached and the resolved hop meet before the frame is written, so
     // the verifier walks the rest of the path once for both (two copies of
     // it cost about 46k instructions of the 1M budget in the reply path).
     let hop = if !refresh && cached_ifindex != 0 && cached_ifindex == ingress {
         Hop {
-            // SAFETY: live map value; `Mac` has alignment 1.
-            dmac: unsafe { cache.mac.read_unaligned() },
+            // SAFETY: live map value.
+            dmac: unsafe { load_mac(cache.mac) },
             smac: our_mac,
             ifindex: ingress,
         }

@@ -14,6 +14,32 @@ use crate::wire::{TCP_ACK, TCP_SYN};
 
 pub type Mac = [u8; 6];
 
+/// Reads the MAC at `src` (packet or map memory) into registers, a byte
+/// at a time. A plain read whose value is then written to the frame is
+/// merged by LLVM into one copy between two pointers it cannot tell apart,
+/// which it emits as a call to `memmove`: a BPF function of its own that
+/// loops over the bytes (a call, a loop and a return on every packet).
+/// Volatile loads cannot be merged into that copy.
+///
+/// # Safety
+/// `src` must be valid for reading 6 bytes (bounds-checked packet memory
+/// or a live map value).
+#[inline(always)]
+pub unsafe fn load_mac(src: *const Mac) -> Mac {
+    let src = src.cast::<u8>();
+    // SAFETY: the caller's guarantee covers all 6 bytes.
+    unsafe {
+        [
+            src.read_volatile(),
+            src.add(1).read_volatile(),
+            src.add(2).read_volatile(),
+            src.add(3).read_volatile(),
+            src.add(4).read_volatile(),
+            src.add(5).read_volatile(),
+        ]
+    }
+}
+
 /// Call first in every `#[inline(never)]` function that takes the context.
 /// A volatile load through the context pointer stops LLVM's argument
 /// promotion from passing the loaded `data`/`data_end` fields instead of the
