@@ -1022,7 +1022,22 @@ fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
         ),
     );
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
-    assert_eq!(run.summary.per_backend.len(), 3);
+    // Every backend is in service under its kept id, and new flows reach
+    // them by their addresses. Not "each of the three served": at 100
+    // req/s P2C may rightly leave one idle whose estimate is above the
+    // others' (a clean-clone run saw 2 of 3), which says nothing about ids.
+    let now = lab.status().unwrap();
+    for index in 0..3 {
+        let backend = backend_status(&now, &lab, index).unwrap();
+        assert_eq!(backend.state, "active", "{backend:?}");
+    }
+    assert!(run.summary.per_backend.len() >= 2, "{:?}", run.summary);
+    for name in run.summary.per_backend.keys() {
+        assert!(
+            lab.backends().iter().any(|b| &b.name == name),
+            "answered by {name}, not a backend of the lab"
+        );
+    }
 }
 
 /// Waits until a restarted lb-user has written its configuration (a
