@@ -106,7 +106,7 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
         "1 to 16 SNAT addresses"
     );
     let machine = machine()?;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let cpus = crate::lab::rss_cpus();
     let lab = Lab::builder(binaries.clone())
         .backends(1, BackendSpec::new(0, BACKEND_WORKERS))
         .balancer_queues(if plan.steer_flows { cpus } else { 1 })

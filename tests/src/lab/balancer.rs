@@ -386,9 +386,7 @@ impl Lab {
     /// shows and a receiver answers with duplicate ACKs that make the
     /// sender retransmit (README, "Capacity").
     pub fn steer_flows_by_hash(&self) -> Result<()> {
-        let cpus = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(64);
+        let cpus = super::rss_cpus();
         let mask = format!("{:x}", u64::MAX >> (64 - cpus));
         let hosts = [self.client(), self.balancer()]
             .into_iter()

@@ -73,8 +73,18 @@ pub const VIP_TCP_PORT: u16 = 80;
 pub const VIP_UDP_PORT: u16 = 8053;
 /// Most backends one lab builds (addresses .21 to .99 stay below the VIP).
 pub const MAX_BACKENDS: usize = 60;
-/// Most queues [`LabBuilder::balancer_queues`] gives the balancer's veth pair.
+/// Most queues [`LabBuilder::balancer_queues`] gives the balancer's veth
+/// pair, and most CPUs [`Lab::steer_flows_by_hash`] steers over (its mask
+/// is one 64-bit word).
 pub const MAX_BALANCER_QUEUES: u32 = 64;
+
+/// This machine's CPUs, at most [`MAX_BALANCER_QUEUES`]: one queue each for
+/// a balancer interface that emulates RSS, and the RPS mask's width.
+pub fn rss_cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get() as u32)
+        .min(MAX_BALANCER_QUEUES)
+}
 /// Name of every host's interface except the balancer's (per-namespace names).
 pub const HOST_IFACE: &str = "eth0";
 const BRIDGE: &str = "br0";
