@@ -40,6 +40,75 @@ pub unsafe fn load_mac(src: *const Mac) -> Mac {
     }
 }
 
+/// Word access to packet memory: one load or store instruction for a
+/// 16- or 32-bit field at any offset.
+///
+/// Header fields sit at even offsets that are often not multiples of 4 (an
+/// IPv4 address is 26 bytes into the frame). `read_unaligned` and
+/// `write_unaligned` have defined behaviour there, but the BPF target
+/// declares no misaligned access, so LLVM splits them into byte loads,
+/// shifts and ors: a 5-tuple and a NAT rewrite became about 150
+/// instructions on every packet. The kernel itself accepts a word access
+/// to packet memory at any offset (on architectures with efficient
+/// unaligned access; elsewhere, and under `BPF_F_STRICT_ALIGNMENT`, it
+/// checks alignment as if the frame started 2 bytes in, `NET_IP_ALIGN`,
+/// which makes every IP and TCP/UDP field used here aligned). A plain
+/// `read()` of a misaligned pointer would be undefined behaviour in Rust, so
+/// each access is one instruction of inline assembly, whose behaviour is
+/// the instruction's. Values are in memory byte order, as with
+/// `read_unaligned` on this little-endian target.
+pub mod word {
+    use core::arch::asm;
+
+    /// # Safety
+    /// `p` must be bounds-checked packet memory valid for 2 bytes.
+    #[inline(always)]
+    pub unsafe fn read16(p: *const u16) -> u16 {
+        let v: u64;
+        // SAFETY: the caller's guarantee; the instruction only reads.
+        unsafe {
+            asm!("{v} = *(u16 *)({p} + 0)", p = in(reg) p, v = lateout(reg) v,
+                options(nostack, readonly, preserves_flags));
+        }
+        v as u16
+    }
+
+    /// # Safety
+    /// `p` must be bounds-checked packet memory valid for 4 bytes.
+    #[inline(always)]
+    pub unsafe fn read32(p: *const u32) -> u32 {
+        let v: u64;
+        // SAFETY: the caller's guarantee; the instruction only reads.
+        unsafe {
+            asm!("{v} = *(u32 *)({p} + 0)", p = in(reg) p, v = lateout(reg) v,
+                options(nostack, readonly, preserves_flags));
+        }
+        v as u32
+    }
+
+    /// # Safety
+    /// `p` must be bounds-checked, writable packet memory valid for 2 bytes.
+    #[inline(always)]
+    pub unsafe fn write16(p: *mut u16, v: u16) {
+        // SAFETY: the caller's guarantee.
+        unsafe {
+            asm!("*(u16 *)({p} + 0) = {v}", p = in(reg) p, v = in(reg) u64::from(v),
+                options(nostack, preserves_flags));
+        }
+    }
+
+    /// # Safety
+    /// `p` must be bounds-checked, writable packet memory valid for 4 bytes.
+    #[inline(always)]
+    pub unsafe fn write32(p: *mut u32, v: u32) {
+        // SAFETY: the caller's guarantee.
+        unsafe {
+            asm!("*(u32 *)({p} + 0) = {v}", p = in(reg) p, v = in(reg) u64::from(v),
+                options(nostack, preserves_flags));
+        }
+    }
+}
+
 /// Call first in every `#[inline(never)]` function that takes the context.
 /// A volatile load through the context pointer stops LLVM's argument
 /// promotion from passing the loaded `data`/`data_end` fields instead of the
@@ -61,6 +130,19 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
         return None;
     }
     Some((start + offset) as *mut T)
+}
+
+/// Reads `N` consecutive 32-bit words (memory byte order) at `offset`,
+/// bounds-checked, with one load instruction each (see [`word`]).
+#[inline(always)]
+pub fn load_words<const N: usize>(ctx: &XdpContext, offset: usize) -> Option<[u32; N]> {
+    let at = ptr_at::<[u32; N]>(ctx, offset)?.cast::<u32>();
+    let mut words = [0; N];
+    for (i, w) in words.iter_mut().enumerate() {
+        // SAFETY: `ptr_at` proved all `N` words are inside the frame.
+        *w = unsafe { word::read32(at.add(i)) };
+    }
+    Some(words)
 }
 
 /// Reads a `T` (any alignment) at `offset`, bounds-checked.

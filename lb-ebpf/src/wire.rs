@@ -27,6 +27,10 @@ pub const IPPROTO_ICMPV6: u8 = 58;
 pub const IPV4_MIN_LEN: usize = 20;
 pub const IHL_MIN: u8 = 5;
 pub const IHL_MAX: u8 = 15;
+pub const IPV4_TOT_LEN_OFF: usize = 2;
+pub const IPV4_ID_OFF: usize = 4;
+/// Flags and fragment offset.
+pub const IPV4_FRAG_OFF: usize = 6;
 pub const IPV4_PROTO_OFF: usize = 9;
 pub const IPV4_CHECK_OFF: usize = 10;
 pub const IPV4_SADDR_OFF: usize = 12;

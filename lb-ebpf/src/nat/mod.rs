@@ -15,7 +15,7 @@ use lb_common::{IPPROTO_TCP, Reason, reason};
 use self::csum::CsumDelta;
 use crate::{
     flow::Translation,
-    packet::{FRAG_LATER, Packet, ptr_at},
+    packet::{FRAG_LATER, Packet, ptr_at, word},
     wire::{
         IPV4_CHECK_OFF, IPV4_DADDR_OFF, IPV4_SADDR_OFF, IPV6_DADDR_OFF, IPV6_SADDR_OFF,
         L4_DPORT_OFF, L4_SPORT_OFF, TCP_CHECK_OFF, UDP_CHECK_OFF, UDP_CHECKSUM_ZERO,
@@ -48,12 +48,12 @@ pub fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), R
     };
     let ports = addrs.u16(pkt.sport, to.sport).u16(pkt.dport, to.dport);
 
-    // SAFETY: all pointers were bounds-checked above; unaligned accesses
-    // because headers sit at any even offset.
+    // SAFETY: all pointers were bounds-checked above; word accesses
+    // because headers sit at any even offset (see `packet::word`).
     unsafe {
-        sport.write_unaligned(to.sport);
-        dport.write_unaligned(to.dport);
-        let old = l4_check.read_unaligned();
+        word::write16(sport, to.sport);
+        word::write16(dport, to.dport);
+        let old = word::read16(l4_check);
         let new = if pkt.proto == IPPROTO_TCP {
             ports.apply(old)
         } else if old == UDP_NO_CHECKSUM && !pkt.is_v6() {
@@ -64,7 +64,7 @@ pub fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), R
                 sum => sum,
             }
         };
-        l4_check.write_unaligned(new);
+        word::write16(l4_check, new);
     }
     Ok(())
 }
@@ -101,9 +101,9 @@ fn rewrite_ipv4_addrs(
         .u32(pkt.daddr[0], new_dst);
     // SAFETY: bounds-checked above.
     unsafe {
-        ip_check.write_unaligned(addrs.apply(ip_check.read_unaligned()));
-        saddr.write_unaligned(new_src);
-        daddr.write_unaligned(new_dst);
+        word::write16(ip_check, addrs.apply(word::read16(ip_check)));
+        word::write32(saddr, new_src);
+        word::write32(daddr, new_dst);
     }
     Ok(addrs)
 }
@@ -118,13 +118,16 @@ fn rewrite_ipv6_addrs(
 ) -> Result<CsumDelta, Reason> {
     let saddr = ptr_at::<[u32; 4]>(ctx, pkt.l3 + IPV6_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let daddr = ptr_at::<[u32; 4]>(ctx, pkt.l3 + IPV6_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let (saddr, daddr) = (saddr.cast::<u32>(), daddr.cast::<u32>());
     let addrs = CsumDelta::default()
         .addr6(&pkt.saddr, &to.src)
         .addr6(&pkt.daddr, &to.dst);
     // SAFETY: bounds-checked above.
     unsafe {
-        saddr.write_unaligned(to.src);
-        daddr.write_unaligned(to.dst);
+        for (i, (src, dst)) in to.src.iter().zip(to.dst.iter()).enumerate() {
+            word::write32(saddr.add(i), *src);
+            word::write32(daddr.add(i), *dst);
+        }
     }
     Ok(addrs)
 }

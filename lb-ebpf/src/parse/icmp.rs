@@ -11,7 +11,7 @@ use lb_common::{AF_INET6, IPPROTO_TCP, IPPROTO_UDP, reason};
 
 use super::Frame;
 use crate::{
-    packet::{FRAG_NONE, Packet, load},
+    packet::{FRAG_NONE, Packet, load, load_words},
     wire::*,
 };
 
@@ -52,9 +52,10 @@ pub(super) fn parse_error(
     let Some((proto, saddr, daddr, hdr_len)) = parsed else {
         return pass;
     };
-    let Some(ports) = load::<[u16; 2]>(ctx, quote + hdr_len) else {
+    let Some([ports]) = load_words::<1>(ctx, quote + hdr_len) else {
         return pass;
     };
+    let (quoted_sport, quoted_dport) = super::split_ports(ports);
     // An error goes to the quoted packet's sender; anything else is not
     // about a packet the balancer (or its flow's peer) sent.
     if (proto != IPPROTO_TCP && proto != IPPROTO_UDP) || saddr != outer_dst {
@@ -67,8 +68,8 @@ pub(super) fn parse_error(
         family,
         saddr: daddr,
         daddr: saddr,
-        sport: ports[1],
-        dport: ports[0],
+        sport: quoted_dport,
+        dport: quoted_sport,
         tcp_flags: 0,
         frag: FRAG_NONE,
         frag_id: 0,
@@ -80,7 +81,7 @@ pub(super) fn parse_error(
 /// The quoted IPv4 header: protocol, addresses, header length.
 #[inline(always)]
 fn quote_v4(ctx: &XdpContext, at: usize) -> Option<(u8, [u32; 4], [u32; 4], usize)> {
-    let ip: [u32; 5] = load(ctx, at)?;
+    let ip = load_words::<5>(ctx, at)?;
     let [vihl, ..] = ip[0].to_ne_bytes();
     let len = usize::from(vihl & 0x0f) * 4;
     if vihl >> 4 != 4 || len < IPV4_MIN_LEN {
@@ -98,7 +99,7 @@ fn quote_v6(ctx: &XdpContext, at: usize) -> Option<(u8, [u32; 4], [u32; 4], usiz
     if fixed[0] >> 4 != 6 {
         return None;
     }
-    let saddr = load(ctx, at + IPV6_SADDR_OFF)?;
-    let daddr = load(ctx, at + IPV6_DADDR_OFF)?;
+    let saddr = load_words::<4>(ctx, at + IPV6_SADDR_OFF)?;
+    let daddr = load_words::<4>(ctx, at + IPV6_DADDR_OFF)?;
     Some((fixed[IPV6_NEXT_OFF], saddr, daddr, IPV6_LEN))
 }

@@ -12,7 +12,9 @@ use lb_common::{
 use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
 use crate::{
-    packet::{FRAG_FIRST, FRAG_LATER, FRAG_NONE, Packet, keep_ctx_pointer, load},
+    packet::{
+        FRAG_FIRST, FRAG_LATER, FRAG_NONE, Packet, keep_ctx_pointer, load, load_words, ptr_at, word,
+    },
     wire::*,
 };
 
@@ -106,13 +108,27 @@ fn parse(ctx: &XdpContext) -> Result<Frame, Reason> {
 
 #[inline(always)]
 fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
-    let ip: Ipv4Hdr = load(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
-    let ihl = ip.vihl & 0x0f;
-    if ip.vihl >> 4 != 4 || !(IHL_MIN..=IHL_MAX).contains(&ihl) {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
+    // SAFETY: the whole 20-byte header was bounds-checked; word reads at
+    // the fields' offsets (see `packet::word`).
+    let (vihl, tot_len, id, frags, proto, src, dst) = unsafe {
+        let base = ip.cast::<u8>();
+        (
+            base.read(),
+            u16::from_be(word::read16(base.add(IPV4_TOT_LEN_OFF).cast())),
+            word::read16(base.add(IPV4_ID_OFF).cast()),
+            u16::from_be(word::read16(base.add(IPV4_FRAG_OFF).cast())),
+            base.add(IPV4_PROTO_OFF).read(),
+            word::read32(base.add(IPV4_SADDR_OFF).cast()),
+            word::read32(base.add(IPV4_DADDR_OFF).cast()),
+        )
+    };
+    let ihl = vihl & 0x0f;
+    if vihl >> 4 != 4 || !(IHL_MIN..=IHL_MAX).contains(&ihl) {
         return Err(reason::DROP_BAD_HEADER);
     }
     let ip_hdr_len = usize::from(ihl) * 4;
-    let tot_len = usize::from(u16::from_be_bytes(ip.tot_len));
+    let tot_len = usize::from(tot_len);
     if tot_len < ip_hdr_len {
         return Err(reason::DROP_BAD_HEADER);
     }
@@ -121,7 +137,6 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     if l3 + tot_len > frame_len {
         return Err(reason::DROP_TRUNCATED);
     }
-    let frags = u16::from_be_bytes(ip.frags);
     let frag = if frags & IP_OFFSET_MASK != 0 {
         FRAG_LATER
     } else if frags & IP_MF != 0 {
@@ -130,29 +145,29 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         FRAG_NONE
     };
     let l4 = l3 + ip_hdr_len;
-    if ip.proto == IPPROTO_ICMP {
+    if proto == IPPROTO_ICMP {
         if frag != FRAG_NONE {
             return Ok(Frame::Pass(reason::PASS_FRAGMENT));
         }
-        let dst = [u32::from_ne_bytes(ip.dst_addr), 0, 0, 0];
+        let dst = [dst, 0, 0, 0];
         return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET, dst), frame_len));
     }
-    let Some(l4hdr) = l4_header(ctx, frag, ip.proto, l4, l3 + tot_len)? else {
+    let Some(l4hdr) = l4_header(ctx, frag, proto, l4, l3 + tot_len)? else {
         return Ok(Frame::Pass(reason::PASS_NOT_L4));
     };
     Ok(Frame::Ip(Packet {
         l3,
         l4,
-        proto: ip.proto,
+        proto,
         family: AF_INET,
-        saddr: [u32::from_ne_bytes(ip.src_addr), 0, 0, 0],
-        daddr: [u32::from_ne_bytes(ip.dst_addr), 0, 0, 0],
+        saddr: [src, 0, 0, 0],
+        daddr: [dst, 0, 0, 0],
         sport: l4hdr.sport,
         dport: l4hdr.dport,
         tcp_flags: l4hdr.tcp_flags,
         frag,
         // The identification as memory bytes in the low half of a u32.
-        frag_id: u32::from(u16::from_ne_bytes(ip.id)),
+        frag_id: u32::from(id),
         // Cannot underflow: tot_len >= ip_hdr_len + header len was checked.
         payload_len: (tot_len - ip_hdr_len - l4hdr.len) as u32,
         frame_len: frame_len as u32,
@@ -164,26 +179,32 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
 /// fragment header ([`later_fragment`]).
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
-    let fixed: [u8; IPV6_SADDR_OFF] = load(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
-    if fixed[0] >> 4 != 6 {
+    let ip = ptr_at::<[u8; IPV6_LEN]>(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
+    // SAFETY: the whole 40-byte header was bounds-checked; word reads at
+    // the fields' offsets (see `packet::word`).
+    let (version, payload, next) = unsafe {
+        let base = ip.cast::<u8>();
+        (
+            base.read() >> 4,
+            u16::from_be(word::read16(base.add(IPV6_PLEN_OFF).cast())),
+            base.add(IPV6_NEXT_OFF).read(),
+        )
+    };
+    let saddr = load_words::<4>(ctx, l3 + IPV6_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let daddr = load_words::<4>(ctx, l3 + IPV6_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    if version != 6 {
         return Err(reason::DROP_BAD_HEADER);
     }
-    let saddr: [u32; 4] = load(ctx, l3 + IPV6_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let daddr: [u32; 4] = load(ctx, l3 + IPV6_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let payload = usize::from(u16::from_be_bytes([
-        fixed[IPV6_PLEN_OFF],
-        fixed[IPV6_PLEN_OFF + 1],
-    ]));
+    let payload = usize::from(payload);
     let end = l3 + IPV6_LEN + payload;
     let frame_len = ctx.data_end() - ctx.data();
     if end > frame_len {
         return Err(reason::DROP_TRUNCATED);
     }
-    let (next, l4, (frag, frag_id)) =
-        match skip_ipv6_extensions(ctx, fixed[IPV6_NEXT_OFF], l3 + IPV6_LEN)? {
-            Upper::Header(next, l4, frag) => (next, l4, frag),
-            Upper::Pass(reason) => return Ok(Frame::Pass(reason)),
-        };
+    let (next, l4, (frag, frag_id)) = match skip_ipv6_extensions(ctx, next, l3 + IPV6_LEN)? {
+        Upper::Header(next, l4, frag) => (next, l4, frag),
+        Upper::Pass(reason) => return Ok(Frame::Pass(reason)),
+    };
     if l4 > end {
         return Err(reason::DROP_TRUNCATED);
     }
@@ -311,8 +332,18 @@ fn parse_l4(
 ) -> Result<Option<L4Header>, Reason> {
     match proto {
         IPPROTO_TCP => {
-            let tcp: [u8; TCP_MIN_LEN] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
-            let doff = tcp[TCP_DOFF_OFF] >> 4;
+            let tcp = ptr_at::<[u8; TCP_MIN_LEN]>(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
+            // SAFETY: the 20-byte header was bounds-checked; both ports in
+            // one word read (see `packet::word`).
+            let (ports, doff_byte, tcp_flags) = unsafe {
+                let base = tcp.cast::<u8>();
+                (
+                    word::read32(base.add(L4_SPORT_OFF).cast()),
+                    base.add(TCP_DOFF_OFF).read(),
+                    base.add(TCP_FLAGS_OFF).read(),
+                )
+            };
+            let doff = doff_byte >> 4;
             if doff < DOFF_MIN {
                 return Err(reason::DROP_BAD_HEADER);
             }
@@ -320,25 +351,41 @@ fn parse_l4(
             if l4 + len > end {
                 return Err(reason::DROP_TRUNCATED);
             }
+            let (sport, dport) = split_ports(ports);
             Ok(Some(L4Header {
-                sport: u16::from_ne_bytes([tcp[L4_SPORT_OFF], tcp[L4_SPORT_OFF + 1]]),
-                dport: u16::from_ne_bytes([tcp[L4_DPORT_OFF], tcp[L4_DPORT_OFF + 1]]),
-                tcp_flags: tcp[TCP_FLAGS_OFF],
+                sport,
+                dport,
+                tcp_flags,
                 len,
             }))
         }
         IPPROTO_UDP => {
-            let udp: UdpHdr = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
+            let udp = ptr_at::<UdpHdr>(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
             if l4 + UdpHdr::LEN > end {
                 return Err(reason::DROP_TRUNCATED);
             }
+            // SAFETY: the 8-byte header was bounds-checked.
+            let (sport, dport) =
+                split_ports(unsafe { word::read32(udp.cast::<u8>().add(L4_SPORT_OFF).cast()) });
             Ok(Some(L4Header {
-                sport: u16::from_ne_bytes(udp.src),
-                dport: u16::from_ne_bytes(udp.dst),
+                sport,
+                dport,
                 tcp_flags: 0,
                 len: UdpHdr::LEN,
             }))
         }
         _ => Ok(None),
     }
+}
+
+/// The source and destination port (network byte order) of the 32-bit
+/// word that holds both, read in memory byte order: the source port's
+/// bytes come first.
+#[inline(always)]
+pub(super) const fn split_ports(word: u32) -> (u16, u16) {
+    let b = word.to_ne_bytes();
+    (
+        u16::from_ne_bytes([b[0], b[1]]),
+        u16::from_ne_bytes([b[2], b[3]]),
+    )
 }
