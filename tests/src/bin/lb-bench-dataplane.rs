@@ -29,7 +29,8 @@ const BENCH_FLOW_TABLE: u32 = 1 << 19;
 const DRAIN_EVERY: usize = 1000;
 /// New flows per P2C case, and the SNAT port range: with 2 backends each
 /// gets about half of the flows, which keeps every backend's port space at
-/// most a sixth full, so the 8 random port tries never run out.
+/// most a sixth full, so the claim's cursor finds a free tuple at its first
+/// step and the case measures a claim, not a search.
 const NEW_FLOWS: usize = 20_000;
 const BENCH_SNAT_PORTS: (u16, u16) = (1024, 65_535);
 /// Payload of the established-flow packets (a small request or response).
