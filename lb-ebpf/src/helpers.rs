@@ -11,11 +11,40 @@
 //! may be due: see [`PacketClock`] and `track::refresh_check_due`.
 use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_jiffies64, bpf_ktime_get_ns};
 
+use crate::maps::PACKET_CLOCK;
+
 /// Monotonic time in nanoseconds.
 #[inline(always)]
 pub fn now() -> u64 {
     // SAFETY: helper without arguments.
     unsafe { bpf_ktime_get_ns() }
+}
+
+/// Leaves `now` for the stages after the backend pick of this packet
+/// ([`take_packet_clock`]). XDP runs a program to its end on one CPU
+/// without preemption, so the per-CPU slot holds this packet's time until
+/// it is taken.
+#[inline(always)]
+pub fn leave_packet_clock(now: u64) {
+    if let Some(slot) = PACKET_CLOCK.get_ptr_mut(0) {
+        // SAFETY: a live per-CPU value, only touched by this CPU.
+        unsafe { *slot = now };
+    }
+}
+
+/// The time the backend pick of this packet read ([`leave_packet_clock`]),
+/// and the slot emptied; a fresh read if it is empty (a path that did not
+/// pick, or a second taker).
+#[inline(always)]
+pub fn take_packet_clock() -> u64 {
+    if let Some(slot) = PACKET_CLOCK.get_ptr_mut(0) {
+        // SAFETY: a live per-CPU value, only touched by this CPU.
+        let left = unsafe { core::mem::replace(&mut *slot, 0) };
+        if left != 0 {
+            return left;
+        }
+    }
+    now()
 }
 
 /// The low 32 bits of the kernel's `jiffies` (HZ ticks a second, 100 to

@@ -311,7 +311,8 @@ fn create_flow(
         mac: packet::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
         ifindex: ctx.ingress_ifindex() as u32,
     };
-    let now = now();
+    // The pick's clock read (see `helpers::take_packet_clock`).
+    let now = helpers::take_packet_clock();
     flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn)?;
     track::opened(backend.id);
     Ok(())

@@ -120,6 +120,12 @@ pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 /// update swaps the whole value). Written by the control plane.
 #[map(name = "VIP_ZONES")]
 pub static VIP_ZONES: HashMap<u32, VipZones> = HashMap::with_max_entries(MAX_VIPS, 0);
+/// One slot per CPU: the clock of the new flow this CPU is creating, read
+/// once by the backend pick (the global `select::lb_pick_backend`, which
+/// returns a single register) and taken by the flow's creation, so a new
+/// flow reads the clock once (`helpers::take_packet_clock`).
+#[map(name = "PACKET_CLOCK")]
+pub static PACKET_CLOCK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// One slot per CPU: the parsed packet (and the pick) handed to the global
 /// functions of `time_wait`, which take scalars and the context only.
 #[map(name = "PACKET_HANDOVER")]

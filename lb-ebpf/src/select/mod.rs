@@ -41,7 +41,7 @@ pub use slots::{Chosen, by_id};
 use zones::Zoned;
 
 use crate::{
-    helpers::{now, random},
+    helpers::{leave_packet_clock, now, random},
     maps::VIPS,
     packet::Packet,
 };
@@ -165,6 +165,8 @@ fn admit_and_select(vip: &VipMeta, pkt: &Packet) -> Result<u32, Reason> {
     // One clock read for the admission and the scores (a read costs as
     // much as a flow lookup, see `helpers`).
     let now = now();
+    // The flow's creation takes this time instead of reading the clock again.
+    leave_packet_clock(now);
     admit::admit(now)?;
     let backend = select(vip, pkt, now)?;
     Picked {
