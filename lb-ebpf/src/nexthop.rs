@@ -8,7 +8,7 @@
 //! path learned from the client's first frame does. Packets of known
 //! flows, in both directions, use the answer their flow entry cached
 //! instead, resolved again once a second.
-use core::mem::{MaybeUninit, size_of};
+use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
     EbpfContext,
@@ -288,9 +288,8 @@ fn forward_call(
 /// A complete FIB answer (route and resolved neighbour), if any.
 #[inline(always)]
 fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option<Hop> {
-    // Zeroed, then the fields the lookup reads are set (its unions make a
-    // struct literal awkward).
-    let mut params: bpf_fib_lookup = unsafe { MaybeUninit::zeroed().assume_init() };
+    let mut storage = MaybeUninit::uninit();
+    let params = zeroed_fib_params(&mut storage);
     params.l4_protocol = pkt.proto;
     params.ifindex = ingress;
     if pkt.is_v6() {
@@ -306,7 +305,7 @@ fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option
     let rc = unsafe {
         fib_lookup(
             ctx.as_ptr(),
-            &mut params,
+            &mut *params,
             size_of::<bpf_fib_lookup>() as i32,
             0,
         )
@@ -319,6 +318,29 @@ fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option
         smac: params.smac,
         ifindex: params.ifindex,
     })
+}
+
+/// FIB lookup parameters, all zero; the caller sets the fields the lookup
+/// reads (its unions make a struct literal awkward). Zeroed a 32-bit word at
+/// a time: `MaybeUninit::zeroed()` compiled to a call of the `memset` BPF
+/// function, a byte loop of 64 rounds, on the first packet of every flow
+/// in each direction and at every refresh. Volatile stores cannot be
+/// merged back into that call.
+/// Zeroed in place (a value returned and copied was zeroed by a `memset`
+/// call again).
+#[inline(always)]
+fn zeroed_fib_params(storage: &mut MaybeUninit<bpf_fib_lookup>) -> &mut bpf_fib_lookup {
+    const WORDS: usize = size_of::<bpf_fib_lookup>() / size_of::<u32>();
+    const _: () = assert!(WORDS * size_of::<u32>() == size_of::<bpf_fib_lookup>());
+    const _: () = assert!(align_of::<bpf_fib_lookup>() >= align_of::<u32>());
+    let words = storage.as_mut_ptr().cast::<u32>();
+    for i in 0..WORDS {
+        // SAFETY: `i` < WORDS, inside the local; 4-byte aligned (asserted).
+        unsafe { words.add(i).write_volatile(0) };
+    }
+    // SAFETY: every byte was written; all-zero is a valid `bpf_fib_lookup`
+    // (integers and unions of integers).
+    unsafe { storage.assume_init_mut() }
 }
 
 /// The control plane's neighbour entry for `dst`; the frame keeps our MAC
