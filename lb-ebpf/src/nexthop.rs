@@ -320,14 +320,14 @@ fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option
     })
 }
 
-/// FIB lookup parameters, all zero; the caller sets the fields the lookup
-/// reads (its unions make a struct literal awkward). Zeroed a 32-bit word at
-/// a time: `MaybeUninit::zeroed()` compiled to a call of the `memset` BPF
-/// function, a byte loop of 64 rounds, on the first packet of every flow
-/// in each direction and at every refresh. Volatile stores cannot be
-/// merged back into that call.
-/// Zeroed in place (a value returned and copied was zeroed by a `memset`
-/// call again).
+/// FIB lookup parameters in `storage`, all zero; the caller sets the
+/// fields the lookup reads (its unions make a struct literal awkward).
+/// Zeroed in place a 32-bit word at a time: `MaybeUninit::zeroed()`
+/// compiled to a call of the `memset` BPF function, a byte loop of 64
+/// rounds, on the first packet of every flow in each direction and at
+/// every refresh. Volatile stores cannot be merged back into that call,
+/// and in place because a zeroed value returned and copied was zeroed by a
+/// `memset` call again.
 #[inline(always)]
 fn zeroed_fib_params(storage: &mut MaybeUninit<bpf_fib_lookup>) -> &mut bpf_fib_lookup {
     const WORDS: usize = size_of::<bpf_fib_lookup>() / size_of::<u32>();

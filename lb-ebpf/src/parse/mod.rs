@@ -333,12 +333,11 @@ fn parse_l4(
     match proto {
         IPPROTO_TCP => {
             let tcp = ptr_at::<[u8; TCP_MIN_LEN]>(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
-            // SAFETY: the 20-byte header was bounds-checked; both ports in
-            // one word read (see `packet::word`).
-            let (ports, doff_byte, tcp_flags) = unsafe {
+            // SAFETY: the 20-byte header was bounds-checked.
+            let ((sport, dport), doff_byte, tcp_flags) = unsafe {
                 let base = tcp.cast::<u8>();
                 (
-                    word::read32(base.add(L4_SPORT_OFF).cast()),
+                    read_ports(base),
                     base.add(TCP_DOFF_OFF).read(),
                     base.add(TCP_FLAGS_OFF).read(),
                 )
@@ -351,7 +350,6 @@ fn parse_l4(
             if l4 + len > end {
                 return Err(reason::DROP_TRUNCATED);
             }
-            let (sport, dport) = split_ports(ports);
             Ok(Some(L4Header {
                 sport,
                 dport,
@@ -365,8 +363,7 @@ fn parse_l4(
                 return Err(reason::DROP_TRUNCATED);
             }
             // SAFETY: the 8-byte header was bounds-checked.
-            let (sport, dport) =
-                split_ports(unsafe { word::read32(udp.cast::<u8>().add(L4_SPORT_OFF).cast()) });
+            let (sport, dport) = unsafe { read_ports(udp.cast()) };
             Ok(Some(L4Header {
                 sport,
                 dport,
@@ -376,6 +373,17 @@ fn parse_l4(
         }
         _ => Ok(None),
     }
+}
+
+/// Both ports of the TCP or UDP header at `l4`, in one word read (see
+/// `packet::word`).
+///
+/// # Safety
+/// `l4` must be bounds-checked packet memory valid for 4 bytes.
+#[inline(always)]
+unsafe fn read_ports(l4: *const u8) -> (u16, u16) {
+    // SAFETY: the caller's guarantee.
+    split_ports(unsafe { word::read32(l4.add(L4_SPORT_OFF).cast()) })
 }
 
 /// The source and destination port (network byte order) of the 32-bit
