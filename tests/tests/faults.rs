@@ -727,10 +727,9 @@ fn snat_exhaustion_refuses_new_flows_and_keeps_established_ones() {
 fn full_flow_table_refuses_new_flows_and_evicts_no_live_one() {
     require_root!();
     let lab = Fault::new("flow-table-overflow", 2);
-    // 64 entries (per family; the lab is IPv4): 32 connections, both
-    // directions each. A closed connection keeps its entries for the
-    // linger and the SNAT quarantine, so a run of new connections fills the
-    // table within a fraction of a second.
+    // 64 entries: 32 connections, both directions each. A closed connection
+    // keeps its entries for the linger and the SNAT quarantine, so a run of
+    // new connections fills the table within a fraction of a second.
     let _lb = lab.start(&[0, 1], &["--flow-table-size", "64"]);
     // Idle keep-alive connections, opened first: an LRU would evict them.
     let mut idle = keep_alive(&lab, 4);
@@ -770,16 +769,13 @@ fn full_flow_table_refuses_new_flows_and_evicts_no_live_one() {
     assert_eq!(lone, 0.0, "one direction of a connection vanished");
 }
 
-/// Ids of the `lb_xdp` programs that use this lab's pinned flow tables
-/// (either family's; netlink's view is not used: after a link update this
-/// kernel keeps reporting the replaced program's id).
+/// Ids of the `lb_xdp` programs that use this lab's pinned flow table
+/// (netlink's view is not used: after a link update this kernel keeps
+/// reporting the replaced program's id).
 fn programs_on_pinned_maps(lab: &Lab) -> Vec<u32> {
-    let id = |name: &str| {
-        aya::maps::MapInfo::from_pin(lab.pin_dir().join(name))
-            .unwrap()
-            .id()
-    };
-    let tables = [id(lb_common::FLOWS4_MAP), id(lb_common::FLOWS_MAP)];
+    let flows = aya::maps::MapInfo::from_pin(lab.pin_dir().join("FLOWS"))
+        .unwrap()
+        .id();
     aya::programs::loaded_programs()
         .flatten()
         .filter(|p| p.name_as_str() == Some("lb_xdp"))
@@ -787,7 +783,7 @@ fn programs_on_pinned_maps(lab: &Lab) -> Vec<u32> {
             p.map_ids()
                 .ok()
                 .flatten()
-                .is_some_and(|ids| tables.iter().any(|t| ids.contains(t)))
+                .is_some_and(|ids| ids.contains(&flows))
         })
         .map(|p| p.id())
         .collect()

@@ -1,11 +1,10 @@
 //! Loading, attaching and pinning the XDP program, re-adopting a pinned one
 //! after a crash, and taking it all down again.
 //!
-//! Fresh start: load [`crate::EBPF_OBJECT`] with both flow tables (FLOWS4
-//! for IPv4, FLOWS for IPv6) sized from the config, pin every map under the
-//! instance's pin directory, attach `lb_xdp` with a bpf_link and pin the
-//! link. From then on every user of the maps (runtime tasks, `status`) opens
-//! them from their pins.
+//! Fresh start: load [`crate::EBPF_OBJECT`] with FLOWS sized from the config,
+//! pin every map under the instance's pin directory, attach `lb_xdp` with a
+//! bpf_link and pin the link. From then on every user of the maps (runtime
+//! tasks, `status`) opens them from their pins.
 //!
 //! Re-adoption: if the pin directory already holds a link (the previous
 //! process died without cleaning up, e.g. SIGKILL) and that link's program
@@ -32,7 +31,7 @@ use aya::{
         loaded_programs,
     },
 };
-use lb_common::{ALL_MAPS, FLOWS_MAP, FLOWS4_MAP, XDP_PROGRAM};
+use lb_common::{ALL_MAPS, FLOWS_MAP, XDP_PROGRAM};
 use tracing::{info, warn};
 
 use crate::{
@@ -103,7 +102,6 @@ impl Attachment {
 fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result<Attachment> {
     fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let mut ebpf = EbpfLoader::new()
-        .map_max_entries(FLOWS4_MAP, config.flow_table_size)
         .map_max_entries(FLOWS_MAP, config.flow_table_size)
         .load(EBPF_OBJECT)
         .map_err(|e| anyhow!("loading the eBPF object: {e}"))?;
@@ -165,29 +163,21 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
         return Ok(None);
     }
     for name in ALL_MAPS {
-        // A build from before the flow table's split by family has no
-        // FLOWS4: the upgrade below creates it and moves the IPv4 flows.
-        if !pin_dir.join(name).exists() && *name != FLOWS4_MAP {
+        if !pin_dir.join(name).exists() {
             bail!(
                 "{} has a pinned link but no map {name}; stop the old instance or remove the directory",
                 pin_dir.display()
             );
         }
     }
-    for name in [FLOWS4_MAP, FLOWS_MAP] {
-        let path = pin_dir.join(name);
-        if !path.exists() {
-            continue;
-        }
-        let flows = MapInfo::from_pin(&path)
-            .with_context(|| format!("opening the pinned flow table {name}"))?;
-        if flows.max_entries() != config.flow_table_size {
-            warn!(
-                "keeping the pinned flow table {name} of {} entries; --flow-table-size {} applies after a clean stop",
-                flows.max_entries(),
-                config.flow_table_size
-            );
-        }
+    let flows =
+        MapInfo::from_pin(pin_dir.join(FLOWS_MAP)).context("opening the pinned flow table")?;
+    if flows.max_entries() != config.flow_table_size {
+        warn!(
+            "keeping the pinned flow table of {} entries; --flow-table-size {} applies after a clean stop",
+            flows.max_entries(),
+            config.flow_table_size
+        );
     }
     let (link, program_id) = upgrade::upgrade_if_needed(pin_dir, link, program_id, config.upgrade)?;
     info!(

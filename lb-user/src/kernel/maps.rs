@@ -2,18 +2,15 @@
 //! the kernel's counters read as one group, and the one-shot writes of
 //! startup (global config, new-flow cap).
 
-use std::{
-    borrow::{Borrow, BorrowMut},
-    path::Path,
-};
+use std::path::Path;
 
 use anyhow::{Context as _, anyhow};
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
 use lb_common::{
     BACKEND_CONNS_MAP, BACKEND_CORRECTION_MAP, BACKEND_SCORES_MAP, BACKEND_STATS_MAP, BACKENDS_MAP,
     Backend, BackendConns, BackendScore, BackendStats, CONFIG_MAP, EVENTS_MAP, FLOWS_MAP,
-    FLOWS4_MAP, FlowEntry, FlowKey, FlowKey4, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP,
-    Neighbour, NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
+    FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP, Neighbour,
+    NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
 use lb_common::{
     BACKEND_LATENCY_MAP, BACKEND_SNAT_USED_MAP, LATENCY_EPOCH_MAP, LatencyAgg, MAX_SNAT_ADDRS,
@@ -40,11 +37,7 @@ pub type Scores = Array<MapData, BackendScore>;
 pub type Conns = Array<MapData, BackendConns>;
 pub type Corrections = Array<MapData, u64>;
 pub type Stats = PerCpuArray<MapData, BackendStats>;
-/// `FLOWS`: the IPv6 flow table (and, before the split by family, every
-/// flow). Most users want [`FlowTables`], which covers both families.
 pub type Flows = HashMap<MapData, FlowKey, FlowEntry>;
-/// `FLOWS4`: the IPv4 flow table.
-pub type Flows4 = HashMap<MapData, FlowKey4, FlowEntry>;
 pub type Neighbours = HashMap<MapData, IpKey, Neighbour>;
 pub type Configs = Array<MapData, LbConfig>;
 pub type Reasons = PerCpuArray<MapData, u64>;
@@ -81,7 +74,6 @@ openers! {
     corrections -> Corrections = BACKEND_CORRECTION_MAP;
     stats -> Stats = BACKEND_STATS_MAP;
     flows -> Flows = FLOWS_MAP;
-    flows4 -> Flows4 = FLOWS4_MAP;
     neighbours -> Neighbours = NEIGHBOURS_MAP;
     configs -> Configs = CONFIG_MAP;
     reasons -> Reasons = REASON_STATS_MAP;
@@ -102,71 +94,6 @@ openers! {
 }
 
 pub type SnatCursors = PerCpuArray<MapData, u64>;
-
-/// The flow table as one map of [`FlowKey`]s: IPv4 tuples live in `FLOWS4`
-/// under their 16-byte [`FlowKey4`], IPv6 ones in `FLOWS`, and every method
-/// picks the table by [`FlowKey::is_v4`]. `T` is how the maps are held:
-/// [`MapData`] for pinned maps, `&MapData` or `&mut MapData` for maps
-/// borrowed from a loaded object.
-pub struct FlowTables<T = MapData> {
-    pub v4: HashMap<T, FlowKey4, FlowEntry>,
-    pub v6: HashMap<T, FlowKey, FlowEntry>,
-}
-
-impl FlowTables {
-    /// Opens both pinned tables.
-    pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
-        Ok(Self {
-            v4: flows4(pin_dir)?,
-            v6: flows(pin_dir)?,
-        })
-    }
-}
-
-impl<T: Borrow<MapData>> FlowTables<T> {
-    /// The entry of `key`, from its family's table.
-    pub fn get(&self, key: &FlowKey) -> Result<FlowEntry, MapError> {
-        if key.is_v4() {
-            self.v4.get(&key.compact(), 0)
-        } else {
-            self.v6.get(key, 0)
-        }
-    }
-
-    /// Every entry of both tables, IPv4 keys widened to [`FlowKey`]s.
-    /// Entries that fail to read (removed during the walk) are skipped.
-    pub fn entries(&self) -> impl Iterator<Item = (FlowKey, FlowEntry)> + '_ {
-        let v4 = self.v4.iter().filter_map(Result::ok);
-        let v6 = self.v6.iter().filter_map(Result::ok);
-        v4.map(|(key, entry)| (key.widen(), entry)).chain(v6)
-    }
-
-    /// The number of entries in both tables (a walk of their keys).
-    pub fn count(&self) -> usize {
-        self.v4.keys().count() + self.v6.keys().count()
-    }
-}
-
-impl<T: BorrowMut<MapData>> FlowTables<T> {
-    /// Writes `entry` under `key` in its family's table; `flags` as for
-    /// `bpf_map_update_elem` (`BPF_ANY`, `BPF_NOEXIST`, `BPF_EXIST`).
-    pub fn insert(&mut self, key: &FlowKey, entry: &FlowEntry, flags: u64) -> Result<(), MapError> {
-        if key.is_v4() {
-            self.v4.insert(key.compact(), entry, flags)
-        } else {
-            self.v6.insert(key, entry, flags)
-        }
-    }
-
-    /// Removes `key` from its family's table.
-    pub fn remove(&mut self, key: &FlowKey) -> Result<(), MapError> {
-        if key.is_v4() {
-            self.v4.remove(&key.compact())
-        } else {
-            self.v6.remove(key)
-        }
-    }
-}
 
 /// Starts every CPU's SNAT cursor of every backend id at a random place in
 /// its slice. Called on a cold start (fresh maps): a previous instance's

@@ -295,10 +295,10 @@ pub fn save(
             cursors: values.iter().copied().collect(),
         });
     }
-    let flows = maps::FlowTables::open(pin_dir)?;
+    let flows = maps::flows(pin_dir)?;
     let now_ns = MonotonicClock.now().0;
     // Entries that fail to read (removed during the walk) are skipped.
-    for (key, entry) in flows.entries() {
+    for (key, entry) in flows.iter().filter_map(Result::ok) {
         if !in_quarantine(&entry, now_ns, quarantine) {
             continue;
         }
@@ -349,7 +349,7 @@ pub fn restore(
             )
             .with_context(|| format!("writing SNAT_CURSORS[{id}]"))?;
     }
-    let mut flows = maps::FlowTables::open(pin_dir)?;
+    let mut flows = maps::flows(pin_dir)?;
     let mut held: BTreeMap<u32, u64> = BTreeMap::new();
     for (tuple, backend) in saved.restorable_tuples(
         now,
@@ -361,7 +361,7 @@ pub fn restore(
     ) {
         let (key, entry) = tuple.entry(backend.id, backend.backend.vip_id);
         // NOEXIST: a tuple some flow holds already stays that flow's.
-        if flows.insert(&key, &entry, BPF_NOEXIST).is_ok() {
+        if flows.insert(key, entry, BPF_NOEXIST).is_ok() {
             *held.entry(backend.id).or_default() += 1;
         }
     }

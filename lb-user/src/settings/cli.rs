@@ -232,8 +232,7 @@ pub struct RunArgs {
     /// SNAT source-port range, MIN-MAX inclusive.
     #[arg(long, value_name = "MIN-MAX")]
     pub snat_ports: Option<PortRange>,
-    /// Flow-table entries, per family: the IPv4 and the IPv6 table each
-    /// get this many (both directions of a flow use one each).
+    /// Flow-table entries (both directions of a flow use one each).
     #[arg(long, value_name = "N")]
     pub flow_table_size: Option<u32>,
     /// Time constant τ of the latency estimate's long memory (the mean

@@ -724,16 +724,12 @@ fn render_pool_and_flows(out: &mut Exposition, s: &Snapshot) {
         (
             "lb_flow_table_entries",
             "gauge",
-            "Flow-table entries (two per connection; IPv4 and IPv6 tables summed) at the last reconciliation pass.",
+            "Flow-table entries (two per connection) at the last reconciliation pass.",
         ),
         s.flow_entries as f64,
     );
     out.single(
-        (
-            "lb_flow_table_capacity",
-            "gauge",
-            "Flow-table size: the entries of each family's table (FLOWS4 for IPv4, FLOWS for IPv6).",
-        ),
+        ("lb_flow_table_capacity", "gauge", "Flow-table size."),
         s.flow_table_size as f64,
     );
     out.family(

@@ -1,12 +1,10 @@
-//! A full flow table without traffic: established TCP connections of IPv4
-//! clients written straight into the running instance's pinned flow table
-//! of their family (`FLOWS4`, through `lb_user::kernel::maps::FlowTables`),
-//! both entries of each connection, laid out exactly as the data path
-//! writes them (see lb-ebpf's `flow.rs`: the reply entry's key is the
-//! forward entry's rewrite reversed, and it rewrites back to the client).
-//! The kernel sweep therefore treats them as live connections: neither
-//! orphans nor idle (for the TCP idle timeout, 300 s by default) nor
-//! unanswered SYNs.
+//! A full flow table without traffic: established TCP connections written
+//! straight into the running instance's pinned `FLOWS` map, both entries of
+//! each connection, laid out exactly as the data path writes them (see
+//! lb-ebpf's `flow.rs`: the reply entry's key is the forward entry's
+//! rewrite reversed, and it rewrites back to the client). The kernel sweep
+//! therefore treats them as live connections: neither orphans nor idle
+//! (for the TCP idle timeout, 300 s by default) nor unanswered SYNs.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -20,7 +18,6 @@ use lb_common::{
 };
 use lb_user::kernel::{
     clock::{Clock as _, MonotonicClock},
-    maps::FlowTables,
     wire::{ip_to_words, port_to_wire},
 };
 
@@ -124,28 +121,22 @@ pub fn fill(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<u64> {
             plan.backends.len()
         );
     }
-    // Every connection of the plan has the family of its first.
-    let table = if plan.connection(0, 0)[0].0.is_v4() {
-        lb_common::FLOWS4_MAP
-    } else {
-        lb_common::FLOWS_MAP
-    };
-    let info = aya::maps::MapInfo::from_pin(pin_dir.join(table))
-        .with_context(|| format!("opening the pinned flow table {table}"))?;
+    let info = aya::maps::MapInfo::from_pin(pin_dir.join(lb_common::FLOWS_MAP))
+        .context("opening the pinned flow table")?;
     let capacity = u64::from(info.max_entries());
     if capacity < 2 * connections {
         bail!(
-            "the flow table {table} holds {capacity} entries, fewer than {}",
+            "the flow table holds {capacity} entries, fewer than {}",
             2 * connections
         );
     }
-    let mut flows = FlowTables::open(pin_dir)?;
+    let mut flows = lb_user::kernel::maps::flows(pin_dir)?;
     let now = MonotonicClock.now().0;
     let mut write = |i: u64| -> Result<()> {
         let [forward, reply] = plan.connection(i, now);
         for (key, entry) in [reply, forward] {
             flows
-                .insert(&key, &entry, 0)
+                .insert(key, entry, 0)
                 .with_context(|| format!("writing connection {i}"))?;
         }
         Ok(())
@@ -176,10 +167,10 @@ pub fn fill(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<u64> {
 /// Connections (of the first `connections` of `plan`) whose forward or
 /// reply entry is missing or closed now: `(i, [forward ok, reply ok])`.
 pub fn broken(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<Vec<(u64, [bool; 2])>> {
-    let flows = FlowTables::open(pin_dir)?;
+    let flows = lb_user::kernel::maps::flows(pin_dir)?;
     let open = |key: &FlowKey| {
         flows
-            .get(key)
+            .get(key, 0)
             .is_ok_and(|e| e.flags & lb_common::FLOW_F_CLOSED == 0)
     };
     let mut found = Vec::new();

@@ -9,14 +9,14 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{Xdp, XdpMode},
 };
-use lb_common::{FLOWS_MAP, FLOWS4_MAP};
+use lb_common::FLOWS_MAP;
 
 use super::netns::in_netns;
 
 /// Name of the stub program in `lb_user::EBPF_OBJECT`.
 pub const STUB_PROGRAM: &str = "xdp_pass_stub";
-/// The stub never touches the flow tables; loading them with the default
-/// size would only reserve memory for nothing.
+/// The stub never touches the flow table; loading it with the default size
+/// would only reserve memory for nothing.
 const STUB_FLOW_ENTRIES: u32 = 64;
 
 /// Keeps the stub attached: dropping it detaches the program.
@@ -30,7 +30,6 @@ pub struct XdpStub {
 pub fn attach_pass_stub(ns: &str, iface: &str) -> Result<XdpStub> {
     in_netns(ns, || {
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries(FLOWS4_MAP, STUB_FLOW_ENTRIES)
             .map_max_entries(FLOWS_MAP, STUB_FLOW_ENTRIES)
             .load(crate::production::EBPF_OBJECT)
             .context("loading the embedded eBPF object")?;

@@ -19,8 +19,6 @@ use lb_common::{
     VipKey, VipMeta, reason,
 };
 
-use lb_user::kernel::maps::FlowTables;
-
 use super::packet::{Pkt, TCP_SYN};
 
 pub const XDP_ABORTED: u32 = 0;
@@ -165,11 +163,9 @@ impl Lb {
         Self::load(crate::production::EBPF_OBJECT, FLOW_TABLE_SIZE)
     }
 
-    /// Loads `object` with flow tables (IPv4 and IPv6) of `flow_table_size`
-    /// entries each.
+    /// Loads `object` with a flow table of `flow_table_size` entries.
     pub fn load(object: &[u8], flow_table_size: u32) -> Self {
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries(lb_common::FLOWS4_MAP, flow_table_size)
             .map_max_entries(lb_common::FLOWS_MAP, flow_table_size)
             .load(object)
             .expect("parse and create maps of the eBPF object");
@@ -684,51 +680,32 @@ impl Lb {
         events
     }
 
-    /// Both flow tables (FLOWS4 and FLOWS), read through the control
-    /// plane's family dispatch.
-    pub fn flows(&self) -> FlowTables<&MapData> {
-        let map = |name| self.ebpf.map(name).unwrap_or_else(|| panic!("{name}"));
-        FlowTables {
-            v4: HashMap::try_from(map(lb_common::FLOWS4_MAP)).expect("FLOWS4 is a hash"),
-            v6: HashMap::try_from(map(lb_common::FLOWS_MAP)).expect("FLOWS is a hash"),
-        }
-    }
-
-    /// Both flow tables, writable.
-    pub fn flows_mut(&mut self) -> FlowTables<&mut MapData> {
-        let (mut v4, mut v6) = (None, None);
-        for (name, map) in self.ebpf.maps_mut() {
-            if name == lb_common::FLOWS4_MAP {
-                v4 = Some(HashMap::try_from(map).expect("FLOWS4 is a hash"));
-            } else if name == lb_common::FLOWS_MAP {
-                v6 = Some(HashMap::try_from(map).expect("FLOWS is a hash"));
-            }
-        }
-        FlowTables {
-            v4: v4.expect("FLOWS4"),
-            v6: v6.expect("FLOWS"),
-        }
+    fn flows(&self) -> HashMap<&MapData, FlowKey, FlowEntry> {
+        HashMap::try_from(self.ebpf.map(lb_common::FLOWS_MAP).expect("FLOWS")).expect("hash")
     }
 
     pub fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
-        self.flows().get(key).ok()
+        self.flows().get(key, 0).ok()
     }
 
     /// Overwrites one entry (to age it, say).
     pub fn set_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
-        self.flows_mut()
-            .insert(key, &entry, 0)
-            .expect("set flow entry");
+        let mut flows: HashMap<_, FlowKey, FlowEntry> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                .expect("hash");
+        flows.insert(key, entry, 0).expect("set flow entry");
     }
 
     /// Removes one entry behind the program's back (to make an orphan).
     pub fn remove_flow(&mut self, key: &FlowKey) {
-        self.flows_mut().remove(key).expect("remove flow entry");
+        let mut flows: HashMap<_, FlowKey, FlowEntry> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                .expect("hash");
+        flows.remove(key).expect("remove flow entry");
     }
 
-    /// Entries in both flow tables.
     pub fn flow_count(&self) -> usize {
-        self.flows().count()
+        self.flows().keys().count()
     }
 
     /// The forward entry of the IPv4 client's connection from `client_port`.
