@@ -173,12 +173,7 @@ pub const BACKEND_SCORES_MAP: &str = "BACKEND_SCORES";
 pub const BACKEND_CONNS_MAP: &str = "BACKEND_CONNS";
 pub const BACKEND_CORRECTION_MAP: &str = "BACKEND_CORRECTION";
 pub const BACKEND_STATS_MAP: &str = "BACKEND_STATS";
-/// The flow table of IPv6 connections (keyed by [`FlowKey`]; the name is
-/// from before IPv4 flows got [`FLOWS4_MAP`], kept so an in-place upgrade
-/// reuses the pinned table).
 pub const FLOWS_MAP: &str = "FLOWS";
-/// The flow table of IPv4 connections (keyed by [`FlowKey4`]).
-pub const FLOWS4_MAP: &str = "FLOWS4";
 pub const NEIGHBOURS_MAP: &str = "NEIGHBOURS";
 pub const CONFIG_MAP: &str = "CONFIG";
 pub const REASON_STATS_MAP: &str = "REASON_STATS";
@@ -221,7 +216,6 @@ pub const ALL_MAPS: &[&str] = &[
     BACKEND_CONNS_MAP,
     BACKEND_CORRECTION_MAP,
     BACKEND_STATS_MAP,
-    FLOWS4_MAP,
     FLOWS_MAP,
     NEIGHBOURS_MAP,
     CONFIG_MAP,

@@ -341,9 +341,7 @@ pub struct BackendStats {
 }
 assert_size!(BackendStats, 32);
 
-/// A 5-tuple as seen on the wire, either family: the key of
-/// [`crate::FLOWS_MAP`] (IPv6 flows) and, through [`FlowKey::compact`], of
-/// [`crate::FLOWS4_MAP`] (IPv4 flows).
+/// Key of [`crate::FLOWS_MAP`]: a 5-tuple as seen on the wire.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
@@ -379,59 +377,6 @@ impl FlowKey {
             family,
             _pad: [0; 2],
         }
-    }
-
-    /// Whether the tuple is IPv4: its entries live in [`crate::FLOWS4_MAP`].
-    #[inline(always)]
-    pub const fn is_v4(&self) -> bool {
-        self.family == crate::AF_INET
-    }
-
-    /// The [`FlowKey4`] of an IPv4 tuple (address word 0; the other words
-    /// are zero in an IPv4 key).
-    #[inline(always)]
-    pub const fn compact(&self) -> FlowKey4 {
-        FlowKey4 {
-            src: self.src[0],
-            dst: self.dst[0],
-            sport: self.sport,
-            dport: self.dport,
-            proto: self.proto,
-            _pad: [0; 3],
-        }
-    }
-}
-
-/// Key of [`crate::FLOWS4_MAP`]: an IPv4 5-tuple in 16 bytes. The kernel
-/// hashes (jhash) and compares the whole key on every lookup, so IPv4 flows
-/// get a table of their own rather than 40-byte [`FlowKey`]s that are
-/// three-quarters zero.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct FlowKey4 {
-    /// Network byte order, as in [`FlowKey::src`]'s word 0.
-    pub src: u32,
-    pub dst: u32,
-    /// Ports in network byte order.
-    pub sport: u16,
-    pub dport: u16,
-    pub proto: u8,
-    pub _pad: [u8; 3],
-}
-assert_size!(FlowKey4, 16);
-
-impl FlowKey4 {
-    /// The same tuple as a [`FlowKey`] (family [`crate::AF_INET`]).
-    #[inline(always)]
-    pub const fn widen(&self) -> FlowKey {
-        FlowKey::new(
-            crate::AF_INET,
-            self.proto,
-            [self.src, 0, 0, 0],
-            [self.dst, 0, 0, 0],
-            self.sport,
-            self.dport,
-        )
     }
 }
 
@@ -865,7 +810,6 @@ pod!(
     BackendProgress,
     BackendStats,
     FlowKey,
-    FlowKey4,
     FragKey,
     FragPorts,
     FlowEntry,

@@ -28,16 +28,8 @@ pub static BACKEND_STATS: PerCpuArray<BackendStats> =
 /// plain hash: the kernel's LRU evicts before it checks `BPF_NOEXIST` and
 /// removes one direction of a connection without the other; here entries
 /// leave only through `sweep` (or an insert's own rollback).
-///
-/// IPv6 connections only (the name is from before the split); IPv4 ones are
-/// in `FLOWS4`. Use `flow::table`, which picks the map by family.
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, FlowEntry> =
-    HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
-/// IPv4 connections, under 16-byte keys: the kernel hashes and compares
-/// 16 bytes per lookup instead of 40. Sized and kept like `FLOWS`.
-#[map(name = "FLOWS4")]
-pub static FLOWS4: HashMap<FlowKey4, FlowEntry> =
     HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 /// First fragments' ports by datagram (see `lb_common::FragKey`); an LRU,
 /// as an entry is useful only for the few milliseconds a datagram's
