@@ -293,6 +293,45 @@ impl BackendConns {
     }
 }
 
+/// Value of [`crate::BACKEND_PENDING_MAP`] (array indexed by backend id):
+/// the requests sent to the backend and not answered yet, and the sum of
+/// their start times (`bpf_ktime_get_ns`), both advanced with atomic adds.
+/// Together they give how long the pending requests have been served
+/// ([`BackendPending::served_ns`]): between two backends with the same
+/// count in flight, the one whose requests are further along frees a
+/// worker sooner.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendPending {
+    pub requests: u64,
+    pub started_sum_ns: u64,
+}
+assert_size!(BackendPending, 16);
+
+/// [`BackendPending::served_ns`] above this is not a sum of request ages
+/// (about 146 years) but a count that went wrong: read as 0.
+pub const PENDING_SERVED_MAX_NS: u64 = 1 << 62;
+
+impl BackendPending {
+    /// The pending requests' ages summed at `now`: `requests × now −
+    /// started_sum_ns`. Computed modulo 2^64, which is exact whenever the
+    /// true sum fits, even though `requests × now` alone may not; a result
+    /// above [`PENDING_SERVED_MAX_NS`] (a start in the future, a torn pair
+    /// of reads) counts as 0.
+    #[inline(always)]
+    pub const fn served_ns(&self, now: u64) -> u64 {
+        let served = self
+            .requests
+            .wrapping_mul(now)
+            .wrapping_sub(self.started_sum_ns);
+        if self.requests == 0 || served > PENDING_SERVED_MAX_NS {
+            0
+        } else {
+            served
+        }
+    }
+}
+
 /// Value of [`crate::BACKEND_PROGRESS_MAP`] (array indexed by backend id):
 /// when the backend last answered a request and was last sent one
 /// (`bpf_ktime_get_ns`). While its last request is not older than its last
@@ -425,6 +464,12 @@ pub const FLOW_F_TAKEN: u32 = 256;
 /// of its FIN. Either way the client's last ACK is what the backend saw
 /// last from it.
 pub const FLOW_F_CLIENT_CLOSED_FIRST: u32 = 512;
+/// Forward entries: the pending request is counted in its backend's
+/// [`BackendPending`]. Set by the CPU that raised the request, cleared by
+/// the one that takes it out again (answer or close): the two always pair,
+/// and a request raised before the count existed (a program upgraded in
+/// place) is never taken out of it.
+pub const FLOW_F_PENDING_COUNTED: u32 = 1024;
 
 /// Value of [`crate::FLOWS_MAP`] (a plain hash, not an LRU: nothing is
 /// evicted behind the program's back; the kernel sweep, `lb_sweep`, removes
@@ -808,6 +853,7 @@ pod!(
     BackendScore,
     BackendConns,
     BackendProgress,
+    BackendPending,
     BackendStats,
     FlowKey,
     FragKey,
@@ -825,3 +871,37 @@ pod!(
     ZoneBlock,
     VipZones,
 );
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    #[test]
+    fn served_is_the_sum_of_the_pending_ages_even_where_the_product_overflows() {
+        // Two requests started 3 ms and 9 ms before `now`, on a clock far
+        // enough along that requests × now does not fit in 64 bits.
+        let now = u64::MAX / 2 + 12_345;
+        let pending = BackendPending {
+            requests: 2,
+            started_sum_ns: (now - 3_000_000).wrapping_add(now - 9_000_000),
+        };
+        assert_eq!(pending.served_ns(now), 12_000_000);
+    }
+
+    #[test]
+    fn nothing_pending_or_a_count_gone_wrong_serves_nothing() {
+        assert_eq!(BackendPending::default().served_ns(1_000), 0);
+        // Starts after `now` (the count lost a request's end): negative.
+        let ahead = BackendPending {
+            requests: 1,
+            started_sum_ns: 2_000,
+        };
+        assert_eq!(ahead.served_ns(1_000), 0);
+        // A sum with no requests left (a start taken out twice).
+        let stale = BackendPending {
+            requests: 0,
+            started_sum_ns: 5,
+        };
+        assert_eq!(stale.served_ns(1_000), 0);
+    }
+}

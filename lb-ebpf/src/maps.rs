@@ -39,6 +39,10 @@ pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
     LruHashMap::with_max_entries(MAX_FRAGMENTED_DATAGRAMS, 0);
 #[map(name = "NEIGHBOURS")]
 pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+/// Requests pending per backend and their start times' sum (see
+/// `lb_common::BackendPending`, `progress::request_started`).
+#[map(name = "BACKEND_PENDING")]
+pub static BACKEND_PENDING: Array<BackendPending> = Array::with_max_entries(MAX_BACKENDS, 0);
 #[map(name = "CONFIG")]
 pub static CONFIG: Array<LbConfig> = Array::with_max_entries(1, 0);
 #[map(name = "REASON_STATS")]
@@ -78,6 +82,8 @@ pub struct ScanBest {
     pub pair_id: u32,
     pub pair_cost: u64,
     pub pair_score: u64,
+    /// The best's pending requests' summed service so far (the tie-break).
+    pub served: u64,
 }
 
 impl ScanBest {
@@ -88,9 +94,17 @@ impl ScanBest {
         pair_id: u32::MAX,
         pair_cost: 0,
         pair_score: 0,
+        served: 0,
     };
 }
 
+/// Least connections' scan: the best slot's pending requests' summed
+/// service so far, per CPU. In map memory rather than in the scan's state
+/// on the stack: the verifier checks a `bpf_loop` body until its state
+/// repeats, and a tracked value there cost about 200k more instructions
+/// (the same reason as `P2C_SCAN_BEST`).
+#[map(name = "LEAST_CONN_SCAN")]
+pub static LEAST_CONN_SCAN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "NEW_FLOW_LIMIT")]
 pub static NEW_FLOW_LIMIT: Array<NewFlowLimit> = Array::with_max_entries(1, 0);
 #[map(name = "NEW_FLOW_BUCKETS")]

@@ -19,8 +19,8 @@
 //! it, and the reply entry keeps the SNAT tuple in quarantine from it.
 use lb_common::{
     CLOSE_BACKEND_RST, CLOSE_FIN, CLOSE_RST, EVENT_CLOSED, EVENT_REFUSED, FLOW_CLOSING,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND, FLOW_F_FIN_CLIENT, FLOW_F_REQUEST_PENDING,
-    FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND, FLOW_F_FIN_CLIENT, FLOW_F_PENDING_COUNTED,
+    FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey,
 };
 
 use crate::{
@@ -70,6 +70,13 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock)
         if flags.set(FLOW_F_REQUEST_PENDING) & FLOW_F_REQUEST_PENDING == 0 {
             // SAFETY: live map value.
             progress::requested(unsafe { (*fwd).backend_id }, clock.now());
+            // Counted with the start as stored: the answer or the close
+            // takes that same value out. (The flag only pairs the two.)
+            if flags.set(FLOW_F_PENDING_COUNTED) & FLOW_F_PENDING_COUNTED == 0 {
+                // SAFETY: live map value.
+                let (started, backend_id) = unsafe { ((*fwd).request_ns, (*fwd).backend_id) };
+                progress::request_started(backend_id, started);
+            }
             // The CPU that raised the request tells the reply entry, so the
             // backend's response looks the forward entry up for its sample
             // (one lookup per request here, none per reply packet there).
@@ -192,6 +199,9 @@ pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         fin(fwd, pkt, FLOW_F_FIN_BACKEND, now);
     }
     if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING != 0 {
+        // Out of the pending count first, while the pending bit still
+        // keeps the client path from storing the next request's start.
+        pending_ended(fwd, flags);
         let before = flags.clear(FLOW_F_REQUEST_PENDING);
         if before & FLOW_F_REQUEST_PENDING != 0 {
             // SAFETY: live map value.
@@ -261,13 +271,29 @@ fn close(fwd: *mut FlowEntry, pkt: &Packet, kind: u8, close_reason: u8, now: u64
     }
 }
 
+/// Takes the forward entry `fwd`'s request out of its backend's pending
+/// count, if it is in it and this call is the one to clear the mark.
+#[inline(always)]
+fn pending_ended(fwd: *mut FlowEntry, flags: Flags) {
+    if flags.get() & FLOW_F_PENDING_COUNTED != 0
+        && flags.clear(FLOW_F_PENDING_COUNTED) & FLOW_F_PENDING_COUNTED != 0
+    {
+        // SAFETY: live map value; the start is not rewritten while the
+        // request is pending.
+        let (started, backend_id) = unsafe { ((*fwd).request_ns, (*fwd).backend_id) };
+        progress::request_ended(backend_id, started);
+    }
+}
+
 /// Marks the forward entry `fwd` closed at `now` and counts its backend's
-/// `closed`, if this call was the one to set `FLOW_F_CLOSED`.
+/// `closed`, if this call was the one to set `FLOW_F_CLOSED`. A request
+/// still pending leaves the backend's pending count.
 #[inline(always)]
 pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
     if Flags::of(fwd).set(FLOW_F_CLOSED) & FLOW_F_CLOSED != 0 {
         return false;
     }
+    pending_ended(fwd, Flags::of(fwd));
     // SAFETY: live map value.
     let backend_id = unsafe {
         (*fwd).state = FLOW_CLOSING;

@@ -19,10 +19,10 @@
 use std::net::Ipv4Addr;
 
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, BACKEND_EJECTED, Backend, BackendProgress, BackendScore,
-    IPPROTO_TCP, MAGLEV_MAP, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP, VIP_F_SOURCE_AFFINITY,
-    VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipKey, VipMeta, VipTables,
-    WRR_SCHEDULE_LEN, hash::flow_hash_v4,
+    Algorithm, BACKEND_ACTIVE, BACKEND_EJECTED, Backend, BackendPending, BackendProgress,
+    BackendScore, IPPROTO_TCP, MAGLEV_MAP, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP,
+    VIP_F_SOURCE_AFFINITY, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipKey,
+    VipMeta, VipTables, WRR_SCHEDULE_LEN, hash::flow_hash_v4,
 };
 use lb_lab::{
     production::{self, ALGORITHMS, EBPF_OBJECT, PendingFlip, SlotBackend, VipTableSet},
@@ -235,6 +235,61 @@ fn least_conn_picks_the_fewest_per_weight() {
         seen[1] > 8 && seen[2] > 8,
         "ties must be broken at random: {seen:?}"
     );
+}
+
+/// Backend `id` has `requests` requests pending, started in total
+/// `served_ns` before now (all at one start time: only the sum counts).
+fn set_served(lb: &mut Lb, id: u32, requests: u64, served_ns: u64) {
+    let now = monotonic_ns();
+    let pending = BackendPending {
+        requests,
+        started_sum_ns: requests.wrapping_mul(now).wrapping_sub(served_ns),
+    };
+    lb.set_pending(id, pending);
+}
+
+fn least_conn_breaks_ties_by_the_work_already_done() {
+    // Backends 1 and 2 tie at 2 connections per weight unit (backend 0 has
+    // more); backend 2's two pending requests have been served 15 ms in
+    // total, backend 1's 4 ms: backend 2 frees a worker first, every time.
+    for port in 0..32 {
+        let mut lb = setup(Algorithm::LeastConn, &[1, 1, 1], 0, 0);
+        lb.set_opened(0, 3);
+        lb.set_opened(1, 2);
+        lb.set_opened(2, 2);
+        set_served(&mut lb, 1, 2, 4_000_000);
+        set_served(&mut lb, 2, 2, 15_000_000);
+        assert_eq!(syn_from(&lb, CLIENT, 3000 + port), 2, "port {port}");
+    }
+    // The count still comes first: fewer connections beat more work done.
+    let mut lb = setup(Algorithm::LeastConn, &[1, 1, 1], 0, 0);
+    lb.set_opened(0, 3);
+    lb.set_opened(1, 1);
+    lb.set_opened(2, 2);
+    set_served(&mut lb, 2, 2, 15_000_000);
+    assert_eq!(syn_from(&lb, CLIENT, 4000), 1);
+}
+
+fn p2c_full_scan_breaks_ties_by_the_work_already_done() {
+    // Four equal backends, each with a flow in flight (so no pair winner
+    // is idle and the full scan decides), backend 3's pending request
+    // served longest: the scan's tie among four equal ranks goes to it.
+    for port in 0..32 {
+        let mut lb = setup(Algorithm::P2cEwma, &[1; 4], 0, 0);
+        edit_vip(&mut lb, |meta| meta.p2c_full_scan = 16);
+        for id in 0..4 {
+            let score = BackendScore {
+                ewma_ns: 3_600_000_000_000,
+                cost: 10_000_000,
+                weight: 1,
+                ..BackendScore::default()
+            };
+            lb.set_score(id, score);
+            lb.set_opened(id, 1);
+            set_served(&mut lb, id, 1, 1_000_000 * u64::from(id + 1));
+        }
+        assert_eq!(syn_from(&lb, CLIENT, 5000 + port), 3, "port {port}");
+    }
 }
 
 fn maglev_uses_the_control_planes_table() {
@@ -661,6 +716,14 @@ const CASES: &[(&str, fn())] = &[
     (
         "least_conn_picks_the_fewest_per_weight",
         least_conn_picks_the_fewest_per_weight,
+    ),
+    (
+        "least_conn_breaks_ties_by_the_work_already_done",
+        least_conn_breaks_ties_by_the_work_already_done,
+    ),
+    (
+        "p2c_full_scan_breaks_ties_by_the_work_already_done",
+        p2c_full_scan_breaks_ties_by_the_work_already_done,
     ),
     (
         "maglev_uses_the_control_planes_table",

@@ -10,9 +10,10 @@
 //! routes, so next hops come from the `NEIGHBOURS` map deterministically.
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
-    CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
-    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
+    BackendPending, CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
+    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING,
+    FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP,
+    IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -175,6 +176,45 @@ fn case_request_response_latency(lb: &mut Lb) {
         "the new epoch's peak"
     );
     assert!(lb.events().is_empty());
+}
+
+/// A request counts in its backend's pending requests (with its start)
+/// from the client's payload to the backend's first answer; a connection
+/// that closes with a request unanswered takes it out as well, once.
+fn case_pending_requests(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let syn_ack = from_backend(0, snat_port, TCP_SYN | TCP_ACK);
+    lb.run(&syn_ack.build());
+    assert_eq!(
+        lb.pending(0),
+        BackendPending::default(),
+        "a handshake asks nothing"
+    );
+    let request = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK | TCP_PSH)
+        .payload(b"GET / HTTP/1.1\r\n\r\n");
+    lb.run(&request.build());
+    let asked = lb.pending(0);
+    assert_eq!(asked.requests, 1, "{asked:?}");
+    let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    assert_eq!(
+        asked.started_sum_ns, fwd.request_ns,
+        "counted with its start"
+    );
+    assert!(fwd.flags & FLOW_F_PENDING_COUNTED != 0);
+    // More of the same request: still one.
+    lb.run(&request.build());
+    assert_eq!(lb.pending(0), asked);
+    let response = from_backend(0, snat_port, TCP_ACK | TCP_PSH).payload(&[b'x'; 100]);
+    lb.run(&response.build());
+    assert_eq!(lb.pending(0), BackendPending::default(), "answered");
+    // The next request, and a reset before any answer: out again, and a
+    // late answer does not take it out twice.
+    lb.run(&request.build());
+    assert_eq!(lb.pending(0).requests, 1);
+    lb.run(&Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST).build());
+    assert_eq!(lb.pending(0), BackendPending::default(), "closed");
+    lb.run(&response.build());
+    assert_eq!(lb.pending(0), BackendPending::default(), "no second end");
 }
 
 /// The reply entry of the IPv4 client's TCP connection on `snat_port`.
@@ -1619,6 +1659,7 @@ const CASES: &[Case] = &[
         case_retransmitted_syn_same_backend,
     ),
     ("request/response latency", case_request_response_latency),
+    ("pending requests", case_pending_requests),
     (
         "fin from both sides closes once",
         case_fin_from_both_sides_closes_once,

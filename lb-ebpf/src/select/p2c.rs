@@ -172,11 +172,14 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
     let rank = p2c::rank(&c, s.bound);
     // SAFETY: the per-CPU value `pair_or_best_of_all` looked up.
     let best = unsafe { &mut *s.best };
-    // Strictly lower: a tie keeps the earlier slot of this scan, whose
-    // start was random.
-    if rank < best.rank {
+    // A tie goes to the backend whose pending requests are further along
+    // (it frees a worker first, see `progress`); a tie there too keeps the
+    // earlier slot of this scan, whose start was random.
+    let served = progress::served_ns(id, s.now);
+    if rank < best.rank || (rank == best.rank && served > best.served) {
         best.rank = rank;
         best.id = id;
+        best.served = served;
     }
     if offset == s.pair.0 || offset == s.pair.1 {
         let held = Candidate {

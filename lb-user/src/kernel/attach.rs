@@ -31,7 +31,7 @@ use aya::{
         loaded_programs,
     },
 };
-use lb_common::{ALL_MAPS, FLOWS_MAP, XDP_PROGRAM};
+use lb_common::{ALL_MAPS, BACKEND_PENDING_MAP, FLOWS_MAP, XDP_PROGRAM};
 use tracing::{info, warn};
 
 use crate::{
@@ -44,6 +44,12 @@ use crate::{
     settings::cli::XdpMode,
     settings::config::Config,
 };
+
+/// Maps added to the program after in-place upgrades existed: a running
+/// program of an older build has no pin for them, and re-adopting it
+/// upgrades it (`upgrade::upgrade_if_needed` creates and pins maps new in
+/// this build).
+const ADDED_MAPS: &[&str] = &[BACKEND_PENDING_MAP];
 
 /// A program attached to an interface, with its pins.
 #[derive(Debug)]
@@ -162,13 +168,25 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
         );
         return Ok(None);
     }
-    for name in ALL_MAPS {
-        if !pin_dir.join(name).exists() {
-            bail!(
-                "{} has a pinned link but no map {name}; stop the old instance or remove the directory",
-                pin_dir.display()
-            );
-        }
+    // A map this build added is not pinned by the running program of an
+    // older build: the upgrade below creates and pins it (and so must run).
+    // Any other missing map means a damaged pin directory.
+    let missing: Vec<&str> = ALL_MAPS
+        .iter()
+        .copied()
+        .filter(|name| !pin_dir.join(name).exists())
+        .collect();
+    if let Some(name) = missing.iter().find(|name| !ADDED_MAPS.contains(name)) {
+        bail!(
+            "{} has a pinned link but no map {name}; stop the old instance or remove the directory",
+            pin_dir.display()
+        );
+    }
+    if !missing.is_empty() {
+        info!(
+            maps = ?missing,
+            "the running program predates these maps: upgrading it in place, which creates them"
+        );
     }
     let flows =
         MapInfo::from_pin(pin_dir.join(FLOWS_MAP)).context("opening the pinned flow table")?;
@@ -179,7 +197,12 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
             config.flow_table_size
         );
     }
-    let (link, program_id) = upgrade::upgrade_if_needed(pin_dir, link, program_id, config.upgrade)?;
+    let (link, program_id) = upgrade::upgrade_if_needed(
+        pin_dir,
+        link,
+        program_id,
+        config.upgrade || !missing.is_empty(),
+    )?;
     info!(
         iface = %config.iface, program_id, pins = %pin_dir.display(),
         "re-adopted the running {XDP_PROGRAM} with its flow table and counters (attach mode unchanged)"

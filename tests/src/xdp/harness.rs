@@ -12,11 +12,11 @@ use aya::{
     programs::{ProgramError, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendProgress,
-    BackendScore, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DEFAULT_CLOSED_LINGER_NS,
-    DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent, FlowKey, IPPROTO_TCP, IPPROTO_UDP, IpKey,
-    LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS, Neighbour, SnatAddr, SweepStats,
-    VipKey, VipMeta, reason,
+    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendPending,
+    BackendProgress, BackendScore, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE,
+    DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent, FlowKey,
+    IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS,
+    Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
 };
 
 use super::packet::{Pkt, TCP_SYN};
@@ -380,6 +380,30 @@ impl Lb {
         .expect("array")
         .get(&id, 0)
         .expect("BACKEND_PROGRESS")
+    }
+
+    /// Backend `id`'s pending requests (count and summed start times).
+    pub fn pending(&self, id: u32) -> BackendPending {
+        Array::<_, BackendPending>::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_PENDING_MAP)
+                .expect("BACKEND_PENDING"),
+        )
+        .expect("array")
+        .get(&id, 0)
+        .expect("BACKEND_PENDING")
+    }
+
+    /// Writes backend `id`'s pending requests.
+    pub fn set_pending(&mut self, id: u32, pending: BackendPending) {
+        Array::<_, BackendPending>::try_from(
+            self.ebpf
+                .map_mut(lb_common::BACKEND_PENDING_MAP)
+                .expect("BACKEND_PENDING"),
+        )
+        .expect("array")
+        .set(id, pending, 0)
+        .expect("BACKEND_PENDING");
     }
 
     /// Writes backend `id`'s progress stamps.
