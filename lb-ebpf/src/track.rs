@@ -76,6 +76,12 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock)
                 // SAFETY: live map value.
                 let (started, backend_id) = unsafe { ((*fwd).request_ns, (*fwd).backend_id) };
                 progress::request_started(backend_id, started);
+                // Late data of a closed connection: no close will come to
+                // take it out again, so out at once (if the close did not
+                // meanwhile: the flag's clear decides who).
+                if flags.get() & FLOW_F_CLOSED != 0 {
+                    pending_ended(fwd, flags);
+                }
             }
             // The CPU that raised the request tells the reply entry, so the
             // backend's response looks the forward entry up for its sample

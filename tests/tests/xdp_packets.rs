@@ -215,6 +215,10 @@ fn case_pending_requests(lb: &mut Lb) {
     assert_eq!(lb.pending(0), BackendPending::default(), "closed");
     lb.run(&response.build());
     assert_eq!(lb.pending(0), BackendPending::default(), "no second end");
+    // Late client data of the closed connection (still translated while
+    // it lingers) is never left pending: no close would take it out.
+    lb.run(&request.build());
+    assert_eq!(lb.pending(0), BackendPending::default(), "closed, not pending");
 }
 
 /// The reply entry of the IPv4 client's TCP connection on `snat_port`.
