@@ -218,7 +218,11 @@ fn case_pending_requests(lb: &mut Lb) {
     // Late client data of the closed connection (still translated while
     // it lingers) is never left pending: no close would take it out.
     lb.run(&request.build());
-    assert_eq!(lb.pending(0), BackendPending::default(), "closed, not pending");
+    assert_eq!(
+        lb.pending(0),
+        BackendPending::default(),
+        "closed, not pending"
+    );
 }
 
 /// The reply entry of the IPv4 client's TCP connection on `snat_port`.
