@@ -251,6 +251,17 @@ assert_size!(Backend, 32);
 /// Fixed-point scale of [`BackendScore::cost`]: `cost = ewma_ns * WEIGHT_SCALE / weight`.
 pub const WEIGHT_SCALE: u64 = 100;
 
+/// [`BackendScore::flags`]: the backend's estimate is far above its
+/// block's P2C re-draw bound (`3 ×` the median cost), and the control plane
+/// published it **held**: the kernel counts it far above whatever the
+/// bound, while `ewma_ns` and `cost` carry its recent and long memory of
+/// *mean* latency instead of its peak, the figure it competes with once
+/// the backends within the bound are saturated (`crate::p2c`'s
+/// `SATURATED_INFLIGHT`). A staller's peak memory holds its pause (250–300
+/// ms) while its expected latency is a tenth of that; competing on the
+/// peak left it nearly idle while the others queued.
+pub const SCORE_FAR_ABOVE: u32 = 1;
+
 /// Value of [`crate::BACKEND_SCORES_MAP`], written by the control plane.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -262,7 +273,9 @@ pub struct BackendScore {
     pub cost: u64,
     /// Effective weight (after slow start) used for `cost`.
     pub weight: u32,
-    pub _pad: u32,
+    /// [`SCORE_FAR_ABOVE`] or 0. (Was padding: a program of an older build
+    /// reads the same layout and ignores it.)
+    pub flags: u32,
     /// Monotonic time (ns) of the write.
     pub updated_ns: u64,
 }

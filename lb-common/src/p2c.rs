@@ -17,7 +17,8 @@
 //! - **Bounded re-draws** (Finagle's maxEffort, [`choose`]). A candidate
 //!   whose cost is more than [`REDRAW_FACTOR`] × the VIP's median cost
 //!   (written by the control plane) is "far above the pool": it loses to
-//!   any candidate within that bound, whatever their in-flight counts, and
+//!   any candidate within that bound, unless that one is saturated
+//!   ([`SATURATED_INFLIGHT`] flows in flight: then the scores decide), and
 //!   if a pair's winner is still far above, up to [`MAX_REDRAWS`] more pairs
 //!   are drawn. With 2 slow backends of 10, both draws of a pair are slow
 //!   2.2 % of the time; after two re-draws, 0.001 %. The in-flight term
@@ -28,7 +29,7 @@
 //! loops only over constant bounds.
 use core::num::NonZeroU32;
 
-use crate::{DEFAULT_INFLIGHT_BIAS, MAX_INFLIGHT_BIAS, arith::saturating_mul};
+use crate::{DEFAULT_INFLIGHT_BIAS, MAX_INFLIGHT_BIAS, SCORE_FAR_ABOVE, arith::saturating_mul};
 
 /// Pairs drawn before giving up on finding any in-service backend (the
 /// caller then scans).
@@ -40,9 +41,30 @@ pub const MAX_REDRAWS: u32 = 2;
 /// A gap without progress shorter than this is ordinary queueing, not a
 /// stall, whatever the EWMA says.
 pub const STALL_FLOOR_NS: u64 = 10_000_000;
+/// A candidate within the re-draw bound with this many flows in flight or
+/// more is saturated: it counts as far above the bound ([`candidate`] sets
+/// its cost to `u64::MAX`), so it loses its precedence over candidates
+/// far above, and the two are compared by score.
+///
+/// Why: the bound keeps a slow backend out "whatever the in-flight counts",
+/// which is right while the backends within it can carry the load, and
+/// wrong once they cannot. `stall` at 85 % is that case: the eight steady
+/// backends alone are at 106 %, and after each pause a staller's estimate
+/// is far above the bound, so every new flow went to the steady eight,
+/// their queues grew for a second or more until the pool's median (and so
+/// the bound) had risen to a third of the staller's estimate, and only
+/// then was the staller used again: a median of 45–80 ms. With 4 in
+/// flight (2 queued behind 2 busy workers) the steady backends score
+/// `cost × 25` under the default squared term, so an idle staller whose
+/// estimate is up to 25× theirs takes the next flow, and the queues stop
+/// growing at about two requests. Below that, at the loads the pool can
+/// carry, the bound still decides as before.
+pub const SATURATED_INFLIGHT: u64 = 4;
 
-/// A candidate backend with its cost (latency per weight, stall-adjusted)
-/// and score. Only the id: the caller looks the address up once, for the
+/// A candidate backend with its cost (latency per weight, stall-adjusted;
+/// `u64::MAX` when [saturated](SATURATED_INFLIGHT) or held by the control
+/// plane ([`SCORE_FAR_ABOVE`]), so that the bound counts it as far above)
+/// and score (from the real cost). Only the id: the caller looks the address up once, for the
 /// winner (which keeps candidates small on the 512-byte BPF stack).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Candidate {
@@ -67,6 +89,9 @@ pub struct Load {
     /// in flight: the caller may leave it 0 otherwise (the kernel then
     /// skips a map lookup).
     pub last_progress_ns: u64,
+    /// [`crate::BackendScore::flags`]; bit [`SCORE_FAR_ABOVE`] set when the
+    /// control plane holds the backend far above the bound.
+    pub held: u32,
 }
 
 /// The exponent of the in-flight term for a VIP's configured value: 0 means
@@ -172,10 +197,21 @@ pub fn candidate(id: u32, load: Load, bias: u8, now: u64) -> Candidate {
     if load.inflight > 0 {
         cost = stall_scaled(cost, load.ewma_ns, load.last_progress_ns, now);
     }
+    let score = score(cost, load.inflight, bias);
+    // Saturated: counted as far above any bound (see SATURATED_INFLIGHT);
+    // the score keeps the real cost, so it still competes on score.
+    // Without a branch: an `if` here doubled the verifier's paths through
+    // every pair drawn (four rounds and two re-draws, unrolled) and took
+    // the program past the 1M-instruction limit. `(S - 1) - inflight`
+    // wraps, setting the top bit, exactly when inflight >= S (for counts
+    // below 2^63, which opened - closed never reaches).
+    let saturated = (SATURATED_INFLIGHT - 1).wrapping_sub(load.inflight) >> 63;
+    // Held by the control plane (SCORE_FAR_ABOVE, bit 0): far above too.
+    let far = saturated | u64::from(load.held & SCORE_FAR_ABOVE);
     Candidate {
         id,
-        cost,
-        score: score(cost, load.inflight, bias),
+        cost: cost | far.wrapping_neg(),
+        score,
     }
 }
 
@@ -187,7 +223,8 @@ impl Candidate {
     }
 
     /// A candidate within the bound beats one far above it whatever their
-    /// in-flight counts; otherwise the lower score wins (a tie does not beat).
+    /// scores; otherwise the lower score wins (a tie does not beat). A
+    /// [saturated](SATURATED_INFLIGHT) candidate counts as far above.
     #[inline(always)]
     pub const fn beats(&self, other: &Self, bound: u64) -> bool {
         match (self.far_above(bound), other.far_above(bound)) {
@@ -227,7 +264,8 @@ pub const fn coarse_score(score: u64) -> u64 {
 
 /// `c`'s place in a full scan, lower first, as one integer so that the
 /// kernel's scan keeps one comparison per slot: a candidate within `bound`
-/// ranks before every one far above it, and among either kind the lower
+/// ranks before every one far above it (a saturated one counts as far
+/// above), and among either kind the lower
 /// [coarse](coarse_score) score first. For scores up to
 /// [`RANK_SCORE_MAX`], `rank(a) < rank(b)` implies that `a`
 /// [beats](Candidate::beats) `b`, and `a` beating `b` implies

@@ -21,8 +21,9 @@ use std::net::Ipv4Addr;
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, BACKEND_EJECTED, Backend, BackendPending, BackendProgress,
     BackendScore, IPPROTO_TCP, MAGLEV_MAP, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP,
-    VIP_F_SOURCE_AFFINITY, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipKey,
-    VipMeta, VipTables, WRR_SCHEDULE_LEN, hash::flow_hash_v4,
+    SCORE_FAR_ABOVE, VIP_F_SOURCE_AFFINITY, VIP_SCHEDULE_MAP, VIP_TABLES_MAP,
+    VIP_WEIGHT_PREFIX_MAP, VipKey, VipMeta, VipTables, WRR_SCHEDULE_LEN, hash::flow_hash_v4,
+    p2c::SATURATED_INFLIGHT,
 };
 use lb_lab::{
     production::{self, ALGORITHMS, EBPF_OBJECT, PendingFlip, SlotBackend, VipTableSet},
@@ -527,19 +528,81 @@ fn hetero_p2c() -> Lb {
     lb
 }
 
+/// Backend ids of `n` new flows, each closed again in the counters before
+/// the next (so every pick sees nothing in flight).
+fn idle_choices(lb: &mut Lb, n: u32) -> Vec<u32> {
+    (0..n)
+        .map(|i| {
+            let (addr, port) = client(i);
+            let id = syn_from(lb, addr, port);
+            lb.set_opened(id, 0);
+            id
+        })
+        .collect()
+}
+
 fn p2c_redraws_when_both_draws_are_far_above_the_pool() {
-    // Without a reference (re-draws off), long-lived flows pile onto the
-    // fast backends until the in-flight term sends some to the slow ones.
-    let lb = hetero_p2c();
-    let plain = shares(&choices(&lb, 1000), 10);
+    // With nothing in flight, every pick compares the costs alone: without
+    // a reference (re-draws off) a pair of one fast and one slow goes to
+    // the fast one and a pair of two slow to a slow one (2 % of pairs);
+    // with re-draws, a slow pair is drawn again.
+    let mut lb = hetero_p2c();
+    let plain = shares(&idle_choices(&mut lb, 1000), 10);
     let plain_slow = plain[8] + plain[9];
     let mut lb = hetero_p2c();
     set_reference(&mut lb, 100_000_000);
-    let redrawn = shares(&choices(&lb, 1000), 10);
+    let redrawn = shares(&idle_choices(&mut lb, 1000), 10);
     let redrawn_slow = redrawn[8] + redrawn[9];
     println!("slow share: {plain_slow:.3} plain, {redrawn_slow:.3} with re-draws");
-    assert!(plain_slow > 0.03, "{plain:?}");
-    assert!(redrawn_slow < 0.01, "{redrawn:?}");
+    assert!(plain_slow > 0.005, "{plain:?}");
+    assert!(redrawn_slow < 0.002, "{redrawn:?}");
+}
+
+fn p2c_admits_far_above_backends_once_the_others_are_saturated() {
+    // Long-lived flows, full scan: the slow pair (10× the cost, far above
+    // the bound) gets nothing while any fast backend has fewer than
+    // SATURATED_INFLIGHT flows, then competes on score.
+    let mut lb = hetero_p2c();
+    set_reference(&mut lb, 100_000_000);
+    edit_vip(&mut lb, |meta| meta.p2c_full_scan = 16);
+    let fill = 8 * SATURATED_INFLIGHT as u32;
+    let first = choices(&lb, fill);
+    assert!(first.iter().all(|&id| id < 8), "{first:?}");
+    for id in 0..8 {
+        assert_eq!(lb.conns(id).opened, SATURATED_INFLIGHT, "backend {id}");
+    }
+    // Every fast one saturated (score 25 × 10^8): an idle slow one (10^9)
+    // beats them, one with a flow (4 × 10^9) does not.
+    let next = choices_from(&lb, fill, 2);
+    assert!(next.iter().all(|&id| id >= 8), "{next:?}");
+    assert_ne!(next[0], next[1]);
+    let more = choices_from(&lb, fill + 2, 200);
+    let slow = more.iter().filter(|&&id| id >= 8).count();
+    println!("slow picks after saturation: 2 + {slow} of 200");
+    assert!((5..100).contains(&slow), "{slow}");
+    // A backend the control plane holds (SCORE_FAR_ABOVE) is far above
+    // whatever its cost: with the slow pair held at the fast ones' cost,
+    // fresh flows still fill the fast ones first.
+    let mut lb = hetero_p2c();
+    set_reference(&mut lb, 100_000_000);
+    edit_vip(&mut lb, |meta| meta.p2c_full_scan = 16);
+    for id in 8..10 {
+        lb.set_score(
+            id,
+            BackendScore {
+                ewma_ns: 3_600_000_000_000,
+                cost: 100_000_000,
+                weight: 1,
+                flags: SCORE_FAR_ABOVE,
+                ..BackendScore::default()
+            },
+        );
+    }
+    let first = choices(&lb, fill);
+    assert!(first.iter().all(|&id| id < 8), "held: {first:?}");
+    let next = choices_from(&lb, fill, 16);
+    let slow = next.iter().filter(|&&id| id >= 8).count();
+    assert!(slow >= 6, "held at the fast cost, then saturated: {next:?}");
 }
 
 fn p2c_avoids_a_backend_whose_oldest_request_is_stuck() {
@@ -736,6 +799,10 @@ const CASES: &[(&str, fn())] = &[
     (
         "p2c_redraws_when_both_draws_are_far_above_the_pool",
         p2c_redraws_when_both_draws_are_far_above_the_pool,
+    ),
+    (
+        "p2c_admits_far_above_backends_once_the_others_are_saturated",
+        p2c_admits_far_above_backends_once_the_others_are_saturated,
     ),
     (
         "p2c_avoids_a_backend_whose_oldest_request_is_stuck",

@@ -79,6 +79,7 @@ fn a_stall_counts_only_with_flows_in_flight() {
         ewma_ns: 1,
         inflight: 0,
         last_progress_ns: 1,
+        held: 0,
     };
     assert_eq!(candidate(1, idle, 2, 1 << 40).cost, 100);
     let busy = Load {
@@ -137,6 +138,98 @@ fn within_the_bound_beats_far_above_whatever_the_scores() {
     );
     // Without a bound, the scores decide.
     assert_eq!(winner(Some(slow_idle), Some(fast_busy), 0), Some(slow_idle));
+}
+
+#[test]
+fn a_saturated_candidate_within_the_bound_meets_far_above_on_scores() {
+    let bound = 300;
+    // A staller just after its pause, idle, against a steady backend with
+    // two requests queued behind its two workers.
+    let staller = cand(1, 1_000, 1_000);
+    let steady = |inflight| {
+        candidate(
+            2,
+            Load {
+                cost: 100,
+                inflight,
+                ..Load::default()
+            },
+            inflight_bias(0),
+            0,
+        )
+    };
+    let below = steady(SATURATED_INFLIGHT - 1);
+    assert_eq!((below.cost, below.score), (100, 1_600));
+    assert!(below.beats(&staller, bound));
+    let at = steady(SATURATED_INFLIGHT);
+    assert_eq!((at.cost, at.score), (u64::MAX, 2_500));
+    assert!(at.far_above(bound));
+    assert!(staller.beats(&at, bound));
+    assert_eq!(winner(Some(at), Some(staller), bound), Some(staller));
+    assert!(rank(&staller, bound) < rank(&at, bound));
+    // A staller still in its pause (stall-scaled far beyond) stays out.
+    let paused = cand(1, 100_000, 100_000);
+    assert!(at.beats(&paused, bound));
+    assert!(rank(&at, bound) < rank(&paused, bound));
+    // An unsaturated one still ranks before the saturated one, and is not
+    // redrawn; a saturated winner is (a third backend may have room).
+    assert!(rank(&below, bound) < rank(&at, bound));
+    assert_eq!(
+        replay(bound, &[Some(below), Some(staller)]),
+        (Some(below), 1)
+    );
+    assert_eq!(replay(bound, &[Some(at), Some(below)]), (Some(below), 2));
+    // Without a bound the scores decide, saturated or not.
+    assert!(below.beats(&at, 0) && staller.beats(&below, 0));
+}
+
+#[test]
+fn a_held_backend_is_far_above_at_any_cost_and_scores_its_own() {
+    let bound = 300;
+    let load = Load {
+        cost: 100,
+        inflight: 1,
+        held: SCORE_FAR_ABOVE,
+        ..Load::default()
+    };
+    let held = candidate(1, load, inflight_bias(0), 0);
+    assert_eq!((held.cost, held.score), (u64::MAX, 400));
+    assert!(held.far_above(bound));
+    // Behind an unsaturated backend within the bound, even a busier one...
+    let steady = candidate(
+        2,
+        Load {
+            cost: 100,
+            inflight: SATURATED_INFLIGHT - 1,
+            ..Load::default()
+        },
+        inflight_bias(0),
+        0,
+    );
+    assert!(steady.beats(&held, bound));
+    // ...and ahead of a saturated one with a higher score.
+    let saturated = candidate(
+        3,
+        Load {
+            cost: 100,
+            inflight: SATURATED_INFLIGHT,
+            ..Load::default()
+        },
+        inflight_bias(0),
+        0,
+    );
+    assert!(held.beats(&saturated, bound));
+    // Other flag bits are not the hold.
+    let other = candidate(
+        4,
+        Load {
+            held: !SCORE_FAR_ABOVE,
+            ..load
+        },
+        inflight_bias(0),
+        0,
+    );
+    assert_eq!(other.cost, 100);
 }
 
 // ---- the draw of a pair ----

@@ -206,8 +206,17 @@ fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Opt
         block.first_slot.wrapping_add(first),
         block.first_slot.wrapping_add(second),
     );
-    let a = active_id(block.vip_id, first).map(|id| scored(id, bias, now));
-    let b = active_id(block.vip_id, second).map(|id| scored(id, bias, now));
+    // Matches, not `Option::map`: the debug build keeps `map` as a call
+    // returning `Option<Candidate>` by value, an aggregate return the BPF
+    // backend refuses.
+    let a = match active_id(block.vip_id, first) {
+        Some(id) => Some(scored(id, bias, now)),
+        None => None,
+    };
+    let b = match active_id(block.vip_id, second) {
+        Some(id) => Some(scored(id, bias, now)),
+        None => None,
+    };
     p2c::winner(a, b, bound)
 }
 
@@ -227,6 +236,7 @@ fn scored(id: u32, bias: u8, now: u64) -> Candidate {
         } else {
             0
         },
+        held: s.flags,
     };
     p2c::candidate(id, load, bias, now)
 }

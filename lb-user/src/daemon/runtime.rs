@@ -37,7 +37,10 @@ use crate::{
         health::{CheckResult, HealthChecker, OnConnection, Purpose},
         plan::Plan,
     },
-    publish::{tables::median_cost, writers::UpdateTimes},
+    publish::{
+        tables::{hold_far_above, median_cost},
+        writers::UpdateTimes,
+    },
     settings::{
         addr::{VipAddr, Weight},
         config::{self, Config},
@@ -277,11 +280,30 @@ impl Runtime {
             }
         }
         let started = Instant::now();
-        let fresh: Vec<_> = self
+        let mut fresh: Vec<_> = self
             .loads
             .scores(now)
             .filter(|(id, _)| self.fleet.member(*id).is_some())
             .collect();
+        // Each P2C bound's group: a zone block's slots, or the VIP's.
+        for (vip, selection) in self.fleet.vips.iter().zip(&selections) {
+            if lb_common::Algorithm::from_u8(vip.meta.algorithm)
+                != Some(lb_common::Algorithm::P2cEwma)
+            {
+                continue;
+            }
+            let held = |id| self.loads.held_score(id, now);
+            match &vip.zone_plan {
+                Some(plan) => {
+                    for block in &plan.blocks {
+                        hold_far_above(&block.slots, &mut fresh, held);
+                    }
+                }
+                None => {
+                    hold_far_above(&selection.slots, &mut fresh, held);
+                }
+            }
+        }
         let vips = self.fleet.vips.iter().zip(&selections);
         self.kernel.publisher.scores.write(
             started,

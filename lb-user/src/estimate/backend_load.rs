@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use lb_common::{BackendScore, WEIGHT_SCALE};
+use lb_common::{BackendScore, SCORE_FAR_ABOVE, WEIGHT_SCALE};
 
 use crate::{
     estimate::latency::{
@@ -83,13 +83,27 @@ impl BackendLoad {
         }
     }
 
+    /// The score published for this backend while it is held far above
+    /// its pool ([`lb_common::SCORE_FAR_ABOVE`]): its mean latency
+    /// ([`LatencyEstimate::held_ns`]) as `ewma_ns` and cost, flagged.
+    pub fn held_score(&self, now: Nanos) -> BackendScore {
+        let ewma_ns = self.latency.held_ns(now).round() as u64;
+        BackendScore {
+            ewma_ns,
+            cost: Cost::new(ewma_ns, self.weight_units).0,
+            weight: self.weight_units,
+            flags: SCORE_FAR_ABOVE,
+            updated_ns: now.0,
+        }
+    }
+
     pub fn score(&self, now: Nanos) -> BackendScore {
         let ewma_ns = self.latency.estimate_ns(now).round() as u64;
         BackendScore {
             ewma_ns,
             cost: Cost::new(ewma_ns, self.weight_units).0,
             weight: self.weight_units,
-            _pad: 0,
+            flags: 0,
             updated_ns: now.0,
         }
     }
@@ -212,6 +226,12 @@ impl LoadTable {
             return None;
         }
         Some(load.latency.recent_mean_ns()?.round() as u64)
+    }
+
+    /// Backend `id`'s [held score](BackendLoad::held_score) (`None` if
+    /// unknown).
+    pub fn held_score(&self, id: u32, now: Nanos) -> Option<BackendScore> {
+        Some(self.loads.get(id as usize)?.held_score(now))
     }
 
     /// `(backend id, score)` for every backend.

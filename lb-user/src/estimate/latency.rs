@@ -203,6 +203,21 @@ impl LatencyEstimate {
         Some(self.recent_mean.stored_ns())
     }
 
+    /// What a backend held far above its pool competes with
+    /// ([`lb_common::SCORE_FAR_ABOVE`]): its mean latency rather than its
+    /// peaks, the larger of the long memory of means and the recent mean
+    /// (which follows a backend turning slow within about half a second,
+    /// while the long memory is still catching up), each with its idle
+    /// drift, and never above [`LatencyEstimate::estimate_ns`].
+    pub fn held_ns(&self, now: Nanos) -> f64 {
+        let mean = self.sustained.estimate_ns(now);
+        let mean = match self.last_user {
+            Some(_) => mean.max(self.recent_mean.estimate_ns(now)),
+            None => mean,
+        };
+        mean.min(self.estimate_ns(now))
+    }
+
     /// The estimate at `now`: the larger of the two, each with its idle
     /// drift towards cold start.
     pub fn estimate_ns(&self, now: Nanos) -> f64 {
@@ -241,6 +256,45 @@ mod tests {
             clock.advance(TICK);
             e.observe(sample, clock.now());
         }
+    }
+
+    #[test]
+    fn a_staller_is_held_at_its_mean_not_its_pause() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(PARAMS, clock.now());
+        // 2 s of 10 ms answers, then a tick that caught a 300 ms pause
+        // (mean over the tick's answers 60 ms), then 10 ms again.
+        feed(&mut e, &clock, ms(10), 2.0);
+        clock.advance(TICK);
+        e.observe(
+            LatencySample {
+                mean: Duration::from_millis(60),
+                peak: Duration::from_millis(300),
+                count: 5,
+            },
+            clock.now(),
+        );
+        let peak = e.estimate_ns(clock.now()) / MS;
+        let held = e.held_ns(clock.now()) / MS;
+        assert!(peak >= 299.0, "{peak}");
+        assert!((10.0..=60.0).contains(&held), "{held}");
+        // Half a second of 10 ms answers (10 ticks: fewer than a
+        // refutation's run, as for a staller the relapse bar keeps from
+        // refuting).
+        feed(&mut e, &clock, ms(10), 0.5);
+        let (peak, held) = (e.estimate_ns(clock.now()) / MS, e.held_ns(clock.now()) / MS);
+        // The peak memory (τ 1 s here) still says 100+ ms; the recent mean
+        // (τ 0.5 s) is most of the way back: 10 + 50/e ≈ 28 ms.
+        assert!(peak > 100.0, "{peak}");
+        assert!((10.0..35.0).contains(&held), "{held}");
+        // Never above the estimate, even for a backend never sampled.
+        let fresh = LatencyEstimate::new(PARAMS, Nanos(0));
+        assert!(fresh.held_ns(Nanos(0)) <= fresh.estimate_ns(Nanos(0)));
+        // A backend that turned slow for good: held at its new latency.
+        let mut slow = e.clone();
+        feed(&mut slow, &clock, ms(100), 1.0);
+        let held = slow.held_ns(clock.now()) / MS;
+        assert!(held > 80.0, "{held}");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! builds them again with the new values and gets the same tables a fresh
 //! start would; `publish::writers::TableWriter` writes them.
 
-use lb_common::{Algorithm, Backend, BackendScore, MAGLEV_TABLE_SIZE, WRR_SCHEDULE_LEN};
+use lb_common::{
+    Algorithm, Backend, BackendScore, MAGLEV_TABLE_SIZE, SCORE_FAR_ABOVE, WRR_SCHEDULE_LEN,
+};
 
 use super::{maglev, prefix, smooth_wrr};
 use crate::pool::plan::PlannedVip;
@@ -111,10 +113,20 @@ fn gcd(a: u32, b: u32) -> u32 {
 
 /// The median of the slot backends' costs (the upper median for an even
 /// count), or 0 when none is known: P2C's yardstick for "far above the pool".
+/// A backend [held](hold_far_above) counts as the highest cost: it was far
+/// above the median when it was held, so the median is the one its
+/// estimate gave.
 pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
     let mut costs: Vec<u64> = slots
         .iter()
-        .filter_map(|id| scores.iter().find(|(i, _)| i == id).map(|(_, s)| s.cost))
+        .filter_map(|id| scores.iter().find(|(i, _)| i == id).map(|(_, s)| s))
+        .map(|s| {
+            if s.flags & SCORE_FAR_ABOVE != 0 {
+                u64::MAX
+            } else {
+                s.cost
+            }
+        })
         .collect();
     if costs.is_empty() {
         return 0;
@@ -123,8 +135,85 @@ pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
     costs[costs.len() / 2]
 }
 
+/// Holds the backends of `group` (the slots one P2C bound applies to: a
+/// VIP's, or one zone block's) whose cost is far above the group's re-draw
+/// bound (`lb_common::p2c::redraw_bound` of its [median](median_cost)):
+/// their scores in `scores` become `held(id)` (flagged
+/// [`SCORE_FAR_ABOVE`], carrying their mean latency), so the kernel keeps
+/// them behind every backend within the bound, as before, and compares
+/// them by that mean, not their peak, once the others are saturated. A
+/// group without a median (nothing known yet) holds nothing. Returns how
+/// many were held.
+pub fn hold_far_above(
+    group: &[u32],
+    scores: &mut [(u32, BackendScore)],
+    held: impl Fn(u32) -> Option<BackendScore>,
+) -> usize {
+    let bound = lb_common::p2c::redraw_bound(median_cost(group, scores));
+    if bound == 0 {
+        return 0;
+    }
+    let mut count = 0;
+    for (id, score) in scores.iter_mut() {
+        if score.flags & SCORE_FAR_ABOVE != 0 || score.cost <= bound || !group.contains(id) {
+            continue;
+        }
+        if let Some(h) = held(*id) {
+            *score = h;
+            count += 1;
+        }
+    }
+    count
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn backends_far_above_their_group_are_held_and_the_median_stays() {
+        let score = |cost| BackendScore {
+            ewma_ns: cost,
+            cost,
+            ..BackendScore::default()
+        };
+        let held = |id: u32| {
+            Some(BackendScore {
+                ewma_ns: 30,
+                cost: 30,
+                flags: SCORE_FAR_ABOVE,
+                updated_ns: u64::from(id),
+                ..BackendScore::default()
+            })
+        };
+        // Ten backends at 10, one at 31 (just above 3 × the median), one at
+        // 30 (at the bound: not held), one at 300; id 9 outside the group.
+        let mut scores: Vec<_> = [10, 10, 10, 10, 10, 10, 31, 30, 300, 1_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (i as u32, score(c)))
+            .collect();
+        let group: Vec<u32> = (0..9).collect();
+        let before = median_cost(&group, &scores);
+        assert_eq!(before, 10);
+        assert_eq!(hold_far_above(&group, &mut scores, held), 2);
+        let flagged: Vec<u32> = scores
+            .iter()
+            .filter(|(_, s)| s.flags & SCORE_FAR_ABOVE != 0)
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(flagged, [6, 8]);
+        assert_eq!(scores[8].1.cost, 30, "held at what `held` gave");
+        assert_eq!(scores[7].1, score(30));
+        assert_eq!(scores[9].1, score(1_000), "not in the group");
+        // The median the kernel's bound comes from is the one before, and
+        // holding again changes nothing.
+        assert_eq!(median_cost(&group, &scores), before);
+        assert_eq!(hold_far_above(&group, &mut scores, held), 0);
+        // No median yet (nothing known): nothing held.
+        let mut unknown = vec![(0, score(100))];
+        assert_eq!(hold_far_above(&[5], &mut unknown, held), 0);
+        assert_eq!(unknown[0].1, score(100));
+    }
+
     #[test]
     fn the_reference_is_the_median_cost_of_the_vips_backends() {
         let score = |cost| BackendScore {

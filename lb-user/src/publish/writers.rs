@@ -503,7 +503,7 @@ pub fn changed_scores(
     fresh: &[(u32, BackendScore)],
 ) -> Vec<(u32, BackendScore)> {
     let same = |a: &BackendScore, b: &BackendScore| {
-        a.ewma_ns == b.ewma_ns && a.cost == b.cost && a.weight == b.weight
+        a.ewma_ns == b.ewma_ns && a.cost == b.cost && a.weight == b.weight && a.flags == b.flags
     };
     fresh
         .iter()
@@ -636,7 +636,7 @@ mod tests {
             ewma_ns,
             cost: ewma_ns,
             weight: 100,
-            _pad: 0,
+            flags: 0,
             updated_ns,
         }
     }

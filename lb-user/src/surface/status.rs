@@ -34,8 +34,9 @@
 //!       "weight": 0.5,                 // effective weight (slow start, smoothing)
 //!       "state": "active",             // "active" | "draining" | "ejected"
 //!       "inflight": 3,                 // opened - closed + correction
-//!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
+//!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds (held: mean latency)
 //!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
+//!       "held": false,                 // far above P2C's bound, published at its mean (SCORE_FAR_ABOVE)
 //!       "opened": 10, "closed": 7, "correction": 0, // lb-user's own (health checks)
 //!       "snat_free": 25534,            // SNAT tuples (addresses × ports) free towards it
 //!       "snat_used": 2,                // held: open, lingering or in quarantine
@@ -188,6 +189,9 @@ pub struct BackendStatus {
     pub inflight: u64,
     pub ewma_ms: f64,
     pub cost: u64,
+    /// Held far above P2C's re-draw bound (`lb_common::SCORE_FAR_ABOVE`):
+    /// `ewma_ms` and `cost` are then its mean latency, not its peak.
+    pub held: bool,
     pub opened: u64,
     pub closed: u64,
     pub correction: u64,
@@ -303,6 +307,7 @@ fn backend_status(
         inflight: c.inflight(correction),
         ewma_ms: score.ewma_ns as f64 / 1e6,
         cost: score.cost,
+        held: score.flags & lb_common::SCORE_FAR_ABOVE != 0,
         opened: c.opened,
         closed: c.closed,
         correction,
@@ -437,7 +442,7 @@ pub fn render_table(s: &Status) -> String {
             );
         }
         out += &format!(
-            "  {:>3} {:<22} {:<8} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
+            "  {:>3} {:<22} {:<8} {:>6} {:<8} {:>8} {:>9} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12} {}\n",
             "id",
             "backend",
             "zone",
@@ -450,11 +455,12 @@ pub fn render_table(s: &Status) -> String {
             "closed",
             "snat_free",
             "bytes_to",
-            "bytes_from"
+            "bytes_from",
+            "held"
         );
         for b in &v.backends {
             out += &format!(
-                "  {:>3} {:<22} {:<8} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12}\n",
+                "  {:>3} {:<22} {:<8} {:>6.2} {:<8} {:>8} {:>9.3} {:>12} {:>9} {:>9} {:>9} {:>12} {:>12} {}\n",
                 b.id,
                 b.address,
                 b.zone.as_deref().unwrap_or("-"),
@@ -467,7 +473,8 @@ pub fn render_table(s: &Status) -> String {
                 b.closed,
                 b.snat_free,
                 b.bytes_to_backend,
-                b.bytes_from_backend
+                b.bytes_from_backend,
+                if b.held { "yes" } else { "-" }
             );
         }
     }
