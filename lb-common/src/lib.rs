@@ -84,6 +84,8 @@ pub const MAX_INFLIGHT_BIAS: u8 = 3;
 /// when a random pair's winner is busy or far above the pool
 /// (`p2c::scans_all`, `p2c::settles_scan`); 0 turns it off.
 pub const DEFAULT_P2C_FULL_SCAN: u16 = 16;
+/// Default [`VipMeta::p2c_saturation`] (`--p2c-saturation`).
+pub const DEFAULT_P2C_SATURATION: u16 = p2c::SATURATED_INFLIGHT as u16;
 
 /// Length of one half of each VIP's smooth weighted round-robin schedule
 /// block in [`VIP_SCHEDULE_MAP`] (4 bytes a slot, two halves a VIP: 4 MiB

@@ -99,7 +99,11 @@ pub struct VipMeta {
     /// P2C compares every backend of the block instead of two random ones
     /// while the block has at most this many slots (0: always two).
     pub p2c_full_scan: u16,
-    pub _pad: u16,
+    /// P2C counts a backend within the re-draw bound with this many flows
+    /// in flight or more as saturated (`crate::p2c::SATURATED_INFLIGHT`);
+    /// 0: never. (Was padding: a VIP written by an older control plane
+    /// reads 0, the rule off, as before it existed.)
+    pub p2c_saturation: u16,
 }
 assert_size!(VipMeta, 16);
 

@@ -92,6 +92,10 @@ pub struct Load {
     /// [`crate::BackendScore::flags`]; bit [`SCORE_FAR_ABOVE`] set when the
     /// control plane holds the backend far above the bound.
     pub held: u32,
+    /// The VIP's saturation threshold ([`crate::VipMeta::p2c_saturation`],
+    /// default [`SATURATED_INFLIGHT`]): with this many flows in flight or
+    /// more the backend counts as far above; 0: never.
+    pub saturation: u64,
 }
 
 /// The exponent of the in-flight term for a VIP's configured value: 0 means
@@ -204,8 +208,10 @@ pub fn candidate(id: u32, load: Load, bias: u8, now: u64) -> Candidate {
     // every pair drawn (four rounds and two re-draws, unrolled) and took
     // the program past the 1M-instruction limit. `(S - 1) - inflight`
     // wraps, setting the top bit, exactly when inflight >= S (for counts
-    // below 2^63, which opened - closed never reaches).
-    let saturated = (SATURATED_INFLIGHT - 1).wrapping_sub(load.inflight) >> 63;
+    // and thresholds below 2^63; opened - closed never reaches that).
+    // The same for `saturation - 1`, masked off when the threshold is 0.
+    let on = 0u64.wrapping_sub(load.saturation) >> 63;
+    let saturated = (load.saturation.wrapping_sub(1).wrapping_sub(load.inflight) >> 63) & on;
     // Held by the control plane (SCORE_FAR_ABOVE, bit 0): far above too.
     let far = saturated | u64::from(load.held & SCORE_FAR_ABOVE);
     Candidate {

@@ -580,6 +580,16 @@ fn p2c_admits_far_above_backends_once_the_others_are_saturated() {
     let slow = more.iter().filter(|&&id| id >= 8).count();
     println!("slow picks after saturation: 2 + {slow} of 200");
     assert!((5..100).contains(&slow), "{slow}");
+    // `--p2c-saturation 0`: the bound keeps the slow pair out however
+    // busy the fast ones are.
+    let mut lb = hetero_p2c();
+    set_reference(&mut lb, 100_000_000);
+    edit_vip(&mut lb, |meta| {
+        meta.p2c_full_scan = 16;
+        meta.p2c_saturation = 0;
+    });
+    let off = choices(&lb, fill + 40);
+    assert!(off.iter().all(|&id| id < 8), "saturation off: {off:?}");
     // A backend the control plane holds (SCORE_FAR_ABOVE) is far above
     // whatever its cost: with the slow pair held at the fast ones' cost,
     // fresh flows still fill the fast ones first.

@@ -80,6 +80,7 @@ fn a_stall_counts_only_with_flows_in_flight() {
         inflight: 0,
         last_progress_ns: 1,
         held: 0,
+        saturation: 0,
     };
     assert_eq!(candidate(1, idle, 2, 1 << 40).cost, 100);
     let busy = Load {
@@ -152,6 +153,7 @@ fn a_saturated_candidate_within_the_bound_meets_far_above_on_scores() {
             Load {
                 cost: 100,
                 inflight,
+                saturation: SATURATED_INFLIGHT,
                 ..Load::default()
             },
             inflight_bias(0),
@@ -184,12 +186,39 @@ fn a_saturated_candidate_within_the_bound_meets_far_above_on_scores() {
 }
 
 #[test]
+fn the_saturation_threshold_is_the_vips_and_zero_turns_it_off() {
+    let at = |inflight, saturation| {
+        candidate(
+            1,
+            Load {
+                cost: 100,
+                inflight,
+                saturation,
+                ..Load::default()
+            },
+            inflight_bias(0),
+            0,
+        )
+        .cost
+    };
+    for inflight in [0, 1, 3, 4, 1_000, 1 << 40] {
+        assert_eq!(at(inflight, 0), 100, "off at {inflight}");
+    }
+    assert_eq!(at(7, 8), 100);
+    assert_eq!(at(8, 8), u64::MAX);
+    assert_eq!(at(0, 1), 100);
+    assert_eq!(at(1, 1), u64::MAX);
+    assert_eq!(at(u64::from(u16::MAX), u64::from(u16::MAX)), u64::MAX);
+}
+
+#[test]
 fn a_held_backend_is_far_above_at_any_cost_and_scores_its_own() {
     let bound = 300;
     let load = Load {
         cost: 100,
         inflight: 1,
         held: SCORE_FAR_ABOVE,
+        saturation: SATURATED_INFLIGHT,
         ..Load::default()
     };
     let held = candidate(1, load, inflight_bias(0), 0);
@@ -201,6 +230,7 @@ fn a_held_backend_is_far_above_at_any_cost_and_scores_its_own() {
         Load {
             cost: 100,
             inflight: SATURATED_INFLIGHT - 1,
+            saturation: SATURATED_INFLIGHT,
             ..Load::default()
         },
         inflight_bias(0),
@@ -213,6 +243,7 @@ fn a_held_backend_is_far_above_at_any_cost_and_scores_its_own() {
         Load {
             cost: 100,
             inflight: SATURATED_INFLIGHT,
+            saturation: SATURATED_INFLIGHT,
             ..Load::default()
         },
         inflight_bias(0),

@@ -212,7 +212,13 @@ fn run(block: &Block, vip: &VipMeta, pkt: &Packet, now: u64) -> Result<Chosen, R
         Some(Algorithm::Random) => random::select(block),
         Some(Algorithm::LeastConn) => least_conn::select(block, now),
         Some(Algorithm::Maglev) => maglev::select(block, vip, pkt),
-        _ => p2c::select(block, vip.inflight_bias, vip.p2c_full_scan, now),
+        _ => p2c::select(
+            block,
+            vip.inflight_bias,
+            vip.p2c_full_scan,
+            vip.p2c_saturation,
+            now,
+        ),
     }
 }
 

@@ -36,6 +36,7 @@ pub fn select(
     block: &Block,
     inflight_bias: u8,
     full_scan: u16,
+    saturation: u16,
     now: u64,
 ) -> Result<Chosen, Reason> {
     let bias = p2c::inflight_bias(inflight_bias);
@@ -44,12 +45,12 @@ pub fn select(
     };
     let bound = p2c::redraw_bound(block.reference_cost);
     if p2c::scans_all(block.count, full_scan) {
-        return pair_or_best_of_all(block, slots, bias, now, bound);
+        return pair_or_best_of_all(block, slots, bias, saturation, now, bound);
     }
     // Inlined like the rest of the pick (an outlined closure would be a
     // BPF call taking a pointer to this stack frame).
     let draw_pair = #[inline(always)]
-    || pair(block, slots, bias, now, bound);
+    || pair(block, slots, bias, saturation, now, bound);
     let best = p2c::choose(bound, draw_pair);
     // None: every draw hit an out-of-service backend. Scan from a random
     // slot, so a VIP with few backends in service among many is still served.
@@ -83,6 +84,8 @@ struct FullScan {
     /// The random pair's block offsets.
     pair: (u32, u32),
     bias: u32,
+    /// The VIP's `p2c_saturation`.
+    saturation: u32,
 }
 
 /// The most slots [`pair_or_best_of_all`] visits (a VIP's whole slot block).
@@ -103,6 +106,7 @@ fn pair_or_best_of_all(
     block: &Block,
     slots: p2c::Slots,
     bias: u8,
+    saturation: u16,
     now: u64,
     bound: u64,
 ) -> Result<Chosen, Reason> {
@@ -124,6 +128,7 @@ fn pair_or_best_of_all(
         start: random() % count,
         pair: slots.gen_pair(random(), random()),
         bias: u32::from(bias),
+        saturation: u32::from(saturation),
     };
     // SAFETY: `visit` has the callback signature bpf_loop expects and only
     // touches `state` and the per-CPU value, which outlive the call.
@@ -168,7 +173,7 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
     // Masked, so the verifier knows the in-flight term's loop runs at most
     // 3 times (the field alone could hold any u32).
     let bias = (s.bias & 3) as u8;
-    let c = scored(id, bias, s.now);
+    let c = scored(id, bias, s.saturation, s.now);
     let rank = p2c::rank(&c, s.bound);
     // SAFETY: the per-CPU value `pair_or_best_of_all` looked up.
     let best = unsafe { &mut *s.best };
@@ -200,7 +205,14 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
 /// The winner of two distinct random slots of `block`, `None` if both are
 /// out of service.
 #[inline(always)]
-fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Option<Candidate> {
+fn pair(
+    block: &Block,
+    slots: p2c::Slots,
+    bias: u8,
+    saturation: u16,
+    now: u64,
+    bound: u64,
+) -> Option<Candidate> {
     let (first, second) = slots.gen_pair(random(), random());
     let (first, second) = (
         block.first_slot.wrapping_add(first),
@@ -210,11 +222,11 @@ fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Opt
     // returning `Option<Candidate>` by value, an aggregate return the BPF
     // backend refuses.
     let a = match active_id(block.vip_id, first) {
-        Some(id) => Some(scored(id, bias, now)),
+        Some(id) => Some(scored(id, bias, u32::from(saturation), now)),
         None => None,
     };
     let b = match active_id(block.vip_id, second) {
-        Some(id) => Some(scored(id, bias, now)),
+        Some(id) => Some(scored(id, bias, u32::from(saturation), now)),
         None => None,
     };
     p2c::winner(a, b, bound)
@@ -222,7 +234,7 @@ fn pair(block: &Block, slots: p2c::Slots, bias: u8, now: u64, bound: u64) -> Opt
 
 /// Backend `id` scored from its map values.
 #[inline(always)]
-fn scored(id: u32, bias: u8, now: u64) -> Candidate {
+fn scored(id: u32, bias: u8, saturation: u32, now: u64) -> Candidate {
     let s = score(id);
     let inflight = inflight(id);
     let load = Load {
@@ -237,6 +249,7 @@ fn scored(id: u32, bias: u8, now: u64) -> Candidate {
             0
         },
         held: s.flags,
+        saturation: u64::from(saturation),
     };
     p2c::candidate(id, load, bias, now)
 }

@@ -360,6 +360,7 @@ fn log_ready(config: &Config, snat_ip: &Snat, attachment: &Attachment) {
             algorithm = v.algorithm.name(),
             inflight_bias = v.inflight_bias,
             p2c_full_scan = v.p2c_full_scan,
+            p2c_saturation = v.p2c_saturation,
             "backends {}",
             backends.join(", ")
         );

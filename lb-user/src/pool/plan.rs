@@ -111,7 +111,7 @@ pub fn vip_meta(v: &VipConfig, vip_id: u32, backend_count: u32) -> VipMeta {
         } else {
             0
         },
-        _pad: 0,
+        p2c_saturation: v.p2c_saturation,
     }
 }
 

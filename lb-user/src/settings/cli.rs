@@ -196,6 +196,12 @@ pub struct RunArgs {
     /// 0 = pairs only (default 16).
     #[arg(long, value_name = "N")]
     pub p2c_full_scan: Option<u16>,
+    /// P2C counts a backend with N or more flows in flight as saturated:
+    /// it loses its precedence over backends far above the pool, and the
+    /// two meet on score. Set it to about twice the backends' worker count
+    /// (requests a backend serves at once); 0 = off (default 4).
+    #[arg(long, value_name = "N")]
+    pub p2c_saturation: Option<u16>,
     /// With maglev: hash only the client address, so a client keeps its backend.
     #[arg(long)]
     pub maglev_source_affinity: bool,

@@ -184,6 +184,8 @@ pub struct VipConfig {
     /// P2C compares every backend while the VIP (or its zone) has at most
     /// this many (0: always two random ones).
     pub p2c_full_scan: u16,
+    /// In-flight count from which P2C counts a backend as saturated (0: never).
+    pub p2c_saturation: u16,
     /// Maglev hashes only the client address (one client, one backend).
     pub maglev_source_affinity: bool,
     /// Route by zone (see [`ZoneSettings`]); only ever true when the
@@ -215,6 +217,7 @@ pub struct FileConfig {
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
     p2c_full_scan: Option<u16>,
+    p2c_saturation: Option<u16>,
     maglev_source_affinity: Option<bool>,
     zone_aware: Option<bool>,
     zone: Option<ZoneName>,
@@ -268,6 +271,7 @@ struct FileVip {
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
     p2c_full_scan: Option<u16>,
+    p2c_saturation: Option<u16>,
     maglev_source_affinity: Option<bool>,
     zone_aware: Option<bool>,
     #[serde(default, deserialize_with = "de::backends")]
@@ -314,6 +318,7 @@ struct VipDefaults {
     algorithm: Algorithm,
     inflight_bias: u8,
     p2c_full_scan: u16,
+    p2c_saturation: u16,
     maglev_source_affinity: bool,
     zone_aware: bool,
 }
@@ -333,6 +338,10 @@ impl VipDefaults {
                 .p2c_full_scan
                 .or(file.p2c_full_scan)
                 .unwrap_or(DEFAULT_P2C_FULL_SCAN),
+            p2c_saturation: args
+                .p2c_saturation
+                .or(file.p2c_saturation)
+                .unwrap_or(lb_common::DEFAULT_P2C_SATURATION),
             maglev_source_affinity: args.maglev_source_affinity
                 || file.maglev_source_affinity.unwrap_or(false),
             zone_aware: args
@@ -367,6 +376,7 @@ impl FileVip {
             algorithm: self.algorithm.unwrap_or(defaults.algorithm),
             inflight_bias: self.inflight_bias.unwrap_or(defaults.inflight_bias),
             p2c_full_scan: self.p2c_full_scan.unwrap_or(defaults.p2c_full_scan),
+            p2c_saturation: self.p2c_saturation.unwrap_or(defaults.p2c_saturation),
             maglev_source_affinity: self
                 .maglev_source_affinity
                 .unwrap_or(defaults.maglev_source_affinity),
@@ -408,6 +418,7 @@ impl Config {
                 algorithm: defaults.algorithm,
                 inflight_bias: defaults.inflight_bias,
                 p2c_full_scan: defaults.p2c_full_scan,
+                p2c_saturation: defaults.p2c_saturation,
                 maglev_source_affinity: defaults.maglev_source_affinity,
                 zone_aware: defaults.zone_aware,
                 backends: std::mem::take(&mut args.backends),
@@ -923,6 +934,9 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
         }
         if old.p2c_full_scan != new.p2c_full_scan {
             out.push(format!("VIP {} p2c_full_scan", new.vip));
+        }
+        if old.p2c_saturation != new.p2c_saturation {
+            out.push(format!("VIP {} p2c_saturation", new.vip));
         }
         if old.maglev_source_affinity != new.maglev_source_affinity {
             out.push(format!("VIP {} maglev_source_affinity", new.vip));

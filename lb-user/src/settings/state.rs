@@ -122,8 +122,13 @@ fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
     } else {
         format!(" full_scan={}", v.p2c_full_scan)
     };
+    let saturation = if v.p2c_saturation == lb_common::DEFAULT_P2C_SATURATION {
+        String::new()
+    } else {
+        format!(" saturation={}", v.p2c_saturation)
+    };
     Some(format!(
-        "{} bias={} affinity={}{zone_aware}{full_scan} health={:?} backends={}",
+        "{} bias={} affinity={}{zone_aware}{full_scan}{saturation} health={:?} backends={}",
         v.algorithm.name(),
         v.inflight_bias,
         v.maglev_source_affinity,
@@ -157,6 +162,7 @@ impl AddedVip {
             algorithm,
             inflight_bias: lb_common::DEFAULT_INFLIGHT_BIAS,
             p2c_full_scan: lb_common::DEFAULT_P2C_FULL_SCAN,
+            p2c_saturation: lb_common::DEFAULT_P2C_SATURATION,
             maglev_source_affinity: false,
             zone_aware: zones.local.is_some(),
             backends,

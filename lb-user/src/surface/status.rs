@@ -18,6 +18,7 @@
 //!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
 //!     "inflight_bias": 2,
 //!     "p2c_full_scan": 16,             // P2C may compare all backends up to this many (0: pairs)
+//!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off)
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "zone_routing": {                // zone-aware VIPs only
@@ -83,6 +84,7 @@ pub struct VipStatus {
     pub algorithm: String,
     pub inflight_bias: u8,
     pub p2c_full_scan: u16,
+    pub p2c_saturation: u16,
     /// `static`, or `etcd PREFIX` for a discovered VIP.
     pub source: String,
     /// The etcd revision applied (discovered VIPs only).
@@ -370,6 +372,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
                 .unwrap_or_else(|| format!("unknown({})", meta.algorithm)),
             inflight_bias: meta.inflight_bias,
             p2c_full_scan: meta.p2c_full_scan,
+            p2c_saturation: meta.p2c_saturation,
             source: "static".to_string(),
             revision: None,
             zone_routing: None,

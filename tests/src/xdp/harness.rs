@@ -571,6 +571,7 @@ impl Lb {
             backend_count: backends.len() as u32,
             algorithm: algorithm as u8,
             inflight_bias: bias,
+            p2c_saturation: lb_common::DEFAULT_P2C_SATURATION,
             ..VipMeta::default()
         };
         map.insert(key, meta, 0).expect("insert VIP");

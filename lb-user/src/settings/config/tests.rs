@@ -895,3 +895,36 @@ fn the_full_scan_limit_comes_from_the_vip_the_file_the_flag_or_the_default() {
     let e = from_file("iface = \"eth0\"\np2c_full_scan = -1\n", &[]).unwrap_err();
     assert!(e.to_string().contains("expected u16"), "{e}");
 }
+
+#[test]
+fn the_saturation_threshold_comes_from_the_vip_the_file_the_flag_or_the_default() {
+    let file = r#"
+        iface = "eth0"
+        p2c_saturation = 8
+        [[vip]]
+        address = "10.0.0.100:80"
+        backends = ["10.0.0.21:8080"]
+        [[vip]]
+        address = "10.0.0.101:80"
+        p2c_saturation = 0
+        backends = ["10.0.0.21:8080"]
+        "#;
+    let c = from_file(file, &[]).unwrap();
+    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_saturation).collect();
+    assert_eq!(limits, [8, 0]);
+    let c = from_file(file, &["--p2c-saturation", "64"]).unwrap();
+    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_saturation).collect();
+    assert_eq!(limits, [64, 0], "the flag replaces the file's global only");
+    let c = from_file(
+        "iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:8080\"]\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.vips[0].p2c_saturation, lb_common::DEFAULT_P2C_SATURATION);
+    assert_eq!(
+        crate::pool::plan::vip_meta(&c.vips[0], 3, 1).p2c_saturation,
+        lb_common::DEFAULT_P2C_SATURATION
+    );
+    let e = from_file("iface = \"eth0\"\np2c_saturation = 70000\n", &[]).unwrap_err();
+    assert!(e.to_string().contains("u16"), "{e}");
+}
