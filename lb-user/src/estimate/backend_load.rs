@@ -87,23 +87,22 @@ impl BackendLoad {
     /// its pool ([`lb_common::SCORE_FAR_ABOVE`]): its mean latency
     /// ([`LatencyEstimate::held_ns`]) as `ewma_ns` and cost, flagged.
     pub fn held_score(&self, now: Nanos) -> BackendScore {
-        let ewma_ns = self.latency.held_ns(now).round() as u64;
-        BackendScore {
-            ewma_ns,
-            cost: Cost::new(ewma_ns, self.weight_units).0,
-            weight: self.weight_units,
-            flags: SCORE_FAR_ABOVE,
-            updated_ns: now.0,
-        }
+        self.score_of(self.latency.held_ns(now), SCORE_FAR_ABOVE, now)
     }
 
+    /// The score published for this backend: its estimate as `ewma_ns`
+    /// and cost.
     pub fn score(&self, now: Nanos) -> BackendScore {
-        let ewma_ns = self.latency.estimate_ns(now).round() as u64;
+        self.score_of(self.latency.estimate_ns(now), 0, now)
+    }
+
+    fn score_of(&self, latency_ns: f64, flags: u32, now: Nanos) -> BackendScore {
+        let ewma_ns = latency_ns.round() as u64;
         BackendScore {
             ewma_ns,
             cost: Cost::new(ewma_ns, self.weight_units).0,
             weight: self.weight_units,
-            flags: 0,
+            flags,
             updated_ns: now.0,
         }
     }
