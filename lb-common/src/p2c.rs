@@ -17,8 +17,9 @@
 //! - **Bounded re-draws** (Finagle's maxEffort, [`choose`]). A candidate
 //!   whose cost is more than [`REDRAW_FACTOR`] × the VIP's median cost
 //!   (written by the control plane) is "far above the pool": it loses to
-//!   any candidate within that bound, unless that one is saturated
-//!   ([`SATURATED_INFLIGHT`] flows in flight: then the scores decide), and
+//!   any candidate within that bound, unless that one is saturated (the
+//!   VIP's `p2c_saturation` flows in flight, by default
+//!   [`SATURATED_INFLIGHT`]: then the scores decide), and
 //!   if a pair's winner is still far above, up to [`MAX_REDRAWS`] more pairs
 //!   are drawn. With 2 slow backends of 10, both draws of a pair are slow
 //!   2.2 % of the time; after two re-draws, 0.001 %. The in-flight term
@@ -41,10 +42,11 @@ pub const MAX_REDRAWS: u32 = 2;
 /// A gap without progress shorter than this is ordinary queueing, not a
 /// stall, whatever the EWMA says.
 pub const STALL_FLOOR_NS: u64 = 10_000_000;
-/// A candidate within the re-draw bound with this many flows in flight or
-/// more is saturated: it counts as far above the bound ([`candidate`] sets
-/// its cost to `u64::MAX`), so it loses its precedence over candidates
-/// far above, and the two are compared by score.
+/// The default saturation threshold ([`crate::VipMeta::p2c_saturation`],
+/// `--p2c-saturation`): a candidate within the re-draw bound with this many
+/// flows in flight or more is saturated. It counts as far above the bound
+/// ([`candidate`] sets its cost to `u64::MAX`), so it loses its precedence
+/// over candidates far above, and the two are compared by score.
 ///
 /// Why: the bound keeps a slow backend out "whatever the in-flight counts",
 /// which is right while the backends within it can carry the load, and
@@ -64,8 +66,9 @@ pub const SATURATED_INFLIGHT: u64 = 4;
 /// A candidate backend with its cost (latency per weight, stall-adjusted;
 /// `u64::MAX` when [saturated](SATURATED_INFLIGHT) or held by the control
 /// plane ([`SCORE_FAR_ABOVE`]), so that the bound counts it as far above)
-/// and score (from the real cost). Only the id: the caller looks the address up once, for the
-/// winner (which keeps candidates small on the 512-byte BPF stack).
+/// and score (from the real cost). Only the id: the caller looks the
+/// address up once, for the winner (which keeps candidates small on the
+/// 512-byte BPF stack).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Candidate {
     pub id: u32,
@@ -230,7 +233,8 @@ impl Candidate {
 
     /// A candidate within the bound beats one far above it whatever their
     /// scores; otherwise the lower score wins (a tie does not beat). A
-    /// [saturated](SATURATED_INFLIGHT) candidate counts as far above.
+    /// [saturated](SATURATED_INFLIGHT) or held candidate counts as far
+    /// above.
     #[inline(always)]
     pub const fn beats(&self, other: &Self, bound: u64) -> bool {
         match (self.far_above(bound), other.far_above(bound)) {
