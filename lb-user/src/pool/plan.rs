@@ -262,6 +262,24 @@ mod tests {
     }
 
     #[test]
+    fn the_vips_saturation_threshold_reaches_its_meta() {
+        let p = plan(
+            &["--iface", "eth0", "--p2c-saturation", "9"],
+            r#"
+            [[vip]]
+            address = "10.0.0.100:80"
+            backends = ["10.0.0.21:8080"]
+            [[vip]]
+            address = "10.0.0.101:80"
+            p2c_saturation = 0
+            backends = ["10.0.0.22:8080"]
+            "#,
+        );
+        let saturation: Vec<u16> = p.vips.iter().map(|v| v.meta.p2c_saturation).collect();
+        assert_eq!(saturation, [9, 0]);
+    }
+
+    #[test]
     fn ids_follow_config_order_across_vips() {
         let p = plan(
             &[

@@ -921,10 +921,6 @@ fn the_saturation_threshold_comes_from_the_vip_the_file_the_flag_or_the_default(
     )
     .unwrap();
     assert_eq!(c.vips[0].p2c_saturation, lb_common::DEFAULT_P2C_SATURATION);
-    assert_eq!(
-        crate::pool::plan::vip_meta(&c.vips[0], 3, 1).p2c_saturation,
-        lb_common::DEFAULT_P2C_SATURATION
-    );
     let e = from_file("iface = \"eth0\"\np2c_saturation = 70000\n", &[]).unwrap_err();
     assert!(e.to_string().contains("u16"), "{e}");
 }
