@@ -258,10 +258,10 @@ pub const WEIGHT_SCALE: u64 = 100;
 /// [`BackendScore::flags`]: the backend's estimate is far above its
 /// block's P2C re-draw bound (`3 ×` the median cost), and the control plane
 /// published it **held**: the kernel counts it far above whatever the
-/// bound, while `ewma_ns` and `cost` carry its recent and long memory of
-/// *mean* latency instead of its peak, the figure it competes with once
-/// the backends within the bound are saturated (`crate::p2c`'s
-/// `SATURATED_INFLIGHT`). A staller's peak memory holds its pause (250–300
+/// bound, while `cost` comes from its recent and long memory of *mean*
+/// latency instead of its peak (`ewma_ns` stays the estimate): the figure
+/// it competes with once the backends within the bound are saturated
+/// (`crate::p2c`'s `SATURATED_INFLIGHT`). A staller's peak memory holds its pause (250–300
 /// ms) while its expected latency is a tenth of that; competing on the
 /// peak left it nearly idle while the others queued.
 pub const SCORE_FAR_ABOVE: u32 = 1;

@@ -84,25 +84,28 @@ impl BackendLoad {
     }
 
     /// The score published for this backend while it is held far above
-    /// its pool ([`lb_common::SCORE_FAR_ABOVE`]): its mean latency
-    /// ([`LatencyEstimate::held_ns`]) as `ewma_ns` and cost, flagged.
+    /// its pool ([`lb_common::SCORE_FAR_ABOVE`]): flagged, with the cost of
+    /// its mean latency ([`LatencyEstimate::held_ns`]). `ewma_ns` stays the
+    /// estimate: the stall age's threshold, and what `lb-user status`
+    /// shows.
     pub fn held_score(&self, now: Nanos) -> BackendScore {
-        self.score_of(self.latency.held_ns(now), SCORE_FAR_ABOVE, now)
+        let held_ns = self.latency.held_ns(now).round() as u64;
+        BackendScore {
+            cost: Cost::new(held_ns, self.weight_units).0,
+            flags: SCORE_FAR_ABOVE,
+            ..self.score(now)
+        }
     }
 
     /// The score published for this backend: its estimate as `ewma_ns`
     /// and cost.
     pub fn score(&self, now: Nanos) -> BackendScore {
-        self.score_of(self.latency.estimate_ns(now), 0, now)
-    }
-
-    fn score_of(&self, latency_ns: f64, flags: u32, now: Nanos) -> BackendScore {
-        let ewma_ns = latency_ns.round() as u64;
+        let ewma_ns = self.latency.estimate_ns(now).round() as u64;
         BackendScore {
             ewma_ns,
             cost: Cost::new(ewma_ns, self.weight_units).0,
             weight: self.weight_units,
-            flags,
+            flags: 0,
             updated_ns: now.0,
         }
     }
@@ -297,6 +300,44 @@ mod tests {
         assert_eq!(scores[1].1.cost, 2_000_000);
         assert_eq!(scores[1].1.weight, 200);
         assert_eq!(scores[1].1.updated_ns, 5);
+    }
+
+    #[test]
+    fn a_held_score_keeps_the_estimate_and_costs_the_mean() {
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[weight(2)], PARAMS, clock.now());
+        // A second of 10 ms ticks, then one that caught a 300 ms pause.
+        for _ in 0..20 {
+            clock.advance(Duration::from_millis(50));
+            table.observe(0, ms(10), clock.now());
+        }
+        clock.advance(Duration::from_millis(50));
+        let pause = LatencySample {
+            mean: Duration::from_millis(60),
+            peak: Duration::from_millis(300),
+            count: 5,
+        };
+        table.observe(0, pause, clock.now());
+        let plain = table.scores(clock.now()).next().unwrap().1;
+        let held = table.held_score(0, clock.now()).unwrap();
+        assert_eq!(plain.flags, 0);
+        assert_eq!(held.flags, SCORE_FAR_ABOVE);
+        assert_eq!(
+            held.ewma_ns, plain.ewma_ns,
+            "status and stall age see the estimate"
+        );
+        assert!(plain.ewma_ns >= 299_000_000, "{}", plain.ewma_ns);
+        // The mean (at most 60 ms) at weight 2: half of it, in the same units.
+        assert!(
+            held.cost <= 30_000_000 && held.cost >= 5_000_000,
+            "{}",
+            held.cost
+        );
+        assert_eq!(
+            (held.weight, held.updated_ns),
+            (plain.weight, plain.updated_ns)
+        );
+        assert_eq!(table.held_score(7, clock.now()), None);
     }
 
     const PROBE_EVERY: Duration = Duration::from_millis(250);

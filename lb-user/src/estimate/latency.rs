@@ -204,7 +204,7 @@ impl LatencyEstimate {
     }
 
     /// What a backend held far above its pool competes with
-    /// ([`lb_common::SCORE_FAR_ABOVE`]): its mean latency rather than its
+    /// ([`lb_common::SCORE_FAR_ABOVE`], as its cost): its mean latency rather than its
     /// peaks, the larger of the long memory of means and the recent mean
     /// (which follows a backend turning slow within about half a second,
     /// while the long memory is still catching up), each with its idle

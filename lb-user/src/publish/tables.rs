@@ -117,9 +117,12 @@ fn gcd(a: u32, b: u32) -> u32 {
 /// above the median when it was held, so the median is the one its
 /// estimate gave.
 pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
+    // By id, so a tick costs O(backends) per VIP, not O(slots × backends).
+    let by_id: std::collections::HashMap<u32, &BackendScore> =
+        scores.iter().map(|(id, s)| (*id, s)).collect();
     let mut costs: Vec<u64> = slots
         .iter()
-        .filter_map(|id| scores.iter().find(|(i, _)| i == id).map(|(_, s)| s))
+        .filter_map(|id| by_id.get(id).copied())
         .map(|s| {
             if s.flags & SCORE_FAR_ABOVE != 0 {
                 u64::MAX
@@ -139,7 +142,7 @@ pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
 /// VIP's, or one zone block's) whose cost is far above the group's re-draw
 /// bound (`lb_common::p2c::redraw_bound` of its [median](median_cost)):
 /// their scores in `scores` become `held(id)` (flagged
-/// [`SCORE_FAR_ABOVE`], carrying their mean latency), so the kernel keeps
+/// [`SCORE_FAR_ABOVE`], with the cost of their mean latency), so the kernel keeps
 /// them behind every backend within the bound, as before, and compares
 /// them by that mean, not their peak, once the others are saturated. A
 /// group without a median (nothing known yet) holds nothing. Returns how
@@ -153,9 +156,10 @@ pub fn hold_far_above(
     if bound == 0 {
         return 0;
     }
+    let members: std::collections::HashSet<u32> = group.iter().copied().collect();
     let mut count = 0;
     for (id, score) in scores.iter_mut() {
-        if score.flags & SCORE_FAR_ABOVE != 0 || score.cost <= bound || !group.contains(id) {
+        if score.flags & SCORE_FAR_ABOVE != 0 || score.cost <= bound || !members.contains(id) {
             continue;
         }
         if let Some(h) = held(*id) {

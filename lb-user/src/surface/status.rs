@@ -35,9 +35,9 @@
 //!       "weight": 0.5,                 // effective weight (slow start, smoothing)
 //!       "state": "active",             // "active" | "draining" | "ejected"
 //!       "inflight": 3,                 // opened - closed + correction
-//!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds (held: mean latency)
+//!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
 //!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
-//!       "held": false,                 // far above P2C's bound, published at its mean (SCORE_FAR_ABOVE)
+//!       "held": false,                 // far above P2C's bound, cost from its mean (SCORE_FAR_ABOVE)
 //!       "opened": 10, "closed": 7, "correction": 0, // lb-user's own (health checks)
 //!       "snat_free": 25534,            // SNAT tuples (addresses × ports) free towards it
 //!       "snat_used": 2,                // held: open, lingering or in quarantine
@@ -192,7 +192,7 @@ pub struct BackendStatus {
     pub ewma_ms: f64,
     pub cost: u64,
     /// Held far above P2C's re-draw bound (`lb_common::SCORE_FAR_ABOVE`):
-    /// `ewma_ms` and `cost` are then its mean latency, not its peak.
+    /// `cost` then comes from its mean latency, not its peak.
     pub held: bool,
     pub opened: u64,
     pub closed: u64,
