@@ -1241,8 +1241,19 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     let lab = Fault::new("runtime-vip", 3);
     // Closed flows leave the table quickly and their SNAT tuples leave
     // quarantine (which holds the backend's id) soon after, so the removed
-    // VIP's id is freed within the test.
-    let extra = ["--tcp-idle-timeout", "2s", "--snat-quarantine", "2s"];
+    // VIP's id is freed within the test. The tuples are freed by a sweep
+    // pass, spaced by what a pass costs: about 5 ms (5 s apart) for the
+    // default 262,144 entries here, more on a loaded machine, where a clean
+    // clone's run once waited past 20 s. A small table keeps the passes
+    // a second apart.
+    let extra = [
+        "--tcp-idle-timeout",
+        "2s",
+        "--snat-quarantine",
+        "2s",
+        "--flow-table-size",
+        "8192",
+    ];
     let first = lab.start(&[0, 1], &extra);
     let vip = other_vip(&lab, 81);
     let vip_arg = format!("{vip}/tcp");
@@ -1346,13 +1357,35 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("still drains"), "{err}");
     drop(kept);
-    wait_for(
-        "the removed VIP's id to be freed",
-        Duration::from_secs(20),
-        || {
-            lab.stderr(second)
-                .contains("removed VIP has no flows left; id freed")
-        },
+    let (closed, limit) = (Instant::now(), Duration::from_secs(60));
+    while !lab
+        .stderr(second)
+        .contains("removed VIP has no flows left; id freed")
+    {
+        // What a failure needs to be read where its logs are gone: the
+        // sweep's cadence and the balancer's last words.
+        if closed.elapsed() > limit {
+            let metrics = lab.scrape_metrics().unwrap_or_else(|e| format!("{e:#}"));
+            let cadence: Vec<&str> = metrics
+                .lines()
+                .filter(|l| {
+                    ["lb_reconcile", "lb_flow", "lb_backend_connections_active"]
+                        .iter()
+                        .any(|name| l.starts_with(name))
+                })
+                .collect();
+            let stderr = lab.stderr(second);
+            let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+            panic!(
+                "the removed VIP's id was not freed within {limit:?} of its last flow's close\n\
+                 {cadence:#?}\nlb-user's last lines (newest first):\n{tail:#?}"
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "FAULT runtime-vip: id freed {:.1} s after the last flow's close",
+        closed.elapsed().as_secs_f64()
     );
     let again = vip_command(&lab, &["add", "--vip", &vip_arg, "--backend", &be(1)]);
     assert!(again.contains("added (VIP id 1)"), "{again}");
