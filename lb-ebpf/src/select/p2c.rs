@@ -43,15 +43,20 @@ pub fn select(
     let Some(slots) = p2c::Slots::new(block.count) else {
         return candidate(block.vip_id, block.first_slot).ok_or(reason::DROP_NO_BACKEND);
     };
-    let bound = p2c::redraw_bound(block.reference_cost);
+    let scoring = Scoring {
+        bias,
+        saturation: u32::from(saturation),
+        now,
+        bound: p2c::redraw_bound(block.reference_cost),
+    };
     if p2c::scans_all(block.count, full_scan) {
-        return pair_or_best_of_all(block, slots, bias, saturation, now, bound);
+        return pair_or_best_of_all(block, slots, &scoring);
     }
     // Inlined like the rest of the pick (an outlined closure would be a
     // BPF call taking a pointer to this stack frame).
     let draw_pair = #[inline(always)]
-    || pair(block, slots, bias, saturation, now, bound);
-    let best = p2c::choose(bound, draw_pair);
+    || pair(block, slots, &scoring);
+    let best = p2c::choose(scoring.bound, draw_pair);
     // None: every draw hit an out-of-service backend. Scan from a random
     // slot, so a VIP with few backends in service among many is still served.
     match best.and_then(|best| by_id(best.id)) {
@@ -60,7 +65,30 @@ pub fn select(
     }
 }
 
-// `visit` masks the bias with 3.
+/// How this pick scores a backend: the VIP's in-flight bias and
+/// saturation threshold, the clock, and the re-draw bound of the block.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Scoring {
+    now: u64,
+    bound: u64,
+    /// The VIP's `p2c_saturation`.
+    saturation: u32,
+    bias: u8,
+}
+
+impl Scoring {
+    /// Backend `id` scored from its map values.
+    #[inline(always)]
+    fn candidate(&self, id: u32) -> Candidate {
+        // Masked, so the verifier knows the in-flight term's loop runs at
+        // most 3 times where the value comes back from memory it does not
+        // track (a `bpf_loop` callback's state).
+        scored(id, self.bias & 3, self.saturation, self.now)
+    }
+}
+
+// `Scoring::candidate` masks the bias with 3.
 const _: () = assert!(lb_common::MAX_INFLIGHT_BIAS <= 3);
 
 /// The state of [`pair_or_best_of_all`], shared with its `bpf_loop`
@@ -73,8 +101,7 @@ const _: () = assert!(lb_common::MAX_INFLIGHT_BIAS <= 3);
 /// converges at once.
 #[repr(C)]
 struct FullScan {
-    now: u64,
-    bound: u64,
+    scoring: Scoring,
     best: *mut ScanBest,
     vip_id: u32,
     first_slot: u32,
@@ -83,9 +110,6 @@ struct FullScan {
     start: u32,
     /// The random pair's block offsets.
     pair: (u32, u32),
-    bias: u32,
-    /// The VIP's `p2c_saturation`.
-    saturation: u32,
 }
 
 /// The most slots [`pair_or_best_of_all`] visits (a VIP's whole slot block).
@@ -105,10 +129,7 @@ const _: () = assert!(MAX_SCAN_SLOTS.get() == MAX_BACKENDS_PER_VIP);
 fn pair_or_best_of_all(
     block: &Block,
     slots: p2c::Slots,
-    bias: u8,
-    saturation: u16,
-    now: u64,
-    bound: u64,
+    scoring: &Scoring,
 ) -> Result<Chosen, Reason> {
     let Some(best) = P2C_SCAN_BEST.get_ptr_mut(0) else {
         return scan(block, u64::from(random()));
@@ -119,16 +140,13 @@ fn pair_or_best_of_all(
     // the start drawn below the clamped count.
     let count = block.count.min(MAX_SCAN_SLOTS);
     let mut state = FullScan {
-        now,
-        bound,
+        scoring: *scoring,
         best,
         vip_id: block.vip_id,
         first_slot: block.first_slot,
         count: count.get(),
         start: random() % count,
         pair: slots.gen_pair(random(), random()),
-        bias: u32::from(bias),
-        saturation: u32::from(saturation),
     };
     // SAFETY: `visit` has the callback signature bpf_loop expects and only
     // touches `state` and the per-CPU value, which outlive the call.
@@ -147,7 +165,7 @@ fn pair_or_best_of_all(
         cost: found.pair_cost,
         score: found.pair_score,
     };
-    let id = if found.pair_id != u32::MAX && p2c::settles_scan(&pair_winner, bound) {
+    let id = if found.pair_id != u32::MAX && p2c::settles_scan(&pair_winner, scoring.bound) {
         found.pair_id
     } else {
         found.id
@@ -170,17 +188,14 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
     let Some(id) = active_id(s.vip_id, s.first_slot.wrapping_add(offset)) else {
         return 0;
     };
-    // Masked, so the verifier knows the in-flight term's loop runs at most
-    // 3 times (the field alone could hold any u32).
-    let bias = (s.bias & 3) as u8;
-    let c = scored(id, bias, s.saturation, s.now);
-    let rank = p2c::rank(&c, s.bound);
+    let c = s.scoring.candidate(id);
+    let rank = p2c::rank(&c, s.scoring.bound);
     // SAFETY: the per-CPU value `pair_or_best_of_all` looked up.
     let best = unsafe { &mut *s.best };
     // A tie goes to the backend whose pending requests are further along
     // (it frees a worker first, see `progress`); a tie there too keeps the
     // earlier slot of this scan, whose start was random.
-    let served = progress::served_ns(id, s.now);
+    let served = progress::served_ns(id, s.scoring.now);
     if rank < best.rank || (rank == best.rank && served > best.served) {
         best.rank = rank;
         best.id = id;
@@ -193,7 +208,7 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
             score: best.pair_score,
         };
         // The pair's first visited is `p2c::winner`'s first: a tie keeps it.
-        if best.pair_id == u32::MAX || c.beats(&held, s.bound) {
+        if best.pair_id == u32::MAX || c.beats(&held, s.scoring.bound) {
             best.pair_id = id;
             best.pair_cost = c.cost;
             best.pair_score = c.score;
@@ -205,14 +220,7 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
 /// The winner of two distinct random slots of `block`, `None` if both are
 /// out of service.
 #[inline(always)]
-fn pair(
-    block: &Block,
-    slots: p2c::Slots,
-    bias: u8,
-    saturation: u16,
-    now: u64,
-    bound: u64,
-) -> Option<Candidate> {
+fn pair(block: &Block, slots: p2c::Slots, scoring: &Scoring) -> Option<Candidate> {
     let (first, second) = slots.gen_pair(random(), random());
     let (first, second) = (
         block.first_slot.wrapping_add(first),
@@ -222,14 +230,14 @@ fn pair(
     // returning `Option<Candidate>` by value, an aggregate return the BPF
     // backend refuses.
     let a = match active_id(block.vip_id, first) {
-        Some(id) => Some(scored(id, bias, u32::from(saturation), now)),
+        Some(id) => Some(scoring.candidate(id)),
         None => None,
     };
     let b = match active_id(block.vip_id, second) {
-        Some(id) => Some(scored(id, bias, u32::from(saturation), now)),
+        Some(id) => Some(scoring.candidate(id)),
         None => None,
     };
-    p2c::winner(a, b, bound)
+    p2c::winner(a, b, scoring.bound)
 }
 
 /// Backend `id` scored from its map values.
