@@ -44,10 +44,15 @@ struct Run<T = ()> {
 }
 
 impl Fault {
-    /// A lab with `backends` servers (2 workers, queue of 8 each).
+    /// A lab with `backends` servers (2 ms per request, 8 workers each).
     fn new(name: &'static str, backends: usize) -> Self {
+        Self::with_backends(name, backends, BackendSpec::new(2, 8))
+    }
+
+    /// A lab with `backends` servers of `backend`'s kind.
+    fn with_backends(name: &'static str, backends: usize, backend: BackendSpec) -> Self {
         let lab = Lab::builder(Binaries::for_tests())
-            .backends(backends, BackendSpec::new(2, 8))
+            .backends(backends, backend)
             .build()
             .unwrap();
         Self { name, lab }
@@ -226,6 +231,74 @@ fn killed_backend_loses_only_its_in_flight_requests() {
             )
         ) >= 2.0
     );
+}
+
+#[test]
+fn a_busy_backend_whose_http_checks_time_out_in_its_queue_stays_in_service() {
+    require_root!();
+    // Two backends of 2 workers at 100 ms: 40 req/s between them. At
+    // 50 req/s their queues grow by 10 requests a second, so after about a
+    // second an HTTP check waits longer than its 150 ms timeout behind the
+    // users' requests, while the users keep being answered.
+    let lab = Fault::with_backends("busy-checks", 2, BackendSpec::new(100, 2));
+    let checks = [
+        "--health-check",
+        "http",
+        "--health-interval",
+        "300ms",
+        "--health-timeout",
+        "150ms",
+        "--health-fall",
+        "2",
+    ];
+    let mut balancer = spec(&lab, &[0, 1], &checks);
+    balancer.algorithm = Algorithm::RoundRobin;
+    let _lb = lab.start_balancer(&balancer).unwrap();
+    wait_for("both backends in service", Duration::from_secs(5), || {
+        let status = lab.status().unwrap();
+        (0..2).all(|i| backend_status(&status, &lab, i).is_some_and(|b| b.state == "active"))
+    });
+    let run = lab.during(lab.load(50.0, 4.0, 10_000), |lab| {
+        let mut states = Vec::new();
+        for _ in 0..40 {
+            thread::sleep(Duration::from_millis(100));
+            let status = lab.status().unwrap();
+            for i in 0..2 {
+                if let Some(b) = backend_status(&status, lab, i)
+                    && b.state != "active"
+                {
+                    states.push((i, b.state));
+                }
+            }
+        }
+        states
+    });
+    lab.report(&run, &format!("backends out of service: {:?}", run.during));
+    assert_eq!(run.during, [], "a busy backend left service");
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    let metrics = lab.scrape_metrics().unwrap();
+    let count = |i: usize, result: &str| {
+        metric(
+            &metrics,
+            &format!(
+                "lb_health_checks_total{{vip=\"{}/tcp\",backend=\"{}\",result=\"{result}\"}}",
+                lab.tcp_vip(),
+                lab.backends()[i].addr()
+            ),
+        )
+    };
+    let (busy, failed) = (
+        count(0, "busy") + count(1, "busy"),
+        count(0, "fail") + count(1, "fail"),
+    );
+    eprintln!("FAULT busy-checks: checks counted busy {busy}, failed {failed}");
+    // The checks did time out in the queues (or this test proves nothing),
+    // and none counted as a failure.
+    assert!(
+        busy >= 2.0,
+        "no check timed out behind the users: {metrics}"
+    );
+    assert_eq!(failed, 0.0, "{metrics}");
 }
 
 #[test]

@@ -34,7 +34,7 @@ use crate::{
     pool::zones::ZonePlan,
     pool::{
         fleet::Fleet,
-        health::{CheckResult, HealthChecker, OnConnection, Purpose},
+        health::{CheckCounts, CheckResult, Counted, HealthChecker, OnConnection, Purpose},
         plan::Plan,
     },
     publish::{
@@ -54,8 +54,8 @@ pub struct Runtime {
     pub(super) fresh_load: BackendLoad,
     pub(super) kernel: KernelHandles,
     pub(super) checker: HealthChecker,
-    /// Passed and failed health checks per backend id.
-    pub(super) checks: HashMap<u32, (u64, u64)>,
+    /// Regular health checks per backend id, by how they counted.
+    pub(super) checks: HashMap<u32, CheckCounts>,
     /// Latency probes (timed checks) by what they did to the estimate.
     pub(super) probes: ProbeCounts,
     /// Shared with the reconciler: the length of the id space.
@@ -195,13 +195,19 @@ impl Runtime {
         if result.purpose == Purpose::LatencyProbe {
             return Ok(());
         }
-        let counts = self.checks.entry(result.backend).or_default();
-        if result.passed {
-            counts.0 += 1;
-        } else {
-            counts.1 += 1;
+        let counted = result.counted(|wait| self.loads.sampled_within(result.backend, now, wait));
+        self.checks.entry(result.backend).or_default().add(counted);
+        if counted == Counted::Busy {
+            debug!(
+                backend = result.backend,
+                "health check timed out while the backend answered users: counted busy, not failed"
+            );
+            return Ok(());
         }
-        if self.fleet.health_result(result.backend, result.passed, now) {
+        if self
+            .fleet
+            .health_result(result.backend, counted == Counted::Passed, now)
+        {
             self.on_tick(now)?;
         }
         Ok(())

@@ -125,7 +125,7 @@ impl Runtime {
                 };
                 let counters = self.kernel.counters.backend(id);
                 let score = scores.get(&id).copied().unwrap_or_default();
-                let (passed, failed) = self.checks.get(&id).copied().unwrap_or_default();
+                let checks = self.checks.get(&id).copied().unwrap_or_default();
                 backends.push(BackendMetrics {
                     vip: vip.addr.to_string(),
                     backend: m.addr.to_string(),
@@ -141,8 +141,9 @@ impl Runtime {
                     state: Some(m.life.state(now)),
                     ejections: m.life.ejections_total,
                     outlier_failures: m.outlier.failures_total,
-                    health_passed: passed,
-                    health_failed: failed,
+                    health_passed: checks.passed,
+                    health_failed: checks.failed,
+                    health_busy: checks.busy,
                 });
             }
         }

@@ -59,6 +59,9 @@ pub struct BackendMetrics {
     pub outlier_failures: u64,
     pub health_passed: u64,
     pub health_failed: u64,
+    /// Checks that timed out while the backend answered users (see
+    /// `pool::health::Counted::Busy`).
+    pub health_busy: u64,
 }
 
 /// Everything one scrape shows.
@@ -612,6 +615,7 @@ fn render_backend_splits(out: &mut Exposition, s: &Snapshot) {
             vec![
                 ("pass", b.health_passed as f64),
                 ("fail", b.health_failed as f64),
+                ("busy", b.health_busy as f64),
             ]
         },
     );
