@@ -20,7 +20,7 @@
 //! seconds) would be refuted after every episode and given its full share
 //! again just in time for the next one, which then catches every request
 //! it holds: the tail is the episode's length. So a backend that turns
-//! slow again (a response [`REFUTE_RATIO`] times its estimate or more)
+//! slow again (a response [`EPISODE_RATIO`] times its estimate or more)
 //! within the long memory τ (`ewma_tau`) of being refuted is *barred*: no
 //! refutation until it has gone τ without such a response, and only time
 //! wears its memory down, as in plain Peak-EWMA. A one-off episode is
@@ -43,8 +43,7 @@ use std::time::Duration;
 
 use crate::{estimate::sample::LatencySample, kernel::clock::Nanos};
 
-/// A response refutes the estimate when it took at most 1/this of it, and
-/// is a relapse when it took this many times the estimate or more.
+/// A response refutes the estimate when it took at most 1/this of it.
 pub const REFUTE_RATIO: f64 = 2.0;
 /// Only an estimate lowered by at least this factor (by a refutation or a
 /// probe) is watched for a relapse: an episode such as a pause (300 ms over
@@ -53,6 +52,12 @@ pub const REFUTE_RATIO: f64 = 2.0;
 /// episode from ever being forgiven early. (The lab caught exactly that: a
 /// backend P2C left idle at light load was probed down from 8 to 5 ms, so
 /// its one-off slowdown seconds later counted as a relapse.)
+///
+/// A relapse is episode-sized too: a response this many times the
+/// estimate or more. At 2× a busy host's noise counted: a backend probed
+/// down from 21 to 3 ms after a slow phase answered once in 9.8 ms half a
+/// second later, was barred for τ, and got 6 % of the new connections
+/// instead of a third (a clean clone's fault test).
 pub const EPISODE_RATIO: f64 = 4.0;
 
 /// The current run of refuting responses, and the relapse bar.
@@ -98,7 +103,7 @@ impl Refutation {
             return None;
         }
         let peak_ns = sample.peak.as_nanos() as f64;
-        if peak_ns >= estimate_ns * REFUTE_RATIO && self.watching(now) {
+        if peak_ns >= estimate_ns * EPISODE_RATIO && self.watching(now) {
             self.barred_until = Some(now.plus(self.watch));
         }
         if self.needed == 0 || peak_ns * REFUTE_RATIO > estimate_ns || self.barred(now) {
@@ -284,6 +289,20 @@ mod tests {
         // That one was an episode (50 over 5): the next slow phase is a relapse.
         assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(5_000)), None);
         assert!(r.barred(at_ms(5_000)));
+    }
+
+    /// After an episode was refuted, one noisy answer (3× the estimate)
+    /// is no relapse; a slow phase (4× or more) is.
+    #[test]
+    fn only_an_episode_sized_rise_is_a_relapse() {
+        let mut r = Refutation::new(16, WATCH);
+        r.lowered_by_probe(21.0 * MS, 3.2 * MS, at_ms(1_000));
+        assert_eq!(r.record(tick(3, 4, 9), 3.2 * MS, at_ms(1_500)), None);
+        assert!(!r.barred(at_ms(1_500)));
+        assert!(r.record(tick(16, 3, 3), 9.0 * MS, at_ms(2_000)).is_some());
+        r.lowered_by_probe(21.0 * MS, 3.2 * MS, at_ms(3_000));
+        assert_eq!(r.record(tick(3, 8, 13), 3.2 * MS, at_ms(3_500)), None);
+        assert!(r.barred(at_ms(3_500)));
     }
 
     #[test]
