@@ -301,6 +301,86 @@ fn a_busy_backend_whose_http_checks_time_out_in_its_queue_stays_in_service() {
     assert_eq!(failed, 0.0, "{metrics}");
 }
 
+/// Connections backend `index` reported accepting so far (its `accepts`
+/// lines, every 50 ms, in its stdout log).
+fn accepted(lab: &Lab, index: usize) -> u64 {
+    let suffix = format!("-be{}.out", index + 1);
+    let dir = lab.log_dir();
+    let log = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+        .unwrap_or_else(|| panic!("no {suffix} in {}", dir.display()));
+    std::fs::read_to_string(log.path())
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("accepts "))
+        .filter_map(|rest| rest.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_server_behind_two_vips_answers_one_check_per_interval() {
+    require_root!();
+    // Both backends serve a TCP and a UDP VIP: each has an id in each.
+    let lab = Fault::new("shared-checks", 2);
+    let mut balancer = spec(
+        &lab,
+        &[0, 1],
+        &["--health-check", "http", "--health-interval", "200ms"],
+    );
+    let mut udp = balancer.vips[0].clone();
+    udp.addr = lab.udp_vip();
+    udp.protocol = VipProtocol::Udp;
+    balancer.vips.push(udp);
+    let _lb = lab.start_balancer(&balancer).unwrap();
+    wait_for("both backends in service", Duration::from_secs(5), || {
+        let status = lab.status().unwrap();
+        (0..2).all(|i| backend_status(&status, &lab, i).is_some_and(|b| b.state == "active"))
+    });
+    let checks = |vip: String| {
+        let metrics = lab.scrape_metrics().unwrap();
+        metric(
+            &metrics,
+            &format!(
+                "lb_health_checks_total{{vip=\"{vip}\",backend=\"{}\",result=\"pass\"}}",
+                lab.backends()[0].addr()
+            ),
+        )
+    };
+    let (tcp_vip, udp_vip) = (
+        format!("{}/tcp", lab.tcp_vip()),
+        format!("{}/udp", lab.udp_vip()),
+    );
+    // No user traffic: every connection the server accepts is a check.
+    let before = (
+        checks(tcp_vip.clone()),
+        checks(udp_vip.clone()),
+        accepted(&lab, 0),
+    );
+    thread::sleep(Duration::from_secs(3));
+    let after = (checks(tcp_vip), checks(udp_vip), accepted(&lab, 0));
+    let (tcp, udp, connections) = (
+        after.0 - before.0,
+        after.1 - before.1,
+        (after.2 - before.2) as f64,
+    );
+    eprintln!(
+        "FAULT shared-checks: in 3 s, checks passed {tcp} (TCP VIP) and {udp} (UDP VIP), \
+         connections accepted {connections}"
+    );
+    // About 15 checks in 3 s at 200 ms (each 150–250 ms after the last).
+    assert!(tcp >= 8.0, "too few checks: {tcp}");
+    // Each VIP's id counts every check...
+    assert!((tcp - udp).abs() <= 1.0, "{tcp} against {udp}");
+    // ...of one connection each, not one per VIP (which read about 2x).
+    assert!(
+        connections <= tcp + 2.0,
+        "{connections} connections for {tcp} checks"
+    );
+    assert!(connections >= tcp - 2.0, "{connections} for {tcp}");
+}
+
 #[test]
 fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     require_root!();
