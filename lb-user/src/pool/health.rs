@@ -153,7 +153,6 @@ pub enum Purpose {
 /// One endpoint's check task: the backend ids it reports to, and the
 /// runtime's mark "avoided" (set while any of them is).
 struct Task {
-    addr: SocketAddr,
     check: HealthCheck,
     /// Ascending, without repeats.
     backends: Arc<[u32]>,
@@ -195,9 +194,9 @@ impl Drop for CheckInFlight {
     }
 }
 
-/// The running check tasks, one per checked endpoint.
+/// The running check tasks, one per checked endpoint, by address.
 pub struct HealthChecker {
-    tasks: Vec<Task>,
+    tasks: HashMap<SocketAddr, Vec<Task>>,
     results: mpsc::Sender<CheckResult>,
     on_panic: OnPanic,
     on_connection: OnConnection,
@@ -210,7 +209,7 @@ impl HealthChecker {
         on_connection: OnConnection,
     ) -> Self {
         Self {
-            tasks: Vec::new(),
+            tasks: HashMap::new(),
             results,
             on_panic,
             on_connection,
@@ -220,46 +219,53 @@ impl HealthChecker {
     /// Runs exactly the checks in `wanted` (backend id, address, check):
     /// one task per address and check, for all the ids that share them.
     /// Starts new ones, stops the rest; an endpoint whose set of ids
-    /// changed is checked by a new task.
+    /// changed is checked by a new task. Linear in the number of backends
+    /// (tasks and wanted checks are found by address).
     pub fn sync(&mut self, wanted: Vec<(u32, SocketAddr, HealthCheck)>) {
-        let groups = endpoints(wanted);
-        self.tasks.retain(|task| {
-            let keep = groups.iter().any(|(a, c, ids)| {
-                *a == task.addr && *c == task.check && ids[..] == task.backends[..]
+        let wanted = endpoints(wanted);
+        self.tasks.retain(|addr, tasks| {
+            let groups = wanted.get(addr).map_or(&[][..], Vec::as_slice);
+            tasks.retain(|task| {
+                let keep = groups
+                    .iter()
+                    .any(|(check, ids)| *check == task.check && ids[..] == task.backends[..]);
+                if !keep {
+                    task.handle.abort();
+                }
+                keep
             });
-            if !keep {
-                task.handle.abort();
-            }
-            keep
+            !tasks.is_empty()
         });
-        for (addr, check, ids) in groups {
-            if self
-                .tasks
-                .iter()
-                .any(|t| t.addr == addr && t.check == check && t.backends[..] == ids[..])
-            {
-                continue;
+        for (addr, groups) in wanted {
+            for (check, ids) in groups {
+                let running = self.tasks.get(&addr).is_some_and(|tasks| {
+                    tasks
+                        .iter()
+                        .any(|t| t.check == check && t.backends[..] == ids[..])
+                });
+                if running {
+                    continue;
+                }
+                let backends: Arc<[u32]> = ids.into();
+                let avoided = Arc::new(AtomicBool::new(false));
+                let handle = tokio::spawn(supervise(
+                    Target {
+                        backends: backends.clone(),
+                        addr,
+                        check: check.clone(),
+                        avoided: avoided.clone(),
+                        on_connection: self.on_connection.clone(),
+                    },
+                    self.results.clone(),
+                    self.on_panic.clone(),
+                ));
+                self.tasks.entry(addr).or_default().push(Task {
+                    check,
+                    backends,
+                    avoided,
+                    handle,
+                });
             }
-            let backends: Arc<[u32]> = ids.into();
-            let avoided = Arc::new(AtomicBool::new(false));
-            let handle = tokio::spawn(supervise(
-                Target {
-                    backends: backends.clone(),
-                    addr,
-                    check: check.clone(),
-                    avoided: avoided.clone(),
-                    on_connection: self.on_connection.clone(),
-                },
-                self.results.clone(),
-                self.on_panic.clone(),
-            ));
-            self.tasks.push(Task {
-                addr,
-                check,
-                backends,
-                avoided,
-                handle,
-            });
         }
     }
 
@@ -267,7 +273,7 @@ impl HealthChecker {
     /// every latency probe interval (an endpoint's, while any of its ids
     /// is avoided).
     pub fn set_avoided(&self, avoided: impl Fn(u32) -> bool) {
-        for task in &self.tasks {
+        for task in self.tasks.values().flatten() {
             let any = task.backends.iter().any(|&id| avoided(id));
             task.avoided.store(any, Ordering::Relaxed);
         }
@@ -275,39 +281,34 @@ impl HealthChecker {
 
     /// How many endpoints are being checked.
     pub fn endpoints(&self) -> usize {
-        self.tasks.len()
+        self.tasks.values().map(Vec::len).sum()
     }
 }
 
-/// `wanted` grouped by endpoint: each distinct address and check with the
-/// ids that share it, ascending; in order of first appearance.
+/// The checks of `wanted` by address: each distinct check of an address
+/// with the ids that share it, ascending. (An address has one check in
+/// all but unusual configurations, so the inner lists are short.)
 fn endpoints(
     wanted: Vec<(u32, SocketAddr, HealthCheck)>,
-) -> Vec<(SocketAddr, HealthCheck, Vec<u32>)> {
-    let mut groups: Vec<(SocketAddr, HealthCheck, Vec<u32>)> = Vec::new();
-    // Groups by address: an address has one check in all but unusual
-    // configurations, so the inner search is short.
-    let mut by_addr: HashMap<SocketAddr, Vec<usize>> = HashMap::new();
+) -> HashMap<SocketAddr, Vec<(HealthCheck, Vec<u32>)>> {
+    let mut by_addr: HashMap<SocketAddr, Vec<(HealthCheck, Vec<u32>)>> = HashMap::new();
     for (id, addr, check) in wanted {
-        let slots = by_addr.entry(addr).or_default();
-        match slots.iter().find(|&&g| groups[g].1 == check) {
-            Some(&g) => groups[g].2.push(id),
-            None => {
-                slots.push(groups.len());
-                groups.push((addr, check, vec![id]));
-            }
+        let groups = by_addr.entry(addr).or_default();
+        match groups.iter_mut().find(|(c, _)| *c == check) {
+            Some((_, ids)) => ids.push(id),
+            None => groups.push((check, vec![id])),
         }
     }
-    for (_, _, ids) in &mut groups {
+    for (_, ids) in by_addr.values_mut().flatten() {
         ids.sort_unstable();
         ids.dedup();
     }
-    groups
+    by_addr
 }
 
 impl Drop for HealthChecker {
     fn drop(&mut self) {
-        for task in &self.tasks {
+        for task in self.tasks.values().flatten() {
             task.handle.abort();
         }
     }
@@ -829,16 +830,21 @@ mod tests {
             (1, a, check.clone()),
             (1, a, check.clone()),
         ]);
-        let ids: Vec<(SocketAddr, Duration, Vec<u32>)> = groups
+        let mut ids: Vec<(SocketAddr, Duration, Vec<u32>)> = groups
             .into_iter()
-            .map(|(addr, c, ids)| (addr, c.interval, ids))
+            .flat_map(|(addr, checks)| {
+                checks
+                    .into_iter()
+                    .map(move |(c, ids)| (addr, c.interval, ids))
+            })
             .collect();
+        ids.sort();
         assert_eq!(
             ids,
             [
                 (a, Duration::from_secs(1), vec![1, 7]),
-                (b, Duration::from_secs(1), vec![2]),
                 (a, Duration::from_secs(5), vec![4]),
+                (b, Duration::from_secs(1), vec![2]),
             ]
         );
     }
