@@ -222,30 +222,27 @@ impl HealthChecker {
     /// changed is checked by a new task. Linear in the number of backends
     /// (tasks and wanted checks are found by address).
     pub fn sync(&mut self, wanted: Vec<(u32, SocketAddr, HealthCheck)>) {
-        let wanted = endpoints(wanted);
+        let mut wanted = endpoints(wanted);
+        // A running task that serves a wanted endpoint keeps running, and
+        // the endpoint is taken off the list; what is left starts below.
         self.tasks.retain(|addr, tasks| {
-            let groups = wanted.get(addr).map_or(&[][..], Vec::as_slice);
+            let mut groups = wanted.get_mut(addr);
             tasks.retain(|task| {
-                let keep = groups
-                    .iter()
-                    .any(|(check, ids)| *check == task.check && ids[..] == task.backends[..]);
-                if !keep {
+                let served = groups.as_mut().and_then(|groups| {
+                    let i = groups.iter().position(|(check, ids)| {
+                        *check == task.check && ids[..] == task.backends[..]
+                    })?;
+                    Some(groups.swap_remove(i))
+                });
+                if served.is_none() {
                     task.handle.abort();
                 }
-                keep
+                served.is_some()
             });
             !tasks.is_empty()
         });
         for (addr, groups) in wanted {
             for (check, ids) in groups {
-                let running = self.tasks.get(&addr).is_some_and(|tasks| {
-                    tasks
-                        .iter()
-                        .any(|t| t.check == check && t.backends[..] == ids[..])
-                });
-                if running {
-                    continue;
-                }
                 let backends: Arc<[u32]> = ids.into();
                 let avoided = Arc::new(AtomicBool::new(false));
                 let handle = tokio::spawn(supervise(
