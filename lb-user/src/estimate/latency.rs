@@ -70,7 +70,7 @@ use std::time::Duration;
 
 pub use crate::{estimate::sample::LatencySample, settings::config::EstimateParams};
 use crate::{
-    estimate::{ewma::Ewma, peak_ewma::PeakEwma, refute::Refutation},
+    estimate::{ewma::Ewma, mean::MeasuredMean, peak_ewma::PeakEwma, refute::Refutation},
     kernel::clock::Nanos,
 };
 
@@ -108,6 +108,9 @@ pub struct LatencyEstimate {
     sustained: Ewma,
     /// Users' interval means over about [`RECENT_MEAN_TAU`].
     recent_mean: Ewma,
+    /// Users' interval means over τ, with no prior and no idle drift:
+    /// the cost of a held backend ([`LatencyEstimate::held_ns`]).
+    measured: MeasuredMean,
     /// When the last user sample arrived (probes do not count).
     last_user: Option<Nanos>,
     /// The current run of fast responses (see [`crate::estimate::refute`]).
@@ -127,6 +130,7 @@ impl LatencyEstimate {
             recent: PeakEwma::new(cold_start, peak_tau.min(tau), now),
             sustained: Ewma::new(cold_start, tau, now),
             recent_mean: Ewma::new(cold_start, RECENT_MEAN_TAU, now),
+            measured: MeasuredMean::new(tau, now),
             last_user: None,
             refutation: Refutation::new(refute_after, tau),
         }
@@ -141,10 +145,12 @@ impl LatencyEstimate {
             Some(run) => {
                 self.recent.reset(run.peak, now);
                 self.sustained.replace(run.mean, now);
+                self.measured.replace(run.mean, now);
             }
             None => {
                 self.recent.observe(sample.peak, now);
                 self.sustained.blend(sample.mean, now);
+                self.measured.blend(sample.mean, now);
             }
         }
         // The first sample is the mean, not a blend with the cold-start guess.
@@ -204,18 +210,23 @@ impl LatencyEstimate {
     }
 
     /// What a backend held far above its pool competes with
-    /// ([`lb_common::SCORE_FAR_ABOVE`], as its cost): its mean latency rather than its
-    /// peaks, the larger of the long memory of means and the recent mean
-    /// (which follows a backend turning slow within about half a second,
-    /// while the long memory is still catching up), each with its idle
-    /// drift, and never above [`LatencyEstimate::estimate_ns`].
+    /// ([`lb_common::SCORE_FAR_ABOVE`], as its cost): its mean latency
+    /// rather than its peaks, never above [`LatencyEstimate::estimate_ns`].
+    /// The mean is the larger of the [measured mean](MeasuredMean) over τ
+    /// (no prior, no idle drift: an avoided backend keeps the mean users
+    /// last measured) and the recent mean (which follows a backend turning
+    /// slow within about half a second, while the long memory is still
+    /// catching up). A backend users never measured is held at its
+    /// estimate: what probes measured, the only evidence there is (the
+    /// long memory would still hold the cold-start guess, far below it).
     pub fn held_ns(&self, now: Nanos) -> f64 {
-        let mean = self.sustained.estimate_ns(now);
-        let mean = match self.last_user {
-            Some(_) => mean.max(self.recent_mean.estimate_ns(now)),
-            None => mean,
-        };
-        mean.min(self.estimate_ns(now))
+        let estimate = self.estimate_ns(now);
+        match self.measured.mean_ns() {
+            Some(measured) => measured
+                .max(self.recent_mean.estimate_ns(now))
+                .min(estimate),
+            None => estimate,
+        }
     }
 
     /// The estimate at `now`: the larger of the two, each with its idle
@@ -295,6 +306,45 @@ mod tests {
         feed(&mut slow, &clock, ms(100), 1.0);
         let held = slow.held_ns(clock.now()) / MS;
         assert!(held > 80.0, "{held}");
+    }
+
+    #[test]
+    fn a_slow_backend_held_after_two_ticks_is_held_at_its_latency_for_good() {
+        // hetero: a 100 ms backend among 12 ms ones is avoided after its
+        // first ticks, and gets no user sample after that.
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(PARAMS, clock.now());
+        clock.advance(Duration::from_secs(3));
+        feed(&mut e, &clock, ms(100), 0.1);
+        let held = e.held_ns(clock.now()) / MS;
+        assert!((95.0..=100.5).contains(&held), "{held}");
+        // 20 s avoided, its peak kept up by 100 ms probes (they touch the
+        // peak memory only): still held at 100 ms, not drifting to the
+        // cold start below its fast peers.
+        for _ in 0..80 {
+            clock.advance(Duration::from_millis(250));
+            e.observe_probe(
+                ProbeSample::Response(Duration::from_millis(100)),
+                clock.now(),
+                Duration::from_millis(250),
+            );
+        }
+        let held = e.held_ns(clock.now()) / MS;
+        assert!((95.0..=100.5).contains(&held), "{held}");
+        // Measured by probes only (they came back before any user's
+        // answer): held at what they measured, not at the cold start.
+        let mut probed = LatencyEstimate::new(PARAMS, Nanos(0));
+        probed.observe_probe(
+            ProbeSample::Response(Duration::from_millis(100)),
+            clock.now(),
+            Duration::from_millis(250),
+        );
+        let held = probed.held_ns(clock.now()) / MS;
+        assert!((95.0..=100.5).contains(&held), "{held}");
+        // Before this mean, the long memory of means blended the two ticks
+        // into its 1 ms cold start and then drifted back towards it.
+        let sustained = e.sustained.estimate_ns(clock.now()) / MS;
+        assert!(sustained < 5.0, "{sustained}");
     }
 
     #[test]

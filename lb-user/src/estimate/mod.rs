@@ -9,6 +9,7 @@
 pub mod backend_load;
 pub mod ewma;
 pub mod latency;
+pub mod mean;
 pub mod peak_ewma;
 pub mod refute;
 pub mod sample;
