@@ -50,7 +50,7 @@ impl Ewma {
 
     /// `exp(-Δt/τ)` for the time since the last update.
     fn decay_weight(&self, now: Nanos) -> f64 {
-        (-(now.since(self.updated).as_nanos() as f64) / self.tau_ns).exp()
+        decay_weight(now.since(self.updated), self.tau_ns)
     }
 
     /// Blends one sample taken at `now` in.
@@ -76,6 +76,12 @@ impl Ewma {
         let w = self.decay_weight(now);
         self.cold_start_ns + (self.value_ns - self.cold_start_ns) * w
     }
+}
+
+/// The weight `exp(-Δt/τ)` a time-weighted average keeps of what it held
+/// `elapsed` ago (`tau_ns` at least 1).
+pub fn decay_weight(elapsed: Duration, tau_ns: f64) -> f64 {
+    (-(elapsed.as_nanos() as f64) / tau_ns).exp()
 }
 
 #[cfg(test)]

@@ -321,24 +321,23 @@ mod tests {
         // 20 s avoided, its peak kept up by 100 ms probes (they touch the
         // peak memory only): still held at 100 ms, not drifting to the
         // cold start below its fast peers.
-        for _ in 0..80 {
-            clock.advance(Duration::from_millis(250));
+        let probe_100ms = |e: &mut LatencyEstimate, now| {
             e.observe_probe(
                 ProbeSample::Response(Duration::from_millis(100)),
-                clock.now(),
+                now,
                 Duration::from_millis(250),
-            );
+            )
+        };
+        for _ in 0..80 {
+            clock.advance(Duration::from_millis(250));
+            probe_100ms(&mut e, clock.now());
         }
         let held = e.held_ns(clock.now()) / MS;
         assert!((95.0..=100.5).contains(&held), "{held}");
         // Measured by probes only (they came back before any user's
         // answer): held at what they measured, not at the cold start.
         let mut probed = LatencyEstimate::new(PARAMS, Nanos(0));
-        probed.observe_probe(
-            ProbeSample::Response(Duration::from_millis(100)),
-            clock.now(),
-            Duration::from_millis(250),
-        );
+        probe_100ms(&mut probed, clock.now());
         let held = probed.held_ns(clock.now()) / MS;
         assert!((95.0..=100.5).contains(&held), "{held}");
         // Before this mean, the long memory of means blended the two ticks

@@ -23,7 +23,7 @@
 //! which probes refresh, decides when it stops being held).
 use std::time::Duration;
 
-use crate::kernel::clock::Nanos;
+use crate::{estimate::ewma::decay_weight, kernel::clock::Nanos};
 
 #[derive(Clone, Debug)]
 pub struct MeasuredMean {
@@ -48,7 +48,7 @@ impl MeasuredMean {
     /// Adds a sample taken at `now`, weighted by the time since the last
     /// one (a sample stamped before it weighs nothing).
     pub fn blend(&mut self, sample: Duration, now: Nanos) {
-        let w = (-(now.since(self.updated).as_nanos() as f64) / self.tau_ns).exp();
+        let w = decay_weight(now.since(self.updated), self.tau_ns);
         self.sum_ns = self.sum_ns * w + sample.as_nanos() as f64 * (1.0 - w);
         self.mass = self.mass * w + (1.0 - w);
         self.updated = self.updated.max(now);
