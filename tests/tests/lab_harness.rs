@@ -2,7 +2,13 @@
 //! server, the load generator and cleanup. Run as root:
 //! `cargo test -p lb-tests --test lab_harness -- --test-threads=1`.
 
-use std::process::Command;
+use std::{
+    io::Read,
+    os::unix::process::ExitStatusExt,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
 
 use lb_lab::{
     Binaries, Lab,
@@ -11,8 +17,8 @@ use lb_lab::{
     probe, require_root,
 };
 
-/// Namespaces on the machine that belong to lab `id`.
-fn namespaces_of(id: &str) -> Vec<String> {
+/// Every namespace on the machine.
+fn all_namespaces() -> Vec<String> {
     let output = Command::new("ip")
         .args(["netns", "list"])
         .output()
@@ -20,8 +26,16 @@ fn namespaces_of(id: &str) -> Vec<String> {
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| line.split_whitespace().next())
-        .filter(|name| name.starts_with(&format!("{id}-")))
         .map(str::to_string)
+        .collect()
+}
+
+/// Namespaces on the machine that belong to lab `id`.
+fn namespaces_of(id: &str) -> Vec<String> {
+    let prefix = format!("{id}-");
+    all_namespaces()
+        .into_iter()
+        .filter(|name| name.starts_with(&prefix))
         .collect()
 }
 
@@ -126,6 +140,175 @@ fn a_new_lab_sweeps_namespaces_of_dead_labs() {
     assert!(
         namespaces_of(&format!("lbl{dead_pid}n1")).is_empty(),
         "{stale} survived the sweep"
+    );
+}
+
+/// A killed lab's processes outlive it inside its namespaces (deleting a
+/// namespace's name does not stop them): the sweep kills them first.
+#[test]
+fn a_new_lab_stops_what_still_runs_in_a_dead_labs_namespace() {
+    require_root!();
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let stale = format!("lbl{dead_pid}n1-be1");
+    let status = Command::new("ip")
+        .args(["netns", "add", &stale])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Bounded: it ends by itself after 10 minutes if the sweep misses it.
+    let mut orphan = Command::new("ip")
+        .args(["netns", "exec", &stale, "sleep", "600"])
+        .spawn()
+        .unwrap();
+    // Until `ip netns exec` has entered the namespace and run sleep.
+    let entered = Instant::now();
+    while netns_pids(&stale).is_empty() && entered.elapsed() < Duration::from_secs(10) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!netns_pids(&stale).is_empty(), "sleep never ran in {stale}");
+    let _lab = Lab::builder(Binaries::for_tests())
+        .backends(1, BackendSpec::default())
+        .build()
+        .unwrap();
+    let swept = Instant::now();
+    let exit = loop {
+        if let Some(exit) = orphan.try_wait().unwrap() {
+            break Some(exit);
+        }
+        if swept.elapsed() > Duration::from_secs(10) {
+            let _ = orphan.kill();
+            let _ = orphan.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let exit = exit.expect("the sleep in the dead lab's namespace still ran 10 s after the sweep");
+    assert_eq!(exit.signal(), Some(9), "{exit:?}");
+    assert!(namespaces_of(&format!("lbl{dead_pid}n1")).is_empty());
+}
+
+/// Processes in namespace `ns`.
+fn netns_pids(ns: &str) -> Vec<u32> {
+    let output = Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .expect("ip netns pids");
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .collect()
+}
+
+/// A benchmark stopped with SIGTERM mid-run (Ctrl-C in a terminal, a CI
+/// timeout) removes its lab: namespaces, every process in them (backends,
+/// load generator, lb-user), the balancer's pins and its log folder, and
+/// exits 143 as SIGTERM's default action would.
+#[test]
+fn a_benchmark_stopped_by_sigterm_removes_its_labs() {
+    require_root!();
+    let bench = lb_lab::binaries::find(
+        "lb-bench-balance",
+        "LB_BENCH_BALANCE_BIN",
+        "cargo build -p lb-tests",
+    )
+    .unwrap();
+    let out = std::env::temp_dir().join(format!("lb-sigterm-bench-{}", std::process::id()));
+    let mut run = Command::new(bench)
+        .args(["--quick", "--scenario", "stall", "--row", "lb p2c", "--out"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its labs are `lbl<pid>n<k>`, their namespaces `lbl<pid>n<k>-<host>`.
+    let id = format!("lbl{}n", run.id());
+    let namespaces_of = |prefix: &str| -> Vec<String> {
+        all_namespaces()
+            .into_iter()
+            .filter(|ns| ns.starts_with(prefix))
+            .collect()
+    };
+    // Until its balancer is attached (its pins exist) and backends serve:
+    // the middle of a row.
+    let pins = || -> Vec<String> {
+        std::fs::read_dir(lb_lab::lab::PIN_ROOT)
+            .map(|dir| {
+                dir.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.contains(&id))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let started = Instant::now();
+    while pins().is_empty() && started.elapsed() < Duration::from_secs(120) {
+        if let Some(exit) = run.try_wait().unwrap() {
+            panic!("the benchmark ended before its balancer started: {exit:?}");
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let namespaces = namespaces_of(&id);
+    let processes: Vec<u32> = namespaces.iter().flat_map(|ns| netns_pids(ns)).collect();
+    if pins().is_empty() {
+        let _ = run.kill();
+        let _ = run.wait();
+        panic!("no balancer of the benchmark after 120 s");
+    }
+    assert!(namespaces.len() > 10, "{namespaces:?}");
+    assert!(processes.len() > 10, "{processes:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let signalled = Instant::now();
+    let exit = loop {
+        if let Some(exit) = run.try_wait().unwrap() {
+            break exit;
+        }
+        if signalled.elapsed() > Duration::from_secs(60) {
+            let _ = run.kill();
+            let _ = run.wait();
+            panic!("the benchmark still ran 60 s after SIGTERM");
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    let _ = run.stderr.take().unwrap().read_to_string(&mut stderr);
+    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(exit.code(), Some(143), "{exit:?}: {stderr}");
+    assert!(stderr.contains("removing this run's labs"), "{stderr}");
+    assert!(
+        namespaces_of(&id).is_empty(),
+        "left: {:?}",
+        namespaces_of(&id)
+    );
+    assert!(pins().is_empty(), "pins left: {:?}", pins());
+    // Reparented to init once the benchmark exited, and reaped by it.
+    let reaped = Instant::now();
+    let alive = || -> Vec<u32> {
+        processes
+            .iter()
+            .copied()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|stat| !stat.contains(") Z "))
+            })
+            .collect()
+    };
+    while !alive().is_empty() && reaped.elapsed() < Duration::from_secs(10) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(alive().is_empty(), "still running: {:?}", alive());
+    assert!(
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with(&id)),
+        "a log folder of the benchmark's labs is left in {}",
+        std::env::temp_dir().display()
     );
 }
 

@@ -58,13 +58,12 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
-        eprintln!("lb-bench-balance: error: {e:#}");
-        std::process::exit(1);
-    }
+    lb_lab::lab::exit_with("lb-bench-balance", run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<()> {
+    // Ctrl-C or SIGTERM removes this run's labs before it exits.
+    lb_lab::lab::clean_up_on_signals("lb-bench-balance")?;
     if !lb_lab::root::is_root() {
         bail!("the benchmark builds network namespaces and attaches XDP: run it as root");
     }

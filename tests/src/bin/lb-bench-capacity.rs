@@ -64,13 +64,12 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
-        eprintln!("lb-bench-capacity: error: {e:#}");
-        std::process::exit(1);
-    }
+    lb_lab::lab::exit_with("lb-bench-capacity", run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<()> {
+    // Ctrl-C or SIGTERM removes this run's labs before it exits.
+    lb_lab::lab::clean_up_on_signals("lb-bench-capacity")?;
     if let Some(json) = &args.render {
         let text =
             std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;

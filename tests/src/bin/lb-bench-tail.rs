@@ -34,13 +34,12 @@ struct Args {
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
-        eprintln!("lb-bench-tail: error: {e:#}");
-        std::process::exit(1);
-    }
+    lb_lab::lab::exit_with("lb-bench-tail", run(Args::parse()))
 }
 
 fn run(args: Args) -> Result<()> {
+    // Ctrl-C or SIGTERM removes this run's labs before it exits.
+    lb_lab::lab::clean_up_on_signals("lb-bench-tail")?;
     if !lb_lab::root::is_root() {
         bail!("the benchmark builds network namespaces and attaches XDP: run it as root");
     }

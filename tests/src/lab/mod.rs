@@ -17,6 +17,7 @@
 
 mod balancer;
 mod etcd;
+mod interrupt;
 mod names;
 mod netns;
 mod process;
@@ -38,6 +39,7 @@ pub use balancer::{
     Algorithm, BalancerSpec, FAST_HEALTH_CHECKS, METRICS_ADDR, Protocol, VipSpec, XdpMode, metric,
 };
 pub use etcd::{ETCD_CLIENT_PORT, EtcdTls};
+pub use interrupt::{clean_up_on_signals, exit_with};
 pub use names::{PIN_ROOT, owner_pid, sweep_stale};
 pub use netns::in_netns;
 pub use process::ProcessId;
@@ -590,6 +592,10 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        if interrupt::interrupted() {
+            // The signal thread is sweeping every lab of this process.
+            return;
+        }
         self.processes.stop_all();
         // Detach the stub before its interface disappears with the namespaces.
         self.xdp_stub = None;

@@ -14,6 +14,10 @@ use std::{
 };
 
 use anyhow::{Result, ensure};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
 
 use super::netns::run_ok;
 
@@ -60,8 +64,22 @@ fn is_stale(name: &str) -> bool {
 }
 
 /// Deletes namespaces, log folders and lb-user pin directories left by labs whose process
-/// died (killed test runs skip `Drop`). Returns what it removed.
+/// died (killed test runs skip `Drop`), and stops what still runs in those namespaces (a
+/// killed lab's backends and lb-user outlive it). Returns what it removed.
 pub fn sweep_stale() -> Result<Vec<String>> {
+    sweep(is_stale)
+}
+
+/// What [`sweep_stale`] does, for this process's own labs: the cleanup of
+/// a run stopped by a signal, which skips every lab's `Drop`
+/// ([`super::interrupt`]).
+pub fn sweep_own() -> Result<Vec<String>> {
+    sweep(|name| owner_pid(name) == Some(std::process::id()))
+}
+
+/// Removes every namespace, log folder and pin directory whose name
+/// `matches`, after killing the processes in each such namespace.
+fn sweep(matches: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     let mut list = Command::new("ip");
     list.args(["netns", "list"]);
@@ -69,7 +87,8 @@ pub fn sweep_stale() -> Result<Vec<String>> {
         let Some(name) = line.split_whitespace().next() else {
             continue;
         };
-        if is_stale(name) {
+        if matches(name) {
+            kill_processes_in(name)?;
             let mut delete = Command::new("ip");
             delete.args(["netns", "delete", name]);
             run_ok(delete, SWEEP_COMMAND_TIMEOUT)?;
@@ -79,7 +98,7 @@ pub fn sweep_stale() -> Result<Vec<String>> {
     // Log folders a panicking lab kept for debugging.
     if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
         for entry in entries.flatten() {
-            if is_stale(&entry.file_name().to_string_lossy()) {
+            if matches(&entry.file_name().to_string_lossy()) {
                 std::fs::remove_dir_all(entry.path())?;
                 removed.push(entry.path().display().to_string());
             }
@@ -88,13 +107,29 @@ pub fn sweep_stale() -> Result<Vec<String>> {
     if let Ok(entries) = std::fs::read_dir(PIN_ROOT) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.strip_prefix(INSTANCE_PREFIX).is_some_and(is_stale) {
+            if name.strip_prefix(INSTANCE_PREFIX).is_some_and(&matches) {
                 std::fs::remove_dir_all(entry.path())?;
                 removed.push(entry.path().display().to_string());
             }
         }
     }
     Ok(removed)
+}
+
+/// SIGKILL to every process in namespace `ns` (`ip netns pids`): a
+/// namespace whose lab is gone has nobody left to stop them gracefully,
+/// and deleting its name would leave them running, still attached.
+fn kill_processes_in(ns: &str) -> Result<()> {
+    let mut pids = Command::new("ip");
+    pids.args(["netns", "pids", ns]);
+    for pid in run_ok(pids, SWEEP_COMMAND_TIMEOUT)?
+        .split_whitespace()
+        .filter_map(|pid| pid.parse::<i32>().ok())
+    {
+        // Gone already (ESRCH) is what was wanted.
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
