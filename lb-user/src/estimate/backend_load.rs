@@ -89,11 +89,15 @@ impl BackendLoad {
     /// estimate: the stall age's threshold, and what `lb-user status`
     /// shows.
     pub fn held_score(&self, now: Nanos) -> BackendScore {
-        let held_ns = self.latency.held_ns(now).round() as u64;
+        let score = self.score(now);
+        let held_ns = self
+            .latency
+            .held_ns_below(score.ewma_ns as f64, now)
+            .round() as u64;
         BackendScore {
             cost: Cost::new(held_ns, self.weight_units).0,
             flags: SCORE_FAR_ABOVE,
-            ..self.score(now)
+            ..score
         }
     }
 

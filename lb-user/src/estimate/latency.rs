@@ -220,7 +220,12 @@ impl LatencyEstimate {
     /// estimate: what probes measured, the only evidence there is (the
     /// long memory would still hold the cold-start guess, far below it).
     pub fn held_ns(&self, now: Nanos) -> f64 {
-        let estimate = self.estimate_ns(now);
+        self.held_ns_below(self.estimate_ns(now), now)
+    }
+
+    /// [`LatencyEstimate::held_ns`] for a caller that has the estimate at
+    /// `now` already (one tick computes it once per backend).
+    pub fn held_ns_below(&self, estimate: f64, now: Nanos) -> f64 {
         match self.measured.mean_ns() {
             Some(measured) => measured
                 .max(self.recent_mean.estimate_ns(now))
