@@ -121,18 +121,25 @@ fn cleanup_happens_when_a_test_panics() {
     );
 }
 
-#[test]
-fn a_new_lab_sweeps_namespaces_of_dead_labs() {
-    require_root!();
+/// Creates namespace `host` of lab 1 of a process that has exited, as a
+/// killed run leaves it; returns that pid and the namespace's name.
+fn dead_labs_namespace(host: &str) -> (u32, String) {
     let mut child = Command::new("true").spawn().unwrap();
     let dead_pid = child.id();
     child.wait().unwrap();
-    let stale = format!("lbl{dead_pid}n1-sw");
+    let stale = format!("lbl{dead_pid}n1-{host}");
     let status = Command::new("ip")
         .args(["netns", "add", &stale])
         .status()
         .unwrap();
     assert!(status.success());
+    (dead_pid, stale)
+}
+
+#[test]
+fn a_new_lab_sweeps_namespaces_of_dead_labs() {
+    require_root!();
+    let (dead_pid, stale) = dead_labs_namespace("sw");
     let _lab = Lab::builder(Binaries::for_tests())
         .backends(1, BackendSpec::default())
         .build()
@@ -148,15 +155,7 @@ fn a_new_lab_sweeps_namespaces_of_dead_labs() {
 #[test]
 fn a_new_lab_stops_what_still_runs_in_a_dead_labs_namespace() {
     require_root!();
-    let mut child = Command::new("true").spawn().unwrap();
-    let dead_pid = child.id();
-    child.wait().unwrap();
-    let stale = format!("lbl{dead_pid}n1-be1");
-    let status = Command::new("ip")
-        .args(["netns", "add", &stale])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let (dead_pid, stale) = dead_labs_namespace("be1");
     // Bounded: it ends by itself after 10 minutes if the sweep misses it.
     let mut orphan = Command::new("ip")
         .args(["netns", "exec", &stale, "sleep", "600"])
