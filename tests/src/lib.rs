@@ -9,6 +9,7 @@ pub mod balance;
 pub mod binaries;
 pub mod capacity;
 pub mod control_bench;
+pub mod host_stall;
 pub mod http;
 pub mod lab;
 pub mod loadgen;

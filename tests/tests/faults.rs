@@ -18,6 +18,7 @@ use std::{
 
 use lb_lab::{
     Binaries, Lab,
+    host_stall::HostStalls,
     lab::{
         Algorithm, BackendSpec, BalancerSpec, FAST_HEALTH_CHECKS, Protocol as VipProtocol, VipSpec,
         XdpMode, metric,
@@ -540,7 +541,51 @@ const SLOW_AT_MOST: Duration = Duration::from_millis(2_500);
 /// be1 of three turns 10× slower for 0.5 s under 200 req/s; asserts that
 /// the estimate saw it and that 2-5 s after it recovered it got more than
 /// a tenth of the new connections (fair: a third).
+///
+/// One confounder is the lab's own: every process shares one host, and a
+/// stall of the whole host (a VM descheduled for 50–200 ms, seen on these
+/// machines) delays whatever be1 has in flight right after it recovered,
+/// which reads exactly as the relapse the estimate is built to remember
+/// (see `lb-user/src/estimate/refute.rs`): a 205 ms answer kept it out for
+/// the whole window in one local run, and CI failed on a 19 ms one. So a
+/// share below a tenth counts as a failure unless the host stalled for
+/// [`HOST_STALL`] or more in the window; then the attempt is void, said
+/// loudly, and run again, at most [`ATTEMPTS`] times.
 fn slow_for_a_moment_then_its_share(name: &'static str, extra: &[&str]) {
+    let stalls = HostStalls::watch(HOST_STALL);
+    for attempt in 1..=ATTEMPTS {
+        let (share, window, recovered, ended) = share_after_slow_moment(name, extra);
+        let seen = stalls.between(recovered, ended);
+        println!("{name}: host stalls of {HOST_STALL:?} or more in the window: {seen:?}");
+        if share > 0.1 {
+            return;
+        }
+        assert!(
+            !seen.is_empty(),
+            "share of the recovered backend {share:.3} {window:?}, and the host did not stall"
+        );
+        eprintln!(
+            "{name}: attempt {attempt} of {ATTEMPTS} VOID: share of the recovered backend \
+             {share:.3} {window:?}, but the lab host stalled in the window ({seen:?}); again"
+        );
+    }
+    panic!("{name}: the lab host stalled in the window of all {ATTEMPTS} attempts");
+}
+
+/// A stall of the lab host this long voids an attempt of
+/// `slow_for_a_moment_then_its_share` that failed (4× the 2 ms service
+/// time, over the 1 ms watch's own wake-up jitter).
+const HOST_STALL: Duration = Duration::from_millis(20);
+/// Attempts of `slow_for_a_moment_then_its_share` at most.
+const ATTEMPTS: u32 = 3;
+
+/// One attempt of `slow_for_a_moment_then_its_share`: asserts everything
+/// but the share, and returns the share, the window's new connections per
+/// backend, and when be1 recovered and the window ended.
+fn share_after_slow_moment(
+    name: &'static str,
+    extra: &[&str],
+) -> (f64, Vec<u64>, Instant, Instant) {
     let lab = Fault::new(name, 3);
     let _lb = lab.start(&[0, 1, 2], extra);
     let run = lab.during(lab.load(200.0, 12.0, 2_400), |lab| {
@@ -581,9 +626,9 @@ fn slow_for_a_moment_then_its_share(name: &'static str, extra: &[&str]) {
                     .collect(),
             );
         }
-        (penalised, peers, slow_for, polls)
+        (penalised, peers, slow_for, polls, recovered, Instant::now())
     });
-    let (penalised, peers, slow_for, polls) = &run.during;
+    let (penalised, peers, slow_for, polls, recovered, ended) = &run.during;
     // The window: 2 s to 5 s after it recovered (polls 8 and 20). Three
     // seconds, not two: at 200 req/s most picks find both candidates
     // idle, so whichever of three equally fast backends has the lowest
@@ -629,11 +674,8 @@ fn slow_for_a_moment_then_its_share(name: &'static str, extra: &[&str]) {
     // Fair is 1/3; the long memory still holds a little of the slow
     // half-second (about 5% of τ), and the lowest estimate wins ties, so
     // somewhat less. With one Peak-EWMA of τ = 10 s and no probes it gets
-    // none here.
-    assert!(
-        share > 0.1,
-        "share of the recovered backend {share:.3} {window:?}"
-    );
+    // none here. (Asserted by the caller, above a tenth.)
+    (share, window, *recovered, *ended)
 }
 
 /// Polls of `slow_for_a_moment_then_its_share` after the recovery.
