@@ -21,9 +21,10 @@
 //! again just in time for the next one, which then catches every request
 //! it holds: the tail is the episode's length. So a backend that turns
 //! slow again (a tick whose responses took [`EPISODE_RATIO`] times its
-//! estimate or more on average) within the long memory τ (`ewma_tau`) of being refuted is *barred*: no
-//! refutation until it has gone τ without such a tick, and only time
-//! wears its memory down, as in plain Peak-EWMA. A one-off episode is
+//! estimate or more on average) within the long memory τ (`ewma_tau`) of
+//! being refuted is *barred*: no refutation until it has gone τ without
+//! such a tick, and only time wears its memory down, as in plain
+//! Peak-EWMA. A one-off episode is
 //! refuted once; a recurring one is remembered for as long as it recurs.
 //!
 //! Why this keeps what the memories are for:
@@ -306,7 +307,7 @@ mod tests {
         r.lowered_by_probe(21.0 * MS, 3.2 * MS, at_ms(1_000));
         assert_eq!(r.record(tick(3, 4, 9), 3.2 * MS, at_ms(1_500)), None);
         assert!(!r.barred(at_ms(1_500)));
-        // Five answers, one of them 19 ms: the mean is 6.4 ms, 2×.
+        // Five answers, one of them 19 ms: a mean of 6 ms, under 2×.
         assert_eq!(r.record(tick(5, 6, 19), 3.2 * MS, at_ms(1_550)), None);
         assert!(!r.barred(at_ms(1_550)));
         assert!(r.record(tick(16, 3, 3), 9.0 * MS, at_ms(2_000)).is_some());
