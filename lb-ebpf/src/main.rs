@@ -58,6 +58,9 @@ mod events;
 // 9. per-reason and per-backend counters; the verdict counted once
 mod stats;
 
+// Benchmark floors of a new flow (never loaded by the control plane).
+mod floor;
+
 // Used by every stage: atomic read-modify-writes on map values, the clock
 // and the random source, every map of the program.
 mod atomic;
@@ -425,22 +428,11 @@ pub fn xdp_pass_stub(_ctx: XdpContext) -> u32 {
 /// against it and against `xdp_pass_stub`.
 #[xdp]
 pub fn xdp_macswap_bench(ctx: XdpContext) -> u32 {
-    let (Some(dst), Some(src)) = (
-        packet::ptr_at::<packet::Mac>(&ctx, wire::ETH_DST_OFF),
-        packet::ptr_at::<packet::Mac>(&ctx, wire::ETH_SRC_OFF),
-    ) else {
-        return xdp_action::XDP_PASS;
-    };
-    // Through registers: `core::ptr::swap` between two packet pointers
-    // compiles to calls of the `memmove` BPF function, which would make the
-    // baseline dearer than the cheapest MAC swap.
-    // SAFETY: both 6-byte fields were bounds-checked; [u8; 6] has alignment 1.
-    unsafe {
-        let (d, s) = (packet::load_mac(dst), packet::load_mac(src));
-        dst.write(s);
-        src.write(d);
+    if packet::swap_macs(&ctx) {
+        xdp_action::XDP_TX
+    } else {
+        xdp_action::XDP_PASS
     }
-    xdp_action::XDP_TX
 }
 
 #[cfg(not(test))]

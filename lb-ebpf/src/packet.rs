@@ -132,6 +132,27 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
     Some((start + offset) as *mut T)
 }
 
+/// Swaps the frame's Ethernet addresses (the cheapest useful XDP_TX);
+/// false if the frame is shorter than an Ethernet header's addresses.
+#[inline(always)]
+pub fn swap_macs(ctx: &XdpContext) -> bool {
+    let (Some(dst), Some(src)) = (
+        ptr_at::<Mac>(ctx, crate::wire::ETH_DST_OFF),
+        ptr_at::<Mac>(ctx, crate::wire::ETH_SRC_OFF),
+    ) else {
+        return false;
+    };
+    // Through registers: `core::ptr::swap` between two packet pointers
+    // compiles to calls of the `memmove` BPF function (see [`load_mac`]).
+    // SAFETY: both 6-byte fields were bounds-checked; [u8; 6] has alignment 1.
+    unsafe {
+        let (d, s) = (load_mac(dst), load_mac(src));
+        dst.write(s);
+        src.write(d);
+    }
+    true
+}
+
 /// Reads `N` consecutive 32-bit words (memory byte order) at `offset`,
 /// bounds-checked, with one load instruction each (see [`word`]).
 #[inline(always)]

@@ -1757,7 +1757,54 @@ const CASES: &[Case] = &[
     ("snat cpu slices", case_snat_cpu_slices),
     ("config not ready", case_config_not_ready),
     ("next hop: redirect, none", case_next_hop),
+    ("new-flow floors of the benchmark", case_new_flow_floors),
 ];
+
+/// The benchmark's new-flow floors (lb-ebpf/src/floor.rs) do what their
+/// rows say: a new client's SYN inserts one entry (the forward key) or two
+/// (also the reverse key), is sent back with its MACs swapped, and a second
+/// SYN of the same client finds its entry and inserts nothing more.
+fn case_new_flow_floors(lb: &mut Lb) {
+    for (program, entries) in [("xdp_floor_one_entry", 1), ("xdp_floor_two_entries", 2)] {
+        lb.load_program(program);
+        // A client port of its own per program: no key meets the other's.
+        let port = CLIENT_PORT + entries as u16;
+        let syn = Pkt::tcp((CLIENT, port), (VIP, HTTP), TCP_SYN).build();
+        let before = lb.flow_count();
+        let (action, out, _) = lb.run_program(program, &syn, 1);
+        assert_eq!(action, XDP_TX, "{program}");
+        assert_eq!(
+            out[..6],
+            syn[6..12],
+            "{program}: destination MAC is the source's"
+        );
+        assert_eq!(
+            out[6..12],
+            syn[..6],
+            "{program}: source MAC is the destination's"
+        );
+        assert_eq!(out[12..], syn[12..], "{program}: nothing else rewritten");
+        assert_eq!(lb.flow_count(), before + entries, "{program}");
+        let forward = key(IPPROTO_TCP, (CLIENT, port), (VIP, HTTP));
+        assert!(lb.flow(&forward).is_some(), "{program}: forward key");
+        let reverse = key(IPPROTO_TCP, (VIP, HTTP), (CLIENT, port));
+        assert_eq!(
+            lb.flow(&reverse).is_some(),
+            entries == 2,
+            "{program}: reverse key"
+        );
+        assert_eq!(lb.run_program(program, &syn, 1).0, XDP_TX, "{program}");
+        assert_eq!(
+            lb.flow_count(),
+            before + entries,
+            "{program}: found, not inserted"
+        );
+        // Not an IPv4 frame without options: passed, nothing inserted.
+        let v6 = Pkt::tcp((CLIENT6, CLIENT_PORT), (VIP6, HTTP), TCP_SYN).build();
+        assert_eq!(lb.run_program(program, &v6, 1).0, XDP_PASS, "{program}");
+        assert_eq!(lb.flow_count(), before + entries, "{program}");
+    }
+}
 
 fn main() {
     let trials = CASES

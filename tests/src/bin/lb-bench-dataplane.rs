@@ -19,6 +19,13 @@ use lb_lab::xdp::{
 /// Baseline programs in the eBPF object.
 const PASS_PROGRAM: &str = "xdp_pass_stub";
 const MACSWAP_PROGRAM: &str = "xdp_macswap_bench";
+/// New-flow floors in the eBPF object (lb-ebpf/src/floor.rs): a flow-table
+/// miss and one or two inserts, then a MAC swap. Their client addresses
+/// follow the new-flow cases' (10.(64 + case).x.y), so no key meets another.
+const FLOORS: [(&str, &str); 2] = [
+    ("floor: new flow, 1 table entry", "xdp_floor_one_entry"),
+    ("floor: new flow, 2 table entries", "xdp_floor_two_entries"),
+];
 /// Backend counts of the new-flow cases (each its own VIP and port).
 const P2C_SIZES: [u32; 3] = [2, 64, 1024];
 const FIRST_P2C_PORT: u16 = 81;
@@ -75,6 +82,9 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
     let mut lb = Lb::load(lb_lab::production::EBPF_OBJECT, BENCH_FLOW_TABLE);
     lb.load_program(PASS_PROGRAM);
     lb.load_program(MACSWAP_PROGRAM);
+    for (_, program) in FLOORS {
+        lb.load_program(program);
+    }
     lb.config(true, BENCH_SNAT_PORTS.0, BENCH_SNAT_PORTS.1);
     let max = *P2C_SIZES.iter().max().expect("sizes");
     for id in 0..max {
@@ -158,6 +168,14 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
             XDP_TX,
         ));
     }
+    for (i, (name, program)) in FLOORS.iter().enumerate() {
+        if !wanted(name) {
+            continue;
+        }
+        let flows = runs.min(NEW_FLOWS);
+        let frames = new_flow_frames(HTTP, P2C_SIZES.len() + i, flows);
+        rows.push(measure(&mut lb, name, program, &frames, flows, XDP_TX));
+    }
     let name = "miss (not VIP traffic)";
     if wanted(name) {
         rows.push(measure(
@@ -236,4 +254,19 @@ fn print_table(rows: &[Row]) {
         "\nkernel-reported ns per BPF_PROG_TEST_RUN with repeat=1, one CPU, fresh netns; \
          ratios use the medians"
     );
+    // What the table alone costs, against what a new flow costs in all.
+    let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
+    if let (Some(floor), Some(full)) = (
+        median(FLOORS[1].0),
+        median(&format!("new flow, P2C over {} backends", P2C_SIZES[2])),
+    ) {
+        let over = |ns: u32| f64::from(ns.saturating_sub(rows[1].median_ns));
+        println!(
+            "new flow over {} backends: {:.2}x the two-entry floor; above the MAC-swap \
+             baseline, the floor's table work is {:.0} % of it",
+            P2C_SIZES[2],
+            f64::from(full) / f64::from(floor.max(1)),
+            100.0 * over(floor) / over(full).max(1.0),
+        );
+    }
 }
