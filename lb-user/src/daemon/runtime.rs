@@ -38,7 +38,7 @@ use crate::{
         plan::Plan,
     },
     publish::{
-        tables::{hold_far_above, median_cost},
+        tables::{ScoreIndex, hold_far_above, median_cost},
         writers::UpdateTimes,
     },
     settings::{
@@ -291,6 +291,7 @@ impl Runtime {
             .scores(now)
             .filter(|(id, _)| self.fleet.member(*id).is_some())
             .collect();
+        let scores_index = ScoreIndex::of(&fresh);
         // Each P2C bound's group: a zone block's slots, or the VIP's.
         for (vip, selection) in self.fleet.vips.iter().zip(&selections) {
             if lb_common::Algorithm::from_u8(vip.meta.algorithm)
@@ -302,11 +303,11 @@ impl Runtime {
             match &vip.zone_plan {
                 Some(plan) => {
                     for block in &plan.blocks {
-                        hold_far_above(&block.slots, &mut fresh, held);
+                        hold_far_above(&block.slots, &mut fresh, &scores_index, held);
                     }
                 }
                 None => {
-                    hold_far_above(&selection.slots, &mut fresh, held);
+                    hold_far_above(&selection.slots, &mut fresh, &scores_index, held);
                 }
             }
         }
@@ -317,7 +318,11 @@ impl Runtime {
             vips.map(|(vip, selection)| (vip.meta.vip_id, selection.slots.as_slice())),
         )?;
         for (index, selection) in selections.iter().enumerate() {
-            let zone_shares = zone_shares(self.fleet.vips[index].zone_plan.as_ref(), &fresh);
+            let zone_shares = zone_shares(
+                self.fleet.vips[index].zone_plan.as_ref(),
+                &fresh,
+                &scores_index,
+            );
             let entries: Vec<_> = selection
                 .states
                 .iter()
@@ -459,12 +464,13 @@ pub struct ProbeCounts {
 fn zone_shares(
     plan: Option<&ZonePlan>,
     scores: &[(u32, lb_common::BackendScore)],
+    index: &ScoreIndex,
 ) -> Vec<(u32, u64)> {
     plan.map(|p| {
         p.blocks
             .iter()
             .filter(|b| !b.slots.is_empty())
-            .map(|b| (b.share, median_cost(&b.slots, scores)))
+            .map(|b| (b.share, median_cost(&b.slots, scores, index)))
             .collect()
     })
     .unwrap_or_default()

@@ -111,19 +111,46 @@ fn gcd(a: u32, b: u32) -> u32 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
+/// Where each backend id's score sits in one tick's scores, built once per
+/// tick, so each group's [median](median_cost) and [holds](hold_far_above)
+/// cost O(group), not O(every backend) for each VIP and zone block.
+pub struct ScoreIndex(Vec<Option<u32>>);
+
+impl ScoreIndex {
+    pub fn of(scores: &[(u32, BackendScore)]) -> Self {
+        // Backend ids are dense (below `lb_common::MAX_BACKENDS`).
+        let len = scores
+            .iter()
+            .map(|(id, _)| *id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut at = vec![None; len];
+        for (i, (id, _)) in scores.iter().enumerate() {
+            at[*id as usize] = Some(i as u32);
+        }
+        Self(at)
+    }
+
+    fn position(&self, id: u32) -> Option<usize> {
+        self.0
+            .get(id as usize)
+            .copied()
+            .flatten()
+            .map(|i| i as usize)
+    }
+}
+
 /// The median of the slot backends' costs (the upper median for an even
 /// count), or 0 when none is known: P2C's yardstick for "far above the pool".
 /// A backend [held](hold_far_above) counts as the highest cost: it was far
 /// above the median when it was held, so the median is the one its
-/// estimate gave.
-pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
-    // By id, so a tick costs O(backends) per VIP, not O(slots × backends).
-    let by_id: std::collections::HashMap<u32, &BackendScore> =
-        scores.iter().map(|(id, s)| (*id, s)).collect();
+/// estimate gave. `index` is `scores`' [`ScoreIndex`].
+pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)], index: &ScoreIndex) -> u64 {
     let mut costs: Vec<u64> = slots
         .iter()
-        .filter_map(|id| by_id.get(id).copied())
-        .map(|s| {
+        .filter_map(|&id| index.position(id))
+        .map(|i| {
+            let s = &scores[i].1;
             if s.flags & SCORE_FAR_ABOVE != 0 {
                 u64::MAX
             } else {
@@ -145,24 +172,30 @@ pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)]) -> u64 {
 /// [`SCORE_FAR_ABOVE`], with the cost of their mean latency), so the kernel keeps
 /// them behind every backend within the bound, as before, and compares
 /// them by that mean, not their peak, once the others are saturated. A
-/// group without a median (nothing known yet) holds nothing. Returns how
-/// many were held.
+/// group without a median (nothing known yet) holds nothing. `index` is
+/// `scores`' [`ScoreIndex`] (a hold replaces a score in place, so it stays
+/// valid). Returns how many were held.
 pub fn hold_far_above(
     group: &[u32],
     scores: &mut [(u32, BackendScore)],
+    index: &ScoreIndex,
     held: impl Fn(u32) -> Option<BackendScore>,
 ) -> usize {
-    let bound = lb_common::p2c::redraw_bound(median_cost(group, scores));
+    let bound = lb_common::p2c::redraw_bound(median_cost(group, scores, index));
     if bound == 0 {
         return 0;
     }
-    let members: std::collections::HashSet<u32> = group.iter().copied().collect();
     let mut count = 0;
-    for (id, score) in scores.iter_mut() {
-        if score.flags & SCORE_FAR_ABOVE != 0 || score.cost <= bound || !members.contains(id) {
+    for &id in group {
+        let Some(i) = index.position(id) else {
+            continue;
+        };
+        let score = &mut scores[i].1;
+        // A slot listed twice is held once: the flag is set by then.
+        if score.flags & SCORE_FAR_ABOVE != 0 || score.cost <= bound {
             continue;
         }
-        if let Some(h) = held(*id) {
+        if let Some(h) = held(id) {
             *score = h;
             count += 1;
         }
@@ -196,9 +229,10 @@ mod tests {
             .map(|(i, &c)| (i as u32, score(c)))
             .collect();
         let group: Vec<u32> = (0..9).collect();
-        let before = median_cost(&group, &scores);
+        let index = ScoreIndex::of(&scores);
+        let before = median_cost(&group, &scores, &index);
         assert_eq!(before, 10);
-        assert_eq!(hold_far_above(&group, &mut scores, held), 2);
+        assert_eq!(hold_far_above(&group, &mut scores, &index, held), 2);
         let flagged: Vec<u32> = scores
             .iter()
             .filter(|(_, s)| s.flags & SCORE_FAR_ABOVE != 0)
@@ -210,11 +244,24 @@ mod tests {
         assert_eq!(scores[9].1, score(1_000), "not in the group");
         // The median the kernel's bound comes from is the one before, and
         // holding again changes nothing.
-        assert_eq!(median_cost(&group, &scores), before);
-        assert_eq!(hold_far_above(&group, &mut scores, held), 0);
+        assert_eq!(median_cost(&group, &scores, &index), before);
+        assert_eq!(hold_far_above(&group, &mut scores, &index, held), 0);
+        // A slot listed twice counts twice in the median, and is held once.
+        let mut twice: Vec<_> = [10, 10, 300]
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (i as u32, score(c)))
+            .collect();
+        let index = ScoreIndex::of(&twice);
+        assert_eq!(median_cost(&[2, 2, 0, 1], &twice, &index), 300);
+        assert_eq!(
+            hold_far_above(&[0, 1, 2, 2, 0, 1, 0], &mut twice, &index, held),
+            1
+        );
         // No median yet (nothing known): nothing held.
         let mut unknown = vec![(0, score(100))];
-        assert_eq!(hold_far_above(&[5], &mut unknown, held), 0);
+        let index = ScoreIndex::of(&unknown);
+        assert_eq!(hold_far_above(&[5], &mut unknown, &index, held), 0);
         assert_eq!(unknown[0].1, score(100));
     }
 
@@ -229,10 +276,16 @@ mod tests {
             .enumerate()
             .map(|(i, &c)| (i as u32, score(c)))
             .collect();
+        let index = ScoreIndex::of(&scores);
         // Two slow of five: the median stays with the fast ones.
-        assert_eq!(median_cost(&[0, 1, 2, 3, 4], &scores), 7);
-        assert_eq!(median_cost(&[1, 4], &scores), 500);
-        assert_eq!(median_cost(&[9], &scores), 0);
+        assert_eq!(median_cost(&[0, 1, 2, 3, 4], &scores, &index), 7);
+        assert_eq!(median_cost(&[1, 4], &scores, &index), 500);
+        assert_eq!(median_cost(&[9], &scores, &index), 0);
+        // Scores in any order, ids with gaps.
+        let scattered = vec![(7, score(40)), (2, score(20)), (30, score(10))];
+        let index = ScoreIndex::of(&scattered);
+        assert_eq!(median_cost(&[30, 2, 7], &scattered, &index), 20);
+        assert_eq!(median_cost(&[7, 5, 31], &scattered, &index), 40);
     }
 
     use super::*;

@@ -22,7 +22,7 @@ use crate::{
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix, VipZonesMap},
     publish::{
         swap::{self, NewTables, Write},
-        tables::{SlotBackend, VipTableSet, median_cost},
+        tables::{ScoreIndex, SlotBackend, VipTableSet, median_cost},
         zone_tables::{self, ZoneInput, ZoneTableSet, cumulative_shares},
     },
     settings::faults::{self, Fault},
@@ -561,8 +561,9 @@ impl ScoreWriter {
         faults::check(Fault::ScoreWrite).context("writing BACKEND_SCORES")?;
         let changed = changed_scores(&self.last, fresh);
         self.write_batch(&changed)?;
+        let index = ScoreIndex::of(fresh);
         for (vip_id, slots) in vips {
-            self.write_reference(vip_id, slots, fresh)?;
+            self.write_reference(vip_id, slots, fresh, &index)?;
         }
         self.times.record(started);
         Ok(())
@@ -608,8 +609,9 @@ impl ScoreWriter {
         vip_id: u32,
         slots: &[u32],
         scores: &[(u32, BackendScore)],
+        index: &ScoreIndex,
     ) -> anyhow::Result<()> {
-        let cost = median_cost(slots, scores);
+        let cost = median_cost(slots, scores, index);
         if self.last_reference.get(&vip_id) == Some(&cost) {
             return Ok(());
         }
