@@ -315,6 +315,7 @@ impl Runtime {
         self.kernel.publisher.scores.write(
             started,
             &fresh,
+            &scores_index,
             vips.map(|(vip, selection)| (vip.meta.vip_id, selection.slots.as_slice())),
         )?;
         for (index, selection) in selections.iter().enumerate() {

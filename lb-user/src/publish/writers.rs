@@ -550,20 +550,21 @@ impl ScoreWriter {
 
     /// Writes the `fresh` scores (by backend id) that changed, then each
     /// VIP's reference cost that changed, from the scores of its slot
-    /// backends (`vips`: vip id and slots), and records the time since
-    /// `started` (the scores' computation included).
+    /// backends (`vips`: vip id and slots; `index`: `fresh`'s
+    /// [`ScoreIndex`], the tick's), and records the time since `started`
+    /// (the scores' computation included).
     pub fn write<'a>(
         &mut self,
         started: Instant,
         fresh: &[(u32, BackendScore)],
+        index: &ScoreIndex,
         vips: impl IntoIterator<Item = (u32, &'a [u32])>,
     ) -> anyhow::Result<()> {
         faults::check(Fault::ScoreWrite).context("writing BACKEND_SCORES")?;
         let changed = changed_scores(&self.last, fresh);
         self.write_batch(&changed)?;
-        let index = ScoreIndex::of(fresh);
         for (vip_id, slots) in vips {
-            self.write_reference(vip_id, slots, fresh, &index)?;
+            self.write_reference(vip_id, slots, fresh, index)?;
         }
         self.times.record(started);
         Ok(())

@@ -152,7 +152,7 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
         }
     }
     for (i, n) in P2C_SIZES.iter().enumerate() {
-        let name = format!("new flow, P2C over {n} backends");
+        let name = new_flow_case(*n);
         if !wanted(&name) {
             continue;
         }
@@ -188,6 +188,11 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
         ));
     }
     rows
+}
+
+/// The name of the new-flow case over `backends`.
+fn new_flow_case(backends: u32) -> String {
+    format!("new flow, P2C over {backends} backends")
 }
 
 /// `runs` SYNs to the VIP on `port`, each from its own client address.
@@ -256,10 +261,7 @@ fn print_table(rows: &[Row]) {
     );
     // What the table alone costs, against what a new flow costs in all.
     let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
-    if let (Some(floor), Some(full)) = (
-        median(FLOORS[1].0),
-        median(&format!("new flow, P2C over {} backends", P2C_SIZES[2])),
-    ) {
+    if let (Some(floor), Some(full)) = (median(FLOORS[1].0), median(&new_flow_case(P2C_SIZES[2]))) {
         let over = |ns: u32| f64::from(ns.saturating_sub(rows[1].median_ns));
         println!(
             "new flow over {} backends: {:.2}x the two-entry floor; above the MAC-swap \
