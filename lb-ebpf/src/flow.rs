@@ -50,14 +50,6 @@ impl ReturnPath {
     }
 }
 
-/// The key of the packet as received.
-#[inline(always)]
-pub fn packet_key(pkt: &Packet) -> FlowKey {
-    FlowKey::new(
-        pkt.family, pkt.proto, pkt.saddr, pkt.daddr, pkt.sport, pkt.dport,
-    )
-}
-
 /// What an entry says to do with a packet, copied out of the map value so
 /// no reference to it is held while other CPUs update its flags.
 #[derive(Clone, Copy)]
@@ -542,7 +534,7 @@ fn into_forward_entry(entry: &mut FlowEntry, addr: [u32; 4], port: u16, backend:
 fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
     // ANY: a closed connection's entry for the same client tuple is replaced.
     if FLOWS
-        .insert(&packet_key(pkt), forward, u64::from(BPF_ANY))
+        .insert(pkt.flow_key(), forward, u64::from(BPF_ANY))
         .is_err()
     {
         if FLOWS

@@ -24,8 +24,11 @@ mod wire;
 
 mod packet;
 
-// 2. headers → `Packet` (incl. the packet quoted by an ICMP error)
+// 2. headers → `Packet` (incl. the packet quoted by an ICMP error; a later
+//    fragment gets its first fragment's ports)
 mod parse;
+
+mod fragment;
 
 // 3. the flow table: lookup, translations, new connections (and SNAT
 //    tuples taken over inside the backend's TIME_WAIT)
@@ -72,14 +75,15 @@ use core::{mem::MaybeUninit, ops::ControlFlow};
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
     CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED,
-    FLOW_F_SYNACK_SEEN, FlowEntry, FlowKey, FragKey, FragPorts, IpKey, LbConfig, Reason,
-    StageResult, Verdict, action, proceed, reason, time_wait::TsOption,
+    FLOW_F_SYNACK_SEEN, FlowEntry, IpKey, LbConfig, Reason, StageResult, Verdict, action, proceed,
+    reason, time_wait::TsOption,
 };
 
 use crate::{
     flow::{ReturnPath, Translation},
+    fragment::remember_first_fragment,
     helpers::{PacketClock, now},
-    maps::{CONFIG, FRAGMENTS, SNAT_ADDR_INDEX},
+    maps::{CONFIG, SNAT_ADDR_INDEX},
     packet::{FRAG_FIRST, FRAG_LATER, Packet, keep_ctx_pointer},
     parse::Parsed,
     select::Picked,
@@ -121,32 +125,17 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         return Ok(not_ours);
     };
     let ctx = || XdpContext::new(ctx.ctx);
-    // For an ICMP error this is the key of the quoted packet's flow in the
-    // direction the error travels (see parse::icmp). A later fragment has
-    // no ports: its datagram's first fragment left them in FRAGMENTS.
-    let key = if pkt.frag == FRAG_LATER {
-        let ports = first_fragment_ports(pkt);
-        if ports == 0 {
-            return Ok(Verdict::pass(reason::PASS_FRAGMENT));
-        }
-        FlowKey::new(
-            pkt.family,
-            pkt.proto,
-            pkt.saddr,
-            pkt.daddr,
-            (ports >> 16) as u16,
-            ports as u16,
-        )
-    } else {
-        flow::packet_key(pkt)
-    };
+    // The packet's flow key, read where the parser wrote it (see
+    // `Packet::flow_key`). For an ICMP error this is the key of the quoted
+    // packet's flow in the direction the error travels (see parse::icmp).
+    let key = pkt.flow_key();
     if parsed == Parsed::IcmpError {
-        return Ok(match flow::lookup(&key) {
+        return Ok(match flow::lookup(key) {
             Some(entry) => Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)),
             None => not_ours,
         });
     }
-    if let Some(entry) = flow::lookup(&key) {
+    if let Some(entry) = flow::lookup(key) {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
@@ -198,7 +187,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     }
     // Looked up again rather than returned: a BPF function returns one
     // register, and the verifier must see a map value pointer come from a lookup.
-    let fwd = flow::lookup(&key).ok_or(reason::DROP_FLOW_INSERT)?;
+    let fwd = flow::lookup(key).ok_or(reason::DROP_FLOW_INSERT)?;
     Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd)))
 }
 
@@ -224,43 +213,6 @@ fn syn_went_unanswered(pkt: &Packet, fwd: *mut FlowEntry, syn_timeout_ns: u64) -
         events::emit(EVENT_REFUSED, 0, backend_id, vip_id, now, 0);
     }
     true
-}
-
-/// The ports of the first fragment of `pkt`'s datagram (a later
-/// fragment), packed as `1 << 32 | sport << 16 | dport`, or 0 if none was
-/// seen. A BPF function of its own, so its key is not in `lb_xdp`'s frame.
-#[inline(never)]
-fn first_fragment_ports(pkt: &Packet) -> u64 {
-    // SAFETY: read-only lookup; the value is copied out at once.
-    match unsafe { FRAGMENTS.get(&fragment_key(pkt)) } {
-        Some(p) => (1 << 32) | (u64::from(p.sport) << 16) | u64::from(p.dport),
-        None => 0,
-    }
-}
-
-/// The `FRAGMENTS` key of a fragment of `pkt`'s datagram.
-#[inline(always)]
-fn fragment_key(pkt: &Packet) -> FragKey {
-    FragKey {
-        src: pkt.saddr,
-        dst: pkt.daddr,
-        id: pkt.frag_id,
-        proto: pkt.proto,
-        family: pkt.family,
-        _pad: [0; 2],
-    }
-}
-
-/// Remembers a first fragment's ports for its datagram's later fragments.
-/// A failed insert (it cannot fail for lack of room: an LRU) leaves them
-/// to the host.
-#[inline(always)]
-fn remember_first_fragment(pkt: &Packet) {
-    let ports = FragPorts {
-        sport: pkt.sport,
-        dport: pkt.dport,
-    };
-    let _ = FRAGMENTS.insert(&fragment_key(pkt), &ports, 0);
 }
 
 /// Whether `pkt` (of no flow) is addressed to a SNAT tuple: a pool

@@ -5,10 +5,10 @@
 //! checks the whole object against `data_end` first: the verifier rejects
 //! any packet access it cannot prove in bounds (and slicing, aya #100), and
 //! a failed check is also how truncated frames are found.
-use core::mem::size_of;
+use core::mem::{align_of, size_of};
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{AF_INET6, IPPROTO_TCP};
+use lb_common::{AF_INET6, FlowKey, IPPROTO_TCP};
 
 use crate::wire::{TCP_ACK, TCP_SYN};
 
@@ -177,23 +177,22 @@ pub fn load<T: Copy>(ctx: &XdpContext, offset: usize) -> Option<T> {
 pub const FRAG_NONE: u8 = 0;
 /// The first fragment of a datagram: it carries the TCP/UDP header.
 pub const FRAG_FIRST: u8 = 1;
-/// A later fragment: no TCP/UDP header; `sport`, `dport` and `tcp_flags`
-/// are 0 until the first fragment's ports are looked up, and `l4` is where
-/// its payload starts (never rewritten).
+/// A later fragment: no TCP/UDP header. `parse::parse_into` gives it the
+/// ports its datagram's first fragment left in `FRAGMENTS` (or passes it
+/// when there are none), `tcp_flags` is 0, and `l4` is where its payload
+/// starts (never rewritten).
 pub const FRAG_LATER: u8 = 2;
 
 /// A parsed IPv4 or IPv6 TCP or UDP packet, with its 5-tuple in wire byte
 /// order. For an ICMP error about a flow, the quoted packet's reverse
 /// 5-tuple (see `parse::icmp`).
+///
+/// Its first 40 bytes are the packet's [`FlowKey`], field for field (see
+/// [`Packet::flow_key`]): the flow lookup reads the key where the parser
+/// wrote it, instead of a copy built with narrow stores on the stack.
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub struct Packet {
-    /// Offset of the IP header.
-    pub l3: usize,
-    /// Offset of the TCP/UDP (or ICMP) header.
-    pub l4: usize,
-    pub proto: u8,
-    /// `AF_INET` or `AF_INET6`.
-    pub family: u8,
     /// Addresses as the `u32` words whose memory bytes are the address bytes
     /// (IPv4: word 0, the rest zero).
     pub saddr: [u32; 4],
@@ -201,6 +200,15 @@ pub struct Packet {
     /// Ports in network byte order.
     pub sport: u16,
     pub dport: u16,
+    pub proto: u8,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    /// Zero: the key's padding ([`FlowKey::_pad`]).
+    pub key_pad: [u8; 2],
+    /// Offset of the IP header.
+    pub l3: usize,
+    /// Offset of the TCP/UDP (or ICMP) header.
+    pub l4: usize,
     /// `wire::TCP_*` bits; 0 for UDP.
     pub tcp_flags: u8,
     /// [`FRAG_NONE`], [`FRAG_FIRST`] or [`FRAG_LATER`].
@@ -215,7 +223,32 @@ pub struct Packet {
     pub frame_len: u32,
 }
 
+// `Packet::flow_key`'s cast: the key's fields at the key's offsets.
+const _: () = {
+    use core::mem::offset_of;
+    assert!(offset_of!(Packet, saddr) == offset_of!(FlowKey, src));
+    assert!(offset_of!(Packet, daddr) == offset_of!(FlowKey, dst));
+    assert!(offset_of!(Packet, sport) == offset_of!(FlowKey, sport));
+    assert!(offset_of!(Packet, dport) == offset_of!(FlowKey, dport));
+    assert!(offset_of!(Packet, proto) == offset_of!(FlowKey, proto));
+    assert!(offset_of!(Packet, family) == offset_of!(FlowKey, family));
+    assert!(offset_of!(Packet, key_pad) == offset_of!(FlowKey, _pad));
+    assert!(size_of::<FlowKey>() == offset_of!(Packet, key_pad) + 2);
+    assert!(align_of::<Packet>() >= align_of::<FlowKey>());
+};
+
 impl Packet {
+    /// The packet's flow key as received (its first 40 bytes; see the
+    /// layout assertions above).
+    #[inline(always)]
+    pub fn flow_key(&self) -> &FlowKey {
+        // SAFETY: `Packet` is `repr(C)` and starts with `FlowKey`'s fields
+        // at `FlowKey`'s offsets with no padding between them (asserted
+        // above), its alignment is at least `FlowKey`'s, and every field of
+        // `FlowKey` is a plain integer.
+        unsafe { &*(self as *const Self).cast::<FlowKey>() }
+    }
+
     pub const fn is_v6(&self) -> bool {
         self.family == AF_INET6
     }

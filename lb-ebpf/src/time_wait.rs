@@ -17,7 +17,7 @@ use lb_common::{
 
 use crate::{
     atomic::Flags,
-    flow::{Translation, lookup, packet_key},
+    flow::{Translation, lookup},
     maps::{CONFIG, Handover, PACKET_HANDOVER},
     packet::{Packet, load},
     select::Picked,
@@ -148,7 +148,7 @@ pub fn lb_record_client_close() -> u64 {
     let Some(&Handover { pkt, seq, ts, .. }) = handed_over() else {
         return 0;
     };
-    let Some(fwd) = lookup(&packet_key(&pkt)) else {
+    let Some(fwd) = lookup(pkt.flow_key()) else {
         return 0;
     };
     let Some(rev) = lookup(&Translation::of(fwd).opposite_key(&pkt)) else {

@@ -75,6 +75,7 @@ pub(super) fn parse_error(
         frag_id: 0,
         payload_len: hdr_len as u32,
         frame_len: frame_len as u32,
+        key_pad: [0; 2],
     })
 }
 

@@ -12,6 +12,7 @@ use lb_common::{
 use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
 use crate::{
+    fragment,
     packet::{
         FRAG_FIRST, FRAG_LATER, FRAG_NONE, Packet, keep_ctx_pointer, load, load_words, ptr_at, word,
     },
@@ -56,7 +57,18 @@ pub fn parse_into(ctx: XdpContext, out: &mut MaybeUninit<Packet>) -> StageResult
     keep_ctx_pointer(&ctx);
     let kind = match parse(&ctx) {
         Ok(Frame::Ip(pkt)) => {
-            out.write(pkt);
+            let pkt = out.write(pkt);
+            // A later fragment has no ports: its datagram's first fragment
+            // left them in FRAGMENTS, and they become the packet's (nothing
+            // reads a later fragment's L4 header).
+            if pkt.frag == FRAG_LATER {
+                let ports = fragment::first_fragment_ports(pkt);
+                if ports == 0 {
+                    return StageResult::verdict(Verdict::pass(reason::PASS_FRAGMENT));
+                }
+                pkt.sport = (ports >> 16) as u16;
+                pkt.dport = ports as u16;
+            }
             Parsed::Transport
         }
         Ok(Frame::Icmp(pkt)) => {
@@ -171,6 +183,7 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         // Cannot underflow: tot_len >= ip_hdr_len + header len was checked.
         payload_len: (tot_len - ip_hdr_len - l4hdr.len) as u32,
         frame_len: frame_len as u32,
+        key_pad: [0; 2],
     }))
 }
 
@@ -232,6 +245,7 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         // Cannot underflow: l4 + header len <= end was checked.
         payload_len: (end - l4 - l4hdr.len) as u32,
         frame_len: frame_len as u32,
+        key_pad: [0; 2],
     }))
 }
 

@@ -138,6 +138,7 @@ pub fn lb_pick_backend(s01: u64, s23: u64, d01: u64, d23: u64, rest: u64) -> u64
         frag_id: 0,
         payload_len: 0,
         frame_len: 0,
+        key_pad: [0; 2],
     };
     pick(&pkt).into_raw()
 }
