@@ -16,6 +16,7 @@ pub mod loadgen;
 pub mod netcounters;
 pub mod probe;
 pub mod production;
+pub mod readme;
 pub mod root;
 pub mod server;
 pub mod status;

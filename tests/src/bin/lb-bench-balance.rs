@@ -3,7 +3,8 @@
 //! Writes `balance.md`, `balance.json` and one `balance-<scenario>.png`
 //! latency CDF per scenario (see `lb_lab::balance`). A run of some
 //! scenarios (`--scenario`) replaces their tables and plots and keeps the
-//! published results of the others.
+//! published results of the others. A run that publishes to `docs/bench/`
+//! also rewrites the README's generated section with the same tables.
 
 use std::path::PathBuf;
 
@@ -16,6 +17,9 @@ use lb_lab::{
         scenario::{self, Kind, Row},
     },
 };
+
+/// Where a run publishes by default.
+const PUBLISHED_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench");
 
 /// Load duration of each row in a full run and with `--quick`.
 const FULL_DURATION_S: f64 = 15.0;
@@ -53,8 +57,12 @@ struct Args {
     #[arg(long)]
     lb_suffix: Option<String>,
     /// Output directory.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench"))]
+    #[arg(long, default_value = PUBLISHED_DIR)]
     out: PathBuf,
+    /// The README whose generated section gets the tables (default: the
+    /// workspace's README when `--out` is the default, none otherwise).
+    #[arg(long)]
+    readme: Option<PathBuf>,
 }
 
 fn main() {
@@ -103,6 +111,19 @@ fn run(args: Args) -> Result<()> {
     let binaries = Binaries::locate()?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
+    let publishing =
+        std::fs::canonicalize(&args.out).ok() == std::fs::canonicalize(PUBLISHED_DIR).ok();
+    let readme = args
+        .readme
+        .clone()
+        .or_else(|| publishing.then(lb_lab::readme::workspace_readme));
+    if let Some(readme) = &readme {
+        // Checked before a run of half an hour, not after it.
+        let text = std::fs::read_to_string(readme)
+            .with_context(|| format!("reading {}", readme.display()))?;
+        lb_lab::readme::section(&text, lb_lab::readme::BALANCE_SECTION)
+            .with_context(|| format!("{} cannot take the tables", readme.display()))?;
+    }
     let plan = Plan {
         scenarios,
         rows,
@@ -134,10 +155,14 @@ fn run(args: Args) -> Result<()> {
             r.cross_zone_share.unwrap_or(r.slow_share) * 100.0
         );
     })?;
-    write_outputs(&args.out, &results)
+    write_outputs(&args.out, readme.as_deref(), &results)
 }
 
-fn write_outputs(out: &std::path::Path, results: &[RowResult]) -> Result<()> {
+fn write_outputs(
+    out: &std::path::Path,
+    readme: Option<&std::path::Path>,
+    results: &[RowResult],
+) -> Result<()> {
     let json_path = out.join("balance.json");
     let previous: Vec<RowResult> = match std::fs::read_to_string(&json_path) {
         Ok(text) => serde_json::from_str(&text)
@@ -182,5 +207,9 @@ fn write_outputs(out: &std::path::Path, results: &[RowResult]) -> Result<()> {
         "bench: wrote {}/balance.md, balance.json and balance-*.png",
         out.display()
     );
+    if let Some(readme) = readme {
+        lb_lab::readme::update_file(readme, lb_lab::readme::BALANCE_SECTION, &md)?;
+        eprintln!("bench: wrote the tables into {}", readme.display());
+    }
     Ok(())
 }
