@@ -5,6 +5,11 @@
 //! to the program, as Katran's benchmark also does), and the per-packet
 //! cost is the median of the kernel-reported durations. A benchmark, not a
 //! test: it prints a table and asserts nothing about time.
+//!
+//! Each case also runs in blocks, each right after a block of the MAC-swap
+//! baseline of the same size: the paired ratio is the median of the blocks'
+//! ratios (with their range), so a VM whose speed drifts during the run
+//! moves both sides of each ratio alike.
 use std::net::Ipv4Addr;
 
 use anyhow::{Result, bail};
@@ -53,6 +58,10 @@ struct Args {
     /// baselines are always measured), e.g. `established` or `new flow`.
     #[arg(long)]
     only: Option<String>,
+    /// Blocks per case for the paired ratio (each block of the case right
+    /// after one of the MAC-swap baseline).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    blocks: u32,
 }
 
 /// One measured case.
@@ -61,6 +70,44 @@ struct Row {
     /// Median and mean kernel-reported ns per packet.
     median_ns: u32,
     mean_ns: f64,
+    /// The case's blocks against the MAC-swap blocks run right before them
+    /// (none for the baselines themselves).
+    paired: Option<PairedRatio>,
+}
+
+/// Median, lowest and highest of the blocks' ratios (case median ÷ MAC-swap
+/// median of the block before it).
+struct PairedRatio {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl PairedRatio {
+    fn of(mut ratios: Vec<f64>) -> Option<Self> {
+        ratios.sort_by(f64::total_cmp);
+        Some(Self {
+            median: *ratios.get(ratios.len() / 2)?,
+            min: *ratios.first()?,
+            max: *ratios.last()?,
+        })
+    }
+}
+
+/// How a case is measured: its program, its frames (taken round robin), how
+/// many runs, and the action each must give.
+struct Case<'a> {
+    name: &'a str,
+    program: &'a str,
+    frames: &'a [Vec<u8>],
+    runs: usize,
+    action: u32,
+}
+
+/// The MAC-swap blocks a case is paired with.
+struct Pairing<'a> {
+    frame: &'a [u8],
+    blocks: usize,
 }
 
 fn main() -> Result<()> {
@@ -71,13 +118,16 @@ fn main() -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    if args.runs < args.blocks as usize {
+        bail!("--runs must be at least --blocks ({})", args.blocks);
+    }
     let only = args.only.clone();
-    let rows = run_isolated(move || bench(args.runs, only.as_deref()));
+    let rows = run_isolated(move || bench(args.runs, args.blocks as usize, only.as_deref()));
     print_table(&rows);
     Ok(())
 }
 
-fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
+fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
     let wanted = |name: &str| only.is_none_or(|text| name.contains(text));
     let mut lb = Lb::load(lb_lab::production::EBPF_OBJECT, BENCH_FLOW_TABLE);
     lb.load_program(PASS_PROGRAM);
@@ -118,37 +168,47 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
         .payload(PAYLOAD)
         .build();
 
+    let pairing = Pairing {
+        frame: &request,
+        blocks,
+    };
     let mut rows = vec![
         measure(
             &mut lb,
-            "baseline: XDP_PASS",
-            PASS_PROGRAM,
-            std::slice::from_ref(&request),
-            runs,
-            XDP_PASS,
+            &Case {
+                name: "baseline: XDP_PASS",
+                program: PASS_PROGRAM,
+                frames: std::slice::from_ref(&request),
+                runs,
+                action: XDP_PASS,
+            },
+            None,
         ),
         measure(
             &mut lb,
-            "baseline: MAC swap + XDP_TX",
-            MACSWAP_PROGRAM,
-            std::slice::from_ref(&request),
-            runs,
-            XDP_TX,
+            &Case {
+                name: "baseline: MAC swap + XDP_TX",
+                program: MACSWAP_PROGRAM,
+                frames: std::slice::from_ref(&request),
+                runs,
+                action: XDP_TX,
+            },
+            None,
         ),
     ];
     for (name, frame) in [
-        ("established, client -> backend", request),
-        ("established, backend -> client", response),
+        ("established, client -> backend", &request),
+        ("established, backend -> client", &response),
     ] {
         if wanted(name) {
-            rows.push(measure(
-                &mut lb,
+            let case = Case {
                 name,
-                lb_common::XDP_PROGRAM,
-                &[frame],
+                program: lb_common::XDP_PROGRAM,
+                frames: std::slice::from_ref(frame),
                 runs,
-                XDP_TX,
-            ));
+                action: XDP_TX,
+            };
+            rows.push(measure(&mut lb, &case, Some(&pairing)));
         }
     }
     for (i, n) in P2C_SIZES.iter().enumerate() {
@@ -159,14 +219,14 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
         let port = FIRST_P2C_PORT + i as u16;
         let flows = runs.min(NEW_FLOWS);
         let frames = new_flow_frames(port, i, flows);
-        rows.push(measure(
-            &mut lb,
-            &name,
-            lb_common::XDP_PROGRAM,
-            &frames,
-            flows,
-            XDP_TX,
-        ));
+        let case = Case {
+            name: &name,
+            program: lb_common::XDP_PROGRAM,
+            frames: &frames,
+            runs: flows,
+            action: XDP_TX,
+        };
+        rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
     for (i, (name, program)) in FLOORS.iter().enumerate() {
         if !wanted(name) {
@@ -174,18 +234,25 @@ fn bench(runs: usize, only: Option<&str>) -> Vec<Row> {
         }
         let flows = runs.min(NEW_FLOWS);
         let frames = new_flow_frames(HTTP, P2C_SIZES.len() + i, flows);
-        rows.push(measure(&mut lb, name, program, &frames, flows, XDP_TX));
+        let case = Case {
+            name,
+            program,
+            frames: &frames,
+            runs: flows,
+            action: XDP_TX,
+        };
+        rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
     let name = "miss (not VIP traffic)";
     if wanted(name) {
-        rows.push(measure(
-            &mut lb,
+        let case = Case {
             name,
-            lb_common::XDP_PROGRAM,
-            &[miss],
+            program: lb_common::XDP_PROGRAM,
+            frames: std::slice::from_ref(&miss),
             runs,
-            XDP_PASS,
-        ));
+            action: XDP_PASS,
+        };
+        rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
     rows
 }
@@ -207,32 +274,58 @@ fn new_flow_frames(port: u16, case: usize, runs: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Runs `frames` round-robin `runs` times through `program`, each expected to
-/// give `action`, and returns the median and mean kernel-reported cost.
-fn measure(
-    lb: &mut Lb,
-    name: &str,
-    program: &str,
-    frames: &[Vec<u8>],
-    runs: usize,
-    action: u32,
-) -> Row {
-    let mut ns: Vec<u32> = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let (got, _, duration) = lb.run_program(program, &frames[i % frames.len()], 1);
-        assert_eq!(got, action, "{name}: run {i}: {:?}", lb.reasons());
-        ns.push(duration);
-        if i % DRAIN_EVERY == 0 {
-            lb.events();
+/// Runs `case.frames` round robin `case.runs` times through `case.program`,
+/// each expected to give `case.action`, and returns the median and mean
+/// kernel-reported cost. With a `pairing`, the runs go in blocks, each after
+/// a block of the MAC-swap baseline as long as itself.
+fn measure(lb: &mut Lb, case: &Case, pairing: Option<&Pairing>) -> Row {
+    let blocks = pairing.map_or(1, |p| p.blocks.clamp(1, case.runs.max(1)));
+    let mut ns: Vec<u32> = Vec::with_capacity(case.runs);
+    let mut ratios = Vec::with_capacity(blocks);
+    for block in 0..blocks {
+        let range = block * case.runs / blocks..(block + 1) * case.runs / blocks;
+        let baseline = pairing.map(|p| {
+            let mut base: Vec<u32> = range
+                .clone()
+                .map(|i| run_one(lb, MACSWAP_PROGRAM, "paired MAC swap", p.frame, i, XDP_TX))
+                .collect();
+            median_of(&mut base)
+        });
+        let start = ns.len();
+        for i in range {
+            let frame = &case.frames[i % case.frames.len()];
+            ns.push(run_one(lb, case.program, case.name, frame, i, case.action));
+        }
+        if let Some(base) = baseline {
+            let mut own = ns[start..].to_vec();
+            ratios.push(f64::from(median_of(&mut own)) / f64::from(base.max(1)));
         }
     }
     let mean_ns = ns.iter().map(|&n| f64::from(n)).sum::<f64>() / ns.len() as f64;
-    ns.sort_unstable();
     Row {
-        name: name.to_string(),
-        median_ns: ns[ns.len() / 2],
+        name: case.name.to_string(),
+        median_ns: median_of(&mut ns),
         mean_ns,
+        paired: PairedRatio::of(ratios),
     }
+}
+
+/// One `BPF_PROG_TEST_RUN` of `frame` (run `i` of its case), checked to give
+/// `action`; its kernel-reported ns. The ring buffer is drained every
+/// [`DRAIN_EVERY`] runs.
+fn run_one(lb: &mut Lb, program: &str, name: &str, frame: &[u8], i: usize, action: u32) -> u32 {
+    let (got, _, duration) = lb.run_program(program, frame, 1);
+    assert_eq!(got, action, "{name}: run {i}: {:?}", lb.reasons());
+    if i % DRAIN_EVERY == 0 {
+        lb.events();
+    }
+    duration
+}
+
+/// The median (the upper one of an even count) of `ns`, which it sorts.
+fn median_of(ns: &mut [u32]) -> u32 {
+    ns.sort_unstable();
+    ns.get(ns.len() / 2).copied().unwrap_or(0)
 }
 
 fn print_table(rows: &[Row]) {
@@ -241,23 +334,28 @@ fn print_table(rows: &[Row]) {
         f64::from(rows[1].median_ns.max(1)),
     );
     println!(
-        "\n{:<34} {:>10} {:>10} {:>12} {:>14}",
-        "case", "median ns", "mean ns", "x XDP_PASS", "x MAC-swap TX"
+        "\n{:<34} {:>10} {:>10} {:>12} {:>14} {:>22}",
+        "case", "median ns", "mean ns", "x XDP_PASS", "x MAC-swap TX", "paired x (blocks)"
     );
     for r in rows {
         let m = f64::from(r.median_ns);
+        let paired = r.paired.as_ref().map_or(String::from("-"), |p| {
+            format!("{:.2} ({:.2}-{:.2})", p.median, p.min, p.max)
+        });
         println!(
-            "{:<34} {:>10} {:>10.1} {:>12.2} {:>14.2}",
+            "{:<34} {:>10} {:>10.1} {:>12.2} {:>14.2} {:>22}",
             r.name,
             r.median_ns,
             r.mean_ns,
             m / pass,
-            m / macswap
+            m / macswap,
+            paired
         );
     }
     println!(
         "\nkernel-reported ns per BPF_PROG_TEST_RUN with repeat=1, one CPU, fresh netns; \
-         ratios use the medians"
+         ratios use the medians; paired: the median of the case's blocks' ratios to the \
+         MAC-swap block run right before each (lowest-highest block)"
     );
     // What the table alone costs, against what a new flow costs in all.
     let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
