@@ -316,7 +316,7 @@ fn measure(lb: &mut Lb, case: &Case, pairing: Option<&Pairing>) -> Row {
 fn run_one(lb: &mut Lb, program: &str, name: &str, frame: &[u8], i: usize, action: u32) -> u32 {
     let (got, _, duration) = lb.run_program(program, frame, 1);
     assert_eq!(got, action, "{name}: run {i}: {:?}", lb.reasons());
-    if i % DRAIN_EVERY == 0 {
+    if i.is_multiple_of(DRAIN_EVERY) {
         lb.events();
     }
     duration
