@@ -113,11 +113,13 @@ pub mod word {
 /// A volatile load through the context pointer stops LLVM's argument
 /// promotion from passing the loaded `data`/`data_end` fields instead of the
 /// pointer: the verifier sees such values as 32-bit scalars after the call
-/// and rejects using them as packet pointers.
+/// and rejects using them as packet pointers. The field read is `data`: the
+/// verifier turns it into one load, where `ingress_ifindex` takes three
+/// dependent ones (`xdp_buff` → `rxq` → `dev` → `ifindex`).
 #[inline(always)]
 pub fn keep_ctx_pointer(ctx: &XdpContext) {
     // SAFETY: the context pointer the kernel passed is valid for the whole run.
-    let _ = unsafe { core::ptr::read_volatile(&raw const (*ctx.ctx).ingress_ifindex) };
+    let _ = unsafe { core::ptr::read_volatile(&raw const (*ctx.ctx).data) };
 }
 
 /// Returns a pointer to a `T` at `offset` from the start of the frame, or
