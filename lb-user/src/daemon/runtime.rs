@@ -15,6 +15,7 @@ use std::{
     time::Instant,
 };
 
+use lb_common::{BackendScore, SCORE_FAR_ABOVE};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -33,11 +34,12 @@ use crate::{
     pool::lifecycle::Admin,
     pool::zones::ZonePlan,
     pool::{
-        fleet::Fleet,
+        fleet::{Fleet, Selection},
         health::{CheckCounts, CheckResult, Counted, HealthChecker, OnConnection, Purpose},
         plan::Plan,
     },
     publish::{
+        saturation::HeldShare,
         tables::{ScoreIndex, hold_far_above, median_cost},
         writers::UpdateTimes,
     },
@@ -86,6 +88,12 @@ pub struct Runtime {
     /// A backend's latency counts in zone comparisons while its last sample
     /// is at most this old (τ: older ones have mostly drifted to cold start).
     pub(super) zone_sample_age: std::time::Duration,
+    /// Answers per backend id in the tick being computed (from the kernel's
+    /// latency aggregates).
+    pub(super) tick_answers: Vec<u64>,
+    /// Per P2C VIP id: the share of its answers from held backends, which
+    /// halves its saturation threshold (`publish::saturation`).
+    pub(super) held_shares: HashMap<u32, HeldShare>,
 }
 
 impl Runtime {
@@ -135,6 +143,8 @@ impl Runtime {
             zones_path: crate::surface::status::zones_path(&config.instance),
             zones_written: None,
             zone_sample_age: config.ewma_tau,
+            tick_answers: Vec::new(),
+            held_shares: HashMap::new(),
             fleet,
         };
         runtime.checker.sync(runtime.fleet.checks());
@@ -164,7 +174,12 @@ impl Runtime {
     /// response to outlier detection as a success.
     fn take_latency(&mut self, now: Nanos) -> anyhow::Result<()> {
         let limit = self.fleet.id_limit();
+        self.tick_answers.clear();
+        self.tick_answers.resize(limit, 0);
         for a in self.kernel.latency.read(limit)? {
+            if let Some(n) = self.tick_answers.get_mut(a.backend as usize) {
+                *n += a.count;
+            }
             let sample = LatencySample {
                 mean: a.mean,
                 peak: a.peak,
@@ -311,6 +326,7 @@ impl Runtime {
                 }
             }
         }
+        let saturations = self.saturations(&selections, &fresh, &scores_index, now);
         let vips = self.fleet.vips.iter().zip(&selections);
         self.kernel.publisher.scores.write(
             started,
@@ -335,10 +351,54 @@ impl Runtime {
                 selection,
                 &entries,
                 &zone_shares,
+                saturations[index],
             )?;
         }
         self.write_zones_file();
         Ok(())
+    }
+
+    /// Each VIP's saturation threshold for the kernel: for P2C, the
+    /// configured one, halved while its held backends answer a real share
+    /// of its requests (`publish::saturation`), after adding this tick's
+    /// answers (`fresh`: the scores as published, held ones flagged).
+    fn saturations(
+        &mut self,
+        selections: &[Selection],
+        fresh: &[(u32, BackendScore)],
+        index: &ScoreIndex,
+        now: Nanos,
+    ) -> Vec<u16> {
+        let answers = &self.tick_answers;
+        self.fleet
+            .vips
+            .iter()
+            .zip(selections)
+            .map(|(vip, selection)| {
+                let configured = vip.meta.p2c_saturation;
+                if lb_common::Algorithm::from_u8(vip.meta.algorithm)
+                    != Some(lb_common::Algorithm::P2cEwma)
+                {
+                    return configured;
+                }
+                let (held, total) = held_answers(&selection.slots, answers, fresh, index);
+                let share = self.held_shares.entry(vip.meta.vip_id).or_default();
+                let before = share.saturation(configured);
+                share.observe(held, total, now);
+                let after = share.saturation(configured);
+                if after != before {
+                    info!(
+                        vip = %vip.addr,
+                        held_share = format!("{:.1}%", share.share() * 100.0),
+                        from = before,
+                        to = after,
+                        "P2C saturation threshold changed: held backends answer {} of the VIP's requests",
+                        if after < before { "a share" } else { "little" },
+                    );
+                }
+                after
+            })
+            .collect()
     }
 
     /// Takes in what a kernel sweep pass counted, and frees the ids of
@@ -475,4 +535,58 @@ fn zone_shares(
             .collect()
     })
     .unwrap_or_default()
+}
+
+/// Of the answers in `answers` (by backend id), how many came from `slots`
+/// backends flagged held in `fresh` ([`SCORE_FAR_ABOVE`]), and how many
+/// from all of `slots`.
+fn held_answers(
+    slots: &[u32],
+    answers: &[u64],
+    fresh: &[(u32, BackendScore)],
+    index: &ScoreIndex,
+) -> (u64, u64) {
+    let (mut held, mut total) = (0, 0);
+    for &id in slots {
+        let n = answers.get(id as usize).copied().unwrap_or(0);
+        total += n;
+        let flagged = index
+            .position(id)
+            .and_then(|i| fresh.get(i))
+            .is_some_and(|(_, score)| score.flags & SCORE_FAR_ABOVE != 0);
+        if flagged {
+            held += n;
+        }
+    }
+    (held, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_answers_count_the_slots_flagged_held() {
+        let score = |flags| BackendScore {
+            flags,
+            ..BackendScore::default()
+        };
+        // Ids 0..4 scored, 1 and 3 held; id 5 answers but is not a slot;
+        // id 7 is a slot without a score (counts, not as held).
+        let fresh = vec![
+            (0, score(0)),
+            (1, score(SCORE_FAR_ABOVE)),
+            (2, score(0)),
+            (3, score(SCORE_FAR_ABOVE)),
+        ];
+        let index = ScoreIndex::of(&fresh);
+        let answers = [10, 3, 20, 2, 0, 99, 0, 5];
+        assert_eq!(
+            held_answers(&[0, 1, 2, 3, 7], &answers, &fresh, &index),
+            (5, 40)
+        );
+        // A slot id beyond the answers read counts nothing.
+        assert_eq!(held_answers(&[3, 40], &answers, &fresh, &index), (2, 2));
+        assert_eq!(held_answers(&[], &answers, &fresh, &index), (0, 0));
+    }
 }

@@ -40,6 +40,9 @@ pub struct Publisher {
     pub scores: ScoreWriter,
     /// What each VIP last got, so unchanged VIPs cost nothing.
     last: Vec<Option<(Selection, Vec<Backend>)>>,
+    /// Each VIP's saturation threshold as last written to VIPS (it can
+    /// change while nothing else does: `saturation`).
+    last_saturation: Vec<Option<u16>>,
     pub times: UpdateTimes,
 }
 
@@ -52,6 +55,7 @@ impl Publisher {
             tables: TableWriter::open(pin_dir)?,
             scores: ScoreWriter::open(pin_dir)?,
             last: Vec::new(),
+            last_saturation: Vec::new(),
             times: UpdateTimes::default(),
         })
     }
@@ -137,6 +141,9 @@ impl Publisher {
     /// `zone_shares`: for a VIP routing by zone (`selection.zone_blocks`),
     /// each block's share and reference cost, rewritten whenever they move
     /// (the slot layout and tables only when the selection changes).
+    /// `saturation`: the VIP's P2C saturation threshold as the kernel is to
+    /// read it (`saturation::HeldShare`); a change alone rewrites the VIP's
+    /// VIPS entry and nothing else.
     pub fn publish_vip(
         &mut self,
         index: usize,
@@ -144,20 +151,30 @@ impl Publisher {
         selection: &Selection,
         entries: &[(u32, Backend)],
         zone_shares: &[(u32, u64)],
+        saturation: u16,
     ) -> anyhow::Result<()> {
         if self.last.len() <= index {
             self.last.resize(index + 1, None);
+        }
+        if self.last_saturation.len() <= index {
+            self.last_saturation.resize(index + 1, None);
         }
         let values: Vec<Backend> = entries.iter().map(|(_, b)| *b).collect();
         if let Some((s, b)) = &self.last[index]
             && s == selection
             && *b == values
         {
-            if !selection.zone_blocks.is_empty() && !vip.removed {
+            if vip.removed {
+                return Ok(());
+            }
+            if !selection.zone_blocks.is_empty() {
                 let (shares, costs): (Vec<u32>, Vec<u64>) = zone_shares.iter().copied().unzip();
                 self.tables
                     .update_zone_shares(vip.meta.vip_id, &shares, &costs)
                     .context("writing VIP_ZONES")?;
+            }
+            if self.last_saturation[index] != Some(saturation) {
+                self.write_meta(index, vip, selection, saturation)?;
             }
             return Ok(());
         }
@@ -221,13 +238,28 @@ impl Publisher {
                 &blocks,
             )?;
         }
+        self.write_meta(index, vip, selection, saturation)?;
+        self.times.record(started);
+        self.last[index] = Some((selection.clone(), values));
+        Ok(())
+    }
+
+    /// Writes VIP `index`'s VIPS entry: its configuration with the
+    /// selection's backend count and `saturation`.
+    fn write_meta(
+        &mut self,
+        index: usize,
+        vip: &FleetVip,
+        selection: &Selection,
+        saturation: u16,
+    ) -> anyhow::Result<()> {
         let meta = VipMeta {
             backend_count: selection.slots.len() as u32,
+            p2c_saturation: saturation,
             ..vip.meta
         };
         self.vips.insert(vip.key, meta, 0).context("writing VIPS")?;
-        self.times.record(started);
-        self.last[index] = Some((selection.clone(), values));
+        self.last_saturation[index] = Some(saturation);
         Ok(())
     }
 
@@ -237,6 +269,9 @@ impl Publisher {
     pub fn forget_vip(&mut self, index: usize, vip_id: u32) -> anyhow::Result<()> {
         if index < self.last.len() {
             self.last.remove(index);
+        }
+        if index < self.last_saturation.len() {
+            self.last_saturation.remove(index);
         }
         self.tables.release(vip_id);
         // A new VIP may get this id: it must not find these zone blocks.

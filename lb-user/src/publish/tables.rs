@@ -131,7 +131,8 @@ impl ScoreIndex {
         Self(at)
     }
 
-    fn position(&self, id: u32) -> Option<usize> {
+    /// Where backend `id`'s score is in the slice this index was made of.
+    pub fn position(&self, id: u32) -> Option<usize> {
         self.0
             .get(id as usize)
             .copied()

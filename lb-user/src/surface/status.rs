@@ -18,7 +18,7 @@
 //!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
 //!     "inflight_bias": 2,
 //!     "p2c_full_scan": 16,             // P2C may compare all backends up to this many (0: pairs)
-//!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off)
+//!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off); in force, so half the configured value while held backends are needed (publish::saturation)
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "zone_routing": {                // zone-aware VIPs only
