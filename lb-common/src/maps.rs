@@ -107,9 +107,29 @@ pub struct VipMeta {
 }
 assert_size!(VipMeta, 16);
 
+impl VipMeta {
+    /// The VIP's configured algorithm: P2C for a VIP the control plane
+    /// relieves with least connections ([`VIP_F_P2C_RELIEF`]), otherwise
+    /// the one the kernel runs.
+    pub const fn configured_algorithm(&self) -> Option<Algorithm> {
+        if self.flags & VIP_F_P2C_RELIEF != 0 {
+            Some(Algorithm::P2cEwma)
+        } else {
+            Algorithm::from_u8(self.algorithm)
+        }
+    }
+}
+
 /// [`VipMeta::flags`]: Maglev hashes only the client address, so one client
 /// always reaches the same backend (source-IP affinity).
 pub const VIP_F_SOURCE_AFFINITY: u16 = 1;
+
+/// [`VipMeta::flags`]: a P2C VIP that the control plane relieves with least
+/// connections while the backends it holds far above the pool are needed
+/// (`lb_user::publish::relief`): [`VipMeta::algorithm`] then reads
+/// [`Algorithm::LeastConn`], which is what the kernel runs; the flag only
+/// tells readers of the map (`lb-user status`) that the VIP is P2C.
+pub const VIP_F_P2C_RELIEF: u16 = 2;
 
 /// Per-VIP weight-derived tables written by the control plane (array
 /// [`crate::VIP_TABLES_MAP`] indexed by `vip_id`). The tables themselves are

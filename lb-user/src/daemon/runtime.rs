@@ -39,7 +39,7 @@ use crate::{
         plan::Plan,
     },
     publish::{
-        saturation::HeldShare,
+        relief::HeldShare,
         tables::{ScoreIndex, hold_far_above, median_cost},
         writers::UpdateTimes,
     },
@@ -92,7 +92,7 @@ pub struct Runtime {
     /// latency aggregates).
     pub(super) tick_answers: Vec<u64>,
     /// Per P2C VIP id: the share of its answers from held backends, which
-    /// halves its saturation threshold (`publish::saturation`).
+    /// decides its least-connections relief (`publish::relief`).
     pub(super) held_shares: HashMap<u32, HeldShare>,
 }
 
@@ -326,7 +326,7 @@ impl Runtime {
                 }
             }
         }
-        let saturations = self.saturations(&selections, &fresh, &scores_index, now);
+        let reliefs = self.reliefs(&selections, &fresh, &scores_index, now);
         let vips = self.fleet.vips.iter().zip(&selections);
         self.kernel.publisher.scores.write(
             started,
@@ -351,49 +351,54 @@ impl Runtime {
                 selection,
                 &entries,
                 &zone_shares,
-                saturations[index],
+                reliefs[index],
             )?;
         }
         self.write_zones_file();
         Ok(())
     }
 
-    /// Each VIP's saturation threshold for the kernel: for P2C, the
-    /// configured one, halved while its held backends answer a real share
-    /// of its requests (`publish::saturation`), after adding this tick's
+    /// Whether each VIP is relieved with least connections: a P2C VIP
+    /// small enough for P2C's full scan whose held backends answer a real
+    /// share of its requests (`publish::relief`), after adding this tick's
     /// answers (`fresh`: the scores as published, held ones flagged).
-    fn saturations(
+    fn reliefs(
         &mut self,
         selections: &[Selection],
         fresh: &[(u32, BackendScore)],
         index: &ScoreIndex,
         now: Nanos,
-    ) -> Vec<u16> {
+    ) -> Vec<bool> {
         let answers = &self.tick_answers;
         self.fleet
             .vips
             .iter()
             .zip(selections)
             .map(|(vip, selection)| {
-                let configured = vip.meta.p2c_saturation;
+                // Only where P2C compares every backend anyway: least
+                // connections scans every slot for each new flow.
                 if lb_common::Algorithm::from_u8(vip.meta.algorithm)
                     != Some(lb_common::Algorithm::P2cEwma)
+                    || selection.slots.len() > usize::from(vip.meta.p2c_full_scan)
                 {
-                    return configured;
+                    return false;
                 }
                 let (held, total) = held_answers(&selection.slots, answers, fresh, index);
                 let share = self.held_shares.entry(vip.meta.vip_id).or_default();
-                let before = share.saturation(configured);
+                let before = share.relieved();
                 share.observe(held, total, now);
-                let after = share.saturation(configured);
-                if after != before {
+                let after = share.relieved();
+                if after && !before {
                     info!(
                         vip = %vip.addr,
                         held_share = format!("{:.1}%", share.share() * 100.0),
-                        from = before,
-                        to = after,
-                        "P2C saturation threshold changed: held backends answer {} of the VIP's requests",
-                        if after < before { "a share" } else { "little" },
+                        "P2C relieved with least connections: held backends answer a share of the VIP's requests",
+                    );
+                } else if before && !after {
+                    info!(
+                        vip = %vip.addr,
+                        held_share = format!("{:.1}%", share.share() * 100.0),
+                        "P2C back from least-connections relief",
                     );
                 }
                 after
@@ -424,6 +429,8 @@ impl Runtime {
             self.publish_backend_addrs();
         }
         for (index, vip_id) in self.fleet.free_drained_vips() {
+            // A VIP that reuses the id starts without this one's held share.
+            self.held_shares.remove(&vip_id);
             if let Err(e) = self.kernel.publisher.forget_vip(index, vip_id) {
                 warn!("freed VIP id {vip_id}: {e:#}");
             }

@@ -12,7 +12,7 @@
 pub mod maglev;
 pub mod prefix;
 pub mod publisher;
-pub mod saturation;
+pub mod relief;
 pub mod smooth_wrr;
 pub mod swap;
 pub mod tables;

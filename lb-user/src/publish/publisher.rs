@@ -22,6 +22,7 @@ use crate::{
         plan::Plan,
     },
     publish::{
+        relief::relieved_meta,
         tables::{SlotBackend, planned_slots},
         writers::{ScoreWriter, TableWriter, UpdateTimes, write_block},
         zone_tables::ZoneInput,
@@ -40,9 +41,9 @@ pub struct Publisher {
     pub scores: ScoreWriter,
     /// What each VIP last got, so unchanged VIPs cost nothing.
     last: Vec<Option<(Selection, Vec<Backend>)>>,
-    /// Each VIP's saturation threshold as last written to VIPS (it can
-    /// change while nothing else does: `saturation`).
-    last_saturation: Vec<Option<u16>>,
+    /// Each VIP's least-connections relief as last written to VIPS (it can
+    /// change while nothing else does: `relief`).
+    last_relief: Vec<Option<bool>>,
     pub times: UpdateTimes,
 }
 
@@ -55,7 +56,7 @@ impl Publisher {
             tables: TableWriter::open(pin_dir)?,
             scores: ScoreWriter::open(pin_dir)?,
             last: Vec::new(),
-            last_saturation: Vec::new(),
+            last_relief: Vec::new(),
             times: UpdateTimes::default(),
         })
     }
@@ -141,9 +142,9 @@ impl Publisher {
     /// `zone_shares`: for a VIP routing by zone (`selection.zone_blocks`),
     /// each block's share and reference cost, rewritten whenever they move
     /// (the slot layout and tables only when the selection changes).
-    /// `saturation`: the VIP's P2C saturation threshold as the kernel is to
-    /// read it (`saturation::HeldShare`); a change alone rewrites the VIP's
-    /// VIPS entry and nothing else.
+    /// `relieved`: a P2C VIP to be selected by least connections for now
+    /// (`relief::HeldShare`); a change alone rewrites the VIP's VIPS entry
+    /// and nothing else.
     pub fn publish_vip(
         &mut self,
         index: usize,
@@ -151,13 +152,13 @@ impl Publisher {
         selection: &Selection,
         entries: &[(u32, Backend)],
         zone_shares: &[(u32, u64)],
-        saturation: u16,
+        relieved: bool,
     ) -> anyhow::Result<()> {
         if self.last.len() <= index {
             self.last.resize(index + 1, None);
         }
-        if self.last_saturation.len() <= index {
-            self.last_saturation.resize(index + 1, None);
+        if self.last_relief.len() <= index {
+            self.last_relief.resize(index + 1, None);
         }
         let values: Vec<Backend> = entries.iter().map(|(_, b)| *b).collect();
         if let Some((s, b)) = &self.last[index]
@@ -173,8 +174,8 @@ impl Publisher {
                     .update_zone_shares(vip.meta.vip_id, &shares, &costs)
                     .context("writing VIP_ZONES")?;
             }
-            if self.last_saturation[index] != Some(saturation) {
-                self.write_meta(index, vip, selection, saturation)?;
+            if self.last_relief[index] != Some(relieved) {
+                self.write_meta(index, vip, selection, relieved)?;
             }
             return Ok(());
         }
@@ -238,28 +239,28 @@ impl Publisher {
                 &blocks,
             )?;
         }
-        self.write_meta(index, vip, selection, saturation)?;
+        self.write_meta(index, vip, selection, relieved)?;
         self.times.record(started);
         self.last[index] = Some((selection.clone(), values));
         Ok(())
     }
 
     /// Writes VIP `index`'s VIPS entry: its configuration with the
-    /// selection's backend count and `saturation`.
+    /// selection's backend count, relieved (least connections, flagged
+    /// [`lb_common::VIP_F_P2C_RELIEF`]) or not.
     fn write_meta(
         &mut self,
         index: usize,
         vip: &FleetVip,
         selection: &Selection,
-        saturation: u16,
+        relieved: bool,
     ) -> anyhow::Result<()> {
         let meta = VipMeta {
             backend_count: selection.slots.len() as u32,
-            p2c_saturation: saturation,
-            ..vip.meta
+            ..relieved_meta(vip.meta, relieved)
         };
         self.vips.insert(vip.key, meta, 0).context("writing VIPS")?;
-        self.last_saturation[index] = Some(saturation);
+        self.last_relief[index] = Some(relieved);
         Ok(())
     }
 
@@ -270,8 +271,8 @@ impl Publisher {
         if index < self.last.len() {
             self.last.remove(index);
         }
-        if index < self.last_saturation.len() {
-            self.last_saturation.remove(index);
+        if index < self.last_relief.len() {
+            self.last_relief.remove(index);
         }
         self.tables.release(vip_id);
         // A new VIP may get this id: it must not find these zone blocks.

@@ -15,10 +15,11 @@
 //!     "id": 0,
 //!     "address": "10.0.0.100:80",
 //!     "protocol": "tcp",               // or "udp"
-//!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name
+//!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name, as configured
+//!     "least_conn_relief": false,      // a P2C VIP selected by least connections for now, while its held backends are needed (publish::relief)
 //!     "inflight_bias": 2,
 //!     "p2c_full_scan": 16,             // P2C may compare all backends up to this many (0: pairs)
-//!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off); in force, so half the configured value while held backends are needed (publish::saturation)
+//!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off)
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "zone_routing": {                // zone-aware VIPs only
@@ -53,8 +54,8 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow, bail};
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
-    MAX_SNAT_ADDRS, reason,
+    BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
+    MAX_SNAT_ADDRS, VIP_F_P2C_RELIEF, reason,
 };
 use serde::Serialize;
 
@@ -82,6 +83,9 @@ pub struct VipStatus {
     pub address: String,
     pub protocol: String,
     pub algorithm: String,
+    /// A P2C VIP that the kernel selects by least connections for now,
+    /// while its held backends are needed (`publish::relief`).
+    pub least_conn_relief: bool,
     pub inflight_bias: u8,
     pub p2c_full_scan: u16,
     pub p2c_saturation: u16,
@@ -367,9 +371,11 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
             protocol: Protocol::from_ip_proto(key.proto)
                 .map(|p| p.name().to_string())
                 .unwrap_or_else(|| key.proto.to_string()),
-            algorithm: Algorithm::from_u8(meta.algorithm)
+            algorithm: meta
+                .configured_algorithm()
                 .map(|a| a.name().to_string())
                 .unwrap_or_else(|| format!("unknown({})", meta.algorithm)),
+            least_conn_relief: meta.flags & VIP_F_P2C_RELIEF != 0,
             inflight_bias: meta.inflight_bias,
             p2c_full_scan: meta.p2c_full_scan,
             p2c_saturation: meta.p2c_saturation,
@@ -408,10 +414,15 @@ pub fn render_table(s: &Status) -> String {
     );
     for v in &s.vips {
         out += &format!(
-            "\nVIP {}/{}  algorithm {}  inflight bias {}  source {}{}\n",
+            "\nVIP {}/{}  algorithm {}{}  inflight bias {}  source {}{}\n",
             v.address,
             v.protocol,
             v.algorithm,
+            if v.least_conn_relief {
+                " (relieved: least connections while its held backends are needed)"
+            } else {
+                ""
+            },
             v.inflight_bias,
             v.source,
             v.revision

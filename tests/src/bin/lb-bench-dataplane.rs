@@ -34,6 +34,15 @@ const FLOORS: [(&str, &str); 2] = [
 /// Backend counts of the new-flow cases (each its own VIP and port).
 const P2C_SIZES: [u32; 3] = [2, 64, 1024];
 const FIRST_P2C_PORT: u16 = 81;
+/// A pool as large as P2C's default full scan (`--p2c-full-scan 16`), the
+/// largest that least-connections relief applies to
+/// (`lb_user::publish::relief`): a new flow there under P2C and under least
+/// connections, on ports of their own after the P2C sizes'.
+const SCAN_POOL: u32 = 16;
+const SCAN_CASES: [(Algorithm, &str); 2] = [
+    (Algorithm::P2cEwma, "P2C"),
+    (Algorithm::LeastConn, "least connections"),
+];
 /// Flow table big enough that the new-flow cases never evict.
 const BENCH_FLOW_TABLE: u32 = 1 << 19;
 /// The ring buffer is drained this often, so new flows keep emitting events
@@ -154,6 +163,21 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         );
     }
 
+    let scan_ids: Vec<u32> = (0..SCAN_POOL).collect();
+    for (j, (algorithm, _)) in SCAN_CASES.iter().enumerate() {
+        lb.vip(
+            1 + (P2C_SIZES.len() + j) as u32,
+            scan_port(j),
+            IPPROTO_TCP,
+            *algorithm,
+            0,
+            &scan_ids,
+        );
+        // P2C compares the whole pool, as the control plane configures it
+        // by default (the other P2C cases draw pairs).
+        full_scan(&mut lb, scan_port(j), SCAN_POOL as u16);
+    }
+
     let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
     assert_eq!(lb.run(&syn.build()).0, XDP_TX, "open the established flow");
     let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
@@ -211,14 +235,24 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
             rows.push(measure(&mut lb, &case, Some(&pairing)));
         }
     }
-    for (i, n) in P2C_SIZES.iter().enumerate() {
-        let name = new_flow_case(*n);
+    // (name, VIP port, client block) of every new-flow case of `lb_xdp`.
+    let new_flows = P2C_SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (new_flow_case(*n), FIRST_P2C_PORT + i as u16, i))
+        .chain(SCAN_CASES.iter().enumerate().map(|(j, (_, label))| {
+            (
+                format!("new flow, {label} over {SCAN_POOL} backends"),
+                scan_port(j),
+                P2C_SIZES.len() + FLOORS.len() + j,
+            )
+        }));
+    for (name, port, clients) in new_flows {
         if !wanted(&name) {
             continue;
         }
-        let port = FIRST_P2C_PORT + i as u16;
         let flows = runs.min(NEW_FLOWS);
-        let frames = new_flow_frames(port, i, flows);
+        let frames = new_flow_frames(port, clients, flows);
         let case = Case {
             name: &name,
             program: lb_common::XDP_PROGRAM,
@@ -255,6 +289,26 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
     rows
+}
+
+/// Sets the TCP VIP on `port`'s P2C full-scan limit.
+fn full_scan(lb: &mut Lb, port: u16, limit: u16) {
+    let key = lb_common::VipKey {
+        addr: words(VIP.into()).0,
+        port: port.to_be(),
+        proto: IPPROTO_TCP,
+        family: lb_common::AF_INET,
+    };
+    let mut vips: aya::maps::HashMap<_, lb_common::VipKey, lb_common::VipMeta> =
+        aya::maps::HashMap::try_from(lb.map_mut(lb_common::VIPS_MAP)).expect("VIPS");
+    let mut meta = vips.get(&key, 0).expect("VIP");
+    meta.p2c_full_scan = limit;
+    vips.insert(key, meta, 0).expect("VIP");
+}
+
+/// The VIP port of `SCAN_CASES[j]`.
+fn scan_port(j: usize) -> u16 {
+    FIRST_P2C_PORT + (P2C_SIZES.len() + j) as u16
 }
 
 /// The name of the new-flow case over `backends`.

@@ -1,0 +1,284 @@
+//! Least-connections relief of a P2C VIP: while the backends it holds far
+//! above its pool ([`lb_common::SCORE_FAR_ABOVE`]) are needed to carry the
+//! load, the kernel selects the VIP's new flows by least connections.
+//!
+//! A held backend gets a new flow only once every candidate within the
+//! bound is saturated (has [`lb_common::VipMeta::p2c_saturation`] flows in
+//! flight). While the other backends can carry the load that rarely
+//! happens, and the held ones stay nearly idle, which is what the bound is
+//! for (`stall` at 70 %: a backend that pauses for 300 ms every 2 s must
+//! carry at most one request when a pause begins). When they cannot
+//! (`stall` at 85 %: the eight steady backends alone would be at 106 %),
+//! every flow a held backend takes comes after the whole pool queued, and
+//! the steady backends' latency estimates then measure their own queues,
+//! which their in-flight counts already count: ranked on both, a new flow
+//! goes to a backend with more in flight but a lower recent latency. Least
+//! connections (fewest in flight ÷ weight, ties to the backend whose
+//! pending requests have been served longest) is the work-conserving
+//! choice there.
+//!
+//! So the control plane keeps, per P2C VIP small enough for P2C's full scan
+//! (`--p2c-full-scan`, 16 by default: least connections scans every slot
+//! for each new flow, which P2C then does anyway), the share of its answers that
+//! came from backends held at that tick (the kernel's per-tick latency
+//! aggregates count them), smoothed over [`SHARE_MEMORY`]. From
+//! [`NEEDED_SHARE`] on, the VIP is relieved: the kernel reads
+//! [`lb_common::Algorithm::LeastConn`] in its `VIPS` entry (flagged
+//! [`lb_common::VIP_F_P2C_RELIEF`], so `status` still shows P2C). Under
+//! least connections the held backends are used whether or not they are
+//! needed, so their share says nothing about the load any more: relief
+//! lasts [`RELIEF_FOR`] at most, then P2C is back and the share is measured
+//! afresh for at least [`MEASURE_FOR`]; it ends sooner if the share falls below [`RESTORE_SHARE`] (the
+//! held backends recovered and are held no longer). Measured in the lab
+//! (stop 38): at `stall` 70 % held backends answer 0.1–0.3 % on average (at
+//! most 1.9 % over half a second), so relief never starts there; at 85 %
+//! their share passes 5 % about 4 s into a run. Held slow backends
+//! (`hetero`, `hetero-20`, `big-slow`, `recover`) answer about 1 % or less
+//! at 70 and 85 %.
+use std::time::Duration;
+
+use lb_common::{Algorithm, VIP_F_P2C_RELIEF, VipMeta};
+
+use crate::kernel::clock::Nanos;
+
+/// From this share of a VIP's answers coming from held backends on, the
+/// VIP is relieved.
+pub const NEEDED_SHARE: f64 = 0.05;
+
+/// Relief ends early when the share falls below this (the held backends are
+/// held no longer, or answer next to nothing).
+pub const RESTORE_SHARE: f64 = 0.025;
+
+/// Memory of the share: a time-weighted average over about this long. Half
+/// a second: relief starts within a few ticks of the held backends being
+/// needed, and a lone tick in which a held backend answered a fifth of the
+/// requests (it happens right after a pause is detected) stays below
+/// [`NEEDED_SHARE`].
+pub const SHARE_MEMORY: Duration = Duration::from_millis(500);
+
+/// Longest relief before P2C and a fresh measurement: how long a VIP whose
+/// load fell back may keep selecting by least connections.
+pub const RELIEF_FOR: Duration = Duration::from_secs(10);
+
+/// After a relief that lasted [`RELIEF_FOR`], the share is measured under
+/// P2C for this long, from 0, before relief may start again: the answers of
+/// the first ticks are to flows least connections sent (a 10 ms request
+/// is answered within a tick or two).
+pub const MEASURE_FOR: Duration = Duration::from_millis(500);
+
+/// One P2C VIP's share of answers from held backends, and its relief.
+#[derive(Clone, Debug, Default)]
+pub struct HeldShare {
+    share: f64,
+    last: Option<Nanos>,
+    /// Since when the VIP is relieved.
+    relieved_since: Option<Nanos>,
+    /// Until when a fresh measurement after a relief runs.
+    measuring_until: Option<Nanos>,
+}
+
+impl HeldShare {
+    /// Adds a tick in which backends held at that tick answered `held` of
+    /// the VIP's `total` answers. A tick without answers changes the share
+    /// by nothing, but can end a relief that has lasted [`RELIEF_FOR`].
+    pub fn observe(&mut self, held: u64, total: u64, now: Nanos) {
+        if let Some(since) = self.relieved_since
+            && now.0.saturating_sub(since.0) >= RELIEF_FOR.as_nanos() as u64
+        {
+            // Measured afresh, under P2C, from this tick on.
+            *self = Self {
+                share: 0.0,
+                last: Some(now),
+                relieved_since: None,
+                measuring_until: Some(Nanos(now.0 + MEASURE_FOR.as_nanos() as u64)),
+            };
+            return;
+        }
+        if total == 0 {
+            return;
+        }
+        let tick_share = held.min(total) as f64 / total as f64;
+        self.share = match self.last.replace(now) {
+            None => tick_share,
+            Some(last) => {
+                let elapsed = now.0.saturating_sub(last.0) as f64;
+                let w = (-elapsed / SHARE_MEMORY.as_nanos() as f64).exp();
+                self.share * w + tick_share * (1.0 - w)
+            }
+        };
+        self.relieved_since = match self.relieved_since {
+            Some(since) if self.share >= RESTORE_SHARE => Some(since),
+            Some(_) => None,
+            None if self.share >= NEEDED_SHARE && !self.measuring(now) => Some(now),
+            None => None,
+        };
+    }
+
+    fn measuring(&self, now: Nanos) -> bool {
+        self.measuring_until.is_some_and(|until| now.0 < until.0)
+    }
+
+    /// The smoothed share (0 before the first answer, and after a relief).
+    pub fn share(&self) -> f64 {
+        self.share
+    }
+
+    /// Whether the VIP is relieved: selected by least connections.
+    pub fn relieved(&self) -> bool {
+        self.relieved_since.is_some()
+    }
+}
+
+/// A VIP's `VIPS` entry, relieved or not: a relieved P2C VIP reads least
+/// connections, flagged [`VIP_F_P2C_RELIEF`]. Other VIPs are never relieved.
+pub fn relieved_meta(meta: VipMeta, relieved: bool) -> VipMeta {
+    if !relieved || Algorithm::from_u8(meta.algorithm) != Some(Algorithm::P2cEwma) {
+        return meta;
+    }
+    VipMeta {
+        algorithm: Algorithm::LeastConn as u8,
+        flags: meta.flags | VIP_F_P2C_RELIEF,
+        ..meta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TICK: u64 = 50_000_000;
+
+    fn run(share: &mut HeldShare, from: u64, ticks: u64, held: u64, total: u64) -> u64 {
+        for t in 0..ticks {
+            share.observe(held, total, Nanos(from + t * TICK));
+        }
+        from + ticks * TICK
+    }
+
+    #[test]
+    fn relief_starts_while_held_backends_answer_a_share_and_ends() {
+        let mut s = HeldShare::default();
+        assert!(!s.relieved());
+        // 0.3 % from held backends for 10 s: `stall` at 70 %.
+        let t = run(&mut s, 0, 200, 3, 1000);
+        assert!((s.share() - 0.003).abs() < 1e-9);
+        assert!(!s.relieved());
+        // One tick at a fifth (a pause just detected) is not enough.
+        let t = run(&mut s, t, 1, 20, 100);
+        assert!(!s.relieved(), "share {}", s.share());
+        let t = run(&mut s, t, 10, 3, 1000);
+        assert!(!s.relieved());
+        // 10 %: `stall` at 85 %. Relief within a few ticks.
+        let t = run(&mut s, t, 2, 10, 100);
+        assert!(!s.relieved(), "a tenth of a second is not enough");
+        let t = run(&mut s, t, 6, 10, 100);
+        assert!(s.relieved());
+        // Between the two shares it lasts...
+        let t = run(&mut s, t, 20, 4, 100);
+        assert!((s.share() - 0.04).abs() < 5e-3);
+        assert!(s.relieved());
+        // ...and below the lower one it ends,
+        let t = run(&mut s, t, 20, 1, 100);
+        assert!(!s.relieved());
+        // and then the same share does not start it again.
+        run(&mut s, t, 200, 4, 100);
+        assert!(!s.relieved());
+    }
+
+    #[test]
+    fn relief_lasts_at_most_relief_for_then_the_share_is_measured_afresh() {
+        let mut s = HeldShare::default();
+        // Relieved from the first tick at 15 % (held backends used by
+        // least connections).
+        let t = run(&mut s, 0, 10, 15, 100);
+        assert!(s.relieved());
+        let ticks = (RELIEF_FOR.as_nanos() as u64).div_ceil(TICK);
+        // Still relieved at the last tick before RELIEF_FOR has passed...
+        let t = run(&mut s, t, ticks - 11, 15, 100);
+        assert!(s.relieved());
+        // ...and at it P2C is back, measured from nothing: under P2C the
+        // held backends now answer 0.3 % (the load fell), and relief does
+        // not start again.
+        let t = run(&mut s, t, 1, 3, 1000);
+        assert!(s.relieved(), "4.95 s");
+        let t = run(&mut s, t, 1, 3, 1000);
+        assert!(!s.relieved());
+        assert_eq!(s.share(), 0.0, "the tick that ends a relief is not counted");
+        let t = run(&mut s, t, 100, 3, 1000);
+        assert!(!s.relieved());
+        assert!(s.share() < 0.01, "share {}", s.share());
+        // Needed again: relieved again within a few ticks.
+        let t = run(&mut s, t, 8, 10, 100);
+        assert!(s.relieved());
+        // Still needed after RELIEF_FOR: the answers of the first ticks
+        // under P2C (to flows least connections sent) cannot start it
+        // again before MEASURE_FOR; the share then can.
+        let t = run(&mut s, t, ticks, 30, 100);
+        assert!(!s.relieved());
+        let measure = (MEASURE_FOR.as_nanos() as u64).div_ceil(TICK);
+        let t = run(&mut s, t, measure - 2, 30, 100);
+        assert!(!s.relieved(), "share {}", s.share());
+        assert!(s.share() > NEEDED_SHARE);
+        run(&mut s, t, 2, 30, 100);
+        assert!(s.relieved());
+        // A relief that ends on time ends even in ticks without answers.
+        let mut q = HeldShare::default();
+        let t = run(&mut q, 0, 10, 15, 100);
+        assert!(q.relieved());
+        q.observe(0, 0, Nanos(t + RELIEF_FOR.as_nanos() as u64));
+        assert!(!q.relieved());
+        assert_eq!(q.share(), 0.0);
+        // A fresh VIP is not measuring: relieved at its first tick.
+        let mut fresh = HeldShare::default();
+        fresh.observe(30, 100, Nanos(0));
+        assert!(fresh.relieved());
+    }
+
+    #[test]
+    fn a_relieved_p2c_vip_reads_least_connections_flagged() {
+        let p2c = VipMeta {
+            vip_id: 3,
+            backend_count: 10,
+            algorithm: Algorithm::P2cEwma as u8,
+            inflight_bias: 2,
+            flags: 0,
+            p2c_full_scan: 16,
+            p2c_saturation: 4,
+        };
+        assert_eq!(relieved_meta(p2c, false), p2c);
+        let relieved = relieved_meta(p2c, true);
+        assert_eq!(relieved.algorithm, Algorithm::LeastConn as u8);
+        assert_eq!(relieved.flags, VIP_F_P2C_RELIEF);
+        assert_eq!(relieved.configured_algorithm(), Some(Algorithm::P2cEwma));
+        assert_eq!(
+            VipMeta {
+                algorithm: p2c.algorithm,
+                flags: 0,
+                ..relieved
+            },
+            p2c,
+            "nothing else changes"
+        );
+        // Another algorithm is never relieved; its own flags stay.
+        let maglev = VipMeta {
+            algorithm: Algorithm::Maglev as u8,
+            flags: lb_common::VIP_F_SOURCE_AFFINITY,
+            ..p2c
+        };
+        assert_eq!(relieved_meta(maglev, true), maglev);
+        assert_eq!(maglev.configured_algorithm(), Some(Algorithm::Maglev));
+    }
+
+    #[test]
+    fn ticks_without_answers_keep_the_share() {
+        let mut s = HeldShare::default();
+        s.observe(1, 100, Nanos(0));
+        assert_eq!(s.share(), 0.01);
+        s.observe(0, 0, Nanos(10_000_000_000));
+        assert_eq!(s.share(), 0.01);
+        // More held than total (a backend counted twice) is clamped.
+        let mut t = HeldShare::default();
+        t.observe(9, 4, Nanos(0));
+        assert_eq!(t.share(), 1.0);
+    }
+}
