@@ -22,7 +22,7 @@ use lb_common::{
     Algorithm, BACKEND_ACTIVE, BACKEND_EJECTED, Backend, BackendPending, BackendProgress,
     BackendScore, IPPROTO_TCP, MAGLEV_MAP, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_VIP,
     SCORE_FAR_ABOVE, VIP_F_SOURCE_AFFINITY, VIP_SCHEDULE_MAP, VIP_TABLES_MAP,
-    VIP_WEIGHT_PREFIX_MAP, VipKey, VipMeta, VipTables, WRR_SCHEDULE_LEN, hash::flow_hash_v4,
+    VIP_WEIGHT_PREFIX_MAP, VipMeta, VipTables, WRR_SCHEDULE_LEN, hash::flow_hash_v4,
     p2c::SATURATED_INFLIGHT,
 };
 use lb_lab::{
@@ -75,17 +75,7 @@ fn setup(algorithm: Algorithm, weights: &[u32], flags: u16, bias: u8) -> Lb {
 
 /// Changes VIP 0's `VipMeta` in place.
 fn edit_vip(lb: &mut Lb, edit: impl FnOnce(&mut VipMeta)) {
-    let key = VipKey {
-        addr: words(VIP.into()).0,
-        port: HTTP.to_be(),
-        proto: IPPROTO_TCP,
-        family: lb_common::AF_INET,
-    };
-    let mut vips: aya::maps::HashMap<_, VipKey, VipMeta> =
-        aya::maps::HashMap::try_from(lb.map_mut(lb_common::VIPS_MAP)).expect("VIPS");
-    let mut meta = vips.get(&key, 0).expect("VIP");
-    edit(&mut meta);
-    vips.insert(key, meta, 0).expect("VIP");
+    lb.edit_vip(HTTP, edit);
 }
 
 /// The maps the control plane's table writer fills.

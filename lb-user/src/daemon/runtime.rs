@@ -388,17 +388,16 @@ impl Runtime {
                 let before = share.relieved();
                 share.observe(held, total, now);
                 let after = share.relieved();
-                if after && !before {
+                if after != before {
                     info!(
                         vip = %vip.addr,
                         held_share = format!("{:.1}%", share.share() * 100.0),
-                        "P2C relieved with least connections: held backends answer a share of the VIP's requests",
-                    );
-                } else if before && !after {
-                    info!(
-                        vip = %vip.addr,
-                        held_share = format!("{:.1}%", share.share() * 100.0),
-                        "P2C back from least-connections relief",
+                        "{}",
+                        if after {
+                            "P2C relieved with least connections: held backends answer a share of the VIP's requests"
+                        } else {
+                            "P2C back from least-connections relief"
+                        },
                     );
                 }
                 after

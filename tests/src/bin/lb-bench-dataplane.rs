@@ -175,7 +175,7 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         );
         // P2C compares the whole pool, as the control plane configures it
         // by default (the other P2C cases draw pairs).
-        full_scan(&mut lb, scan_port(j), SCAN_POOL as u16);
+        lb.edit_vip(scan_port(j), |meta| meta.p2c_full_scan = SCAN_POOL as u16);
     }
 
     let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
@@ -289,21 +289,6 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
     rows
-}
-
-/// Sets the TCP VIP on `port`'s P2C full-scan limit.
-fn full_scan(lb: &mut Lb, port: u16, limit: u16) {
-    let key = lb_common::VipKey {
-        addr: words(VIP.into()).0,
-        port: port.to_be(),
-        proto: IPPROTO_TCP,
-        family: lb_common::AF_INET,
-    };
-    let mut vips: aya::maps::HashMap<_, lb_common::VipKey, lb_common::VipMeta> =
-        aya::maps::HashMap::try_from(lb.map_mut(lb_common::VIPS_MAP)).expect("VIPS");
-    let mut meta = vips.get(&key, 0).expect("VIP");
-    meta.p2c_full_scan = limit;
-    vips.insert(key, meta, 0).expect("VIP");
 }
 
 /// The VIP port of `SCAN_CASES[j]`.

@@ -536,6 +536,22 @@ impl Lb {
         self.vip_at(VIP.into(), vip_id, port, proto, algorithm, bias, backends);
     }
 
+    /// Rewrites the meta of the TCP VIP `VIP:port` with `edit`.
+    pub fn edit_vip(&mut self, port: u16, edit: impl FnOnce(&mut VipMeta)) {
+        let (addr, family) = words(VIP.into());
+        let key = VipKey {
+            addr,
+            port: port.to_be(),
+            proto: lb_common::IPPROTO_TCP,
+            family,
+        };
+        let mut vips: HashMap<_, VipKey, VipMeta> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::VIPS_MAP).expect("VIPS")).expect("hash");
+        let mut meta = vips.get(&key, 0).expect("VIP");
+        edit(&mut meta);
+        vips.insert(key, meta, 0).expect("VIP");
+    }
+
     /// VIP `addr:port/proto` with id `vip_id` over the backend ids `backends`.
     #[allow(
         clippy::too_many_arguments,
