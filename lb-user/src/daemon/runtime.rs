@@ -39,7 +39,7 @@ use crate::{
         plan::Plan,
     },
     publish::{
-        relief::HeldShare,
+        relief::{HeldShare, Tick, pool_queue},
         tables::{ScoreIndex, hold_far_above, median_cost},
         writers::UpdateTimes,
     },
@@ -360,8 +360,9 @@ impl Runtime {
 
     /// Whether each VIP is relieved with least connections: a P2C VIP
     /// small enough for P2C's full scan whose held backends answer a real
-    /// share of its requests (`publish::relief`), after adding this tick's
-    /// answers (`fresh`: the scores as published, held ones flagged).
+    /// share of its requests, or whose whole pool queues (`publish::relief`),
+    /// after adding this tick's answers and in-flight counts (`fresh`: the
+    /// scores as published, held ones flagged).
     fn reliefs(
         &mut self,
         selections: &[Selection],
@@ -384,9 +385,21 @@ impl Runtime {
                     return false;
                 }
                 let (held, total) = held_answers(&selection.slots, answers, fresh, index);
+                let counters = &self.kernel.counters;
+                let queue = pool_queue(
+                    &selection.slots,
+                    vip.meta.p2c_saturation,
+                    |id| flagged_held(id, fresh, index),
+                    |id| counters.inflight(id),
+                );
+                let tick = Tick {
+                    held,
+                    total,
+                    queue,
+                };
                 let share = self.held_shares.entry(vip.meta.vip_id).or_default();
                 let before = share.relieved();
-                share.observe(held, total, now);
+                share.observe(tick, now);
                 let after = share.relieved();
                 if after != before {
                     info!(
@@ -556,15 +569,19 @@ fn held_answers(
     for &id in slots {
         let n = answers.get(id as usize).copied().unwrap_or(0);
         total += n;
-        let flagged = index
-            .position(id)
-            .and_then(|i| fresh.get(i))
-            .is_some_and(|(_, score)| score.flags & SCORE_FAR_ABOVE != 0);
-        if flagged {
+        if flagged_held(id, fresh, index) {
             held += n;
         }
     }
     (held, total)
+}
+
+/// Whether backend `id` is flagged held in `fresh` ([`SCORE_FAR_ABOVE`]).
+fn flagged_held(id: u32, fresh: &[(u32, BackendScore)], index: &ScoreIndex) -> bool {
+    index
+        .position(id)
+        .and_then(|i| fresh.get(i))
+        .is_some_and(|(_, score)| score.flags & SCORE_FAR_ABOVE != 0)
 }
 
 #[cfg(test)]

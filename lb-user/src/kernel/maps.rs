@@ -232,6 +232,13 @@ impl Counters {
         })
     }
 
+    /// Backend `id`'s connections in flight as the kernel's selection
+    /// counts them, lb-user's own included (0 where unreadable).
+    pub fn inflight(&self, id: u32) -> u64 {
+        let conns: BackendConns = self.conns.get(&id, 0).unwrap_or_default();
+        conns.inflight(self.corrections.get(&id, 0).unwrap_or_default())
+    }
+
     /// Backend `id`'s counters (zero where unreadable).
     pub fn backend(&self, id: u32) -> BackendCounters {
         BackendCounters {

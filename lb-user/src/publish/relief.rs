@@ -21,20 +21,33 @@
 //! (`--p2c-full-scan`, 16 by default: least connections scans every slot
 //! for each new flow, which P2C then does anyway), the share of its answers that
 //! came from backends held at that tick (the kernel's per-tick latency
-//! aggregates count them), smoothed over [`SHARE_MEMORY`]. From
-//! [`NEEDED_SHARE`] on, the VIP is relieved: the kernel reads
-//! [`lb_common::Algorithm::LeastConn`] in its `VIPS` entry (flagged
-//! [`lb_common::VIP_F_P2C_RELIEF`], so `status` still shows P2C). Under
-//! least connections the held backends are used whether or not they are
-//! needed, so their share says nothing about the load any more: relief
-//! lasts [`RELIEF_FOR`] at most, then P2C is back and the share is measured
-//! afresh for at least [`MEASURE_FOR`]; it ends sooner if the share falls below [`RESTORE_SHARE`] (the
-//! held backends recovered and are held no longer). Measured in the lab
-//! (stop 38): at `stall` 70 % held backends answer 0.1–0.3 % on average (at
-//! most 1.9 % over half a second), so relief never starts there; at 85 %
-//! their share passes 5 % about 4 s into a run. Held slow backends
-//! (`hetero`, `hetero-20`, `big-slow`, `recover`) answer about 1 % or less
-//! at 70 and 85 %.
+//! aggregates count them), smoothed over [`SHARE_MEMORY`]. A tick at which
+//! every backend had the VIP's `p2c_saturation` flows in flight or more,
+//! none of them held ([`PoolQueue::Whole`]), counts as a tick whose answers
+//! all came from held backends: the whole pool queues, and P2C's rank of
+//! queueing backends is the one least connections replaces. (A held
+//! backend is flagged only once its estimate has taken in a pause, and a
+//! staller's first pauses are over before it is: its answers alone started
+//! relief 4–9 s into a `stall` run at 85 %; the whole pool queues at the
+//! first pause, 1.5 s in.) From [`NEEDED_SHARE`] on, the VIP is relieved:
+//! the kernel reads [`lb_common::Algorithm::LeastConn`] in its `VIPS` entry
+//! (flagged [`lb_common::VIP_F_P2C_RELIEF`], so `status` still shows P2C).
+//! Under least connections the held backends are used whether or not they
+//! are needed, so their share says nothing about the load any more. What
+//! does is a tick at which every backend, held ones too, has
+//! `p2c_saturation` flows in flight or more. So a relief lasts
+//! [`RELIEF_FOR`] from its start or from the last such tick, then P2C is
+//! back and the share is measured afresh for at least [`MEASURE_FOR`]; it
+//! ends sooner if the share falls below [`RESTORE_SHARE`] (the held
+//! backends recovered and are held no longer).
+//!
+//! Measured in the lab: at `stall` 70 % held backends answer 0.1–0.3 % on
+//! average (at most 1.9 % over half a second, stop 38), so relief never
+//! starts there. Held slow backends (`hetero`, `hetero-20`, `big-slow`,
+//! `recover`) answer about 1 % or less at 70 and 85 %. The fewest flows in
+//! flight of any backend not held never passed 2 at `stall` 70 % or at
+//! `hetero` 85 % under P2C, nor at `stall` 70 % under least connections; at
+//! `stall` 85 % it passed 4 at every pause, under either (stop 39).
 use std::time::Duration;
 
 use lb_common::{Algorithm, VIP_F_P2C_RELIEF, VipMeta};
@@ -56,7 +69,8 @@ pub const RESTORE_SHARE: f64 = 0.025;
 /// [`NEEDED_SHARE`].
 pub const SHARE_MEMORY: Duration = Duration::from_millis(500);
 
-/// Longest relief before P2C and a fresh measurement: how long a VIP whose
+/// Longest relief, from its start or from the last tick at which the whole
+/// pool queued, before P2C and a fresh measurement: how long a VIP whose
 /// load fell back may keep selecting by least connections.
 pub const RELIEF_FOR: Duration = Duration::from_secs(10);
 
@@ -66,12 +80,66 @@ pub const RELIEF_FOR: Duration = Duration::from_secs(10);
 /// is answered within a tick or two).
 pub const MEASURE_FOR: Duration = Duration::from_millis(500);
 
+/// What one score tick saw of a P2C VIP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tick {
+    /// Answers from backends held at the tick.
+    pub held: u64,
+    /// All the VIP's answers in the tick.
+    pub total: u64,
+    /// How far the VIP's pool queued ([`pool_queue`]).
+    pub queue: PoolQueue,
+}
+
+/// How far a pool queues at a tick, against the VIP's `p2c_saturation`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolQueue {
+    /// Some backend has fewer flows in flight (or the rule is off).
+    #[default]
+    Room,
+    /// Every backend has that many or more, a held one among them. Under
+    /// P2C this says nothing: a held backend (`hetero`'s slow pair, a
+    /// degraded backend) may be busy because it is slow, and least
+    /// connections would send it its share whatever its speed. Under
+    /// relief, where least connections loads held backends like the rest,
+    /// it says the pool still needs all of them: the relief is renewed.
+    WithHeld,
+    /// Every backend has that many or more and none is held: counted as a
+    /// tick whose answers all came from held backends, and renews a relief.
+    Whole,
+}
+
+/// How far `slots` queue: whether every backend has `saturation` flows in
+/// flight or more (`inflight`), and whether one of them is held (`held`).
+/// [`PoolQueue::Room`] while `saturation` is 0 (the VIP's rule off) or for
+/// an empty pool. Stops at the first backend below the threshold, so a pool
+/// with room reads one or two counters.
+pub fn pool_queue(
+    slots: &[u32],
+    saturation: u16,
+    held: impl Fn(u32) -> bool,
+    inflight: impl Fn(u32) -> u64,
+) -> PoolQueue {
+    if saturation == 0
+        || slots.is_empty()
+        || slots.iter().any(|&id| inflight(id) < u64::from(saturation))
+    {
+        PoolQueue::Room
+    } else if slots.iter().any(|&id| held(id)) {
+        PoolQueue::WithHeld
+    } else {
+        PoolQueue::Whole
+    }
+}
+
 /// One P2C VIP's share of answers from held backends, and its relief.
 #[derive(Clone, Debug, Default)]
 pub struct HeldShare {
     share: f64,
     last: Option<Nanos>,
-    /// Since when the VIP is relieved.
+    /// While the VIP is relieved: since its relief started, or since the
+    /// last tick at which its whole pool queued ([`RELIEF_FOR`] counts from
+    /// there).
     relieved_since: Option<Nanos>,
     /// Until when a fresh measurement after a relief runs.
     measuring_until: Option<Nanos>,
@@ -79,9 +147,14 @@ pub struct HeldShare {
 
 impl HeldShare {
     /// Adds a tick in which backends held at that tick answered `held` of
-    /// the VIP's `total` answers. A tick without answers changes the share
-    /// by nothing, but can end a relief that has lasted [`RELIEF_FOR`].
-    pub fn observe(&mut self, held: u64, total: u64, now: Nanos) {
+    /// the VIP's `total` answers, and its pool queued as far as `queue`. A
+    /// tick without answers in a pool with room changes the share by
+    /// nothing, but can end a relief that has lasted [`RELIEF_FOR`].
+    pub fn observe(&mut self, tick: Tick, now: Nanos) {
+        let Tick { held, total, queue } = tick;
+        if self.relieved_since.is_some() && queue != PoolQueue::Room {
+            self.relieved_since = Some(now);
+        }
         if let Some(since) = self.relieved_since
             && now.0.saturating_sub(since.0) >= RELIEF_FOR.as_nanos() as u64
         {
@@ -94,10 +167,11 @@ impl HeldShare {
             };
             return;
         }
-        if total == 0 {
-            return;
-        }
-        let tick_share = held.min(total) as f64 / total as f64;
+        let tick_share = match total {
+            _ if queue == PoolQueue::Whole => 1.0,
+            0 => return,
+            _ => held.min(total) as f64 / total as f64,
+        };
         self.share = match self.last.replace(now) {
             None => tick_share,
             Some(last) => {
@@ -148,9 +222,17 @@ mod tests {
 
     const TICK: u64 = 50_000_000;
 
+    fn answers(held: u64, total: u64) -> Tick {
+        Tick {
+            held,
+            total,
+            queue: PoolQueue::Room,
+        }
+    }
+
     fn run(share: &mut HeldShare, from: u64, ticks: u64, held: u64, total: u64) -> u64 {
         for t in 0..ticks {
-            share.observe(held, total, Nanos(from + t * TICK));
+            share.observe(answers(held, total), Nanos(from + t * TICK));
         }
         from + ticks * TICK
     }
@@ -225,12 +307,12 @@ mod tests {
         let mut q = HeldShare::default();
         let t = run(&mut q, 0, 10, 15, 100);
         assert!(q.relieved());
-        q.observe(0, 0, Nanos(t + RELIEF_FOR.as_nanos() as u64));
+        q.observe(answers(0, 0), Nanos(t + RELIEF_FOR.as_nanos() as u64));
         assert!(!q.relieved());
         assert_eq!(q.share(), 0.0);
         // A fresh VIP is not measuring: relieved at its first tick.
         let mut fresh = HeldShare::default();
-        fresh.observe(30, 100, Nanos(0));
+        fresh.observe(answers(30, 100), Nanos(0));
         assert!(fresh.relieved());
     }
 
@@ -272,13 +354,106 @@ mod tests {
     #[test]
     fn ticks_without_answers_keep_the_share() {
         let mut s = HeldShare::default();
-        s.observe(1, 100, Nanos(0));
+        s.observe(answers(1, 100), Nanos(0));
         assert_eq!(s.share(), 0.01);
-        s.observe(0, 0, Nanos(10_000_000_000));
+        s.observe(answers(0, 0), Nanos(10_000_000_000));
         assert_eq!(s.share(), 0.01);
         // More held than total (a backend counted twice) is clamped.
         let mut t = HeldShare::default();
-        t.observe(9, 4, Nanos(0));
+        t.observe(answers(9, 4), Nanos(0));
         assert_eq!(t.share(), 1.0);
+    }
+
+    #[test]
+    fn a_whole_pool_queueing_starts_relief_at_once_and_it_fades_without_held_answers() {
+        let mut s = HeldShare::default();
+        // `stall` at 70 %: 0.3 % held answers, room in the pool.
+        let t = run(&mut s, 0, 200, 3, 1000);
+        assert!(!s.relieved());
+        // With a held backend among them, a queueing pool starts nothing
+        // (`hetero`'s slow pair is busy because it is slow).
+        let with_held = Tick {
+            held: 0,
+            total: 70,
+            queue: PoolQueue::WithHeld,
+        };
+        s.observe(with_held, Nanos(t));
+        assert!(!s.relieved(), "share {}", s.share());
+        // A staller's first pause: the whole pool queues, none held yet.
+        let whole = Tick {
+            queue: PoolQueue::Whole,
+            ..with_held
+        };
+        let t = t + TICK;
+        s.observe(whole, Nanos(t));
+        assert!(s.relieved(), "share {}", s.share());
+        // Without held answers after it, relief ends within a second.
+        let t = run(&mut s, t + TICK, 10, 0, 100);
+        assert!(s.relieved(), "share {}", s.share());
+        let t = run(&mut s, t, 10, 0, 100);
+        assert!(!s.relieved(), "share {}", s.share());
+        // A whole pool queueing counts even without answers (all stuck).
+        let stuck = Tick { total: 0, ..whole };
+        s.observe(stuck, Nanos(t));
+        assert!(s.relieved());
+    }
+
+    #[test]
+    fn a_relief_lasts_while_the_pool_queues_whole_and_ends_relief_for_after() {
+        let mut s = HeldShare::default();
+        let t = run(&mut s, 0, 10, 15, 100);
+        assert!(s.relieved());
+        let limit = RELIEF_FOR.as_nanos() as u64;
+        // Held backends among them: every 2 s the whole pool queues (a
+        // pause at `stall` 85 % under least connections), for 30 s.
+        let with_held = Tick {
+            held: 15,
+            total: 100,
+            queue: PoolQueue::WithHeld,
+        };
+        let mut t = t;
+        for _ in 0..15 {
+            s.observe(with_held, Nanos(t));
+            t = run(&mut s, t + TICK, 39, 15, 100);
+            assert!(s.relieved());
+        }
+        // Then the load falls: room in the pool, held backends still
+        // answering 15 % (they are used by least connections). The relief
+        // ends RELIEF_FOR after the last tick that queued whole.
+        let last = t - 40 * TICK;
+        let t = run(&mut s, t, (last + limit - t) / TICK - 1, 15, 100);
+        assert!(s.relieved());
+        run(&mut s, t, 2, 15, 100);
+        assert!(!s.relieved());
+        assert_eq!(s.share(), 0.0);
+    }
+
+    #[test]
+    fn a_pool_queues_whole_when_every_backend_has_enough_in_flight() {
+        let inflight = |id: u32| [5, 4, 9, 0, 4][id as usize];
+        let none_held = |_| false;
+        let held_3 = |id| id == 3;
+        let queue = |slots: &[u32], saturation, held: &dyn Fn(u32) -> bool| {
+            pool_queue(slots, saturation, held, inflight)
+        };
+        assert_eq!(queue(&[0, 1, 2, 4], 4, &none_held), PoolQueue::Whole);
+        assert_eq!(queue(&[0, 1, 2, 4], 5, &none_held), PoolQueue::Room);
+        assert_eq!(queue(&[0, 1, 2, 3, 4], 4, &none_held), PoolQueue::Room);
+        assert_eq!(queue(&[0, 1, 2, 3, 4], 4, &held_3), PoolQueue::Room);
+        assert_eq!(queue(&[0, 1, 2, 4], 4, &|id| id == 2), PoolQueue::WithHeld);
+        // The rule off, or no backend: room.
+        assert_eq!(queue(&[0, 2], 0, &none_held), PoolQueue::Room);
+        assert_eq!(queue(&[], 4, &none_held), PoolQueue::Room);
+        // Stops at the first backend below the threshold.
+        let reads = std::cell::Cell::new(0);
+        let counted = |id: u32| {
+            reads.set(reads.get() + 1);
+            inflight(id)
+        };
+        assert_eq!(
+            pool_queue(&[3, 0, 1, 2, 4], 4, none_held, counted),
+            PoolQueue::Room
+        );
+        assert_eq!(reads.get(), 1);
     }
 }
