@@ -27,6 +27,9 @@ pub struct VipStatus {
     pub protocol: String,
     #[serde(default)]
     pub algorithm: String,
+    /// A P2C VIP selected by least connections for now.
+    #[serde(default)]
+    pub least_conn_relief: bool,
     /// `static`, or `etcd PREFIX` for a discovered VIP.
     #[serde(default)]
     pub source: String,

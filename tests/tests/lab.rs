@@ -318,6 +318,85 @@ fn p2c_keeps_new_connections_away_from_a_slow_backend() {
     );
 }
 
+/// Whether lb-user's status shows the TCP VIP relieved with least
+/// connections (its configured algorithm still shown as P2C).
+fn tcp_vip_relieved(lab: &Lab) -> bool {
+    let status = lab.status().unwrap();
+    let vip = lab.tcp_vip().to_string();
+    let entry = status
+        .vips
+        .iter()
+        .find(|v| v.address == vip)
+        .unwrap_or_else(|| panic!("no VIP {vip} in {status:?}"));
+    assert_eq!(
+        entry.algorithm, "p2c-ewma",
+        "the configured algorithm stays"
+    );
+    entry.least_conn_relief
+}
+
+/// Polls `check` every 50 ms until it holds; how long that took, or `None`
+/// after `limit`.
+fn within(limit: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    loop {
+        if check() {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() >= limit {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_p2c_vip_whose_whole_pool_queues_is_relieved_and_comes_back() {
+    require_root!();
+    // Three equal backends of one worker and 20 ms: 150 requests/s in all.
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(3, BackendSpec::new(20, 1))
+        .build()
+        .unwrap();
+    let spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    let _balancer = lab.start_balancer(&spec).unwrap();
+    // At a third of the capacity the pool has room: P2C throughout.
+    let light = LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 50.0, 2.0);
+    let loadgen = lab.spawn_loadgen(&light).unwrap();
+    assert_eq!(
+        within(Duration::from_millis(1_800), || tcp_vip_relieved(&lab)),
+        None,
+        "relieved at a third of the pool's capacity"
+    );
+    let summary = lab.loadgen_summary(loadgen, &light).unwrap();
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    // 1.5× the capacity for 3 s: every backend's queue grows by about 25
+    // requests a second, none is slower than the others, so none is held,
+    // and the whole pool queues past `--p2c-saturation` (4) within a
+    // fraction of a second: relieved at the tick that sees it.
+    let heavy =
+        LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 225.0, 3.0).with_timeout_ms(20_000);
+    let loadgen = lab.spawn_loadgen(&heavy).unwrap();
+    let took = within(Duration::from_millis(2_500), || tcp_vip_relieved(&lab));
+    eprintln!("relieved {took:?} after the overload began");
+    assert!(took.is_some(), "not relieved while the whole pool queued");
+    let summary = lab.loadgen_summary(loadgen, &heavy).unwrap();
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    // The overload is over and the queues are drained (the loadgen waited
+    // for the last answer). At a third of the capacity again no tick
+    // queues whole and no held backend answers, so the share fades below
+    // the restore share: from near 1 with a half-second memory, in about
+    // 1.9 s (without any traffic it would keep its value, and the relief
+    // its 10 s limit).
+    let light = LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, 50.0, 4.0);
+    let loadgen = lab.spawn_loadgen(&light).unwrap();
+    let back = within(Duration::from_millis(3_500), || !tcp_vip_relieved(&lab));
+    eprintln!("back on P2C {back:?} after light load resumed");
+    let summary = lab.loadgen_summary(loadgen, &light).unwrap();
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    assert!(back.is_some(), "still relieved at a third of the capacity");
+}
+
 #[test]
 fn round_robin_gives_a_slow_backend_its_fair_share() {
     require_root!();

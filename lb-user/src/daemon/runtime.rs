@@ -407,7 +407,7 @@ impl Runtime {
                         held_share = format!("{:.1}%", share.share() * 100.0),
                         "{}",
                         if after {
-                            "P2C relieved with least connections: held backends answer a share of the VIP's requests"
+                            "P2C relieved with least connections: held backends answer a share of the VIP's requests, or its whole pool queues"
                         } else {
                             "P2C back from least-connections relief"
                         },

@@ -29,7 +29,9 @@
 //! backend is flagged only once its estimate has taken in a pause, and a
 //! staller's first pauses are over before it is: its answers alone started
 //! relief 4–9 s into a `stall` run at 85 %; the whole pool queues at the
-//! first pause, 1.5 s in.) From [`NEEDED_SHARE`] on, the VIP is relieved:
+//! first pause, 1.5 s in.) From [`NEEDED_SHARE`] on (with at least
+//! [`MIN_HELD_ANSWERS`] held answers in the memory, unless the whole pool
+//! queues at that tick), the VIP is relieved:
 //! the kernel reads [`lb_common::Algorithm::LeastConn`] in its `VIPS` entry
 //! (flagged [`lb_common::VIP_F_P2C_RELIEF`], so `status` still shows P2C).
 //! Under least connections the held backends are used whether or not they
@@ -57,6 +59,12 @@ use crate::kernel::clock::Nanos;
 /// From this share of a VIP's answers coming from held backends on, the
 /// VIP is relieved.
 pub const NEEDED_SHARE: f64 = 0.05;
+
+/// Fewest held answers over about [`SHARE_MEMORY`] from which their share
+/// can start a relief: a share of a few answers is noise (one held answer
+/// of three in a VIP's first tick). A tick at which the whole pool queues
+/// needs none.
+pub const MIN_HELD_ANSWERS: f64 = 10.0;
 
 /// Relief ends early when the share falls below this (the held backends are
 /// held no longer, or answer next to nothing).
@@ -136,6 +144,9 @@ pub fn pool_queue(
 #[derive(Clone, Debug, Default)]
 pub struct HeldShare {
     share: f64,
+    /// Held answers over about [`SHARE_MEMORY`] (a sum decayed like the
+    /// share).
+    held_answers: f64,
     last: Option<Nanos>,
     /// While the VIP is relieved: since its relief started, or since the
     /// last tick at which its whole pool queued ([`RELIEF_FOR`] counts from
@@ -162,6 +173,7 @@ impl HeldShare {
             *self = Self {
                 share: 0.0,
                 last: Some(now),
+                held_answers: 0.0,
                 relieved_since: None,
                 measuring_until: Some(Nanos(now.0 + MEASURE_FOR.as_nanos() as u64)),
             };
@@ -172,18 +184,24 @@ impl HeldShare {
             0 => return,
             _ => held.min(total) as f64 / total as f64,
         };
-        self.share = match self.last.replace(now) {
-            None => tick_share,
+        let held = held.min(total) as f64;
+        (self.share, self.held_answers) = match self.last.replace(now) {
+            None => (tick_share, held),
             Some(last) => {
                 let elapsed = now.0.saturating_sub(last.0) as f64;
                 let w = (-elapsed / SHARE_MEMORY.as_nanos() as f64).exp();
-                self.share * w + tick_share * (1.0 - w)
+                (
+                    self.share * w + tick_share * (1.0 - w),
+                    self.held_answers * w + held,
+                )
             }
         };
+        let needed = self.share >= NEEDED_SHARE
+            && (queue == PoolQueue::Whole || self.held_answers >= MIN_HELD_ANSWERS);
         self.relieved_since = match self.relieved_since {
             Some(since) if self.share >= RESTORE_SHARE => Some(since),
             Some(_) => None,
-            None if self.share >= NEEDED_SHARE && !self.measuring(now) => Some(now),
+            None if needed && !self.measuring(now) => Some(now),
             None => None,
         };
     }
@@ -349,6 +367,28 @@ mod tests {
         };
         assert_eq!(relieved_meta(maglev, true), maglev);
         assert_eq!(maglev.configured_algorithm(), Some(Algorithm::Maglev));
+    }
+
+    #[test]
+    fn a_share_of_a_few_answers_starts_nothing() {
+        // A VIP's first ticks at a few requests a second: one held answer
+        // of three is a third, but not evidence.
+        let mut s = HeldShare::default();
+        let t = run(&mut s, 0, 1, 1, 3);
+        assert!(s.share() > 0.3);
+        assert!(!s.relieved());
+        // A held answer every other tick keeps the share above 5 % at
+        // 2 answers a tick, and about 5 held answers in the memory.
+        let mut t = t;
+        for _ in 0..50 {
+            t = run(&mut s, t, 1, 1, 2);
+            t = run(&mut s, t, 1, 0, 2);
+        }
+        assert!(s.share() > NEEDED_SHARE, "share {}", s.share());
+        assert!(!s.relieved());
+        // Ten times the rate: relieved.
+        run(&mut s, t, 4, 10, 20);
+        assert!(s.relieved());
     }
 
     #[test]

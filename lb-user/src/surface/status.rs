@@ -16,7 +16,7 @@
 //!     "address": "10.0.0.100:80",
 //!     "protocol": "tcp",               // or "udp"
 //!     "algorithm": "p2c-ewma",         // lb_common::Algorithm::name, as configured
-//!     "least_conn_relief": false,      // a P2C VIP selected by least connections for now, while its held backends are needed (publish::relief)
+//!     "least_conn_relief": false,      // a P2C VIP selected by least connections for now, while its held backends are needed or its whole pool queues (publish::relief)
 //!     "inflight_bias": 2,
 //!     "p2c_full_scan": 16,             // P2C may compare all backends up to this many (0: pairs)
 //!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off)
