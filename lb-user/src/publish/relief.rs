@@ -171,20 +171,18 @@ impl HeldShare {
         {
             // Measured afresh, under P2C, from this tick on.
             *self = Self {
-                share: 0.0,
                 last: Some(now),
-                held_answers: 0.0,
-                relieved_since: None,
                 measuring_until: Some(Nanos(now.0 + MEASURE_FOR.as_nanos() as u64)),
+                ..Self::default()
             };
             return;
         }
+        let held = held.min(total) as f64;
         let tick_share = match total {
             _ if queue == PoolQueue::Whole => 1.0,
             0 => return,
-            _ => held.min(total) as f64 / total as f64,
+            _ => held / total as f64,
         };
-        let held = held.min(total) as f64;
         (self.share, self.held_answers) = match self.last.replace(now) {
             None => (tick_share, held),
             Some(last) => {
