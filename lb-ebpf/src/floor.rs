@@ -9,14 +9,41 @@
 //! direction, as `lb_xdp` keeps it), swaps the MACs and sends the frame
 //! back. No backend choice, no SNAT claim, no rewrite, no counters. The
 //! control plane never loads them.
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+//!
+//! A third floor, `xdp_floor_one_entry_way`, measures the layout that
+//! would keep one hash entry per connection: the forward entry, and the
+//! reply direction as a 16-byte way in an array indexed by the SNAT tuple,
+//! claimed with an atomic OR at a per-CPU cursor that walks the array in
+//! order (as the SNAT claim's cursor walks a CPU's slice of tuples).
+use aya_ebpf::{
+    bindings::xdp_action,
+    macros::{map, xdp},
+    maps::{Array, PerCpuArray},
+    programs::XdpContext,
+};
 use lb_common::{AF_INET, FlowEntry, FlowKey};
 
 use crate::{
+    atomic::fetch_or_u64,
     maps::FLOWS,
     packet,
     wire::{ETH_LEN, ETH_P_IPV4, ETH_TYPE_OFF, IPV4_MIN_LEN, IPV4_PROTO_OFF, IPV4_SADDR_OFF},
 };
+
+/// The one-entry floor's reply ways: `[claim, client]`, the claim word's
+/// top bit set by the claim ([`WAY_CLAIMED`]), the client word the client's
+/// address and ports. One way unless the loader sizes it (the benchmark
+/// does; the control plane never uses it).
+#[map(name = "FLOOR_REPLY_WAYS")]
+pub static FLOOR_REPLY_WAYS: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+/// Per CPU: the next way the one-entry floor claims.
+#[map(name = "FLOOR_WAY_CURSOR")]
+pub static FLOOR_WAY_CURSOR: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// The claim word's bit of a taken way.
+pub const WAY_CLAIMED: u64 = 1 << 63;
+/// Ways a claim tries before it gives up (taken ones are stepped over).
+const WAY_TRIES: u32 = 4;
 
 /// Version 4, a 20-byte header: the first byte of an IPv4 header without options.
 const IPV4_NO_OPTIONS: u8 = 0x45;
@@ -31,6 +58,67 @@ pub fn xdp_floor_one_entry(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xdp_floor_two_entries(ctx: XdpContext) -> u32 {
     new_flow_floor::<2>(&ctx)
+}
+
+/// One hash entry, and the reply direction as a claimed way (see the
+/// module documentation).
+#[xdp]
+pub fn xdp_floor_one_entry_way(ctx: XdpContext) -> u32 {
+    let Some(key) = ipv4_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    if FLOWS.get_ptr(&key).is_none() {
+        if FLOWS.insert(&key, &FlowEntry::default(), 0).is_err() {
+            return xdp_action::XDP_ABORTED;
+        }
+        let client =
+            (u64::from(key.src[0]) << 32) | (u64::from(key.sport) << 16) | u64::from(key.dport);
+        if !claim_way(client) {
+            return xdp_action::XDP_ABORTED;
+        }
+    }
+    if packet::swap_macs(&ctx) {
+        xdp_action::XDP_TX
+    } else {
+        xdp_action::XDP_PASS
+    }
+}
+
+/// Claims the first free way from this CPU's cursor on (wrapping at the
+/// array's end) for `client`, and moves the cursor past it.
+#[inline(always)]
+fn claim_way(client: u64) -> bool {
+    let Some(cursor) = FLOOR_WAY_CURSOR.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's own copy of a per-CPU map value.
+    let mut at = unsafe { *cursor };
+    for _ in 0..WAY_TRIES {
+        let way = match FLOOR_REPLY_WAYS.get_ptr_mut(at) {
+            Some(way) => way,
+            None => {
+                at = 0;
+                match FLOOR_REPLY_WAYS.get_ptr_mut(0) {
+                    Some(way) => way,
+                    None => return false,
+                }
+            }
+        };
+        at = at.wrapping_add(1);
+        // SAFETY: a live, 8-byte aligned array value; the claim is atomic.
+        let old = unsafe { fetch_or_u64(&raw mut (*way)[0], WAY_CLAIMED) };
+        if old & WAY_CLAIMED == 0 {
+            // SAFETY: as above; this CPU owns the way it claimed.
+            unsafe {
+                (*way)[1] = client;
+                *cursor = at;
+            }
+            return true;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *cursor = at };
+    false
 }
 
 #[inline(always)]

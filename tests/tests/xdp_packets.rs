@@ -1804,6 +1804,51 @@ fn case_new_flow_floors(lb: &mut Lb) {
         assert_eq!(lb.run_program(program, &v6, 1).0, XDP_PASS, "{program}");
         assert_eq!(lb.flow_count(), before + entries, "{program}");
     }
+    case_new_flow_floor_with_a_way(lb);
+}
+
+/// The one-entry floor (`xdp_floor_one_entry_way`): a new client's SYN
+/// inserts the forward entry only and claims a reply way for its address
+/// and ports; its second SYN claims nothing more; with every way taken (the
+/// harness keeps one), a new client's SYN finds none and is aborted.
+fn case_new_flow_floor_with_a_way(lb: &mut Lb) {
+    const PROGRAM: &str = "xdp_floor_one_entry_way";
+    const CLAIMED: u64 = 1 << 63;
+    lb.load_program(PROGRAM);
+    let port = CLIENT_PORT + 3;
+    let syn = Pkt::tcp((CLIENT, port), (VIP, HTTP), TCP_SYN).build();
+    let before = lb.flow_count();
+    let (action, out, _) = lb.run_program(PROGRAM, &syn, 1);
+    assert_eq!(action, XDP_TX);
+    assert_eq!(
+        (&out[..6], &out[6..12]),
+        (&syn[6..12], &syn[..6]),
+        "MACs swapped"
+    );
+    assert_eq!(lb.flow_count(), before + 1, "one hash entry");
+    assert!(
+        lb.flow(&key(IPPROTO_TCP, (CLIENT, port), (VIP, HTTP)))
+            .is_some()
+    );
+    let way = |lb: &mut Lb| {
+        lb.array::<[u64; 2]>("FLOOR_REPLY_WAYS")
+            .get(&0, 0)
+            .expect("way 0")
+    };
+    let client = (u64::from(u32::from_ne_bytes(CLIENT.octets())) << 32)
+        | (u64::from(port.to_be()) << 16)
+        | u64::from(HTTP.to_be());
+    assert_eq!(way(lb), [CLAIMED, client], "the way holds the client");
+    assert_eq!(lb.run_program(PROGRAM, &syn, 1).0, XDP_TX);
+    assert_eq!(lb.flow_count(), before + 1, "found, not inserted");
+    assert_eq!(way(lb), [CLAIMED, client], "not claimed again");
+    let other = Pkt::tcp((CLIENT, port + 1), (VIP, HTTP), TCP_SYN).build();
+    assert_eq!(
+        lb.run_program(PROGRAM, &other, 1).0,
+        XDP_ABORTED,
+        "no free way"
+    );
+    assert_eq!(way(lb), [CLAIMED, client], "the taken way kept");
 }
 
 fn main() {

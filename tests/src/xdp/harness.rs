@@ -165,8 +165,17 @@ impl Lb {
 
     /// Loads `object` with a flow table of `flow_table_size` entries.
     pub fn load(object: &[u8], flow_table_size: u32) -> Self {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(lb_common::FLOWS_MAP, flow_table_size)
+        Self::load_sized(object, flow_table_size, &[])
+    }
+
+    /// [`Lb::load`], with other maps resized too (`(name, max entries)`).
+    pub fn load_sized(object: &[u8], flow_table_size: u32, sizes: &[(&str, u32)]) -> Self {
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(lb_common::FLOWS_MAP, flow_table_size);
+        for &(name, entries) in sizes {
+            loader.map_max_entries(name, entries);
+        }
+        let mut ebpf = loader
             .load(object)
             .expect("parse and create maps of the eBPF object");
         let prog: &mut Xdp = ebpf
