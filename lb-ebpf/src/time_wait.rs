@@ -18,6 +18,7 @@ use lb_common::{
 use crate::{
     atomic::Flags,
     flow::{Translation, lookup},
+    handover,
     maps::{CONFIG, Handover, PACKET_HANDOVER},
     packet::{Packet, load},
     select::Picked,
@@ -58,36 +59,13 @@ pub fn seq_and_timestamp(ctx: &XdpContext, pkt: &Packet) -> Option<(u32, TsOptio
     Some((seq, timestamp(&opts, len)))
 }
 
-/// Headers end before this offset (the parser's limits keep them well
-/// below); the global functions check it again, as the offsets come from
-/// a map value the verifier knows nothing about.
-const MAX_L4_OFFSET: usize = 1024;
-
 /// Puts `pkt` (and `picked`) in this CPU's handover slot, with the
 /// segment's sequence number and timestamp (read by a global function of
 /// their own, so that neither the caller's nor the next global function's
 /// frame holds the option bytes: `lb_take_over`'s is near the stack limit).
 #[inline(always)]
 fn hand_over(ctx: &XdpContext, pkt: &Packet, picked: u32) -> bool {
-    let Some(slot) = PACKET_HANDOVER.get_ptr_mut(0) else {
-        return false;
-    };
-    // SAFETY: this CPU's own copy of a per-CPU map value.
-    unsafe {
-        (*slot).pkt = *pkt;
-        (*slot).picked = picked;
-    }
-    lb_read_seq_and_timestamp(ctx.ctx) != 0
-}
-
-/// The handover slot's packet, if its offsets are sane.
-#[inline(always)]
-fn handed_over() -> Option<&'static Handover> {
-    let slot = PACKET_HANDOVER.get(0)?;
-    if slot.pkt.l4 >= MAX_L4_OFFSET || slot.pkt.l3 >= slot.pkt.l4 {
-        return None;
-    }
-    Some(slot)
+    handover::put(pkt, picked) && lb_read_seq_and_timestamp(ctx.ctx) != 0
 }
 
 /// Reads the handover slot's segment's sequence number and timestamp into
@@ -101,7 +79,7 @@ pub fn lb_read_seq_and_timestamp(ctx: *mut xdp_md) -> u64 {
     };
     // SAFETY: this CPU's own copy of a per-CPU map value.
     let pkt = unsafe { (*slot).pkt };
-    if pkt.l4 >= MAX_L4_OFFSET {
+    if pkt.l4 >= handover::MAX_L4_OFFSET {
         return 0;
     }
     let Some((seq, ts)) = seq_and_timestamp(&ctx, &pkt) else {
@@ -145,7 +123,7 @@ pub fn record_client_close(ctx: &XdpContext, pkt: &Packet) {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub fn lb_record_client_close() -> u64 {
-    let Some(&Handover { pkt, seq, ts, .. }) = handed_over() else {
+    let Some(&Handover { pkt, seq, ts, .. }) = handover::taken() else {
         return 0;
     };
     let Some(fwd) = lookup(pkt.flow_key()) else {
@@ -236,7 +214,7 @@ pub fn lb_take_over(ctx: *mut xdp_md) -> u64 {
     // The packet is used in place, not copied: this frame is near the
     // stack limit. (Its offsets are not used here: the options were read
     // by `lb_read_seq_and_timestamp`.)
-    let Some(slot) = handed_over() else {
+    let Some(slot) = handover::taken() else {
         return StageResult::verdict(Verdict::drop(reason::DROP_BAD_CONFIG)).into_raw();
     };
     StageResult::continue_or_drop(try_take_over(
