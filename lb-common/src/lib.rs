@@ -197,6 +197,9 @@ pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
 pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
 pub const VIP_ZONES_MAP: &str = "VIP_ZONES";
 pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
+/// Per CPU: each backend's last resolved next hop (a cache the data path
+/// keeps for itself; not pinned, not in [`ALL_MAPS`]).
+pub const BACKEND_HOPS_MAP: &str = "BACKEND_HOPS";
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).

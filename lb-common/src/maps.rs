@@ -638,6 +638,30 @@ pub struct Neighbour {
 }
 assert_size!(Neighbour, 12);
 
+/// Value of [`crate::BACKEND_HOPS_MAP`] (per CPU, indexed by backend id):
+/// the next hop the last new flow to the backend resolved on this CPU, so
+/// the next ones within `BACKEND_HOP_JIFFIES` skip the FIB lookup. Written
+/// only by the data path; `ifindex` 0 holds nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendHop {
+    /// The backend address the hop was resolved for (an id can be reused).
+    pub dst: [u32; 4],
+    pub mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// The interface the frames left by: always the ingress one (XDP_TX).
+    pub ifindex: u32,
+    /// `bpf_jiffies64` (low 32 bits) at the resolution.
+    pub jiffies: u32,
+}
+assert_size!(BackendHop, 32);
+
+/// How many jiffies a [`BackendHop`] serves new flows before the next one
+/// resolves it again: 100 ms at HZ=1000, 400 ms at HZ=250, so a changed
+/// neighbour reaches new flows within the second that a flow's own cached
+/// hop takes.
+pub const BACKEND_HOP_JIFFIES: u32 = 100;
+
 /// [`LbConfig::flags`]: configuration has been written and the program may balance.
 pub const CONFIG_F_READY: u32 = 1;
 /// A new SYN may take over a SNAT tuple in quarantine when the backend's
@@ -898,6 +922,7 @@ pod!(
     FlowEntry,
     IpKey,
     Neighbour,
+    BackendHop,
     LbConfig,
     FlowEvent,
     NewFlowLimit,

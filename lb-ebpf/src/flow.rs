@@ -15,6 +15,7 @@ use lb_common::{
 
 use crate::{
     atomic::{Flags, add_u64},
+    backend_hop,
     helpers::jiffies,
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet},
@@ -119,7 +120,8 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 /// `syn`: `None` claims a free tuple; the SYN's sequence number and
 /// timestamp take over a tuple in quarantine instead ([`take_over_tuple`],
 /// for a SYN that found none free). Each caller passes one or the other
-/// as a constant.
+/// as a constant. The forward entry starts with the backend's shared next
+/// hop cached, if that is fresh ([`backend_hop::fresh`]).
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
@@ -137,6 +139,13 @@ pub fn create(
     match syn {
         None => claim_snat_tuple(pkt, backend, &snat, &mut entry)?,
         Some((seq, ts)) => take_over_tuple(pkt, backend, &snat, &mut entry, seq, ts)?,
+    }
+    // Looked up only now: a hop found before the claim doubled the states
+    // the verifier walked it in (found or not), about 80k instructions.
+    if let Some(hop) = backend_hop::fresh(backend, client.ifindex) {
+        // The forward entry's hop cache (see `nexthop::HopCache`).
+        entry.client_mac = hop.mac;
+        entry.client_ifindex = hop.ifindex;
     }
     insert_forward(pkt, &entry)
 }

@@ -44,8 +44,11 @@ mod select;
 // 5. full-NAT rewrite, incremental checksums, ICMP error translation
 mod nat;
 
-// 6. next-hop MACs, then XDP_TX or redirect
+// 6. next-hop MACs, then XDP_TX or redirect (a new flow starts with its
+//    backend's shared hop)
 mod nexthop;
+
+mod backend_hop;
 
 // 7. connection state → in-flight counters and events; progress stamps
 //    (written here, read by select)
@@ -176,6 +179,9 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         return Err(reason::DROP_SNAT_NO_FLOW);
     }
     let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
+    // Before the flow's creation, which takes the hop if fresh (a global
+    // function: its FIB parameters stay out of `new_flow`'s frames).
+    nexthop::refresh_backend_hop(&ctx(), picked.backend_id, pkt.proto);
     match new_flow(&ctx(), pkt, picked).next() {
         ControlFlow::Continue(_) => {}
         // No free tuple: a SYN may take over one whose backend's TIME_WAIT

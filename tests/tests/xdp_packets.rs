@@ -9,11 +9,11 @@
 //! program) inside a fresh network namespace, where `bpf_fib_lookup` finds no
 //! routes, so next hops come from the `NEIGHBOURS` map deterministically.
 use lb_common::{
-    AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BackendConns,
-    BackendPending, CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING,
-    FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP,
-    IPPROTO_UDP, reason,
+    AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BACKEND_HOP_JIFFIES,
+    BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT,
+    EVENT_CLOSED, EVENT_REFUSED, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED,
+    FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN,
+    IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -544,6 +544,99 @@ fn case_next_hop_cached_per_flow(lb: &mut Lb) {
     lb.expect(&data, XDP_TX, &via(moved));
     let fwd = lb.flow(&fwd_key).expect("forward entry");
     assert_eq!((fwd.client_mac, fwd.client_ifindex), (moved, 1));
+}
+
+/// A new flow starts with the hop the last new flow to its backend
+/// resolved on this CPU while that is fresh (no FIB or neighbour lookup:
+/// a marker MAC written into the kept hop comes out on the frame). A hop
+/// older than `BACKEND_HOP_JIFFIES`, one kept for another address (a
+/// reused backend id), or one leaving by another interface is resolved
+/// again.
+fn case_next_hop_shared_per_backend(lb: &mut Lb) {
+    const MARKER: [u8; 6] = [0x02, 0, 0, 0x0b, 0x0b, 0x0b];
+    // The frame's destination MAC and the forward entry's cached hop.
+    let open = |lb: &mut Lb, port: u16| {
+        let (action, out) = lb.run(&Pkt::tcp((CLIENT, port), (VIP, HTTP), TCP_SYN).build());
+        assert_eq!(action, XDP_TX, "{:?}", lb.reasons());
+        let fwd = lb.forward_entry(IPPROTO_TCP, HTTP, port);
+        (<[u8; 6]>::try_from(&out[..6]).expect("frame"), fwd)
+    };
+    // The freshness checks run within 90 ms (under 100 jiffies at any HZ);
+    // a run that took longer (a loaded host) is tried again.
+    let mut port = 41_000;
+    let mut timely = false;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let (mac, fwd) = open(lb, port);
+        assert_eq!(mac, backend_mac(0), "resolved through the neighbour map");
+        let kept = lb.backend_hop(0);
+        assert_eq!(
+            (kept.dst, kept.mac, kept.ifindex),
+            (fwd.new_dst, backend_mac(0), 1),
+            "the hop is kept for the backend"
+        );
+        lb.set_backend_hop(
+            0,
+            BackendHop {
+                mac: MARKER,
+                ..kept
+            },
+        );
+        let shared = open(lb, port + 1);
+        // Another address under the same id (a reused id), still fresh.
+        lb.set_backend_hop(
+            0,
+            BackendHop {
+                dst: [0x0a00_00fe, 0, 0, 0],
+                mac: MARKER,
+                ..kept
+            },
+        );
+        let other_address = open(lb, port + 2);
+        port += 3;
+        if started.elapsed() > std::time::Duration::from_millis(90) {
+            continue;
+        }
+        assert_eq!(shared.0, MARKER, "the second flow took the kept hop");
+        assert_eq!((shared.1.client_mac, shared.1.client_ifindex), (MARKER, 1));
+        assert_eq!(other_address.0, backend_mac(0), "not kept for this address");
+        timely = true;
+        break;
+    }
+    assert!(timely, "no run of the case took under 90 ms");
+    // An old hop is resolved again, and kept anew.
+    let kept = lb.backend_hop(0);
+    lb.set_backend_hop(
+        0,
+        BackendHop {
+            mac: MARKER,
+            jiffies: kept.jiffies.wrapping_sub(BACKEND_HOP_JIFFIES),
+            ..kept
+        },
+    );
+    assert_eq!(
+        open(lb, port).0,
+        backend_mac(0),
+        "an old hop is resolved again"
+    );
+    let renewed = lb.backend_hop(0);
+    assert_eq!(renewed.mac, backend_mac(0));
+    assert!(
+        renewed.jiffies.wrapping_sub(kept.jiffies) < 1 << 31,
+        "stamped anew"
+    );
+    // A hop through another interface (a redirect) is not kept.
+    lb.set_neighbour_keeping_hops(backend_addr(0), backend_mac(0), 7);
+    lb.set_backend_hop(
+        0,
+        BackendHop {
+            jiffies: renewed.jiffies.wrapping_sub(BACKEND_HOP_JIFFIES),
+            ..renewed
+        },
+    );
+    let (action, _) = lb.run(&Pkt::tcp((CLIENT, port + 1), (VIP, HTTP), TCP_SYN).build());
+    assert_eq!(action, XDP_REDIRECT);
+    assert_eq!(lb.backend_hop(0).ifindex, 0, "a redirected hop is not kept");
 }
 
 /// Makes the entry at `key` `secs` seconds older (its once-a-second
@@ -1686,6 +1779,10 @@ const CASES: &[Case] = &[
     ("rst to syn refused", case_rst_to_syn_refused),
     ("backend reset reported", case_backend_reset_reported),
     ("next hop cached per flow", case_next_hop_cached_per_flow),
+    (
+        "next hop shared per backend",
+        case_next_hop_shared_per_backend,
+    ),
     (
         "bulk reply skips the forward entry",
         case_bulk_reply_skips_the_forward_entry,

@@ -8,12 +8,13 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuValues, RingBuf},
     programs::{ProgramError, TestRun, TestRunOptions, Xdp},
+    util::nr_cpus,
 };
 use lb_common::{
-    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendPending,
-    BackendProgress, BackendScore, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE,
+    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendHop,
+    BackendPending, BackendProgress, BackendScore, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE,
     DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent, FlowKey,
     IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS,
     Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
@@ -515,7 +516,26 @@ impl Lb {
         .expect("hash")
     }
 
+    /// Sets the neighbour entry of `addr`. Replacing one also forgets the
+    /// backends' shared next hops, as if `BACKEND_HOP_JIFFIES` had passed
+    /// (new flows take a changed neighbour within that time; see
+    /// [`Lb::set_neighbour_keeping_hops`]).
     pub fn neighbour<A: Into<IpAddr>>(&mut self, addr: A, mac: [u8; 6], ifindex: u32) {
+        let addr = addr.into();
+        let replaced = self.neighbours().get(&ip_key(addr), 0).is_ok();
+        self.set_neighbour_keeping_hops(addr, mac, ifindex);
+        if replaced {
+            self.forget_backend_hops();
+        }
+    }
+
+    /// Sets a neighbour entry and leaves the shared next hops as they are.
+    pub fn set_neighbour_keeping_hops<A: Into<IpAddr>>(
+        &mut self,
+        addr: A,
+        mac: [u8; 6],
+        ifindex: u32,
+    ) {
         let key = ip_key(addr.into());
         let n = Neighbour {
             mac,
@@ -527,9 +547,48 @@ impl Lb {
             .expect("insert neighbour");
     }
 
+    /// Removes the neighbour entry of `addr` and forgets the shared next
+    /// hops (see [`Lb::neighbour`]).
     pub fn remove_neighbour<A: Into<IpAddr>>(&mut self, addr: A) {
         let key = ip_key(addr.into());
         self.neighbours().remove(&key).expect("remove neighbour");
+        self.forget_backend_hops();
+    }
+
+    fn backend_hops(&mut self) -> PerCpuArray<&mut MapData, BackendHop> {
+        PerCpuArray::try_from(
+            self.ebpf
+                .map_mut(lb_common::BACKEND_HOPS_MAP)
+                .expect("BACKEND_HOPS"),
+        )
+        .expect("per-CPU array")
+    }
+
+    /// Backend `id`'s shared next hop on the CPU packet tests run on.
+    pub fn backend_hop(&mut self, id: u32) -> BackendHop {
+        self.backend_hops().get(&id, 0).expect("BACKEND_HOPS")[super::isolate::TEST_CPU]
+    }
+
+    /// Sets backend `id`'s shared next hop on the test CPU (the other CPUs'
+    /// are cleared).
+    pub fn set_backend_hop(&mut self, id: u32, hop: BackendHop) {
+        let mut values = vec![BackendHop::default(); nr_cpus().expect("CPU count")];
+        values[super::isolate::TEST_CPU] = hop;
+        let values = PerCpuValues::try_from(values).expect("per-CPU values");
+        self.backend_hops()
+            .set(id, values, 0)
+            .expect("set BACKEND_HOPS");
+    }
+
+    /// Clears every backend's shared next hop on every CPU.
+    pub fn forget_backend_hops(&mut self) {
+        let cpus = nr_cpus().expect("CPU count");
+        let mut hops = self.backend_hops();
+        for id in 0..lb_common::MAX_BACKENDS {
+            let values =
+                PerCpuValues::try_from(vec![BackendHop::default(); cpus]).expect("per-CPU values");
+            hops.set(id, values, 0).expect("clear BACKEND_HOPS");
+        }
     }
 
     /// VIP `VIP:port/proto` with id `vip_id` over the backend ids `backends`.
