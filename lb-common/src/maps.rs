@@ -639,8 +639,8 @@ pub struct Neighbour {
 assert_size!(Neighbour, 12);
 
 /// Value of [`crate::BACKEND_HOPS_MAP`] (per CPU, indexed by backend id):
-/// the next hop the last new flow to the backend resolved on this CPU, so
-/// the next ones within `BACKEND_HOP_JIFFIES` skip the FIB lookup. Written
+/// the next hop a flow to the backend last resolved on this CPU, so new
+/// flows within `BACKEND_HOP_JIFFIES` of it skip the FIB lookup. Written
 /// only by the data path; `ifindex` 0 holds nothing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -179,9 +179,6 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         return Err(reason::DROP_SNAT_NO_FLOW);
     }
     let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
-    // Before the flow's creation, which takes the hop if fresh (a global
-    // function: its FIB parameters stay out of `new_flow`'s frames).
-    nexthop::refresh_backend_hop(&ctx(), picked.backend_id, pkt.proto);
     match new_flow(&ctx(), pkt, picked).next() {
         ControlFlow::Continue(_) => {}
         // No free tuple: a SYN may take over one whose backend's TIME_WAIT

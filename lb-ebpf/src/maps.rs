@@ -39,9 +39,9 @@ pub static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
     LruHashMap::with_max_entries(MAX_FRAGMENTED_DATAGRAMS, 0);
 #[map(name = "NEIGHBOURS")]
 pub static NEIGHBOURS: HashMap<IpKey, Neighbour> = HashMap::with_max_entries(MAX_BACKENDS, 0);
-/// Per CPU and backend: the next hop the last new flow to the backend
-/// resolved (`nexthop::lb_backend_hop`), which the next new flows take
-/// without a FIB lookup while it is fresh. Written only by the data path.
+/// Per CPU and backend: the next hop a flow to the backend last resolved
+/// (`backend_hop`), which the next new flows take without a FIB lookup
+/// while it is fresh. Written only by the data path.
 #[map(name = "BACKEND_HOPS")]
 pub static BACKEND_HOPS: PerCpuArray<BackendHop> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 /// Requests pending per backend and their start times' sum (see

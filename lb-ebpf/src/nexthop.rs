@@ -9,24 +9,22 @@
 //! flows, in both directions, use the answer their flow entry cached
 //! instead, resolved again once a second. A new flow starts with the hop
 //! the last new flow to its backend resolved on this CPU, while that is
-//! fresh ([`lb_backend_hop`], `backend_hop`).
+//! fresh (`backend_hop`).
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup, xdp_md},
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup},
     helpers::generated::{bpf_fib_lookup as fib_lookup, bpf_redirect},
     programs::XdpContext,
 };
-use lb_common::{AF_INET6, FlowEntry, IpKey, MAX_SNAT_ADDRS, Reason, Verdict, reason};
+use lb_common::{FlowEntry, IpKey, Reason, Verdict, reason};
 
 use crate::{
     backend_hop,
     flow::{ReturnPath, Translation},
-    helpers::jiffies,
-    maps::{BACKEND_HOPS, NEIGHBOURS, SNAT_ADDRS},
-    packet::{Mac, Packet, keep_ctx_pointer, load, load_mac, ptr_at},
-    select::by_id,
+    maps::NEIGHBOURS,
+    packet::{Mac, Packet, keep_ctx_pointer, load_mac, ptr_at},
     wire::{ETH_DST_OFF, ETH_SRC_OFF},
 };
 
@@ -153,6 +151,7 @@ pub fn forward_to_backend(
         false,
         ReturnPath::NONE,
         reason::TX_TO_BACKEND,
+        true,
     )
 }
 
@@ -180,6 +179,7 @@ pub fn forward_to_client(
         refresh,
         ReturnPath::of(rev),
         reason::TX_TO_CLIENT,
+        false,
     )
 }
 
@@ -187,8 +187,10 @@ pub fn forward_to_client(
 /// answer of `bpf_fib_lookup`, the neighbour map or `learned` is cached
 /// when the frame goes back out of the ingress interface, and later
 /// packets use it without a lookup until it is dropped (`refresh`: resolved
-/// again now). Each caller passes constant `refresh` kinds and reasons, so
-/// each BPF function keeps only its own half.
+/// again now). `shared` (towards a backend): a resolved hop is also kept
+/// as the backend's shared one for the next new flows
+/// (`backend_hop::remember`). Each caller passes constant `refresh` kinds,
+/// reasons and `shared`, so each BPF function keeps only its own half.
 #[inline(always)]
 fn forward_cached(
     ctx: &XdpContext,
@@ -198,6 +200,7 @@ fn forward_cached(
     refresh: bool,
     learned: ReturnPath,
     tx_reason: Reason,
+    shared: bool,
 ) -> Result<Verdict, Reason> {
     let ingress = ctx.ingress_ifindex() as u32;
     // SAFETY: live map value; a racing refresh stores the same kind of values.
@@ -233,6 +236,9 @@ fn forward_cached(
             unsafe {
                 cache.mac.write_volatile(hop.dmac);
                 cache.ifindex.write_volatile(ingress);
+            }
+            if shared {
+                backend_hop::remember(to.backend_id, &to.dst, hop.dmac, ingress);
             }
         }
         hop
@@ -290,36 +296,21 @@ fn forward_call(
     Verdict::of(forward(&ctx, pkt, to, tx_reason, *learned)).into_raw()
 }
 
-/// A complete FIB answer (route and resolved neighbour) for the rewritten
-/// packet, if any.
+/// A complete FIB answer (route and resolved neighbour), if any.
 #[inline(always)]
 fn fib(ctx: &XdpContext, pkt: &Packet, to: &Translation, ingress: u32) -> Option<Hop> {
-    fib_route(ctx, pkt.is_v6(), pkt.proto, &to.src, &to.dst, ingress)
-}
-
-/// A complete FIB answer for `src → dst` (`proto`), as if the packet had
-/// arrived on `ingress`.
-#[inline(always)]
-fn fib_route(
-    ctx: &XdpContext,
-    v6: bool,
-    proto: u8,
-    src: &[u32; 4],
-    dst: &[u32; 4],
-    ingress: u32,
-) -> Option<Hop> {
     let mut storage = MaybeUninit::uninit();
     let params = zeroed_fib_params(&mut storage);
-    params.l4_protocol = proto;
+    params.l4_protocol = pkt.proto;
     params.ifindex = ingress;
-    if v6 {
+    if pkt.is_v6() {
         params.family = FIB_AF_INET6;
-        params.__bindgen_anon_3.ipv6_src = *src;
-        params.__bindgen_anon_4.ipv6_dst = *dst;
+        params.__bindgen_anon_3.ipv6_src = to.src;
+        params.__bindgen_anon_4.ipv6_dst = to.dst;
     } else {
         params.family = FIB_AF_INET;
-        params.__bindgen_anon_3.ipv4_src = src[0];
-        params.__bindgen_anon_4.ipv4_dst = dst[0];
+        params.__bindgen_anon_3.ipv4_src = to.src[0];
+        params.__bindgen_anon_4.ipv4_dst = to.dst[0];
     }
     // SAFETY: `params` is a valid, fully initialised struct on our stack.
     let rc = unsafe {
@@ -379,61 +370,4 @@ fn neighbour(family: u8, dst: [u32; 4], our_mac: Mac, ingress: u32) -> Option<Ho
         smac: our_mac,
         ifindex: if n.ifindex == 0 { ingress } else { n.ifindex },
     })
-}
-
-/// Makes this CPU's shared hop to the backend `backend_id` fresh before a
-/// new flow to it is created (see [`lb_backend_hop`]). `proto`: the new
-/// flow's protocol.
-#[inline(always)]
-pub fn refresh_backend_hop(ctx: &XdpContext, backend_id: u32, proto: u8) {
-    lb_backend_hop(ctx.ctx, u64::from(backend_id), u64::from(proto));
-}
-
-/// [`refresh_backend_hop`]'s global BPF function (verified once, on its
-/// own; its FIB parameters stay out of the new flow's deep frames): unless
-/// the backend's `BackendHop` on this CPU is fresh, resolves the hop
-/// (FIB, then the neighbour map) and keeps it if frames leave by the
-/// ingress interface; otherwise clears it. Returns 1 if a fresh hop is
-/// kept. The route is looked up from the family's first SNAT address:
-/// the cache assumes the next hop to a backend does not depend on which
-/// pool address a flow uses (no source routing between them).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub fn lb_backend_hop(ctx: *mut xdp_md, backend_id: u64, proto: u64) -> u64 {
-    let ctx = XdpContext::new(ctx);
-    let Some(backend) = by_id(backend_id as u32) else {
-        return 0;
-    };
-    let Some(kept) = BACKEND_HOPS.get_ptr_mut(backend.id) else {
-        return 0;
-    };
-    let ingress = ctx.ingress_ifindex() as u32;
-    let now = jiffies();
-    if backend_hop::is_fresh(kept, &backend.addr, ingress, now) {
-        return 1;
-    }
-    let v6 = backend.family == AF_INET6;
-    let src = SNAT_ADDRS
-        .get(if v6 { MAX_SNAT_ADDRS } else { 0 })
-        .map_or([0; 4], |a| a.addr);
-    let hop = load::<Mac>(&ctx, ETH_DST_OFF).and_then(|our_mac| {
-        fib_route(&ctx, v6, proto as u8, &src, &backend.addr, ingress)
-            .or_else(|| neighbour(backend.family, backend.addr, our_mac, ingress))
-    });
-    // SAFETY: this CPU's own copy of a per-CPU map value.
-    unsafe {
-        match hop {
-            Some(hop) if hop.ifindex == ingress && ingress != 0 => {
-                (*kept).dst = backend.addr;
-                (*kept).mac = hop.dmac;
-                (*kept).ifindex = ingress;
-                (*kept).jiffies = now;
-                1
-            }
-            _ => {
-                (*kept).ifindex = 0;
-                0
-            }
-        }
-    }
 }

@@ -627,16 +627,14 @@ fn case_next_hop_shared_per_backend(lb: &mut Lb) {
     );
     // A hop through another interface (a redirect) is not kept.
     lb.set_neighbour_keeping_hops(backend_addr(0), backend_mac(0), 7);
-    lb.set_backend_hop(
-        0,
-        BackendHop {
-            jiffies: renewed.jiffies.wrapping_sub(BACKEND_HOP_JIFFIES),
-            ..renewed
-        },
-    );
+    let old = BackendHop {
+        jiffies: renewed.jiffies.wrapping_sub(BACKEND_HOP_JIFFIES),
+        ..renewed
+    };
+    lb.set_backend_hop(0, old);
     let (action, _) = lb.run(&Pkt::tcp((CLIENT, port + 1), (VIP, HTTP), TCP_SYN).build());
     assert_eq!(action, XDP_REDIRECT);
-    assert_eq!(lb.backend_hop(0).ifindex, 0, "a redirected hop is not kept");
+    assert_eq!(lb.backend_hop(0), old, "a redirected hop is not kept");
 }
 
 /// Makes the entry at `key` `secs` seconds older (its once-a-second
