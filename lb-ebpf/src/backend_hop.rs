@@ -8,8 +8,8 @@ use lb_common::{BACKEND_HOP_JIFFIES, BackendHop};
 
 use crate::{helpers::jiffies, maps::BACKEND_HOPS, select::Chosen};
 
-/// This CPU's hop to `backend`, if the last new flow to it resolved one
-/// within [`BACKEND_HOP_JIFFIES`] that leaves by `ingress`.
+/// This CPU's hop to `backend`, if a flow to it resolved one within the
+/// last [`BACKEND_HOP_JIFFIES`] that leaves by `ingress`.
 #[inline(always)]
 pub fn fresh(backend: &Chosen, ingress: u32) -> Option<&'static BackendHop> {
     let kept = BACKEND_HOPS.get(backend.id)?;

@@ -8,8 +8,8 @@
 //! path learned from the client's first frame does. Packets of known
 //! flows, in both directions, use the answer their flow entry cached
 //! instead, resolved again once a second. A new flow starts with the hop
-//! the last new flow to its backend resolved on this CPU, while that is
-//! fresh (`backend_hop`).
+//! a flow to its backend last resolved on this CPU, while that is fresh
+//! (`backend_hop`).
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
