@@ -200,6 +200,11 @@ pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// Per CPU: each backend's last resolved next hop (a cache the data path
 /// keeps for itself; not pinned, not in [`ALL_MAPS`]).
 pub const BACKEND_HOPS_MAP: &str = "BACKEND_HOPS";
+/// The one-entry benchmark floor's reply ways (`[claim, client]` words; see
+/// lb-ebpf's `floor.rs`); only the benchmark sizes and reads it.
+pub const FLOOR_REPLY_WAYS_MAP: &str = "FLOOR_REPLY_WAYS";
+/// The claim word's bit of a taken way in [`FLOOR_REPLY_WAYS_MAP`].
+pub const FLOOR_WAY_CLAIMED: u64 = 1 << 63;
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).

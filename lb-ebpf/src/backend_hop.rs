@@ -8,12 +8,13 @@ use lb_common::{BACKEND_HOP_JIFFIES, BackendHop};
 
 use crate::{helpers::jiffies, maps::BACKEND_HOPS, select::Chosen};
 
-/// This CPU's hop to `backend`, if a flow to it resolved one within the
-/// last [`BACKEND_HOP_JIFFIES`] that leaves by `ingress`.
+/// This CPU's hop to `backend`, if a flow to it resolved one that leaves
+/// by `ingress` within the [`BACKEND_HOP_JIFFIES`] before `now` (jiffies,
+/// read by the caller: a new flow reads the clock once).
 #[inline(always)]
-pub fn fresh(backend: &Chosen, ingress: u32) -> Option<&'static BackendHop> {
+pub fn fresh(backend: &Chosen, ingress: u32, now: u32) -> Option<&'static BackendHop> {
     let kept = BACKEND_HOPS.get(backend.id)?;
-    is_fresh(kept, &backend.addr, ingress, jiffies()).then_some(kept)
+    is_fresh(kept, &backend.addr, ingress, now).then_some(kept)
 }
 
 /// Whether `kept` holds a hop to `dst` by `ingress`, resolved at most

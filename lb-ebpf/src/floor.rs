@@ -4,10 +4,10 @@
 //! `lb-bench-dataplane` runs them next to `lb_xdp`'s new-flow cases, on the
 //! same `FLOWS` table (its own client addresses, so no key meets another
 //! case's). Each parses an IPv4 TCP/UDP frame with no options, looks its
-//! 5-tuple up (a miss for every new client), inserts `ENTRIES` entries of a
-//! flow's size (the forward key; with two, also the key of the reply
-//! direction, as `lb_xdp` keeps it), swaps the MACs and sends the frame
-//! back. No backend choice, no SNAT claim, no rewrite, no counters. The
+//! 5-tuple up (a miss for every new client), inserts the forward entry, of
+//! a flow's size, keeps the reply direction its way ([`Reply`]: not at all,
+//! or as a second entry under its own key, as `lb_xdp` keeps it), swaps
+//! the MACs and sends the frame back. No backend choice, no SNAT claim, no rewrite, no counters. The
 //! control plane never loads them.
 //!
 //! A third floor, `xdp_floor_one_entry_way`, measures the layout that
@@ -21,7 +21,7 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
-use lb_common::{AF_INET, FlowEntry, FlowKey};
+use lb_common::{AF_INET, FLOOR_WAY_CLAIMED, FlowEntry, FlowKey};
 
 use crate::{
     atomic::fetch_or_u64,
@@ -31,7 +31,7 @@ use crate::{
 };
 
 /// The one-entry floor's reply ways: `[claim, client]`, the claim word's
-/// top bit set by the claim ([`WAY_CLAIMED`]), the client word the client's
+/// top bit set by the claim ([`FLOOR_WAY_CLAIMED`]), the client word the client's
 /// address and ports. One way unless the loader sizes it (the benchmark
 /// does; the control plane never uses it).
 #[map(name = "FLOOR_REPLY_WAYS")]
@@ -40,48 +40,39 @@ pub static FLOOR_REPLY_WAYS: Array<[u64; 2]> = Array::with_max_entries(1, 0);
 #[map(name = "FLOOR_WAY_CURSOR")]
 pub static FLOOR_WAY_CURSOR: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-/// The claim word's bit of a taken way.
-pub const WAY_CLAIMED: u64 = 1 << 63;
 /// Ways a claim tries before it gives up (taken ones are stepped over).
 const WAY_TRIES: u32 = 4;
 
 /// Version 4, a 20-byte header: the first byte of an IPv4 header without options.
 const IPV4_NO_OPTIONS: u8 = 0x45;
 
+/// How a floor keeps a connection's reply direction.
+#[derive(PartialEq, Eq)]
+enum Reply {
+    /// Not at all: the least a balancer with one hash entry pays.
+    Nothing,
+    /// As a hash entry of its own, as `lb_xdp` keeps it.
+    Entry,
+    /// As a claimed way (see the module documentation).
+    Way,
+}
+
 /// The least a balancer with one hash entry per connection pays per new flow.
 #[xdp]
 pub fn xdp_floor_one_entry(ctx: XdpContext) -> u32 {
-    new_flow_floor::<1>(&ctx)
+    new_flow_floor(&ctx, Reply::Nothing)
 }
 
 /// The same with an entry per direction, as `lb_xdp` keeps a connection.
 #[xdp]
 pub fn xdp_floor_two_entries(ctx: XdpContext) -> u32 {
-    new_flow_floor::<2>(&ctx)
+    new_flow_floor(&ctx, Reply::Entry)
 }
 
-/// One hash entry, and the reply direction as a claimed way (see the
-/// module documentation).
+/// One hash entry, and the reply direction as a claimed way.
 #[xdp]
 pub fn xdp_floor_one_entry_way(ctx: XdpContext) -> u32 {
-    let Some(key) = ipv4_key(&ctx) else {
-        return xdp_action::XDP_PASS;
-    };
-    if FLOWS.get_ptr(&key).is_none() {
-        if FLOWS.insert(&key, &FlowEntry::default(), 0).is_err() {
-            return xdp_action::XDP_ABORTED;
-        }
-        let client =
-            (u64::from(key.src[0]) << 32) | (u64::from(key.sport) << 16) | u64::from(key.dport);
-        if !claim_way(client) {
-            return xdp_action::XDP_ABORTED;
-        }
-    }
-    if packet::swap_macs(&ctx) {
-        xdp_action::XDP_TX
-    } else {
-        xdp_action::XDP_PASS
-    }
+    new_flow_floor(&ctx, Reply::Way)
 }
 
 /// Claims the first free way from this CPU's cursor on (wrapping at the
@@ -106,8 +97,8 @@ fn claim_way(client: u64) -> bool {
         };
         at = at.wrapping_add(1);
         // SAFETY: a live, 8-byte aligned array value; the claim is atomic.
-        let old = unsafe { fetch_or_u64(&raw mut (*way)[0], WAY_CLAIMED) };
-        if old & WAY_CLAIMED == 0 {
+        let old = unsafe { fetch_or_u64(&raw mut (*way)[0], FLOOR_WAY_CLAIMED) };
+        if old & FLOOR_WAY_CLAIMED == 0 {
             // SAFETY: as above; this CPU owns the way it claimed.
             unsafe {
                 (*way)[1] = client;
@@ -121,8 +112,10 @@ fn claim_way(client: u64) -> bool {
     false
 }
 
+/// A floor: the forward entry for a new client, the `reply` direction
+/// kept its way (each caller passes a constant), the MACs swapped.
 #[inline(always)]
-fn new_flow_floor<const ENTRIES: usize>(ctx: &XdpContext) -> u32 {
+fn new_flow_floor(ctx: &XdpContext, reply: Reply) -> u32 {
     let Some(key) = ipv4_key(ctx) else {
         return xdp_action::XDP_PASS;
     };
@@ -131,14 +124,24 @@ fn new_flow_floor<const ENTRIES: usize>(ctx: &XdpContext) -> u32 {
         if FLOWS.insert(&key, &entry, 0).is_err() {
             return xdp_action::XDP_ABORTED;
         }
-        if ENTRIES == 2 {
+        let kept = match reply {
+            Reply::Nothing => true,
             // The reply direction's key: another bucket, as in `lb_xdp`.
-            let reply = FlowKey::new(
-                key.family, key.proto, key.dst, key.src, key.dport, key.sport,
-            );
-            if FLOWS.insert(&reply, &entry, 0).is_err() {
-                return xdp_action::XDP_ABORTED;
-            }
+            Reply::Entry => FLOWS
+                .insert(
+                    FlowKey::new(
+                        key.family, key.proto, key.dst, key.src, key.dport, key.sport,
+                    ),
+                    &entry,
+                    0,
+                )
+                .is_ok(),
+            Reply::Way => claim_way(
+                (u64::from(key.src[0]) << 32) | (u64::from(key.sport) << 16) | u64::from(key.dport),
+            ),
+        };
+        if !kept {
+            return xdp_action::XDP_ABORTED;
         }
     }
     if packet::swap_macs(ctx) {

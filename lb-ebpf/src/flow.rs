@@ -142,7 +142,7 @@ pub fn create(
     }
     // Looked up only now: a hop found before the claim doubled the states
     // the verifier walked it in (found or not), about 80k instructions.
-    if let Some(hop) = backend_hop::fresh(backend, client.ifindex) {
+    if let Some(hop) = backend_hop::fresh(backend, client.ifindex, entry.checked_jiffies) {
         // The forward entry's hop cache (see `nexthop::HopCache`).
         entry.client_mac = hop.mac;
         entry.client_ifindex = hop.ifindex;
@@ -326,15 +326,18 @@ fn claim_snat_tuple(
     // SAFETY: this CPU's own copy of a per-CPU map value (XDP runs with
     // preemption off, so nothing else touches it meanwhile).
     let start = unsafe { *cursor };
-    // The tuple at the cursor is the one this CPU handed out longest ago:
-    // if it sits out a quarantine that is over (the sweep, whose passes
-    // can be two minutes apart on a large table, frees it only after a second
-    // one), free it now, so under load no tuple is held much longer than
-    // its quarantine. Only there: one lookup per new flow at most. (Its
-    // own block, so its key's stack slot is reused by the loop's: the
-    // frame is at the 512-byte limit. The key is built here and in the
-    // loop alike on purpose: a shared helper returning it cost the debug
-    // build 16 bytes of stack, over the limit.)
+    // The tuple at the cursor is the one this CPU handed out longest ago,
+    // tried first and apart from the loop: if it is taken by a connection
+    // that sits out a quarantine that is over (the sweep, whose passes can
+    // be two minutes apart on a large table, frees it only after a second
+    // one), the new connection takes it over at once, so under load no
+    // tuple is held much longer than its quarantine. The insert comes
+    // first: a free tuple (the common case) then costs one hash operation,
+    // not a lookup and an insert. (Its own block, so its key's stack slot
+    // is reused by the loop's: the frame is at the 512-byte limit. The key
+    // is built here and in the loop alike on purpose: a shared helper
+    // returning it cost the debug build 16 bytes of stack, over the limit.)
+    let mut claimed = u64::MAX;
     {
         let (slot, port) = snat.tuple(start);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
@@ -346,7 +349,16 @@ fn claim_snat_tuple(
             backend.port,
             port,
         );
-        free_after_quarantine(&reverse, backend.id, snat.quarantine_ns, entry.created_ns);
+        match FLOWS.insert(&reverse, &*entry, u64::from(BPF_NOEXIST)) {
+            Ok(()) => claimed = 0,
+            Err(EEXIST) => {
+                if replace_after_quarantine(&reverse, entry, snat.quarantine_ns) {
+                    claimed = 0;
+                }
+            }
+            // Full table (E2BIG) or out of memory.
+            Err(_) => return Err(reason::DROP_FLOW_INSERT),
+        }
     }
     // The other slice (if this CPU's is full) and where in it to start:
     // mixed from the cursor and the client's address and port rather than
@@ -356,28 +368,29 @@ fn claim_snat_tuple(
     // Every try that claims a tuple leaves the loop at one place, so the
     // verifier follows what comes after once rather than once per try; the
     // tuple is found again from its try's number (a plain integer: the
-    // frame is at the 512-byte limit).
-    let mut claimed = u64::MAX;
-    for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
-        let (slot, port) = snat.try_tuple(i, start, other, pick);
-        let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
-        let reverse = FlowKey::new(
-            pkt.family,
-            pkt.proto,
-            backend.addr,
-            addr.addr,
-            backend.port,
-            port,
-        );
-        // NOEXIST makes the check and the claim one step.
-        match FLOWS.insert(reverse, &*entry, u64::from(BPF_NOEXIST)) {
-            Ok(()) => {
-                claimed = i;
-                break;
+    // frame is at the 512-byte limit). Try 0 was the cursor's, above.
+    if claimed == u64::MAX {
+        for i in 1..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
+            let (slot, port) = snat.try_tuple(i, start, other, pick);
+            let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
+            let reverse = FlowKey::new(
+                pkt.family,
+                pkt.proto,
+                backend.addr,
+                addr.addr,
+                backend.port,
+                port,
+            );
+            // NOEXIST makes the check and the claim one step.
+            match FLOWS.insert(reverse, &*entry, u64::from(BPF_NOEXIST)) {
+                Ok(()) => {
+                    claimed = i;
+                    break;
+                }
+                Err(EEXIST) => {}
+                // Full table (E2BIG) or out of memory.
+                Err(_) => return Err(reason::DROP_FLOW_INSERT),
             }
-            Err(EEXIST) => {}
-            // Full table (E2BIG) or out of memory.
-            Err(_) => return Err(reason::DROP_FLOW_INSERT),
         }
     }
     if claimed == u64::MAX {
@@ -475,38 +488,54 @@ fn take_over_tuple(
     Ok(())
 }
 
-/// Frees the SNAT tuple held by the reply entry at `reverse` if that entry
-/// is closed and `now` is in the second quarantine after its close: the
-/// first keeps the tuple from a backend that may still hold it in
-/// TIME_WAIT, and from the second on the tuple is free, but only the data
-/// path frees it during the second and only the sweep after it. Each
-/// removes by key, so both deciding on one entry at once could free it
-/// twice, or remove a new connection's entry the other just inserted
-/// under the key. The connection's forward entry was closed before the
-/// reply entry was stamped and leaves `closed_linger_ns` after the close,
-/// long before; the sweep removes it as usual. (Nothing is copied out of
-/// the entry: the new-flow frame is at the 512-byte stack limit.)
+/// Takes over the SNAT tuple held by the reply entry at `reverse` for
+/// the new connection's reply entry `entry` if the held entry is closed
+/// and `entry`'s creation time is in the second quarantine after its
+/// close; returns whether it did. The first quarantine keeps the tuple
+/// from a backend that may still hold it in TIME_WAIT. From the second on
+/// the tuple is free, but only the data path takes it during the second
+/// and only the sweep frees it after: the sweep removes by key, so both
+/// deciding on one entry at once could free it twice, or remove the new
+/// connection's entry just written under the key. The held connection's
+/// forward entry was closed before the reply entry was stamped and leaves
+/// `closed_linger_ns` after the close, long before; the sweep removes it
+/// as usual. (Nothing is copied out of the entry but its backend: the
+/// new-flow frame is at the 512-byte stack limit.)
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
+)]
 #[inline(always)]
-fn free_after_quarantine(reverse: &FlowKey, backend_id: u32, quarantine_ns: u64, now: u64) {
+fn replace_after_quarantine(reverse: &FlowKey, entry: &FlowEntry, quarantine_ns: u64) -> bool {
     let Some(held) = FLOWS.get_ptr_mut(reverse) else {
-        return;
+        return false;
     };
     // SAFETY: live map value; a racing close only makes this read stale,
     // and a stale "not closed" just leaves the tuple alone.
     let expired = unsafe {
         core::ptr::read_volatile(&raw const (*held).flags) & FLOW_F_CLOSED != 0 && {
-            let age = now.saturating_sub((*held).last_seen_ns);
+            let age = entry.created_ns.saturating_sub((*held).last_seen_ns);
             age > quarantine_ns && age <= quarantine_ns.saturating_mul(2)
         }
     };
     // Claimed first: a SYN taking the tuple over may race (see
     // `time_wait::may_take_over`).
-    if expired
-        && Flags::of(held).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
-        && FLOWS.remove(reverse).is_ok()
-    {
-        snat_used(backend_id, u64::MAX);
+    if !expired || Flags::of(held).set(FLOW_F_TAKEN) & FLOW_F_TAKEN != 0 {
+        return false;
     }
+    // SAFETY: live map value; written only when it was created.
+    let held_by = unsafe { (*held).backend_id };
+    if FLOWS.insert(reverse, entry, u64::from(BPF_EXIST)).is_err() {
+        // Claimed but not replaced (the table could not allocate the new
+        // value): give the claim back, so the sweep still frees it.
+        Flags::of(held).clear(FLOW_F_TAKEN);
+        return false;
+    }
+    // The tuple leaves the closed connection's count (its backend may be
+    // another VIP's id of the same address); the claim adds it to the new
+    // one's.
+    snat_used(held_by, u64::MAX);
+    true
 }
 
 /// Adds `delta` (wrapping: `u64::MAX` is −1) to the backend's count of
@@ -559,8 +588,8 @@ fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
 
 /// Whether a SYN with sequence number `seq` and timestamp `ts` may take
 /// over the reply entry `held` at `now`, and if so claims it
-/// ([`FLOW_F_TAKEN`], which the data path's and the sweep's frees also
-/// take first, so only one acts on it). It may when the entry is closed
+/// ([`FLOW_F_TAKEN`], which the cursor's take-over and the sweep's free
+/// also take first, so only one acts on it). It may when the entry is closed
 /// and either its quarantine is over (the sweep or the cursor would free
 /// it soon anyway), or the client's last segment was recorded and the
 /// backend's TIME_WAIT, if it holds one, would accept the SYN.

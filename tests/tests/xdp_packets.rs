@@ -11,9 +11,9 @@
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BACKEND_HOP_JIFFIES,
     BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT,
-    EVENT_CLOSED, EVENT_REFUSED, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED,
-    FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN,
-    IPPROTO_TCP, IPPROTO_UDP, reason,
+    EVENT_CLOSED, EVENT_REFUSED, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED,
+    FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN,
+    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1908,7 +1908,6 @@ fn case_new_flow_floors(lb: &mut Lb) {
 /// harness keeps one), a new client's SYN finds none and is aborted.
 fn case_new_flow_floor_with_a_way(lb: &mut Lb) {
     const PROGRAM: &str = "xdp_floor_one_entry_way";
-    const CLAIMED: u64 = 1 << 63;
     lb.load_program(PROGRAM);
     let port = CLIENT_PORT + 3;
     let syn = Pkt::tcp((CLIENT, port), (VIP, HTTP), TCP_SYN).build();
@@ -1926,24 +1925,28 @@ fn case_new_flow_floor_with_a_way(lb: &mut Lb) {
             .is_some()
     );
     let way = |lb: &mut Lb| {
-        lb.array::<[u64; 2]>("FLOOR_REPLY_WAYS")
+        lb.array::<[u64; 2]>(FLOOR_REPLY_WAYS_MAP)
             .get(&0, 0)
             .expect("way 0")
     };
     let client = (u64::from(u32::from_ne_bytes(CLIENT.octets())) << 32)
         | (u64::from(port.to_be()) << 16)
         | u64::from(HTTP.to_be());
-    assert_eq!(way(lb), [CLAIMED, client], "the way holds the client");
+    assert_eq!(
+        way(lb),
+        [FLOOR_WAY_CLAIMED, client],
+        "the way holds the client"
+    );
     assert_eq!(lb.run_program(PROGRAM, &syn, 1).0, XDP_TX);
     assert_eq!(lb.flow_count(), before + 1, "found, not inserted");
-    assert_eq!(way(lb), [CLAIMED, client], "not claimed again");
+    assert_eq!(way(lb), [FLOOR_WAY_CLAIMED, client], "not claimed again");
     let other = Pkt::tcp((CLIENT, port + 1), (VIP, HTTP), TCP_SYN).build();
     assert_eq!(
         lb.run_program(PROGRAM, &other, 1).0,
         XDP_ABORTED,
         "no free way"
     );
-    assert_eq!(way(lb), [CLAIMED, client], "the taken way kept");
+    assert_eq!(way(lb), [FLOOR_WAY_CLAIMED, client], "the taken way kept");
 }
 
 fn main() {

@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use lb_common::{Algorithm, BACKEND_ACTIVE, IPPROTO_TCP};
+use lb_common::{Algorithm, BACKEND_ACTIVE, FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP};
 use lb_lab::xdp::{
     harness::*,
     isolate::run_isolated,
@@ -150,7 +150,7 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
     let mut lb = Lb::load_sized(
         lb_lab::production::EBPF_OBJECT,
         BENCH_FLOW_TABLE,
-        &[("FLOOR_REPLY_WAYS", BENCH_REPLY_WAYS)],
+        &[(FLOOR_REPLY_WAYS_MAP, BENCH_REPLY_WAYS)],
     );
     lb.load_program(PASS_PROGRAM);
     lb.load_program(MACSWAP_PROGRAM);
