@@ -1415,6 +1415,48 @@ fn case_snat_tuple_past_quarantine_is_taken_without_a_sweep(lb: &mut Lb) {
     lb.expect(&answer, XDP_TX, &to_new_client);
 }
 
+fn case_snat_tuple_past_quarantine_moves_to_another_id_of_its_backend(lb: &mut Lb) {
+    // Backend 0's address and port behind a second VIP, as backend id 1:
+    // both ids draw on the same tuples (the reply key holds the address).
+    // One tuple, held in quarantine by a closed connection through id 0;
+    // once the quarantine is over, a SYN to the second VIP takes the tuple
+    // over at the claim's cursor, and the count of tuples held moves from
+    // id 0 to id 1.
+    const SECOND_VIP_PORT: u16 = HTTP + 1;
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
+    lb.backend_at(1, backend_addr(0).into(), BACKEND_ACTIVE);
+    lb.vip(2, SECOND_VIP_PORT, IPPROTO_TCP, Algorithm::P2cEwma, 0, &[1]);
+    assert_eq!(lb.syn(CLIENT_PORT), 0);
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    assert_eq!((lb.snat_used(0), lb.snat_used(1)), (1, 0));
+    lb.timeouts(Timeouts {
+        snat_quarantine_ns: 200_000_000,
+        ..Timeouts::default()
+    });
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT + 1), (VIP, SECOND_VIP_PORT), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_DROP, "in quarantine");
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX, "{:?}", lb.reasons());
+    let fwd = lb.forward_entry(IPPROTO_TCP, SECOND_VIP_PORT, CLIENT_PORT + 1);
+    assert_eq!(
+        (fwd.backend_id, u16::from_be(fwd.new_sport)),
+        (1, SNAT_PORT_MIN)
+    );
+    let reply = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
+    assert_eq!((reply.backend_id, reply.flags & FLOW_F_CLOSED), (1, 0));
+    assert_eq!(
+        (lb.snat_used(0), lb.snat_used(1)),
+        (0, 1),
+        "the tuple's hold moved to the id that took it"
+    );
+    assert_eq!(lb.conns(1).opened, 1);
+    let stats = lb.sweep();
+    assert_eq!((stats.snat_freed, stats.orphans), (0, 0));
+    assert_eq!((lb.snat_used(0), lb.snat_used(1)), (0, 1));
+}
+
 /// TCP options of a Linux SYN: MSS, SACK_PERM, TS (`tsval`), NOP, WS.
 fn linux_syn_options(tsval: u32) -> Vec<u8> {
     let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
@@ -1827,6 +1869,10 @@ const CASES: &[Case] = &[
     (
         "snat tuple past quarantine is taken without a sweep",
         case_snat_tuple_past_quarantine_is_taken_without_a_sweep,
+    ),
+    (
+        "snat tuple past quarantine moves to another id of its backend",
+        case_snat_tuple_past_quarantine_moves_to_another_id_of_its_backend,
     ),
     (
         "snat tuple in time wait taken by a syn the backend accepts",
