@@ -326,20 +326,18 @@ fn claim_snat_tuple(
     // SAFETY: this CPU's own copy of a per-CPU map value (XDP runs with
     // preemption off, so nothing else touches it meanwhile).
     let start = unsafe { *cursor };
-    // The tuple at the cursor is the one this CPU handed out longest ago,
-    // tried first and apart from the loop: if it is taken by a connection
-    // that sits out a quarantine that is over (the sweep, whose passes can
-    // be two minutes apart on a large table, frees it only after a second
-    // one), the new connection takes it over at once, so under load no
-    // tuple is held much longer than its quarantine. The insert comes
-    // first: a free tuple (the common case) then costs one hash operation,
-    // not a lookup and an insert. (Its own block, so its key's stack slot
-    // is reused by the loop's: the frame is at the 512-byte limit. The key
-    // is built here and in the loop alike on purpose: a shared helper
-    // returning it cost the debug build 16 bytes of stack, over the limit.)
+    // The other slice (if this CPU's is full) and where in it to start:
+    // mixed from the cursor and the client's address and port rather than
+    // drawn: no helper call on every new flow for the rare one that steals.
+    let pick = ((start as u32) ^ u32::from(pkt.sport) ^ pkt.saddr[0]).wrapping_mul(0x9E37_79B1);
+    let other = snat.other_slice(pick);
+    // Every try that claims a tuple leaves the loop at one place, so the
+    // verifier follows what comes after once rather than once per try; the
+    // tuple is found again from its try's number (a plain integer: the
+    // frame is at the 512-byte limit).
     let mut claimed = u64::MAX;
-    {
-        let (slot, port) = snat.tuple(start);
+    for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
+        let (slot, port) = snat.try_tuple(i, start, other, pick);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
         let reverse = FlowKey::new(
             pkt.family,
@@ -349,48 +347,29 @@ fn claim_snat_tuple(
             backend.port,
             port,
         );
+        // NOEXIST makes the check and the claim one step.
         match FLOWS.insert(&reverse, &*entry, u64::from(BPF_NOEXIST)) {
-            Ok(()) => claimed = 0,
-            Err(EEXIST) => {
-                if replace_after_quarantine(&reverse, entry, snat.quarantine_ns) {
-                    claimed = 0;
-                }
+            Ok(()) => {
+                claimed = i;
+                break;
             }
+            // The tuple at the cursor (try 0) is the one this CPU handed
+            // out longest ago: if a connection that sits out a quarantine
+            // that is over holds it (the sweep, whose passes can be two
+            // minutes apart on a large table, frees it only after a second
+            // one), the new connection takes it over at once, so under
+            // load no tuple is held much longer than its quarantine. Only
+            // there: a free tuple, the common case, costs one hash
+            // operation, and a taken one at most one lookup more.
+            Err(EEXIST)
+                if i == 0 && replace_after_quarantine(&reverse, entry, snat.quarantine_ns) =>
+            {
+                claimed = 0;
+                break;
+            }
+            Err(EEXIST) => {}
             // Full table (E2BIG) or out of memory.
             Err(_) => return Err(reason::DROP_FLOW_INSERT),
-        }
-    }
-    // The other slice (if this CPU's is full) and where in it to start:
-    // mixed from the cursor and the client's address and port rather than
-    // drawn: no helper call on every new flow for the rare one that steals.
-    let pick = ((start as u32) ^ u32::from(pkt.sport) ^ pkt.saddr[0]).wrapping_mul(0x9E37_79B1);
-    let other = snat.other_slice(pick);
-    // Every try that claims a tuple leaves the loop at one place, so the
-    // verifier follows what comes after once rather than once per try; the
-    // tuple is found again from its try's number (a plain integer: the
-    // frame is at the 512-byte limit). Try 0 was the cursor's, above.
-    if claimed == u64::MAX {
-        for i in 1..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
-            let (slot, port) = snat.try_tuple(i, start, other, pick);
-            let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
-            let reverse = FlowKey::new(
-                pkt.family,
-                pkt.proto,
-                backend.addr,
-                addr.addr,
-                backend.port,
-                port,
-            );
-            // NOEXIST makes the check and the claim one step.
-            match FLOWS.insert(reverse, &*entry, u64::from(BPF_NOEXIST)) {
-                Ok(()) => {
-                    claimed = i;
-                    break;
-                }
-                Err(EEXIST) => {}
-                // Full table (E2BIG) or out of memory.
-                Err(_) => return Err(reason::DROP_FLOW_INSERT),
-            }
         }
     }
     if claimed == u64::MAX {
