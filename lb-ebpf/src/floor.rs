@@ -6,9 +6,9 @@
 //! case's). Each parses an IPv4 TCP/UDP frame with no options, looks its
 //! 5-tuple up (a miss for every new client), inserts the forward entry, of
 //! a flow's size, keeps the reply direction its way ([`Reply`]: not at all,
-//! or as a second entry under its own key, as `lb_xdp` keeps it), swaps
-//! the MACs and sends the frame back. No backend choice, no SNAT claim, no rewrite, no counters. The
-//! control plane never loads them.
+//! as a second entry under its own key, as `lb_xdp` keeps it, or as a way),
+//! swaps the MACs and sends the frame back. No backend choice, no SNAT
+//! claim, no rewrite, no counters. The control plane never loads them.
 //!
 //! A third floor, `xdp_floor_one_entry_way`, measures the layout that
 //! would keep one hash entry per connection: the forward entry, and the
@@ -47,7 +47,6 @@ const WAY_TRIES: u32 = 4;
 const IPV4_NO_OPTIONS: u8 = 0x45;
 
 /// How a floor keeps a connection's reply direction.
-#[derive(PartialEq, Eq)]
 enum Reply {
     /// Not at all: the least a balancer with one hash entry pays.
     Nothing,

@@ -440,16 +440,10 @@ fn take_over_tuple(
         {
             // SAFETY: live map value; written only when it was created.
             held_by = unsafe { (*held).backend_id };
-            if FLOWS
-                .insert(&reverse, &*entry, u64::from(BPF_EXIST))
-                .is_ok()
-            {
+            if replace_claimed(&reverse, held, entry) {
                 taken = i;
                 break;
             }
-            // Claimed but not replaced (the table could not allocate the
-            // new value): give the claim back, so the sweep still frees it.
-            Flags::of(held).clear(FLOW_F_TAKEN);
         }
     }
     if taken == u64::MAX {
@@ -504,10 +498,7 @@ fn replace_after_quarantine(reverse: &FlowKey, entry: &FlowEntry, quarantine_ns:
     }
     // SAFETY: live map value; written only when it was created.
     let held_by = unsafe { (*held).backend_id };
-    if FLOWS.insert(reverse, entry, u64::from(BPF_EXIST)).is_err() {
-        // Claimed but not replaced (the table could not allocate the new
-        // value): give the claim back, so the sweep still frees it.
-        Flags::of(held).clear(FLOW_F_TAKEN);
+    if !replace_claimed(reverse, held, entry) {
         return false;
     }
     // The tuple leaves the closed connection's count (its backend may be
@@ -515,6 +506,23 @@ fn replace_after_quarantine(reverse: &FlowKey, entry: &FlowEntry, quarantine_ns:
     // one's.
     snat_used(held_by, u64::MAX);
     true
+}
+
+/// Writes the new reply entry `entry` over `held`, the closed one at
+/// `reverse` that the caller claimed (`FLOW_F_TAKEN`); returns whether it
+/// did. Claimed but not replaced (the table could not allocate the new
+/// value), the claim is given back, so the sweep still frees the tuple.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
+)]
+#[inline(always)]
+fn replace_claimed(reverse: &FlowKey, held: *mut FlowEntry, entry: &FlowEntry) -> bool {
+    if FLOWS.insert(reverse, entry, u64::from(BPF_EXIST)).is_ok() {
+        return true;
+    }
+    Flags::of(held).clear(FLOW_F_TAKEN);
+    false
 }
 
 /// Adds `delta` (wrapping: `u64::MAX` is −1) to the backend's count of
