@@ -205,6 +205,9 @@ pub const BACKEND_HOPS_MAP: &str = "BACKEND_HOPS";
 pub const FLOOR_REPLY_WAYS_MAP: &str = "FLOOR_REPLY_WAYS";
 /// The claim word's bit of a taken way in [`FLOOR_REPLY_WAYS_MAP`].
 pub const FLOOR_WAY_CLAIMED: u64 = 1 << 63;
+/// Calls of an empty BPF function that lb-ebpf's `xdp_calls_bench` makes
+/// before its MAC swap: the benchmark's measure of one call and return.
+pub const CALIBRATION_CALLS: u32 = 4;
 /// The kernel sweep: an XDP-typed program the control plane runs with
 /// `BPF_PROG_TEST_RUN` once a second; it walks the flow table with
 /// `bpf_for_each_map_elem` (see lb-ebpf's `sweep.rs`).

@@ -83,9 +83,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED,
-    FLOW_F_SYNACK_SEEN, FlowEntry, IpKey, LbConfig, Reason, StageResult, Verdict, action, proceed,
-    reason, time_wait::TsOption,
+    CALIBRATION_CALLS, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED,
+    FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry, IpKey, LbConfig, Reason, StageResult, Verdict,
+    action, proceed, reason, time_wait::TsOption,
 };
 
 use crate::{
@@ -416,6 +416,32 @@ pub fn xdp_macswap_bench(ctx: XdpContext) -> u32 {
     } else {
         xdp_action::XDP_PASS
     }
+}
+
+/// Benchmark calibration: [`xdp_macswap_bench`] after
+/// `lb_common::CALIBRATION_CALLS` calls of a BPF function that does nothing, so
+/// `lb-bench-dataplane` can print what one call and its return cost on the
+/// machine at hand. Every stage boundary of `lb_xdp` is such a call, and
+/// where the kernel sends each return through a mitigation thunk (SRSO's
+/// "Safe RET" on AMD without microcode) that price is not small.
+#[xdp]
+pub fn xdp_calls_bench(ctx: XdpContext) -> u32 {
+    let mut returned = 0;
+    for _ in 0..CALIBRATION_CALLS {
+        returned += empty_call(XdpContext::new(ctx.ctx));
+    }
+    if returned == u64::from(CALIBRATION_CALLS) && packet::swap_macs(&ctx) {
+        xdp_action::XDP_TX
+    } else {
+        xdp_action::XDP_PASS
+    }
+}
+
+/// [`xdp_calls_bench`]'s BPF function: returns 1.
+#[inline(never)]
+fn empty_call(ctx: XdpContext) -> u64 {
+    keep_ctx_pointer(&ctx);
+    1
 }
 
 #[cfg(not(test))]

@@ -10,11 +10,16 @@
 //! baseline of the same size: the paired ratio is the median of the blocks'
 //! ratios (with their range), so a VM whose speed drifts during the run
 //! moves both sides of each ratio alike.
+//!
+//! A calibration row, the MAC swap after a few calls of an empty BPF
+//! function, gives what one call and its return cost on the machine: every
+//! stage boundary of `lb_xdp` pays it, and where the kernel mitigates
+//! return-stack attacks with a return thunk (SRSO) it is not small.
 use std::net::Ipv4Addr;
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use lb_common::{Algorithm, BACKEND_ACTIVE, FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP};
+use lb_common::{Algorithm, BACKEND_ACTIVE, CALIBRATION_CALLS, FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP};
 use lb_lab::xdp::{
     harness::*,
     isolate::run_isolated,
@@ -24,6 +29,12 @@ use lb_lab::xdp::{
 /// Baseline programs in the eBPF object.
 const PASS_PROGRAM: &str = "xdp_pass_stub";
 const MACSWAP_PROGRAM: &str = "xdp_macswap_bench";
+/// The MAC swap after this many calls of an empty BPF function
+/// (lb-ebpf's `xdp_calls_bench`): the price of one call and its return,
+/// which every stage boundary of `lb_xdp` pays.
+const CALLS_PROGRAM: &str = "xdp_calls_bench";
+const CALIBRATION_CASE: &str = "calibration: 4 calls + MAC swap";
+const _: () = assert!(CALIBRATION_CALLS == 4, "CALIBRATION_CASE names the count");
 /// New-flow floors in the eBPF object (lb-ebpf/src/floor.rs): a flow-table
 /// miss and one or two inserts, then a MAC swap. Their client addresses
 /// follow the new-flow cases' (10.(64 + case).x.y), so no key meets another.
@@ -154,6 +165,7 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
     );
     lb.load_program(PASS_PROGRAM);
     lb.load_program(MACSWAP_PROGRAM);
+    lb.load_program(CALLS_PROGRAM);
     for (_, program) in FLOORS {
         lb.load_program(program);
     }
@@ -233,6 +245,17 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
             None,
         ),
     ];
+    rows.push(measure(
+        &mut lb,
+        &Case {
+            name: CALIBRATION_CASE,
+            program: CALLS_PROGRAM,
+            frames: std::slice::from_ref(&request),
+            runs,
+            action: XDP_TX,
+        },
+        Some(&pairing),
+    ));
     for (name, frame) in [
         ("established, client -> backend", &request),
         ("established, backend -> client", &response),
@@ -411,6 +434,13 @@ fn print_table(rows: &[Row]) {
     );
     // What the table alone costs, against what a new flow costs in all.
     let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
+    if let Some(calls) = median(CALIBRATION_CASE) {
+        println!(
+            "one BPF function call and its return: about {:.0} ns on this machine \
+             ((calibration - MAC swap) / {CALIBRATION_CALLS})",
+            f64::from(calls.saturating_sub(rows[1].median_ns)) / f64::from(CALIBRATION_CALLS),
+        );
+    }
     if let (Some(floor), Some(full)) = (median(FLOORS[1].0), median(&new_flow_case(P2C_SIZES[2]))) {
         let over = |ns: u32| f64::from(ns.saturating_sub(rows[1].median_ns));
         println!(
