@@ -205,6 +205,15 @@ pub const BACKEND_HOPS_MAP: &str = "BACKEND_HOPS";
 pub const FLOOR_REPLY_WAYS_MAP: &str = "FLOOR_REPLY_WAYS";
 /// The claim word's bit of a taken way in [`FLOOR_REPLY_WAYS_MAP`].
 pub const FLOOR_WAY_CLAIMED: u64 = 1 << 63;
+/// The established floor's flow ways (lb-ebpf's `floor.rs`): one way a
+/// slot, indexed by a hash of the key computed in the program. One slot
+/// unless the loader sizes it; the benchmark sizes it to
+/// [`FLOOR_FLOW_WAYS`].
+pub const FLOOR_FLOW_WAYS_MAP: &str = "FLOOR_FLOW_WAYS";
+/// Slots of [`FLOOR_FLOW_WAYS_MAP`] when the benchmark sizes it (a power
+/// of two: the floor masks its hash with it).
+pub const FLOOR_FLOW_WAYS: u32 = 1 << 18;
+const _: () = assert!(FLOOR_FLOW_WAYS.is_power_of_two());
 /// Calls of an empty BPF function that lb-ebpf's `xdp_calls_bench` makes
 /// before its MAC swap: the benchmark's measure of one call and return.
 pub const CALIBRATION_CALLS: u32 = 4;

@@ -15,13 +15,24 @@
 //! reply direction as a 16-byte way in an array indexed by the SNAT tuple,
 //! claimed with an atomic OR at a per-CPU cursor that walks the array in
 //! order (as the SNAT claim's cursor walks a CPU's slice of tuples).
+//!
+//! Two more floors measure an established packet's flow lookup:
+//! `xdp_floor_established_hash` finds the frame's entry in `FLOWS`, as
+//! `lb_xdp` does, and `xdp_floor_established_way` finds its key in a way of
+//! an array, at a slot the program hashes the key to itself. The array
+//! lookup is inlined by the verifier, where the hash map's is a call into
+//! the kernel that makes three more (hash, bucket walk, compare), and every
+//! return pays the machine's return mitigation (see `xdp_calls_bench`).
+//! `xdp_floor_two_ways` is the new-flow floor of such a table: no hash
+//! entry at all, the forward direction a way at its key's slot, the reply
+//! direction a way at the cursor.
 use aya_ebpf::{
     bindings::xdp_action,
     macros::{map, xdp},
     maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
-use lb_common::{AF_INET, FLOOR_WAY_CLAIMED, FlowEntry, FlowKey};
+use lb_common::{AF_INET, FLOOR_FLOW_WAYS, FLOOR_WAY_CLAIMED, FlowEntry, FlowKey};
 
 use crate::{
     atomic::fetch_or_u64,
@@ -36,12 +47,32 @@ use crate::{
 /// does; the control plane never uses it).
 #[map(name = "FLOOR_REPLY_WAYS")]
 pub static FLOOR_REPLY_WAYS: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+/// The established way floor's ways: a key's five words, then the rest of
+/// a flow's 128 bytes (what a way holding the entry too would take). One
+/// slot unless the loader sizes it to [`FLOOR_FLOW_WAYS`].
+#[map(name = "FLOOR_FLOW_WAYS")]
+pub static FLOOR_FLOW_WAYS_ARRAY: Array<[u64; FLOW_WAY_WORDS]> = Array::with_max_entries(1, 0);
+/// A flow way's 64-bit words: 128 bytes, two cache lines.
+const FLOW_WAY_WORDS: usize = 16;
+/// A `FlowKey` as 64-bit words.
+const KEY_WORDS: usize = size_of::<FlowKey>() / size_of::<u64>();
+const _: () = assert!(KEY_WORDS * size_of::<u64>() == size_of::<FlowKey>());
+/// The word of a flow way the floor reads as its entry (its state word).
+const WAY_STATE_WORD: usize = KEY_WORDS;
+/// The multiplier and seed of the floor's key hash (splitmix64's). A real
+/// table would seed it at random at load, so that clients cannot choose
+/// tuples that collide.
+const HASH_MULTIPLIER: u64 = 0xbf58_476d_1ce4_e5b9;
+const HASH_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// Per CPU: the next way the one-entry floor claims.
 #[map(name = "FLOOR_WAY_CURSOR")]
 pub static FLOOR_WAY_CURSOR: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// Ways a claim tries before it gives up (taken ones are stepped over).
 const WAY_TRIES: u32 = 4;
+/// Slots a forward way's claim probes, from its key's on.
+const FLOW_WAY_TRIES: u32 = 8;
 
 /// Version 4, a 20-byte header: the first byte of an IPv4 header without options.
 const IPV4_NO_OPTIONS: u8 = 0x45;
@@ -72,6 +103,128 @@ pub fn xdp_floor_two_entries(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xdp_floor_one_entry_way(ctx: XdpContext) -> u32 {
     new_flow_floor(&ctx, Reply::Way)
+}
+
+/// The least an established packet's flow lookup costs with `lb_xdp`'s
+/// hash table: the frame's entry found in `FLOWS` (a miss does not send).
+#[xdp]
+pub fn xdp_floor_established_hash(ctx: XdpContext) -> u32 {
+    let Some(key) = ipv4_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    if FLOWS.get_ptr(&key).is_none() {
+        return xdp_action::XDP_PASS;
+    }
+    swap_and_send(&ctx)
+}
+
+/// The same lookup as a way of an array at a slot the program hashes the
+/// key to. A slot that holds another key takes this one (the first run
+/// fills it), so every later run of the same frame is a hit.
+#[xdp]
+pub fn xdp_floor_established_way(ctx: XdpContext) -> u32 {
+    let Some(key) = ipv4_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    let words = key_words(key);
+    let Some(way) = FLOOR_FLOW_WAYS_ARRAY.get_ptr_mut(flow_slot(&words)) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: a live array value; the benchmark runs one frame at a time.
+    let way = unsafe { &mut *way };
+    if !holds(way, &words) {
+        write_key(way, &words);
+        way[WAY_STATE_WORD] = FLOOR_WAY_CLAIMED;
+    }
+    if way[WAY_STATE_WORD] == 0 {
+        return xdp_action::XDP_PASS;
+    }
+    swap_and_send(&ctx)
+}
+
+/// A new flow with no hash entry at all: the forward direction as a way
+/// at its key's slot (or one of the next [`FLOW_WAY_TRIES`] - 1, claimed
+/// with an atomic OR of its state word), the reply direction as a way at
+/// the cursor, as in `xdp_floor_one_entry_way`.
+#[xdp]
+pub fn xdp_floor_two_ways(ctx: XdpContext) -> u32 {
+    let Some(key) = ipv4_key(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    let words = key_words(key);
+    let first = flow_slot(&words);
+    for i in 0..FLOW_WAY_TRIES {
+        let Some(way) = FLOOR_FLOW_WAYS_ARRAY.get_ptr_mut((first + i) & (FLOOR_FLOW_WAYS - 1))
+        else {
+            return xdp_action::XDP_PASS;
+        };
+        // SAFETY: a live, 8-byte aligned array value.
+        if holds(unsafe { &*way }, &words) {
+            return swap_and_send(&ctx);
+        }
+        // SAFETY: as above; the claim is atomic.
+        let old = unsafe { fetch_or_u64(&raw mut (*way)[WAY_STATE_WORD], FLOOR_WAY_CLAIMED) };
+        if old & FLOOR_WAY_CLAIMED == 0 {
+            // SAFETY: as above; this CPU owns the way it claimed.
+            write_key(unsafe { &mut *way }, &words);
+            if !claim_way(client_word(&key)) {
+                return xdp_action::XDP_ABORTED;
+            }
+            return swap_and_send(&ctx);
+        }
+    }
+    xdp_action::XDP_ABORTED
+}
+
+/// `key` as 64-bit words.
+#[inline(always)]
+fn key_words(key: FlowKey) -> [u64; KEY_WORDS] {
+    // SAFETY: `FlowKey` is `repr(C)`, 40 bytes of plain integers (its
+    // padding is a field), the size of `KEY_WORDS` words (asserted).
+    unsafe { core::mem::transmute(key) }
+}
+
+/// The slot of [`FLOOR_FLOW_WAYS_ARRAY`] a key's words hash to.
+#[inline(always)]
+fn flow_slot(words: &[u64; KEY_WORDS]) -> u32 {
+    let mut hash = HASH_SEED;
+    for word in words {
+        hash = (hash ^ word).wrapping_mul(HASH_MULTIPLIER);
+        hash ^= hash >> 31;
+    }
+    (hash as u32) & (FLOOR_FLOW_WAYS - 1)
+}
+
+/// Whether `way` holds the key `words` (word by word: a slice comparison
+/// would compile to a call of the `bcmp` BPF function).
+#[inline(always)]
+fn holds(way: &[u64; FLOW_WAY_WORDS], words: &[u64; KEY_WORDS]) -> bool {
+    (0..KEY_WORDS).fold(0, |diff, i| diff | (way[i] ^ words[i])) == 0
+}
+
+/// Writes the key `words` into `way` (word by word: a slice copy would
+/// compile to a call of the `memcpy` BPF function).
+#[inline(always)]
+fn write_key(way: &mut [u64; FLOW_WAY_WORDS], words: &[u64; KEY_WORDS]) {
+    for i in 0..KEY_WORDS {
+        way[i] = words[i];
+    }
+}
+
+/// What the reply ways keep of the client: its address and both ports.
+#[inline(always)]
+fn client_word(key: &FlowKey) -> u64 {
+    (u64::from(key.src[0]) << 32) | (u64::from(key.sport) << 16) | u64::from(key.dport)
+}
+
+/// Swaps the MACs and sends the frame back (XDP_PASS if it is too short).
+#[inline(always)]
+fn swap_and_send(ctx: &XdpContext) -> u32 {
+    if packet::swap_macs(ctx) {
+        xdp_action::XDP_TX
+    } else {
+        xdp_action::XDP_PASS
+    }
 }
 
 /// Claims the first free way from this CPU's cursor on (wrapping at the
@@ -135,19 +288,13 @@ fn new_flow_floor(ctx: &XdpContext, reply: Reply) -> u32 {
                     0,
                 )
                 .is_ok(),
-            Reply::Way => claim_way(
-                (u64::from(key.src[0]) << 32) | (u64::from(key.sport) << 16) | u64::from(key.dport),
-            ),
+            Reply::Way => claim_way(client_word(&key)),
         };
         if !kept {
             return xdp_action::XDP_ABORTED;
         }
     }
-    if packet::swap_macs(ctx) {
-        xdp_action::XDP_TX
-    } else {
-        xdp_action::XDP_PASS
-    }
+    swap_and_send(ctx)
 }
 
 /// The 5-tuple of an IPv4 frame without options, bounds-checked.

@@ -11,9 +11,10 @@
 use lb_common::{
     AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BACKEND_HOP_JIFFIES,
     BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT,
-    EVENT_CLOSED, EVENT_REFUSED, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED,
-    FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN,
-    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, IPPROTO_TCP, IPPROTO_UDP, reason,
+    EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS, FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP,
+    FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED,
+    FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN,
+    IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1899,6 +1900,10 @@ const CASES: &[Case] = &[
     ("config not ready", case_config_not_ready),
     ("next hop: redirect, none", case_next_hop),
     ("new-flow floors of the benchmark", case_new_flow_floors),
+    (
+        "established floors and the no-entry floor of the benchmark",
+        case_array_way_floors,
+    ),
 ];
 
 /// The benchmark's new-flow floors (lb-ebpf/src/floor.rs) do what their
@@ -1975,9 +1980,7 @@ fn case_new_flow_floor_with_a_way(lb: &mut Lb) {
             .get(&0, 0)
             .expect("way 0")
     };
-    let client = (u64::from(u32::from_ne_bytes(CLIENT.octets())) << 32)
-        | (u64::from(port.to_be()) << 16)
-        | u64::from(HTTP.to_be());
+    let client = floor_client_word(port);
     assert_eq!(
         way(lb),
         [FLOOR_WAY_CLAIMED, client],
@@ -1993,6 +1996,106 @@ fn case_new_flow_floor_with_a_way(lb: &mut Lb) {
         "no free way"
     );
     assert_eq!(way(lb), [FLOOR_WAY_CLAIMED, client], "the taken way kept");
+}
+
+/// The benchmark's floors over `FLOOR_FLOW_WAYS` (sized as the benchmark
+/// sizes it; the given `Lb` keeps one way, so each case loads its own):
+/// - `xdp_floor_established_hash` sends a frame whose flow is in `FLOWS`
+///   and passes one whose flow is not;
+/// - `xdp_floor_established_way` fills its key's way at the first frame and
+///   sends every frame, the way keeping the key;
+/// - `xdp_floor_two_ways` claims a forward way for a new client (no hash
+///   entry) and a reply way, and finds the forward way at its second SYN
+///   without claiming another reply way.
+fn case_array_way_floors(_: &mut Lb) {
+    let mut lb = Lb::standard_sized(&[(FLOOR_FLOW_WAYS_MAP, FLOOR_FLOW_WAYS)]);
+    let lb = &mut lb;
+    for program in [
+        "xdp_floor_established_hash",
+        "xdp_floor_established_way",
+        "xdp_floor_two_ways",
+    ] {
+        lb.load_program(program);
+    }
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).build();
+    assert_eq!(lb.run(&syn).0, XDP_TX, "lb_xdp opens the flow");
+    let request = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK).build();
+    let (action, out, _) = lb.run_program("xdp_floor_established_hash", &request, 1);
+    assert_eq!(action, XDP_TX, "a flow of the table is sent");
+    assert_eq!(
+        (&out[..6], &out[6..12]),
+        (&request[6..12], &request[..6]),
+        "MACs swapped"
+    );
+    let stranger = Pkt::tcp((CLIENT, CLIENT_PORT + 1), (VIP, HTTP), TCP_ACK).build();
+    assert_eq!(
+        lb.run_program("xdp_floor_established_hash", &stranger, 1).0,
+        XDP_PASS,
+        "a frame of no flow is not sent"
+    );
+
+    let ways = |lb: &mut Lb| {
+        let array = lb.array::<[u64; 16]>(FLOOR_FLOW_WAYS_MAP);
+        (0..FLOOR_FLOW_WAYS)
+            .map(|i| array.get(&i, 0).expect("way"))
+            .filter(|way| way[5] != 0)
+            .collect::<Vec<_>>()
+    };
+    let key_words = |port: u16| {
+        let key = key(IPPROTO_TCP, (CLIENT, port), (VIP, HTTP));
+        // SAFETY: `FlowKey` is 40 bytes of plain integers.
+        unsafe { std::mem::transmute::<lb_common::FlowKey, [u64; 5]>(key) }
+    };
+    for _ in 0..2 {
+        let (action, out, _) = lb.run_program("xdp_floor_established_way", &request, 1);
+        assert_eq!(action, XDP_TX, "the way floor sends");
+        assert_eq!(&out[..6], &request[6..12], "MACs swapped");
+    }
+    let taken = ways(lb);
+    assert_eq!(taken.len(), 1, "one way filled");
+    assert_eq!(
+        taken[0][..5],
+        key_words(CLIENT_PORT),
+        "the way holds the key"
+    );
+    assert_eq!(taken[0][5], FLOOR_WAY_CLAIMED, "and is taken");
+
+    let port = CLIENT_PORT + 2;
+    let new_client = Pkt::tcp((CLIENT, port), (VIP, HTTP), TCP_SYN).build();
+    let flows = lb.flow_count();
+    let reply_way = |lb: &mut Lb| {
+        lb.array::<[u64; 2]>(FLOOR_REPLY_WAYS_MAP)
+            .get(&0, 0)
+            .expect("way 0")
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            lb.run_program("xdp_floor_two_ways", &new_client, 1).0,
+            XDP_TX,
+            "the no-entry floor sends"
+        );
+    }
+    assert_eq!(lb.flow_count(), flows, "no hash entry");
+    let taken = ways(lb);
+    assert_eq!(taken.len(), 2, "a forward way claimed, found again");
+    assert!(
+        taken.iter().any(|way| way[..5] == key_words(port)),
+        "the forward way holds the new client's key"
+    );
+    let client = floor_client_word(port);
+    assert_eq!(
+        reply_way(lb),
+        [FLOOR_WAY_CLAIMED, client],
+        "the reply way holds the client"
+    );
+}
+
+/// What a floor's reply way keeps of a client at `CLIENT`:`port` to the
+/// VIP's HTTP port (its address and both ports, as the frame carries them).
+fn floor_client_word(port: u16) -> u64 {
+    (u64::from(u32::from_ne_bytes(CLIENT.octets())) << 32)
+        | (u64::from(port.to_be()) << 16)
+        | u64::from(HTTP.to_be())
 }
 
 fn main() {

@@ -19,7 +19,10 @@ use std::net::Ipv4Addr;
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use lb_common::{Algorithm, BACKEND_ACTIVE, CALIBRATION_CALLS, FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP};
+use lb_common::{
+    Algorithm, BACKEND_ACTIVE, CALIBRATION_CALLS, FLOOR_FLOW_WAYS, FLOOR_FLOW_WAYS_MAP,
+    FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP,
+};
 use lb_lab::xdp::{
     harness::*,
     isolate::run_isolated,
@@ -39,13 +42,30 @@ const _: () = assert!(CALIBRATION_CALLS == 4, "CALIBRATION_CASE names the count"
 /// miss and one or two inserts, then a MAC swap. Their client addresses
 /// follow the new-flow cases' (10.(64 + case).x.y), so no key meets another.
 /// The third is the floor of a layout with one hash entry per connection
-/// and the reply direction in an array of ways indexed by the SNAT tuple.
-const FLOORS: [(&str, &str); 3] = [
+/// and the reply direction in an array of ways indexed by the SNAT tuple;
+/// the fourth that of a table with no hash entry: the forward direction
+/// too a way, at a slot the program hashes its key to.
+const FLOORS: [(&str, &str); 4] = [
     ("floor: new flow, 1 table entry", "xdp_floor_one_entry"),
     ("floor: new flow, 2 table entries", "xdp_floor_two_entries"),
     (
         "floor: new flow, 1 entry + reply way",
         "xdp_floor_one_entry_way",
+    ),
+    ("floor: new flow, 2 ways, no entry", "xdp_floor_two_ways"),
+];
+/// Floors of an established packet (lb-ebpf/src/floor.rs): its flow
+/// lookup as `lb_xdp` does it (a hash-map hit), and as a way of an array
+/// at a slot the program hashes the key to, then a MAC swap. They run the
+/// established client -> backend frame.
+const ESTABLISHED_FLOORS: [(&str, &str); 2] = [
+    (
+        "floor: established, hash-map hit",
+        "xdp_floor_established_hash",
+    ),
+    (
+        "floor: established, array way hit",
+        "xdp_floor_established_way",
     ),
 ];
 /// Ways of the one-entry floor's reply array (16 bytes each): more than
@@ -161,12 +181,15 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
     let mut lb = Lb::load_sized(
         lb_lab::production::EBPF_OBJECT,
         BENCH_FLOW_TABLE,
-        &[(FLOOR_REPLY_WAYS_MAP, BENCH_REPLY_WAYS)],
+        &[
+            (FLOOR_REPLY_WAYS_MAP, BENCH_REPLY_WAYS),
+            (FLOOR_FLOW_WAYS_MAP, FLOOR_FLOW_WAYS),
+        ],
     );
     lb.load_program(PASS_PROGRAM);
     lb.load_program(MACSWAP_PROGRAM);
     lb.load_program(CALLS_PROGRAM);
-    for (_, program) in FLOORS {
+    for (_, program) in FLOORS.iter().chain(&ESTABLISHED_FLOORS) {
         lb.load_program(program);
     }
     lb.config(true, BENCH_SNAT_PORTS.0, BENCH_SNAT_PORTS.1);
@@ -265,6 +288,18 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
                 name,
                 program: lb_common::XDP_PROGRAM,
                 frames: std::slice::from_ref(frame),
+                runs,
+                action: XDP_TX,
+            };
+            rows.push(measure(&mut lb, &case, Some(&pairing)));
+        }
+    }
+    for (name, program) in ESTABLISHED_FLOORS {
+        if wanted(name) {
+            let case = Case {
+                name,
+                program,
+                frames: std::slice::from_ref(&request),
                 runs,
                 action: XDP_TX,
             };
@@ -434,6 +469,17 @@ fn print_table(rows: &[Row]) {
     );
     // What the table alone costs, against what a new flow costs in all.
     let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
+    if let (Some(hash), Some(way)) = (
+        median(ESTABLISHED_FLOORS[0].0),
+        median(ESTABLISHED_FLOORS[1].0),
+    ) {
+        println!(
+            "an established packet's flow lookup: {} ns as a hash-map hit, {} ns as an \
+             array way (above the MAC-swap baseline)",
+            hash.saturating_sub(rows[1].median_ns),
+            way.saturating_sub(rows[1].median_ns),
+        );
+    }
     if let Some(calls) = median(CALIBRATION_CASE) {
         println!(
             "one BPF function call and its return: about {:.0} ns on this machine \
@@ -456,6 +502,17 @@ fn print_table(rows: &[Row]) {
                  from {:.2}x to {:.2}x the MAC-swap baseline",
                 f64::from(floor) / f64::from(rows[1].median_ns.max(1)),
                 f64::from(one) / f64::from(rows[1].median_ns.max(1)),
+            );
+        }
+        if let Some(ways) = median(FLOORS[3].0) {
+            // The new flow less the table work it does now, plus the
+            // all-array floor's: an estimate, not a measurement.
+            println!(
+                "no hash entry at all (both directions as ways) would take the floor to \
+                 {:.2}x, and the new flow over {} backends to about {:.2}x, if nothing else changed",
+                f64::from(ways) / f64::from(rows[1].median_ns.max(1)),
+                P2C_SIZES[2],
+                f64::from(full.saturating_sub(floor) + ways) / f64::from(rows[1].median_ns.max(1)),
             );
         }
     }

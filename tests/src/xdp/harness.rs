@@ -214,7 +214,12 @@ impl Lb {
     /// config ready. Clients have no neighbour entry: replies use the
     /// return path learned from the client's frame.
     pub fn standard() -> Self {
-        let mut lb = Self::new();
+        Self::standard_sized(&[])
+    }
+
+    /// [`Lb::standard`], with other maps resized (see [`Lb::load_sized`]).
+    pub fn standard_sized(sizes: &[(&str, u32)]) -> Self {
+        let mut lb = Self::load_sized(crate::production::EBPF_OBJECT, FLOW_TABLE_SIZE, sizes);
         lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MAX);
         lb.backend(0, BACKEND_ACTIVE);
         lb.vip(0, HTTP, IPPROTO_TCP, Algorithm::P2cEwma, 0, &[0]);
