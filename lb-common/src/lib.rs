@@ -205,10 +205,10 @@ pub const BACKEND_HOPS_MAP: &str = "BACKEND_HOPS";
 pub const FLOOR_REPLY_WAYS_MAP: &str = "FLOOR_REPLY_WAYS";
 /// The claim word's bit of a taken way in [`FLOOR_REPLY_WAYS_MAP`].
 pub const FLOOR_WAY_CLAIMED: u64 = 1 << 63;
-/// The established floor's flow ways (lb-ebpf's `floor.rs`): one way a
-/// slot, indexed by a hash of the key computed in the program. One slot
-/// unless the loader sizes it; the benchmark sizes it to
-/// [`FLOOR_FLOW_WAYS`].
+/// The flow ways of two benchmark floors (lb-ebpf's `floor.rs`: the
+/// established lookup as a way, the new flow with no hash entry): one way
+/// a slot, at a hash of the key the program computes. One slot unless the
+/// loader sizes it; the benchmark sizes it to [`FLOOR_FLOW_WAYS`].
 pub const FLOOR_FLOW_WAYS_MAP: &str = "FLOOR_FLOW_WAYS";
 /// Slots of [`FLOOR_FLOW_WAYS_MAP`] when the benchmark sizes it (a power
 /// of two: the floor masks its hash with it).

@@ -47,8 +47,9 @@ use crate::{
 /// does; the control plane never uses it).
 #[map(name = "FLOOR_REPLY_WAYS")]
 pub static FLOOR_REPLY_WAYS: Array<[u64; 2]> = Array::with_max_entries(1, 0);
-/// The established way floor's ways: a key's five words, then the rest of
-/// a flow's 128 bytes (what a way holding the entry too would take). One
+/// The flow ways of `xdp_floor_established_way` and `xdp_floor_two_ways`:
+/// a key's five words, its state word, then the rest of 128 bytes (what a
+/// way holding the entry too would take). One
 /// slot unless the loader sizes it to [`FLOOR_FLOW_WAYS`].
 #[map(name = "FLOOR_FLOW_WAYS")]
 pub static FLOOR_FLOW_WAYS_ARRAY: Array<[u64; FLOW_WAY_WORDS]> = Array::with_max_entries(1, 0);
