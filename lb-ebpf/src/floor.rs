@@ -58,7 +58,7 @@ const FLOW_WAY_WORDS: usize = 16;
 /// A `FlowKey` as 64-bit words.
 const KEY_WORDS: usize = size_of::<FlowKey>() / size_of::<u64>();
 const _: () = assert!(KEY_WORDS * size_of::<u64>() == size_of::<FlowKey>());
-/// The word of a flow way the floor reads as its entry (its state word).
+/// A flow way's state word: [`FLOOR_WAY_CLAIMED`] once taken.
 const WAY_STATE_WORD: usize = KEY_WORDS;
 /// The multiplier and seed of the floor's key hash (splitmix64's). A real
 /// table would seed it at random at load, so that clients cannot choose
@@ -136,9 +136,6 @@ pub fn xdp_floor_established_way(ctx: XdpContext) -> u32 {
     if !holds(way, &words) {
         write_key(way, &words);
         way[WAY_STATE_WORD] = FLOOR_WAY_CLAIMED;
-    }
-    if way[WAY_STATE_WORD] == 0 {
-        return xdp_action::XDP_PASS;
     }
     swap_and_send(&ctx)
 }
