@@ -79,6 +79,23 @@ impl Translation {
         }
     }
 
+    /// [`Translation::of`] an IPv4 entry: only the addresses' first words
+    /// are read (the others are zero in an IPv4 entry), so the fast path,
+    /// inlined into `lb_xdp`, holds two address registers, not eight.
+    #[inline(always)]
+    pub fn of_ipv4(entry: *const FlowEntry) -> Self {
+        // SAFETY: as in `of`.
+        unsafe {
+            Self {
+                src: [(*entry).new_src[0], 0, 0, 0],
+                dst: [(*entry).new_dst[0], 0, 0, 0],
+                sport: (*entry).new_sport,
+                dport: (*entry).new_dport,
+                backend_id: (*entry).backend_id,
+            }
+        }
+    }
+
     /// The key of the rewritten packets seen coming back: the other
     /// direction's entry of the same connection (same family and protocol:
     /// the balancer never translates between IPv4 and IPv6).

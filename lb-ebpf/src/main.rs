@@ -32,6 +32,9 @@ mod fragment;
 
 mod handover;
 
+// 2b. the fast path: an established flow's bulk packets, in one call
+mod fast_path;
+
 // 3. the flow table: lookup, translations, new connections (and SNAT
 //    tuples taken over inside the backend's TIME_WAIT)
 mod flow;
@@ -120,6 +123,12 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     let mut pkt = MaybeUninit::uninit();
+    // The bulk packets of established flows first (see `fast_path`).
+    let known_no_flow =
+        match StageResult::from_raw(fast_path::send_established(XdpContext::new(ctx.ctx))).next() {
+            ControlFlow::Break(verdict) => return Ok(verdict),
+            ControlFlow::Continue(payload) => payload == fast_path::NO_FLOW,
+        };
     let parsed = Parsed::from_payload(proceed!(parse::parse_into(
         XdpContext::new(ctx.ctx),
         &mut pkt
@@ -144,7 +153,12 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
             None => not_ours,
         });
     }
-    if let Some(entry) = flow::lookup(key) {
+    // (A frame the fast path found no flow for is not looked up again.)
+    if let Some(entry) = if known_no_flow {
+        None
+    } else {
+        flow::lookup(key)
+    } {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {

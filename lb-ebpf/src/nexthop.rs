@@ -251,6 +251,46 @@ fn forward_cached(
     Ok(send(hop.ifindex, ingress, tx_reason))
 }
 
+/// Where `entry` (a forward entry towards its backend, a reply entry
+/// towards its client) caches its next hop's MAC, if the hop is cached
+/// for the ingress interface `ingress`: the hop an established flow's
+/// bulk packet takes without resolving (`fast_path`). Checked before
+/// anything is written, so a packet without one goes the general way
+/// untouched; the MAC itself is read only when it is written
+/// ([`send_back`]), so it is not held in registers across the rewrite.
+#[inline(always)]
+pub fn cached_on_ingress(
+    entry: *mut FlowEntry,
+    to_backend: bool,
+    ingress: u32,
+) -> Option<*const Mac> {
+    let cache = if to_backend {
+        HopCache::of_forward(entry)
+    } else {
+        HopCache::of_reply(entry)
+    };
+    // SAFETY: live map value; a refresh drops the hop (interface 0) before
+    // it resolves again, and stores the MAC before the interface.
+    let ifindex = unsafe { cache.ifindex.read_volatile() };
+    (ifindex != 0 && ifindex == ingress).then_some(cache.mac.cast_const())
+}
+
+/// Sends the frame back out of its ingress interface to the MAC at
+/// `dmac` (a live map value, [`cached_on_ingress`]), from the MAC it was
+/// addressed to: the verdict `XDP_TX` under `tx_reason`.
+#[inline(always)]
+pub fn send_back(ctx: &XdpContext, dmac: *const Mac, tx_reason: Reason) -> Result<Verdict, Reason> {
+    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
+    // SAFETY: bounds-checked above; [u8; 6] has alignment 1; `dmac` is the
+    // caller's live map value.
+    unsafe {
+        smac_ptr.write(load_mac(dmac_ptr));
+        dmac_ptr.write(load_mac(dmac));
+    }
+    Ok(Verdict::tx(tx_reason))
+}
+
 // A reply entry's cached MAC lives in the first six bytes of its
 // `request_ns` (see `lb_common::FlowEntry::request_ns`).
 const _: () = assert!(size_of::<Mac>() <= size_of::<u64>());

@@ -120,6 +120,15 @@ fn refresh_check_due(entry: *mut FlowEntry) -> bool {
     true
 }
 
+/// Whether a packet of `entry` would skip the refresh check
+/// ([`refresh_check_due`] false), without recording a check: the fast
+/// path's test, which leaves a due check to the full path.
+#[inline(always)]
+pub fn refresh_check_waits(entry: *const FlowEntry) -> bool {
+    // SAFETY: live map value; see `refresh_check_due`.
+    jiffies().wrapping_sub(unsafe { (*entry).checked_jiffies }) < REFRESH_CHECK_JIFFIES
+}
+
 /// Sets `FLOW_F_REQUEST_PENDING` in the reply entry of the forward entry
 /// `fwd` (a no-op if it has none).
 #[inline(always)]

@@ -30,6 +30,33 @@ pub fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), R
     if pkt.frag == FRAG_LATER {
         return rewrite_addresses(ctx, pkt, to);
     }
+    // The L4 checksum covers the addresses through the pseudo header.
+    let addrs = if pkt.is_v6() {
+        rewrite_ipv6_addrs(ctx, pkt, to)?
+    } else {
+        rewrite_ipv4_addrs(ctx, pkt, to)?
+    };
+    rewrite_ports(ctx, pkt, to, addrs)
+}
+
+/// [`rewrite`] for a whole IPv4 datagram: the fast path's, whose
+/// translation holds only the IPv4 words (`Translation::of_ipv4`).
+#[inline(always)]
+pub fn rewrite_ipv4(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), Reason> {
+    let addrs = rewrite_ipv4_addrs(ctx, pkt, to)?;
+    rewrite_ports(ctx, pkt, to, addrs)
+}
+
+/// Rewrites the ports and the TCP/UDP checksum, whose change includes
+/// `addrs`, the addresses' delta. (A frame too short for the header is
+/// dropped, so the addresses already rewritten do not matter.)
+#[inline(always)]
+fn rewrite_ports(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    to: &Translation,
+    addrs: CsumDelta,
+) -> Result<(), Reason> {
     // Every field is re-checked against data_end: the verifier does not
     // carry the parser's bounds across to these pointers.
     let sport = ptr_at::<u16>(ctx, pkt.l4 + L4_SPORT_OFF).ok_or(reason::DROP_TRUNCATED)?;
@@ -40,12 +67,6 @@ pub fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &Translation) -> Result<(), R
         UDP_CHECK_OFF
     };
     let l4_check = ptr_at::<u16>(ctx, pkt.l4 + check_off).ok_or(reason::DROP_TRUNCATED)?;
-    // The L4 checksum covers the addresses through the pseudo header.
-    let addrs = if pkt.is_v6() {
-        rewrite_ipv6_addrs(ctx, pkt, to)?
-    } else {
-        rewrite_ipv4_addrs(ctx, pkt, to)?
-    };
     let ports = addrs.u16(pkt.sport, to.sport).u16(pkt.dport, to.dport);
 
     // SAFETY: all pointers were bounds-checked above; word accesses

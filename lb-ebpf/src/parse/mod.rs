@@ -2,6 +2,7 @@
 //! IPv6 (with up to [`MAX_IPV6_EXT_HEADERS`] extension headers), TCP and
 //! UDP; and ICMP errors, described by the packet they quote ([`icmp`]).
 mod icmp;
+pub mod plain;
 
 use core::mem::MaybeUninit;
 
@@ -326,19 +327,19 @@ fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result
 }
 
 /// The fields of a TCP or UDP header the data path uses.
-struct L4Header {
+pub(super) struct L4Header {
     /// Network byte order.
-    sport: u16,
-    dport: u16,
-    tcp_flags: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub tcp_flags: u8,
     /// Header length in bytes.
-    len: usize,
+    pub len: usize,
 }
 
 /// Parses the TCP or UDP header at `l4` of a datagram ending at `end`;
 /// `None` for other protocols.
 #[inline(always)]
-fn parse_l4(
+pub(super) fn parse_l4(
     ctx: &XdpContext,
     proto: u8,
     l4: usize,

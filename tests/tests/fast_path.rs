@@ -1,0 +1,173 @@
+//! Packet-level tests of `lb_xdp`'s fast path (`lb-ebpf/src/fast_path.rs`)
+//! through `BPF_PROG_TEST_RUN`, like `xdp_packets`.
+//!
+//! The fast path sends the bulk packets of established flows in the
+//! common frame shape (no VLAN tag, IPv4 without options or IPv6 without
+//! extension headers, TCP or UDP); every other shape, and every packet that
+//! changes a flow's state, goes the general way. Here each bulk packet of a
+//! connection is sent in the common shape and in two others (an 802.1Q tag;
+//! IPv4 options or an IPv6 hop-by-hop header), in both directions, for TCP
+//! and UDP over both families: every one must come out translated exactly
+//! as its shape asks, while the connection's state (its one latency sample,
+//! its open/closed counts, the verdict and traffic counters) is what the
+//! general path alone would have made of it.
+//!
+//! Needs root. Run with `cargo test -p lb-tests --test fast_path`.
+use lb_common::{BackendConns, IPPROTO_TCP, reason};
+use lb_lab::{
+    trials::{self, packet_case, slug},
+    xdp::{
+        harness::*,
+        packet::{ExtHdr, IPV6_HOP_BY_HOP, Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, parse},
+        world::{self, Conn, TCP80, TCP80_6, UDP53, UDP53_6, Vip},
+    },
+};
+
+fn lb_world() -> Lb {
+    let mut lb = Lb::new();
+    world::world(&mut lb);
+    lb
+}
+
+/// The source port of a frame (after the balancer: its SNAT port).
+fn sport(frame: &[u8]) -> u16 {
+    let p = parse(frame).expect("IP frame");
+    u16::from_be_bytes([frame[p.l4], frame[p.l4 + 1]])
+}
+
+/// `pkt` in the common shape (the fast path's), with an 802.1Q tag, and
+/// with IPv4 options or an IPv6 hop-by-hop header (the general path's).
+fn shapes(pkt: &Pkt) -> [(&'static str, Pkt); 3] {
+    let tagged = pkt.clone().vlans(&[100]);
+    let (label, with_options) = if pkt.is_v6() {
+        let hbh = ExtHdr::Options {
+            kind: IPV6_HOP_BY_HOP,
+            len8: 0,
+        };
+        ("hop-by-hop header", pkt.clone().ext(&[hbh]))
+    } else {
+        // NOP, NOP, NOP, end of options.
+        ("ip options", pkt.clone().ip_options(&[1, 1, 1, 0]))
+    };
+    [
+        ("common shape", pkt.clone()),
+        ("vlan tag", tagged),
+        (label, with_options),
+    ]
+}
+
+/// Runs every packet of `bulk` (from `side`) in every shape, each of which
+/// must be sent translated as `sent` says; returns how many were sent.
+fn send_in_every_shape(lb: &Lb, side: &str, bulk: &[Pkt], sent: impl Fn(&Pkt) -> Pkt) -> u64 {
+    let mut count = 0;
+    for pkt in bulk {
+        for (shape, p) in shapes(pkt) {
+            let (action, out) = lb.run(&p.build());
+            assert_eq!(action, XDP_TX, "{side} {shape}: {:?}", lb.reasons());
+            assert_eq!(out, sent(&p).build(), "{side} {shape}");
+            count += 1;
+        }
+    }
+    count
+}
+
+/// One connection through `vip`: opened, then a request and a response of
+/// several segments each, every bulk segment in every shape; for TCP then
+/// closed by both FINs.
+fn bulk_in_every_shape(vip: Vip) {
+    let lb = lb_world();
+    let tcp = vip.proto == IPPROTO_TCP;
+    let backend = if vip.addr.is_ipv4() { 0 } else { 100 };
+    let conn0 = Conn {
+        vip,
+        client_port: 41_000,
+        backend,
+        snat_port: 0,
+    };
+    let (data, ack) = (TCP_ACK | TCP_PSH, TCP_ACK);
+    // A UDP flow's first datagram is its request; a TCP one's comes after
+    // the handshake.
+    let opener = if tcp {
+        conn0.client_packet(TCP_SYN)
+    } else {
+        conn0.client_packet(0).payload(b"query")
+    };
+    let (action, out) = lb.run(&opener.build());
+    assert_eq!(action, XDP_TX, "{:?}", lb.reasons());
+    let conn = Conn {
+        snat_port: sport(&out),
+        ..conn0
+    };
+    assert_eq!(out, conn.sent_to_backend(&opener).build(), "the opener");
+    let (mut to_backend, mut to_client) = (1, 0);
+    if tcp {
+        let syn_ack = conn.backend_packet(TCP_SYN | TCP_ACK);
+        lb.expect(&syn_ack, XDP_TX, &conn.sent_to_client(&syn_ack));
+        let request = conn.client_packet(data).payload(b"GET / HTTP/1.1\r\n");
+        lb.expect(&request, XDP_TX, &conn.sent_to_backend(&request));
+        (to_backend, to_client) = (2, 1);
+    }
+
+    // The rest of the request: bulk, the request already stamped.
+    let mut client_bulk = vec![conn.client_packet(data).payload(b"Host: lb\r\n\r\n")];
+    if tcp {
+        client_bulk.push(conn.client_packet(ack));
+    }
+    to_backend += send_in_every_shape(&lb, "client", &client_bulk, |p| conn.sent_to_backend(p));
+    assert_eq!(lb.latency(backend).count, 0, "no response yet");
+
+    // The response's first segment is the latency sample; the rest is bulk.
+    let response = conn.backend_packet(data).payload(&[b'x'; 500]);
+    lb.expect(&response, XDP_TX, &conn.sent_to_client(&response));
+    to_client += 1;
+    assert_eq!(lb.latency(backend).count, 1, "the response is the sample");
+    let mut backend_bulk = vec![response.clone()];
+    if tcp {
+        backend_bulk.push(conn.backend_packet(ack));
+    }
+    to_client += send_in_every_shape(&lb, "backend", &backend_bulk, |p| conn.sent_to_client(p));
+    assert_eq!(lb.latency(backend).count, 1, "one sample per request");
+    assert_eq!(lb.reason(reason::TX_TO_BACKEND), to_backend);
+    assert_eq!(lb.reason(reason::TX_TO_CLIENT), to_client);
+    assert_eq!(
+        lb.conns(backend),
+        BackendConns {
+            opened: 1,
+            closed: 0
+        }
+    );
+    assert_eq!(lb.flow_count(), 2, "one connection, both directions");
+    if tcp {
+        // FINs change the state: the general path closes the connection once.
+        let fin = conn.client_packet(TCP_FIN | TCP_ACK);
+        lb.expect(&fin, XDP_TX, &conn.sent_to_backend(&fin));
+        let fin_back = conn.backend_packet(TCP_FIN | TCP_ACK);
+        lb.expect(&fin_back, XDP_TX, &conn.sent_to_client(&fin_back));
+        assert_eq!(lb.conns(backend).closed, 1);
+    }
+}
+
+type Case = (&'static str, fn(&mut ()));
+
+const CASES: &[Case] = &[
+    ("ipv4 tcp bulk in every shape", |_| {
+        bulk_in_every_shape(TCP80)
+    }),
+    ("ipv4 udp bulk in every shape", |_| {
+        bulk_in_every_shape(UDP53)
+    }),
+    ("ipv6 tcp bulk in every shape", |_| {
+        bulk_in_every_shape(TCP80_6)
+    }),
+    ("ipv6 udp bulk in every shape", |_| {
+        bulk_in_every_shape(UDP53_6)
+    }),
+];
+
+fn main() {
+    let trials = CASES
+        .iter()
+        .map(|&(name, case)| packet_case(slug(name), move || case(&mut ())))
+        .collect();
+    trials::run("fast_path", trials)
+}
