@@ -1,9 +1,12 @@
 //! The balancer's XDP data path.
 //!
-//! parse → flow lookup → (new flow: select a backend, allocate a SNAT port,
-//! insert both flow entries) → NAT rewrite with incremental checksums →
-//! next-hop MACs → XDP_TX / XDP_REDIRECT. Connection state changes become
-//! ring-buffer events.
+//! First the fast path ([`fast_path`]): a bulk packet of an established flow
+//! in the common frame shape is looked up, rewritten and sent by its flow's
+//! cached hop in one function. Every other packet takes the general
+//! pipeline: parse → flow lookup → (new flow: select a backend, allocate a
+//! SNAT port, insert both flow entries) → NAT rewrite with incremental
+//! checksums → next-hop MACs → XDP_TX / XDP_REDIRECT. Connection state
+//! changes become ring-buffer events.
 //!
 //! Every stage is a BPF function of its own (each one's locals then stay
 //! out of the others' stack frames) and returns one integer, a
