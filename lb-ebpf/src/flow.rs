@@ -80,8 +80,8 @@ impl Translation {
     }
 
     /// [`Translation::of`] an IPv4 entry: only the addresses' first words
-    /// are read (the others are zero in an IPv4 entry), so the fast path,
-    /// inlined into `lb_xdp`, holds two address registers, not eight.
+    /// are read (the others are zero in an IPv4 entry), so the fast path's
+    /// IPv4 function holds two address registers, not eight.
     #[inline(always)]
     pub fn of_ipv4(entry: *const FlowEntry) -> Self {
         // SAFETY: as in `of`.
