@@ -156,12 +156,13 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
             None => not_ours,
         });
     }
-    // (A frame the fast path found no flow for is not looked up again.)
-    if let Some(entry) = if known_no_flow {
+    // A frame the fast path found no flow for is not looked up again.
+    let found = if known_no_flow {
         None
     } else {
         flow::lookup(key)
-    } {
+    };
+    if let Some(entry) = found {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {

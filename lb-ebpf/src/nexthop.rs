@@ -52,17 +52,44 @@ pub fn forward(
     learned: ReturnPath,
 ) -> Result<Verdict, Reason> {
     let ingress = ctx.ingress_ifindex() as u32;
-    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    // SAFETY: bounds-checked above.
-    let our_mac = unsafe { load_mac(dmac_ptr) };
-    let hop = resolve(ctx, pkt, to, ingress, our_mac, learned).ok_or(reason::DROP_NO_NEIGHBOUR)?;
-    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
-    unsafe {
-        dmac_ptr.write(hop.dmac);
-        smac_ptr.write(hop.smac);
-    }
+    let macs = MacFields::of(ctx)?;
+    let hop =
+        resolve(ctx, pkt, to, ingress, macs.our_mac(), learned).ok_or(reason::DROP_NO_NEIGHBOUR)?;
+    macs.address(hop.dmac, hop.smac);
     Ok(send(hop.ifindex, ingress, tx_reason))
+}
+
+/// The frame's two MAC address fields, bounds-checked.
+struct MacFields {
+    dst: *mut Mac,
+    src: *mut Mac,
+}
+
+impl MacFields {
+    #[inline(always)]
+    fn of(ctx: &XdpContext) -> Result<Self, Reason> {
+        Ok(Self {
+            dst: ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?,
+            src: ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
+        })
+    }
+
+    /// Our MAC: the frame's destination (it reached this interface).
+    #[inline(always)]
+    fn our_mac(&self) -> Mac {
+        // SAFETY: bounds-checked in `of`.
+        unsafe { load_mac(self.dst) }
+    }
+
+    /// Addresses the frame from `smac` to `dmac`.
+    #[inline(always)]
+    fn address(&self, dmac: Mac, smac: Mac) {
+        // SAFETY: bounds-checked in `of`; [u8; 6] has alignment 1.
+        unsafe {
+            self.dst.write(dmac);
+            self.src.write(smac);
+        }
+    }
 }
 
 /// The next hop to `to.dst`: the FIB's, the neighbour map's, or `learned`
@@ -205,11 +232,8 @@ fn forward_cached(
     let ingress = ctx.ingress_ifindex() as u32;
     // SAFETY: live map value; a racing refresh stores the same kind of values.
     let cached_ifindex = unsafe { cache.ifindex.read_volatile() };
-    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    // SAFETY: bounds-checked above. Our MAC is the frame's destination (it
-    // reached this interface).
-    let our_mac = unsafe { load_mac(dmac_ptr) };
+    let macs = MacFields::of(ctx)?;
+    let our_mac = macs.our_mac();
     // The cached and the resolved hop meet before the frame is written, so
     // the verifier walks the rest of the path once for both (two copies of
     // it cost about 46k instructions of the 1M budget in the reply path).
@@ -243,11 +267,7 @@ fn forward_cached(
         }
         hop
     };
-    // SAFETY: bounds-checked above; [u8; 6] has alignment 1.
-    unsafe {
-        dmac_ptr.write(hop.dmac);
-        smac_ptr.write(hop.smac);
-    }
+    macs.address(hop.dmac, hop.smac);
     Ok(send(hop.ifindex, ingress, tx_reason))
 }
 
@@ -280,14 +300,9 @@ pub fn cached_on_ingress(
 /// addressed to: the verdict `XDP_TX` under `tx_reason`.
 #[inline(always)]
 pub fn send_back(ctx: &XdpContext, dmac: *const Mac, tx_reason: Reason) -> Result<Verdict, Reason> {
-    let dmac_ptr = ptr_at::<Mac>(ctx, ETH_DST_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    let smac_ptr = ptr_at::<Mac>(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?;
-    // SAFETY: bounds-checked above; [u8; 6] has alignment 1; `dmac` is the
-    // caller's live map value.
-    unsafe {
-        smac_ptr.write(load_mac(dmac_ptr));
-        dmac_ptr.write(load_mac(dmac));
-    }
+    let macs = MacFields::of(ctx)?;
+    // SAFETY: `dmac` is the caller's live map value.
+    macs.address(unsafe { load_mac(dmac) }, macs.our_mac());
     Ok(Verdict::tx(tx_reason))
 }
 

@@ -107,16 +107,14 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock)
 #[inline(always)]
 fn refresh_check_due(entry: *mut FlowEntry) -> bool {
     let j = jiffies();
+    if check_waits_at(entry, j) {
+        return false;
+    }
     // SAFETY: live map value. `checked_jiffies` is the upper half of the
     // word whose lower half `Flags` updates with atomic read-modify-writes
     // that leave it unchanged, so this plain store and those updates keep
     // each other's bits; a racing CPU stores a similar value.
-    unsafe {
-        if j.wrapping_sub((*entry).checked_jiffies) < REFRESH_CHECK_JIFFIES {
-            return false;
-        }
-        (*entry).checked_jiffies = j;
-    }
+    unsafe { (*entry).checked_jiffies = j };
     true
 }
 
@@ -125,8 +123,15 @@ fn refresh_check_due(entry: *mut FlowEntry) -> bool {
 /// path's test, which leaves a due check to the full path.
 #[inline(always)]
 pub fn refresh_check_waits(entry: *const FlowEntry) -> bool {
-    // SAFETY: live map value; see `refresh_check_due`.
-    jiffies().wrapping_sub(unsafe { (*entry).checked_jiffies }) < REFRESH_CHECK_JIFFIES
+    check_waits_at(entry, jiffies())
+}
+
+/// Whether fewer than [`REFRESH_CHECK_JIFFIES`] passed between `entry`'s
+/// last check and `j` (jiffies).
+#[inline(always)]
+fn check_waits_at(entry: *const FlowEntry, j: u32) -> bool {
+    // SAFETY: live map value; a racing check stores a similar value.
+    j.wrapping_sub(unsafe { (*entry).checked_jiffies }) < REFRESH_CHECK_JIFFIES
 }
 
 /// Sets `FLOW_F_REQUEST_PENDING` in the reply entry of the forward entry

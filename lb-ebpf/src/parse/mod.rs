@@ -124,14 +124,21 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: the whole 20-byte header was bounds-checked; word reads at
     // the fields' offsets (see `packet::word`).
-    let (vihl, tot_len, id, frags, proto, src, dst) = unsafe {
+    let (
+        Ipv4Fixed {
+            vihl,
+            tot_len,
+            frags,
+            proto,
+        },
+        id,
+        src,
+        dst,
+    ) = unsafe {
         let base = ip.cast::<u8>();
         (
-            base.read(),
-            u16::from_be(word::read16(base.add(IPV4_TOT_LEN_OFF).cast())),
+            Ipv4Fixed::read(base),
             word::read16(base.add(IPV4_ID_OFF).cast()),
-            u16::from_be(word::read16(base.add(IPV4_FRAG_OFF).cast())),
-            base.add(IPV4_PROTO_OFF).read(),
             word::read32(base.add(IPV4_SADDR_OFF).cast()),
             word::read32(base.add(IPV4_DADDR_OFF).cast()),
         )
@@ -141,7 +148,6 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         return Err(reason::DROP_BAD_HEADER);
     }
     let ip_hdr_len = usize::from(ihl) * 4;
-    let tot_len = usize::from(tot_len);
     if tot_len < ip_hdr_len {
         return Err(reason::DROP_BAD_HEADER);
     }
@@ -194,22 +200,17 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     let ip = ptr_at::<[u8; IPV6_LEN]>(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
-    // SAFETY: the whole 40-byte header was bounds-checked; word reads at
-    // the fields' offsets (see `packet::word`).
-    let (version, payload, next) = unsafe {
-        let base = ip.cast::<u8>();
-        (
-            base.read() >> 4,
-            u16::from_be(word::read16(base.add(IPV6_PLEN_OFF).cast())),
-            base.add(IPV6_NEXT_OFF).read(),
-        )
-    };
+    // SAFETY: the whole 40-byte header was bounds-checked.
+    let Ipv6Fixed {
+        version,
+        payload,
+        next,
+    } = unsafe { Ipv6Fixed::read(ip.cast()) };
     let saddr = load_words::<4>(ctx, l3 + IPV6_SADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
     let daddr = load_words::<4>(ctx, l3 + IPV6_DADDR_OFF).ok_or(reason::DROP_TRUNCATED)?;
     if version != 6 {
         return Err(reason::DROP_BAD_HEADER);
     }
-    let payload = usize::from(payload);
     let end = l3 + IPV6_LEN + payload;
     let frame_len = ctx.data_end() - ctx.data();
     if end > frame_len {
@@ -248,6 +249,63 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         frame_len: frame_len as u32,
         key_pad: [0; 2],
     }))
+}
+
+/// The fields of an IPv4 header that both parsers (this one and
+/// [`plain`]) test before the addresses.
+pub(super) struct Ipv4Fixed {
+    /// Version and header length (IHL), the first byte.
+    pub vihl: u8,
+    pub tot_len: usize,
+    /// Flags and fragment offset, in host order.
+    pub frags: u16,
+    pub proto: u8,
+}
+
+impl Ipv4Fixed {
+    /// Reads them with word reads at the fields' offsets (see `packet::word`).
+    ///
+    /// # Safety
+    /// `ip` must be bounds-checked packet memory valid for a 20-byte header.
+    #[inline(always)]
+    pub(super) unsafe fn read(ip: *const u8) -> Self {
+        // SAFETY: the caller's guarantee.
+        unsafe {
+            Self {
+                vihl: ip.read(),
+                tot_len: usize::from(u16::from_be(word::read16(ip.add(IPV4_TOT_LEN_OFF).cast()))),
+                frags: u16::from_be(word::read16(ip.add(IPV4_FRAG_OFF).cast())),
+                proto: ip.add(IPV4_PROTO_OFF).read(),
+            }
+        }
+    }
+}
+
+/// The fields of an IPv6 header that both parsers test before the addresses.
+pub(super) struct Ipv6Fixed {
+    pub version: u8,
+    /// The payload length (extension headers included).
+    pub payload: usize,
+    /// The next header's type.
+    pub next: u8,
+}
+
+impl Ipv6Fixed {
+    /// Reads them (see [`Ipv4Fixed::read`]).
+    ///
+    /// # Safety
+    /// `ip` must be bounds-checked packet memory valid for a 40-byte header.
+    #[inline(always)]
+    pub(super) unsafe fn read(ip: *const u8) -> Self {
+        // SAFETY: the caller's guarantee.
+        unsafe {
+            Self {
+                version: ip.read() >> 4,
+                payload: usize::from(u16::from_be(word::read16(ip.add(IPV6_PLEN_OFF).cast()))),
+                next: ip.add(IPV6_NEXT_OFF).read(),
+            }
+        }
+    }
 }
 
 /// [`parse_l4`], except for a later fragment of a TCP or UDP datagram,

@@ -11,13 +11,12 @@ use aya_ebpf::programs::XdpContext;
 use lb_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP};
 use network_types::udp::UdpHdr;
 
-use super::parse_l4;
+use super::{Ipv4Fixed, Ipv6Fixed, parse_l4};
 use crate::{
     packet::{FRAG_NONE, Packet, load_words, ptr_at, word},
     wire::{
-        ETH_LEN, ETH_TYPE_OFF, IP_MF, IP_OFFSET_MASK, IPV4_DADDR_OFF, IPV4_FRAG_OFF, IPV4_MIN_LEN,
-        IPV4_PROTO_OFF, IPV4_SADDR_OFF, IPV4_TOT_LEN_OFF, IPV6_DADDR_OFF, IPV6_LEN, IPV6_NEXT_OFF,
-        IPV6_PLEN_OFF, IPV6_SADDR_OFF, TCP_MIN_LEN,
+        ETH_LEN, ETH_TYPE_OFF, IP_MF, IP_OFFSET_MASK, IPV4_DADDR_OFF, IPV4_MIN_LEN, IPV4_SADDR_OFF,
+        IPV6_DADDR_OFF, IPV6_LEN, IPV6_SADDR_OFF, TCP_MIN_LEN,
     },
 };
 
@@ -91,16 +90,13 @@ fn l4_header_fits(ctx: &XdpContext, proto: u8, l4: usize) -> bool {
 #[inline(always)]
 fn plain_ipv4(ctx: &XdpContext, l3: usize, out: *mut Packet) -> Option<(u8, usize, usize)> {
     let ip = ptr_at::<[u8; IPV4_MIN_LEN]>(ctx, l3)?.cast::<u8>();
-    // SAFETY: the 20-byte header was bounds-checked; word reads at the
-    // fields' offsets (see `packet::word`).
-    let (vihl, tot_len, frags, proto) = unsafe {
-        (
-            ip.read(),
-            usize::from(u16::from_be(word::read16(ip.add(IPV4_TOT_LEN_OFF).cast()))),
-            u16::from_be(word::read16(ip.add(IPV4_FRAG_OFF).cast())),
-            ip.add(IPV4_PROTO_OFF).read(),
-        )
-    };
+    // SAFETY: the 20-byte header was bounds-checked.
+    let Ipv4Fixed {
+        vihl,
+        tot_len,
+        frags,
+        proto,
+    } = unsafe { Ipv4Fixed::read(ip) };
     let l4 = l3 + IPV4_MIN_LEN;
     if !l4_header_fits(ctx, proto, l4)
         || vihl != IPV4_NO_OPTIONS
@@ -125,13 +121,11 @@ fn plain_ipv4(ctx: &XdpContext, l3: usize, out: *mut Packet) -> Option<(u8, usiz
 fn plain_ipv6(ctx: &XdpContext, l3: usize, out: *mut Packet) -> Option<(u8, usize, usize)> {
     let ip = ptr_at::<[u8; IPV6_LEN]>(ctx, l3)?.cast::<u8>();
     // SAFETY: the 40-byte header was bounds-checked.
-    let (version, payload, next) = unsafe {
-        (
-            ip.read() >> 4,
-            usize::from(u16::from_be(word::read16(ip.add(IPV6_PLEN_OFF).cast()))),
-            ip.add(IPV6_NEXT_OFF).read(),
-        )
-    };
+    let Ipv6Fixed {
+        version,
+        payload,
+        next,
+    } = unsafe { Ipv6Fixed::read(ip) };
     let l4 = l3 + IPV6_LEN;
     if !l4_header_fits(ctx, next, l4) || version != 6 || ctx.data() + l4 + payload > ctx.data_end()
     {
