@@ -18,7 +18,7 @@ use crate::{
     backend_hop,
     helpers::jiffies,
     maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
-    packet::{Mac, Packet},
+    packet::{Mac, Packet, load_addr, load_mac, store_mac},
     select::Chosen,
 };
 
@@ -161,7 +161,8 @@ pub fn create(
     // the verifier walked it in (found or not), about 80k instructions.
     if let Some(hop) = backend_hop::fresh(backend, client.ifindex, entry.checked_jiffies) {
         // The forward entry's hop cache (see `nexthop::HopCache`).
-        entry.client_mac = hop.mac;
+        // SAFETY: a live map value and the stack; see `packet::store_mac`.
+        unsafe { store_mac(&raw mut entry.client_mac, load_mac(&hop.mac)) };
         entry.client_ifindex = hop.ifindex;
     }
     insert_forward(pkt, &entry)
@@ -400,7 +401,7 @@ fn claim_snat_tuple(
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(claimed.min(u64::from(SNAT_PORT_TRIES) - 1) + 1) };
     snat_used(backend.id, 1);
-    into_forward_entry(entry, addr.addr, port, backend);
+    into_forward_entry(entry, &addr.addr, port, backend);
     Ok(())
 }
 
@@ -474,7 +475,7 @@ fn take_over_tuple(
         snat_used(held_by, u64::MAX);
         snat_used(backend.id, 1);
     }
-    into_forward_entry(entry, addr.addr, port, backend);
+    into_forward_entry(entry, &addr.addr, port, backend);
     Ok(())
 }
 
@@ -555,13 +556,15 @@ pub fn snat_used(backend_id: u32, delta: u64) {
 /// Turns the reply entry into the forward (client → backend) one: it
 /// translates the client's packets to `SNAT:port → backend`.
 #[inline(always)]
-fn into_forward_entry(entry: &mut FlowEntry, addr: [u32; 4], port: u16, backend: &Chosen) {
-    entry.new_src = addr;
+fn into_forward_entry(entry: &mut FlowEntry, addr: &[u32; 4], port: u16, backend: &Chosen) {
+    // SAFETY: a live map value (`SNAT_ADDRS`); see `packet::load_addr`.
+    entry.new_src = unsafe { load_addr(addr) };
     entry.new_dst = backend.addr;
     entry.new_sport = port;
     entry.new_dport = backend.port;
     entry.direction = DIR_TO_BACKEND;
-    entry.client_mac = [0; 6];
+    // SAFETY: the stack; see `packet::store_mac`.
+    unsafe { store_mac(&raw mut entry.client_mac, [0; 6]) };
     entry.client_ifindex = 0;
 }
 

@@ -40,6 +40,44 @@ pub unsafe fn load_mac(src: *const Mac) -> Mac {
     }
 }
 
+/// Writes `mac` to `dst` (a map value or the stack) a byte at a time: a
+/// plain six-byte store to a pointer LLVM does not know the alignment of
+/// is emitted as a call to the `memset`/`memmove` BPF function (see
+/// [`load_mac`]).
+///
+/// # Safety
+/// `dst` must be valid for writing 6 bytes.
+#[inline(always)]
+pub unsafe fn store_mac(dst: *mut Mac, mac: Mac) {
+    let dst = dst.cast::<u8>();
+    // SAFETY: the caller's guarantee covers all 6 bytes.
+    unsafe {
+        for (i, byte) in mac.into_iter().enumerate() {
+            dst.add(i).write_volatile(byte);
+        }
+    }
+}
+
+/// Reads the address at `src` (map memory) into registers, a word at a
+/// time, for the reason [`load_mac`] gives: copied from a map value into a
+/// flow entry, it became a call to `memmove` with a 16-byte loop.
+///
+/// # Safety
+/// `src` must be valid for reading 16 bytes, aligned to 4.
+#[inline(always)]
+pub unsafe fn load_addr(src: *const [u32; 4]) -> [u32; 4] {
+    let src = src.cast::<u32>();
+    // SAFETY: the caller's guarantee covers all four words.
+    unsafe {
+        [
+            src.read_volatile(),
+            src.add(1).read_volatile(),
+            src.add(2).read_volatile(),
+            src.add(3).read_volatile(),
+        ]
+    }
+}
+
 /// Word access to packet memory: one load or store instruction for a
 /// 16- or 32-bit field at any offset.
 ///
