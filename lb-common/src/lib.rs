@@ -198,7 +198,8 @@ pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
 pub const VIP_ZONES_MAP: &str = "VIP_ZONES";
 pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// Per CPU: each backend's last resolved next hop (a cache the data path
-/// keeps for itself; not pinned, not in [`ALL_MAPS`]).
+/// keeps; pinned so that the control plane can forget a backend's hops
+/// when its neighbour entry changes or goes).
 pub const BACKEND_HOPS_MAP: &str = "BACKEND_HOPS";
 /// The one-entry benchmark floor's reply ways (`[claim, client]` words; see
 /// lb-ebpf's `floor.rs`); only the benchmark sizes and reads it.
@@ -261,6 +262,7 @@ pub const ALL_MAPS: &[&str] = &[
     LATENCY_EPOCH_MAP,
     VIP_ZONES_MAP,
     FRAGMENTS_MAP,
+    BACKEND_HOPS_MAP,
 ];
 
 #[cfg(test)]

@@ -641,7 +641,9 @@ assert_size!(Neighbour, 12);
 /// Value of [`crate::BACKEND_HOPS_MAP`] (per CPU, indexed by backend id):
 /// the next hop a flow to the backend last resolved on this CPU, so new
 /// flows within `BACKEND_HOP_JIFFIES` of it skip the FIB lookup. Written
-/// only by the data path; `ifindex` 0 holds nothing.
+/// by the data path; the control plane only zeroes a backend's values (on
+/// every CPU) when the backend's neighbour entry changes or goes, so new
+/// flows do not keep the old MAC. `ifindex` 0 holds nothing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendHop {

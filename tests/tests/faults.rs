@@ -821,27 +821,32 @@ fn kill_9_and_restart_of_lb_user_loses_no_request() {
 }
 
 /// A restart re-adopts the pins of a build that predates a map this one
-/// added (simulated by removing the new map's pin while the control plane
-/// is down): the program is upgraded in place, which creates and pins the
-/// map, and no request is lost.
+/// added or first pinned (simulated by removing the maps' pins while the
+/// control plane is down): the program is upgraded in place, which creates
+/// and pins the maps, and no request is lost.
 #[test]
 fn a_restart_upgrades_a_program_that_predates_a_new_map() {
     require_root!();
     let lab = Fault::new("added-map", 2);
     let balancer = spec(&lab, &[0, 1], &[]);
     let first = lab.start_balancer(&balancer).unwrap();
-    let pin = lab.pin_dir().join(lb_common::BACKEND_PENDING_MAP);
+    let pins = [lb_common::BACKEND_PENDING_MAP, lb_common::BACKEND_HOPS_MAP]
+        .map(|name| lab.pin_dir().join(name));
     let run = lab.during(lab.load(200.0, 6.0, 3_000), |lab| {
         thread::sleep(Duration::from_secs(2));
         assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
-        std::fs::remove_file(&pin).unwrap();
+        for pin in &pins {
+            std::fs::remove_file(pin).unwrap();
+        }
         lab.start_balancer(&balancer).unwrap()
     });
     let summary = &run.summary;
     lab.report(&run, &format!("served by {:?}", summary.per_backend));
     assert_eq!(summary.error_count(), 0, "{summary:?}");
     assert_eq!(summary.completed, summary.scheduled);
-    assert!(pin.exists(), "the upgrade pins the new map again");
+    for pin in &pins {
+        assert!(pin.exists(), "the upgrade pins {} again", pin.display());
+    }
     let log = lab.stderr(run.during);
     assert!(
         log.contains("upgrading it in place") && log.contains("upgraded lb_xdp in place"),

@@ -592,6 +592,34 @@ fn neighbour_macs(lab: &Lab) -> BTreeSet<[u8; 6]> {
     map.iter().map(|entry| entry.unwrap().1.mac).collect()
 }
 
+/// The ids the pinned `BACKENDS` map gives the backend at `addr` (one per
+/// VIP it serves).
+fn backend_ids(lab: &Lab, addr: std::net::Ipv4Addr) -> Vec<u32> {
+    let pin = lab.pin_dir().join(lb_common::BACKENDS_MAP);
+    let data = aya::maps::MapData::from_pin(pin).unwrap();
+    let map: aya::maps::Array<_, lb_common::Backend> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+    let words = [u32::from_ne_bytes(addr.octets()), 0, 0, 0];
+    (0..map.len())
+        .filter(|id| {
+            let backend = map.get(id, 0).unwrap();
+            backend.in_use != 0 && backend.family == lb_common::AF_INET && backend.addr == words
+        })
+        .collect()
+}
+
+/// Every CPU's shared next hop of the backend ids `ids`, from the pinned
+/// `BACKEND_HOPS` map.
+fn backend_hops(lab: &Lab, ids: &[u32]) -> Vec<lb_common::BackendHop> {
+    let pin = lab.pin_dir().join(lb_common::BACKEND_HOPS_MAP);
+    let data = aya::maps::MapData::from_pin(pin).unwrap();
+    let map: aya::maps::PerCpuArray<_, lb_common::BackendHop> =
+        aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).unwrap();
+    ids.iter()
+        .flat_map(|id| map.get(id, 0).unwrap().iter().copied().collect::<Vec<_>>())
+        .collect()
+}
+
 /// One UDP request through the VIP with a short timeout (a new socket, so a
 /// new flow whose next hop is looked up afresh).
 fn udp_through_vip(lab: &Lab, timeout: Duration) -> bool {
@@ -611,7 +639,10 @@ fn udp_through_vip(lab: &Lab, timeout: Duration) -> bool {
 /// backend ARPs for the balancer, its own cache flushed by the change), the
 /// neighbour multicast group reports it, and NEIGHBOURS follows at once,
 /// well inside the 30 s safety-net dump (and the 5 s refresh there was
-/// before), so traffic through the VIP reaches the backend again.
+/// before), so traffic through the VIP reaches the backend again. The
+/// backend's shared next hops (`BACKEND_HOPS`, which new flows start with)
+/// forget the old MAC on every CPU as soon as NEIGHBOURS has the new one,
+/// instead of serving it until they age out.
 #[test]
 fn a_backends_new_mac_is_followed_as_soon_as_the_kernel_learns_it() {
     require_root!();
@@ -625,9 +656,18 @@ fn a_backends_new_mac_is_followed_as_soon_as_the_kernel_learns_it() {
     assert!(udp_through_vip(&lab, Duration::from_secs(2)));
     let before = neighbour_macs(&lab);
     assert_eq!(before.len(), 1, "{before:?}");
+    let old = *before.first().unwrap();
     let moved = [0x02, 0x13, 0x21, 0x0b, 0xe1, 0x99];
     assert!(!before.contains(&moved));
     let backend = lab.backends()[0].host.clone();
+    let ids = backend_ids(&lab, backend.addr);
+    assert!(!ids.is_empty(), "no backend id at {}", backend.addr);
+    // The request's flow resolved its hop and left it for new flows.
+    let hops = backend_hops(&lab, &ids);
+    assert!(
+        hops.iter().any(|hop| hop.mac == old),
+        "no shared next hop holds {old:02x?}: {hops:?}"
+    );
     lab.ip(
         &backend.ns,
         &[
@@ -654,6 +694,17 @@ fn a_backends_new_mac_is_followed_as_soon_as_the_kernel_learns_it() {
         thread::sleep(Duration::from_millis(10));
     }
     let in_map = learnt.elapsed();
+    // The task forgets the hops right after it writes NEIGHBOURS: no CPU
+    // keeps the old MAC for new flows (zeroed, or resolved anew since).
+    let mut hops = backend_hops(&lab, &ids);
+    while hops.iter().any(|hop| hop.mac == old) {
+        assert!(
+            learnt.elapsed() < in_map + Duration::from_secs(1),
+            "ids {ids:?}: a shared next hop still holds the old MAC {old:02x?}: {hops:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+        hops = backend_hops(&lab, &ids);
+    }
     let mut attempts = 0;
     while !udp_through_vip(&lab, Duration::from_millis(200)) {
         attempts += 1;
@@ -661,6 +712,11 @@ fn a_backends_new_mac_is_followed_as_soon_as_the_kernel_learns_it() {
     }
     let reaching = learnt.elapsed();
     eprintln!("new MAC in NEIGHBOURS after {in_map:?}, traffic through the VIP after {reaching:?}");
+    let hops = backend_hops(&lab, &ids);
+    assert!(
+        hops.iter().all(|hop| hop.mac == moved || hop.ifindex == 0),
+        "{hops:?}"
+    );
     assert!(in_map < Duration::from_secs(1), "{in_map:?}");
     assert!(reaching < Duration::from_secs(2), "{reaching:?}");
     let log = lab.stderr(balancer);

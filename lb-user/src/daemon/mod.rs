@@ -43,6 +43,7 @@ use crate::{
     },
     kernel::{
         attach::Attachment,
+        backend_hops::PinnedHops,
         clock::{Clock, MonotonicClock, Nanos},
         maps, sysctl,
     },
@@ -129,7 +130,8 @@ impl Started<'_> {
         let (plan, publisher) = startup::write_plan(config, pin_dir, &clock, &drains)?;
         let neighbour_sync =
             startup::resolve_neighbours(config, pin_dir, self.ifindex, &errors).await?;
-        let (backend_addrs, backend_addrs_rx) = watch::channel(startup::backend_addrs(config));
+        let (backend_addrs, backend_addrs_rx) = watch::channel(startup::backend_ids(&plan));
+        let backend_hops = PinnedHops::open(pin_dir)?;
         let kernel = startup::open_kernel_handles(pin_dir, publisher, backend_addrs)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);
         let mut runtime = Runtime::new(
@@ -151,7 +153,12 @@ impl Started<'_> {
         let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut tasks = vec![
             state::spawn_writer(state_path, saves, errors.clone()),
-            neighbours::spawn_neighbour_watch(neighbour_sync, backend_addrs_rx, errors.clone()),
+            neighbours::spawn_neighbour_watch(
+                neighbour_sync,
+                backend_hops,
+                backend_addrs_rx,
+                errors.clone(),
+            ),
             tasks::spawn_reloader(reload, hangup, reload_tx, errors.clone()),
             control::serve(
                 &config.instance,

@@ -2,7 +2,11 @@
 //! entries for the backends, from the neighbour multicast group as changes
 //! happen, with a full dump at start, after a change of the backend set,
 //! after an overrun of the multicast socket, and every
-//! [`RESYNC_INTERVAL`] as a safety net. Nothing here blocks the runtime:
+//! [`RESYNC_INTERVAL`] as a safety net. Once it has written a backend's
+//! changed MAC or removed its entry, it zeroes the data path's shared next
+//! hops of the backend ids at that address (`BACKEND_HOPS`), so new flows
+//! stop using the old MAC at once instead of until the hops age out
+//! (`BACKEND_HOP_JIFFIES`). Nothing here blocks the runtime:
 //! the multicast socket is non-blocking (polled through [`AsyncFd`]), one
 //! change is one map write, and the dump runs on a blocking thread.
 
@@ -18,7 +22,10 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::errors::{ControlErrors, Stage};
-use crate::kernel::neighbours::{Applied, NeighbourSync, RESYNC_INTERVAL, netlink, probe};
+use crate::kernel::{
+    backend_hops::{BackendHops, BackendIds, PinnedHops},
+    neighbours::{Applied, NeighbourSync, RESYNC_INTERVAL, netlink, probe},
+};
 
 /// How soon a failed dump, map write or subscription is tried again.
 const RETRY: Duration = Duration::from_secs(1);
@@ -30,9 +37,10 @@ const DATAGRAMS_PER_WAKE: usize = 64;
 /// Far enough to mean "not scheduled".
 const NEVER: Duration = Duration::from_secs(24 * 3600);
 
-/// The backends' addresses the task filters on; the runtime sends a new
-/// list after every membership change.
-pub type BackendAddrs = watch::Sender<Vec<IpAddr>>;
+/// The backends' addresses the task filters on, with the backend ids at
+/// each (whose shared next hops it forgets); the runtime sends a new set
+/// after every membership change.
+pub type BackendAddrs = watch::Sender<BackendIds>;
 
 enum Wake {
     Resync,
@@ -54,14 +62,22 @@ struct Drained {
 }
 
 /// Runs the neighbour task until the runtime drops the sender of
-/// `backends`. Errors are counted as [`Stage::Neighbours`] and retried.
+/// `backends`; `hops` is where it forgets the shared next hops of the
+/// addresses whose entry changed. Errors are counted as
+/// [`Stage::Neighbours`] and retried.
 pub fn spawn_neighbour_watch(
     sync: NeighbourSync,
-    mut backends: watch::Receiver<Vec<IpAddr>>,
+    hops: PinnedHops,
+    mut backends: watch::Receiver<BackendIds>,
     errors: ControlErrors,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut sync = sync;
+        let mut hops = BackendHops::new(hops, BackendIds::default());
+        follow_backends(&mut sync, &mut hops, backends.borrow_and_update().clone());
+        // What the start-up dump changed (a re-adopted map's old MACs), now
+        // that the ids are known.
+        forget_changed_hops(&mut sync, &mut hops, &errors);
         let mut events: Option<AsyncFd<Socket>> = None;
         // The first dump (right after subscribing) covers what changed
         // since the start-up sync.
@@ -121,10 +137,8 @@ pub fn spawn_neighbour_watch(
                 }
                 Wake::Resubscribe => {}
                 Wake::Backends => {
-                    let list = backends.borrow_and_update().clone();
-                    for ip in sync.set_backends(list) {
-                        probe(ip);
-                    }
+                    let ids = backends.borrow_and_update().clone();
+                    follow_backends(&mut sync, &mut hops, ids);
                     // An added backend that is already resolved sends no
                     // change, and a removed one's entry must go.
                     resync_at = Instant::now();
@@ -147,6 +161,8 @@ pub fn spawn_neighbour_watch(
                         return;
                     };
                     sync = back;
+                    // Also after a failed dump: what it wrote before failing.
+                    forget_changed_hops(&mut sync, &mut hops, &errors);
                     resync_at = Instant::now()
                         + if outcome.is_ok() {
                             RESYNC_INTERVAL
@@ -158,6 +174,7 @@ pub fn spawn_neighbour_watch(
                 Wake::Events => {
                     let Some(fd) = events.as_ref() else { continue };
                     let drained = drain(fd, &mut buf, &mut sync, &mut reprobed, &errors).await;
+                    forget_changed_hops(&mut sync, &mut hops, &errors);
                     if drained.resync {
                         resync_at = resync_at.min(Instant::now());
                     }
@@ -169,6 +186,34 @@ pub fn spawn_neighbour_watch(
             }
         }
     })
+}
+
+/// Takes a new backend set: filters on its addresses (probing the new
+/// ones) and forgets hops by its ids.
+fn follow_backends(sync: &mut NeighbourSync, hops: &mut BackendHops, ids: BackendIds) {
+    for ip in sync.set_backends(ids.addrs()) {
+        probe(ip);
+    }
+    hops.set_ids(ids);
+}
+
+/// Zeroes the shared next hops of every backend id at the addresses whose
+/// MAC the sync changed or whose entry it removed since the last call
+/// (after the write: a hop resolved anew then has the new MAC). A failure is
+/// counted, never fatal: such a hop ages out by itself within
+/// `BACKEND_HOP_JIFFIES`.
+fn forget_changed_hops(sync: &mut NeighbourSync, hops: &mut BackendHops, errors: &ControlErrors) {
+    let changed = sync.take_changed_addrs();
+    if changed.is_empty() {
+        return;
+    }
+    debug!(addrs = ?changed, "forgetting the shared next hops of changed neighbours");
+    if let Err(e) = hops.forget(&changed) {
+        errors.record(
+            Stage::Neighbours,
+            &e.context("forgetting the shared next hops of changed neighbours"),
+        );
+    }
 }
 
 /// Waits until the socket (if any) is readable; never, without one.

@@ -30,7 +30,7 @@ use crate::{
         latency::{LatencySample, ProbeOutcome},
     },
     ingest::{events::Event, reconcile::Scan},
-    kernel::clock::Nanos,
+    kernel::{backend_hops::BackendIds, clock::Nanos},
     pool::lifecycle::Admin,
     pool::zones::ZonePlan,
     pool::{
@@ -452,22 +452,20 @@ impl Runtime {
     }
 
     /// Hands the neighbour task the addresses of every backend the fleet
-    /// has (draining ones too: they still have flows), if they changed;
-    /// it then dumps the neighbour table off the event loop.
+    /// has (draining ones too: they still have flows), with their ids, if
+    /// they changed; it then dumps the neighbour table off the event loop.
     pub fn publish_backend_addrs(&self) {
-        let mut addrs: Vec<std::net::IpAddr> = self
+        let ids: BackendIds = self
             .fleet
             .members
             .iter()
-            .flatten()
-            .map(|m| m.addr.ip())
+            .zip(0u32..)
+            .filter_map(|(member, id)| Some((id, member.as_ref()?.addr.ip())))
             .collect();
-        addrs.sort_unstable();
-        addrs.dedup();
         self.kernel.neighbours.send_if_modified(|current| {
-            let changed = *current != addrs;
+            let changed = *current != ids;
             if changed {
-                *current = addrs;
+                *current = ids;
             }
             changed
         });

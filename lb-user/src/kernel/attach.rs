@@ -31,7 +31,7 @@ use aya::{
         loaded_programs,
     },
 };
-use lb_common::{ALL_MAPS, BACKEND_PENDING_MAP, FLOWS_MAP, XDP_PROGRAM};
+use lb_common::{ALL_MAPS, BACKEND_HOPS_MAP, BACKEND_PENDING_MAP, FLOWS_MAP, XDP_PROGRAM};
 use tracing::{info, warn};
 
 use crate::{
@@ -45,11 +45,11 @@ use crate::{
     settings::config::Config,
 };
 
-/// Maps added to the program after in-place upgrades existed: a running
-/// program of an older build has no pin for them, and re-adopting it
-/// upgrades it (`upgrade::upgrade_if_needed` creates and pins maps new in
-/// this build).
-const ADDED_MAPS: &[&str] = &[BACKEND_PENDING_MAP];
+/// Maps added to the program (or first pinned) after in-place upgrades
+/// existed: a running program of an older build has no pin for them, and
+/// re-adopting it upgrades it (`upgrade::upgrade_if_needed` creates and
+/// pins maps new in this build, which the upgraded program then uses).
+const ADDED_MAPS: &[&str] = &[BACKEND_PENDING_MAP, BACKEND_HOPS_MAP];
 
 /// A program attached to an interface, with its pins.
 #[derive(Debug)]

@@ -21,11 +21,16 @@
 //! no longer sends to that MAC), and the backend is probed again so the
 //! kernel resolves it anew. Entries being resolved (`INCOMPLETE`) change
 //! nothing. Other interfaces and addresses that are not backends are ignored.
+//!
+//! Every address whose MAC changes or whose entry is removed is noted
+//! ([`NeighbourSync::take_changed_addrs`]): the data path's shared next hops
+//! to it may hold the old MAC, and the caller forgets them
+//! ([`super::backend_hops`]).
 
 pub mod netlink;
 
 use std::{
-    collections::{HashMap as StdHashMap, HashSet},
+    collections::{BTreeSet, HashMap as StdHashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     time::Duration,
 };
@@ -156,6 +161,9 @@ pub struct NeighbourSync<T = Neighbours> {
     iface: String,
     ifindex: u32,
     backends: HashSet<IpAddr>,
+    /// Addresses whose MAC changed or whose entry was removed since the
+    /// caller last took them (see [`Self::take_changed_addrs`]).
+    changed: BTreeSet<IpAddr>,
 }
 
 impl<T: NeighbourTable> NeighbourSync<T> {
@@ -165,6 +173,7 @@ impl<T: NeighbourTable> NeighbourSync<T> {
             iface: iface.to_string(),
             ifindex,
             backends: backends.into_iter().collect(),
+            changed: BTreeSet::new(),
         }
     }
 
@@ -198,6 +207,42 @@ impl<T: NeighbourTable> NeighbourSync<T> {
         }
     }
 
+    /// The addresses whose entry got another MAC or was removed since the
+    /// last call, each once, in order. The data path's shared next hops to
+    /// them may still hold a MAC the backend no longer has, and new flows
+    /// would start with it until it ages out (`BACKEND_HOP_JIFFIES`). A
+    /// first MAC is not reported: a hop resolved while the map had none
+    /// came from the kernel's own entry (`bpf_fib_lookup`), and a hop kept
+    /// from before a removal was forgotten with the removal.
+    pub fn take_changed_addrs(&mut self) -> Vec<IpAddr> {
+        std::mem::take(&mut self.changed).into_iter().collect()
+    }
+
+    /// Writes `ip`'s entry over `old` (what the map had), noting the
+    /// address as changed if the MAC is another.
+    fn write(
+        &mut self,
+        ip: IpAddr,
+        old: Option<Neighbour>,
+        value: Neighbour,
+    ) -> anyhow::Result<()> {
+        self.table.insert(ip_key(ip), value)?;
+        if old.is_some_and(|old| old.mac != value.mac) {
+            self.changed.insert(ip);
+        }
+        Ok(())
+    }
+
+    /// Removes the entry at `key` and notes its address as changed (a key
+    /// of no known family has no address, and no backend's hop).
+    fn remove(&mut self, key: &IpKey) -> anyhow::Result<()> {
+        self.table.remove(key)?;
+        if let Some(ip) = wire::words_to_ip(key.addr, key.family) {
+            self.changed.insert(ip);
+        }
+        Ok(())
+    }
+
     /// Applies one change the kernel reported (already filtered to the
     /// interface by [`netlink::parse`]): only backends' addresses are
     /// written or removed.
@@ -216,7 +261,7 @@ impl<T: NeighbourTable> NeighbourSync<T> {
                 if old == Some(value) {
                     return Ok(Applied::Unchanged);
                 }
-                self.table.insert(key, value)?;
+                self.write(ip, old, value)?;
                 if let Some(old) = old.filter(|o| o.mac != mac) {
                     info!(backend = %ip, old = %mac_text(old.mac), new = %mac_text(mac), "backend MAC changed");
                 } else {
@@ -228,7 +273,7 @@ impl<T: NeighbourTable> NeighbourSync<T> {
                 if old.is_none() {
                     return Ok(Applied::Unchanged);
                 }
-                self.table.remove(&key)?;
+                self.remove(&key)?;
                 info!(backend = %ip, iface = %self.iface, "backend neighbour entry failed or was deleted");
                 Ok(Applied::Removed)
             }
@@ -261,19 +306,20 @@ impl<T: NeighbourTable> NeighbourSync<T> {
         found: Vec<(IpAddr, [u8; 6])>,
         warn_unresolved: bool,
     ) -> anyhow::Result<()> {
-        let wanted: StdHashMap<IpKey, Neighbour> = found
+        let wanted: StdHashMap<IpKey, (IpAddr, Neighbour)> = found
             .into_iter()
             .filter(|(ip, _)| self.backends.contains(ip))
-            .map(|(ip, mac)| (ip_key(ip), self.value(mac)))
+            .map(|(ip, mac)| (ip_key(ip), (ip, self.value(mac))))
             .collect();
-        for (key, value) in &wanted {
-            if self.table.get(key) != Some(*value) {
-                self.table.insert(*key, *value)?;
+        for (key, (ip, value)) in &wanted {
+            let old = self.table.get(key);
+            if old != Some(*value) {
+                self.write(*ip, old, *value)?;
             }
         }
         for key in self.table.keys()? {
             if !wanted.contains_key(&key) {
-                self.table.remove(&key)?;
+                self.remove(&key)?;
             }
         }
         for ip in self.backends.iter().filter(|_| warn_unresolved) {
@@ -526,6 +572,51 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_mac_reports_its_address_and_a_first_or_the_same_mac_nothing() {
+        let mut s = sync(&[21, 22]);
+        assert!(s.take_changed_addrs().is_empty());
+        // A first MAC: no hop can hold another one from the map.
+        receive(&mut s, &v4(7, libc::NUD_REACHABLE, 21, Some(MAC)));
+        receive(&mut s, &v4(7, libc::NUD_REACHABLE, 22, Some(MAC)));
+        assert!(s.take_changed_addrs().is_empty());
+        receive(&mut s, &v4(7, libc::NUD_REACHABLE, 21, Some(MOVED)));
+        assert_eq!(s.take_changed_addrs(), [ip4(21)]);
+        // Taken: reported once.
+        assert!(s.take_changed_addrs().is_empty());
+        // The same MAC again, in another state: the hops stay right.
+        receive(&mut s, &v4(7, libc::NUD_STALE, 21, Some(MOVED)));
+        receive(&mut s, &v4(7, libc::NUD_PERMANENT, 21, Some(MOVED)));
+        assert!(s.take_changed_addrs().is_empty());
+        // Changed MACs of two backends, one of them twice before the take:
+        // each address once, in order.
+        receive(&mut s, &v4(7, libc::NUD_REACHABLE, 22, Some(MOVED)));
+        receive(&mut s, &v4(7, libc::NUD_STALE, 21, Some(MAC)));
+        receive(&mut s, &v4(7, libc::NUD_STALE, 21, Some(MOVED)));
+        assert_eq!(s.take_changed_addrs(), [ip4(21), ip4(22)]);
+        // Not a backend, or another interface: nothing written, nothing reported.
+        receive(&mut s, &v4(7, libc::NUD_REACHABLE, 99, Some(MOVED)));
+        receive(&mut s, &v4(8, libc::NUD_REACHABLE, 21, Some(MOVED)));
+        receive(&mut s, &v4(7, libc::NUD_FAILED, 99, None));
+        assert!(s.take_changed_addrs().is_empty());
+    }
+
+    #[test]
+    fn a_lost_entry_reports_its_address_once() {
+        let mut s = sync(&[21, 22]);
+        receive(&mut s, &v4(7, libc::NUD_REACHABLE, 21, Some(MAC)));
+        s.take_changed_addrs();
+        assert_eq!(
+            receive(&mut s, &v4(7, libc::NUD_FAILED, 21, None)),
+            [Applied::Removed]
+        );
+        assert_eq!(s.take_changed_addrs(), [ip4(21)]);
+        // Lost again, or lost without ever being learnt: nothing removed.
+        receive(&mut s, &v4(7, libc::NUD_FAILED, 21, None));
+        receive(&mut s, &v4(7, libc::NUD_FAILED, 22, None));
+        assert!(s.take_changed_addrs().is_empty());
+    }
+
+    #[test]
     fn other_addresses_and_interfaces_are_ignored() {
         let mut s = sync(&[21]);
         // Not a backend.
@@ -588,6 +679,12 @@ mod tests {
         assert_eq!(mac_of(&s, 21), Some(MAC));
         assert_eq!(mac_of(&s, 22), Some(MAC));
         assert_eq!(s.table().len(), 2);
+        // 21 changed and 99 went; 22 is a first MAC, 98 no backend.
+        assert_eq!(s.take_changed_addrs(), [ip4(21), ip4(99)]);
+        // The same dump again changes nothing.
+        s.sync_from(vec![(ip4(21), MAC), (ip4(22), MAC), (ip4(98), MAC)], false)
+            .unwrap();
+        assert!(s.take_changed_addrs().is_empty());
         // 22 leaves, 98 joins.
         let added = s.set_backends([ip4(21), ip4(98)]);
         assert_eq!(added, [ip4(98)]);
@@ -599,10 +696,25 @@ mod tests {
         .unwrap();
         assert_eq!(mac_of(&s, 22), None);
         assert_eq!(mac_of(&s, 98), Some(MOVED));
+        // 22 went (no backend any more); 98's MAC is a first one.
+        assert_eq!(s.take_changed_addrs(), [ip4(22)]);
         // A backend missing from the dump (failed, deleted) is removed.
         s.sync_from(vec![(ip4(98), MOVED)], false).unwrap();
         assert_eq!(mac_of(&s, 21), None);
         assert_eq!(s.table().len(), 1);
+        assert_eq!(s.take_changed_addrs(), [ip4(21)]);
+    }
+
+    #[test]
+    fn a_dump_reports_the_ipv6_address_it_moves_or_removes() {
+        let v6: IpAddr = "fd00:213::21".parse().unwrap();
+        let mut s = NeighbourSync::new(StdHashMap::new(), "eth0", 7, vec![v6]);
+        s.sync_from(vec![(v6, MAC)], false).unwrap();
+        s.sync_from(vec![(v6, MOVED)], false).unwrap();
+        assert_eq!(s.take_changed_addrs(), [v6]);
+        s.sync_from(Vec::new(), false).unwrap();
+        assert!(s.table().is_empty());
+        assert_eq!(s.take_changed_addrs(), [v6]);
     }
 
     #[test]
