@@ -124,17 +124,7 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, l3).ok_or(reason::DROP_TRUNCATED)?;
     // SAFETY: the whole 20-byte header was bounds-checked; word reads at
     // the fields' offsets (see `packet::word`).
-    let (
-        Ipv4Fixed {
-            vihl,
-            tot_len,
-            frags,
-            proto,
-        },
-        id,
-        src,
-        dst,
-    ) = unsafe {
+    let (fixed, id, src, dst) = unsafe {
         let base = ip.cast::<u8>();
         (
             Ipv4Fixed::read(base),
@@ -143,6 +133,12 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
             word::read32(base.add(IPV4_DADDR_OFF).cast()),
         )
     };
+    let Ipv4Fixed {
+        vihl,
+        tot_len,
+        frags,
+        proto,
+    } = fixed;
     let ihl = vihl & 0x0f;
     if vihl >> 4 != 4 || !(IHL_MIN..=IHL_MAX).contains(&ihl) {
         return Err(reason::DROP_BAD_HEADER);
