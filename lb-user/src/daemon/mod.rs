@@ -43,7 +43,7 @@ use crate::{
     },
     kernel::{
         attach::Attachment,
-        backend_hops::PinnedHops,
+        backend_hops::{BackendIds, PinnedHops},
         clock::{Clock, MonotonicClock, Nanos},
         maps, sysctl,
     },
@@ -130,7 +130,9 @@ impl Started<'_> {
         let (plan, publisher) = startup::write_plan(config, pin_dir, &clock, &drains)?;
         let neighbour_sync =
             startup::resolve_neighbours(config, pin_dir, self.ifindex, &errors).await?;
-        let (backend_addrs, backend_addrs_rx) = watch::channel(startup::backend_ids(&plan));
+        // Empty until the runtime publishes the fleet's ids, below, before
+        // the neighbour task starts.
+        let (backend_addrs, backend_addrs_rx) = watch::channel(BackendIds::default());
         let backend_hops = PinnedHops::open(pin_dir)?;
         let kernel = startup::open_kernel_handles(pin_dir, publisher, backend_addrs)?;
         let (check_tx, check_rx) = mpsc::channel(CHANNEL_DEPTH);

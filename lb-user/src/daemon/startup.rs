@@ -20,7 +20,6 @@ use crate::{
     ingest::latency::LatencyReader,
     kernel::{
         attach::Attachment,
-        backend_hops::BackendIds,
         clock::Clock,
         iface,
         maps::{self, ControlConnections, Counters},
@@ -253,17 +252,6 @@ pub async fn resolve_neighbours(
     sleep(STARTUP_RESOLVE_WAIT).await;
     errors.check(Stage::Neighbours, neighbours.sync(true));
     Ok(neighbours)
-}
-
-/// The ids the plan gives the backends, by address (previous backends
-/// that drain included), until the runtime publishes its own.
-pub fn backend_ids(plan: &Plan) -> BackendIds {
-    plan.backends
-        .iter()
-        .zip(0u32..)
-        .filter(|(backend, _)| backend.in_use != 0)
-        .filter_map(|(backend, id)| Some((id, wire::words_to_ip(backend.addr, backend.family)?)))
-        .collect()
 }
 
 /// The configuration's backend addresses, sorted, each once.
