@@ -219,18 +219,19 @@ impl<T: NeighbourTable> NeighbourSync<T> {
     }
 
     /// Writes `ip`'s entry over `old` (what the map had), noting the
-    /// address as changed if the MAC is another.
+    /// address as changed if the MAC is another; returns whether it was.
     fn write(
         &mut self,
         ip: IpAddr,
         old: Option<Neighbour>,
         value: Neighbour,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         self.table.insert(ip_key(ip), value)?;
-        if old.is_some_and(|old| old.mac != value.mac) {
+        let changed = old.is_some_and(|old| old.mac != value.mac);
+        if changed {
             self.changed.insert(ip);
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// Removes the entry at `key` and notes its address as changed (a key
@@ -261,8 +262,8 @@ impl<T: NeighbourTable> NeighbourSync<T> {
                 if old == Some(value) {
                     return Ok(Applied::Unchanged);
                 }
-                self.write(ip, old, value)?;
-                if let Some(old) = old.filter(|o| o.mac != mac) {
+                let changed = self.write(ip, old, value)?;
+                if let Some(old) = old.filter(|_| changed) {
                     info!(backend = %ip, old = %mac_text(old.mac), new = %mac_text(mac), "backend MAC changed");
                 } else {
                     debug!(backend = %ip, mac = %mac_text(mac), "backend MAC learnt");
