@@ -21,7 +21,7 @@ use lb_common::{
 
 use super::{
     load::{inflight, score},
-    slots::{Block, Chosen, active_id, by_id, candidate, scan},
+    slots::{Block, Chosen, active_id, by_id, candidate, scan, slot_backend},
 };
 use crate::{
     helpers::random,
@@ -165,12 +165,16 @@ fn pair_or_best_of_all(
         cost: found.pair_cost,
         score: found.pair_score,
     };
-    let id = if found.pair_id != u32::MAX && p2c::settles_scan(&pair_winner, scoring.bound) {
-        found.pair_id
-    } else {
-        found.id
-    };
-    match by_id(id) {
+    // The scan scored slots without their backend's state (the control
+    // plane keeps only backends in service in the block; one that left
+    // service stays until the block is rewritten), so the one chosen is
+    // checked here: an out-of-service pair winner yields to the best rank,
+    // and an out-of-service best to a scan from a random slot.
+    let settled = found.pair_id != u32::MAX && p2c::settles_scan(&pair_winner, scoring.bound);
+    if settled && let Some(chosen) = by_id(found.pair_id) {
+        return Ok(chosen);
+    }
+    match by_id(found.id) {
         Some(chosen) => Ok(chosen),
         None => scan(block, u64::from(random())),
     }
@@ -185,7 +189,7 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
     if offset >= s.count {
         offset = offset.wrapping_sub(s.count);
     }
-    let Some(id) = active_id(s.vip_id, s.first_slot.wrapping_add(offset)) else {
+    let Some(id) = slot_backend(s.vip_id, s.first_slot.wrapping_add(offset)) else {
         return 0;
     };
     let c = s.scoring.candidate(id);

@@ -290,9 +290,10 @@ extern "C" fn visit_any(step: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
-/// The backend id in `slot` of the VIP's slot block.
+/// The backend id in `slot` of the VIP's slot block, whatever its state
+/// ([`active_id`] checks it; P2C's full scan checks only the one it chose).
 #[inline(always)]
-fn slot_backend(vip_id: u32, slot: u32) -> Option<u32> {
+pub fn slot_backend(vip_id: u32, slot: u32) -> Option<u32> {
     if slot >= MAX_BACKENDS_PER_VIP {
         return None;
     }
