@@ -9,8 +9,8 @@
 //! frame (VLAN tags, IPv4 options, IPv6 extension headers, fragments, ICMP
 //! errors) and reaches them through two BPF function calls (the parser,
 //! then `to_backend`/`to_client`), each paying a call and a return (about
-//! 10 ns on the benchmark's VM, with its return-thunk mitigation; README,
-//! "Data-plane cost"). [`send_established`] does it all in one function,
+//! 10 ns on an AMD VM with a return-thunk mitigation;
+//! docs/history/dataplane.md, "Stop 43"). [`send_established`] does it all in one function,
 //! for the common frame only (`parse::plain`: no VLAN tag, IPv4 without
 //! options or IPv6 without extension headers, no fragment, TCP or UDP),
 //! and only when the packet is one the general path would treat exactly

@@ -4,7 +4,7 @@
 //! The clock is not free: on the 2-vCPU VM of the benchmarks one
 //! `bpf_ktime_get_ns` costs about 40 ns, as much as a flow-table lookup,
 //! while `bpf_jiffies64`, which the verifier inlines into a load on 64-bit
-//! JITs, costs nothing measurable (README, "Where the time goes"). So
+//! JITs, costs nothing measurable (docs/history/dataplane.md, "Where the time goes"). So
 //! packets of established flows
 //! read the precise clock only when a stage needs a timestamp (a request,
 //! a response to time, a close) or jiffies say the once-a-second refresh
