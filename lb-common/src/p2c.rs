@@ -198,13 +198,38 @@ pub fn score(cost: u64, inflight: u64, bias: u8) -> u64 {
 
 /// Scores backend `id`: its cost (at least 1, stall-scaled while it has
 /// flows in flight) times the in-flight term.
+///
+/// A backend the control plane holds far above its pool
+/// ([`SCORE_FAR_ABOVE`]) adds the VIP's saturation threshold to its own
+/// flows in the in-flight term: an idle held backend scores
+/// `cost × (saturation + 1)^bias`, as a steady one with that many flows in
+/// flight would. It loses to every candidate within the bound as before;
+/// what changes is the comparison once those are saturated too. Counted as
+/// idle, a held backend 10× slower than the pool (`hetero`'s slow pair,
+/// 100 ms against 10 ms) beat every steady backend with 4 flows in flight
+/// whose estimate, which measures its queue as well, was above 4 ms
+/// (`cost × 25` against the held one's 100): a burst after the machine
+/// stalled for tens of milliseconds sent it flows that took 100 ms each,
+/// where the steady queues would have served them in about 25. Counted as
+/// saturated, it takes a flow once the steady backends' estimates pass its
+/// own, or their queues grow deeper than its in-flight term: when the pool
+/// needs it.
 #[inline(always)]
 pub fn candidate(id: u32, load: Load, bias: u8, now: u64) -> Candidate {
     let mut cost = if load.cost == 0 { 1 } else { load.cost };
     if load.inflight > 0 {
         cost = stall_scaled(cost, load.ewma_ns, load.last_progress_ns, now);
     }
-    let score = score(cost, load.inflight, bias);
+    // Held by the control plane (SCORE_FAR_ABOVE, bit 0): far above, and
+    // scored with the saturation threshold's flows on top of its own (see
+    // above); multiplied in, not branched on, for the verifier (below).
+    let held_bit = u64::from(load.held & SCORE_FAR_ABOVE);
+    let score = score(
+        cost,
+        load.inflight
+            .saturating_add(held_bit.wrapping_mul(load.saturation)),
+        bias,
+    );
     // Saturated: counted as far above any bound (see SATURATED_INFLIGHT);
     // the score keeps the real cost, so it still competes on score.
     // Without a branch: an `if` here doubled the verifier's paths through
@@ -215,8 +240,7 @@ pub fn candidate(id: u32, load: Load, bias: u8, now: u64) -> Candidate {
     // The same for `saturation - 1`, masked off when the threshold is 0.
     let on = 0u64.wrapping_sub(load.saturation) >> 63;
     let saturated = (load.saturation.wrapping_sub(1).wrapping_sub(load.inflight) >> 63) & on;
-    // Held by the control plane (SCORE_FAR_ABOVE, bit 0): far above too.
-    let far = saturated | u64::from(load.held & SCORE_FAR_ABOVE);
+    let far = saturated | held_bit;
     Candidate {
         id,
         cost: cost | far.wrapping_neg(),

@@ -222,7 +222,8 @@ fn a_held_backend_is_far_above_at_any_cost_and_scores_its_own() {
         ..Load::default()
     };
     let held = candidate(1, load, inflight_bias(0), 0);
-    assert_eq!((held.cost, held.score), (u64::MAX, 400));
+    // Its one flow in flight and the threshold's 4 on top: 100 × (1 + 4 + 1)².
+    assert_eq!((held.cost, held.score), (u64::MAX, 3600));
     assert!(held.far_above(bound));
     // Behind an unsaturated backend within the bound, even a busier one...
     let steady = candidate(
@@ -237,19 +238,24 @@ fn a_held_backend_is_far_above_at_any_cost_and_scores_its_own() {
         0,
     );
     assert!(steady.beats(&held, bound));
-    // ...and ahead of a saturated one with a higher score.
-    let saturated = candidate(
-        3,
-        Load {
-            cost: 100,
-            inflight: SATURATED_INFLIGHT,
-            saturation: SATURATED_INFLIGHT,
-            ..Load::default()
-        },
-        inflight_bias(0),
-        0,
-    );
-    assert!(held.beats(&saturated, bound));
+    // Against a saturated one, by score, its own counted with the
+    // threshold's flows on top: behind one as costly at 4 in flight
+    // (2500), ahead of one twice as costly (5000).
+    let saturated_at = |cost| {
+        candidate(
+            3,
+            Load {
+                cost,
+                inflight: SATURATED_INFLIGHT,
+                saturation: SATURATED_INFLIGHT,
+                ..Load::default()
+            },
+            inflight_bias(0),
+            0,
+        )
+    };
+    assert!(saturated_at(100).beats(&held, bound));
+    assert!(held.beats(&saturated_at(200), bound));
     // Other flag bits are not the hold.
     let other = candidate(
         4,
@@ -783,4 +789,55 @@ fn a_saturated_score_still_ranks_within_its_kind() {
     let far = cand(2, 1_000_000, 1_000_000);
     assert_eq!(rank(&huge, 100), coarse_score(RANK_SCORE_MAX));
     assert!(rank(&huge, 100) < rank(&far, 100), "within the bound first");
+}
+
+#[test]
+fn an_idle_held_backend_scores_as_a_saturated_one() {
+    // `hetero`: a slow backend held at 10× the pool's cost, idle, against
+    // a steady one saturated with 4 flows in flight. The steady one keeps
+    // the flow while its estimate stays below the held one's; the held
+    // one takes it once the steady estimate (which measures its queue)
+    // passes it. Counted as idle, the held one took it from a steady
+    // estimate of 4 on.
+    let bound = 30;
+    let load = |cost, inflight, held| Load {
+        cost,
+        inflight,
+        held,
+        saturation: SATURATED_INFLIGHT,
+        ..Load::default()
+    };
+    let held = candidate(1, load(100, 0, SCORE_FAR_ABOVE), inflight_bias(0), 0);
+    assert_eq!(held.score, 100 * 25);
+    for steady_cost in [5, 10, 40, 99] {
+        let steady = candidate(
+            2,
+            load(steady_cost, SATURATED_INFLIGHT, 0),
+            inflight_bias(0),
+            0,
+        );
+        assert!(steady.beats(&held, bound), "steady at {steady_cost}");
+        // A full scan ranks on coarse scores: 99 × 25 ties with 100 × 25.
+        assert!(
+            rank(&steady, bound) <= rank(&held, bound),
+            "steady at {steady_cost}"
+        );
+    }
+    let queued = candidate(2, load(120, SATURATED_INFLIGHT, 0), inflight_bias(0), 0);
+    assert!(held.beats(&queued, bound));
+    // A deeper queue counts too: at 9 in flight a steady estimate of 30
+    // scores 3000.
+    let deep = candidate(2, load(30, 9, 0), inflight_bias(0), 0);
+    assert!(held.beats(&deep, bound));
+    // With saturation off (0) nothing is added: the held one scores its own.
+    let off = candidate(
+        1,
+        Load {
+            saturation: 0,
+            ..load(100, 0, SCORE_FAR_ABOVE)
+        },
+        inflight_bias(0),
+        0,
+    );
+    assert_eq!((off.cost, off.score), (u64::MAX, 100));
 }

@@ -4,8 +4,9 @@
 //!
 //! A held backend gets a new flow only once every candidate within the
 //! bound is saturated (has [`lb_common::VipMeta::p2c_saturation`] flows in
-//! flight). While the other backends can carry the load that rarely
-//! happens, and the held ones stay nearly idle, which is what the bound is
+//! flight), and then only if its score, counted with that many flows on
+//! top of its own (`lb_common::p2c::candidate`), is the lowest. While the
+//! other backends can carry the load that rarely happens, and the held ones stay nearly idle, which is what the bound is
 //! for (`stall` at 70 %: a backend that pauses for 300 ms every 2 s must
 //! carry at most one request when a pause begins). When they cannot
 //! (`stall` at 85 %: the eight steady backends alone would be at 106 %),
