@@ -59,8 +59,10 @@ pub const STALL_FLOOR_NS: u64 = 10_000_000;
 /// flight (2 queued behind 2 busy workers) the steady backends score
 /// `cost × 25` under the default squared term, so an idle staller whose
 /// estimate is up to 25× theirs takes the next flow, and the queues stop
-/// growing at about two requests. Below that, at the loads the pool can
-/// carry, the bound still decides as before.
+/// growing at about two requests (one the control plane holds counts the
+/// threshold's flows as its own, see [`candidate`], so it takes the flow
+/// while its held cost is below theirs). Below that, at the loads the pool
+/// can carry, the bound still decides as before.
 pub const SATURATED_INFLIGHT: u64 = 4;
 
 /// A candidate backend with its cost (latency per weight, stall-adjusted;
