@@ -15,8 +15,9 @@
 //!   paused server's cost climbs while it is stuck, instead of waiting for a
 //!   latency sample it cannot produce.
 //! - **Bounded re-draws** (Finagle's maxEffort, [`choose`]). A candidate
-//!   whose cost is more than [`REDRAW_FACTOR`] × the VIP's median cost
-//!   (written by the control plane) is "far above the pool": it loses to
+//!   whose latency ([`unweighted_cost`]: its cost with the weight taken
+//!   back out) is more than [`REDRAW_FACTOR`] × the VIP's median of the
+//!   same (written by the control plane) is "far above the pool": it loses to
 //!   any candidate within that bound, unless that one is saturated (the
 //!   VIP's `p2c_saturation` flows in flight, by default
 //!   [`SATURATED_INFLIGHT`]: then the scores decide), and
@@ -65,15 +66,19 @@ pub const STALL_FLOOR_NS: u64 = 10_000_000;
 /// can carry, the bound still decides as before.
 pub const SATURATED_INFLIGHT: u64 = 4;
 
-/// A candidate backend with its cost (latency per weight, stall-adjusted;
-/// `u64::MAX` when [saturated](SATURATED_INFLIGHT) or held by the control
-/// plane ([`SCORE_FAR_ABOVE`]), so that the bound counts it as far above)
-/// and score (from the real cost). Only the id: the caller looks the
-/// address up once, for the winner (which keeps candidates small on the
-/// 512-byte BPF stack).
+/// A candidate backend with the cost the re-draw bound compares (its
+/// stall-adjusted [latency](unweighted_cost): the cost per weight times
+/// the weight; `u64::MAX` when [saturated](SATURATED_INFLIGHT) or held by
+/// the control plane ([`SCORE_FAR_ABOVE`]), so that the bound counts it as
+/// far above), its weight, and its score (from the cost per weight). Only
+/// the id: the caller looks the address up once, for the winner (which
+/// keeps candidates small on the 512-byte BPF stack).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Candidate {
     pub id: u32,
+    /// [`crate::BackendScore::weight`], for [`settles_scan`]'s idle test.
+    /// It fills the space after `id`, so a candidate stays 24 bytes.
+    pub weight: u32,
     pub cost: u64,
     pub score: u64,
 }
@@ -86,6 +91,9 @@ pub struct Load {
     pub cost: u64,
     /// [`crate::BackendScore::ewma_ns`].
     pub ewma_ns: u64,
+    /// [`crate::BackendScore::weight`]: the effective weight `cost` was
+    /// divided by (0, no score written yet, counts as 1).
+    pub weight: u32,
     /// Connections open to the backend ([`crate::BackendConns::inflight`]).
     pub inflight: u64,
     /// Where the backend's stall age counts from
@@ -114,13 +122,55 @@ pub const fn inflight_bias(configured: u8) -> u8 {
     }
 }
 
-/// The re-draw bound for a VIP whose median cost is `reference_cost`
+/// The re-draw bound for a VIP whose median [unweighted
+/// cost](unweighted_cost) is `reference_cost`
 /// ([`crate::VipTables::reference_cost`]); 0 (no reference yet) disables
 /// re-draws.
 #[inline(always)]
 pub const fn redraw_bound(reference_cost: u64) -> u64 {
     saturating_mul(reference_cost, REDRAW_FACTOR)
 }
+
+/// What the re-draw bound compares for a backend: its `cost` (latency per
+/// unit of weight, [`crate::BackendScore::cost`]) times its effective
+/// `weight` (0 counts as 1, as the control plane's division does), so its
+/// latency in cost units (`ewma_ns × WEIGHT_SCALE`, up to the division's
+/// rounding). `u64::MAX` for a cost of [`UNWEIGHTED_COST_BITS`] bits or
+/// more, or a weight of [`UNWEIGHTED_WEIGHT_BITS`] bits or more.
+///
+/// The bound is for a backend far *slower* than its pool, and weight is
+/// not speed. Compared per weight, a backend of weight 1 among backends of
+/// weight 4 answering as fast cost 4× their median: far above the bound,
+/// so at light load it lost every pair and took no flow at all, where its
+/// weight asks for a fifth of them (a canary at weight 1 of 100 took
+/// none). Weight still counts where it should, in the score.
+///
+/// Without a branch, as [`candidate`]'s other terms: a saturating
+/// multiply here (a division and two branches) took the release object
+/// from 614,644 verified instructions to 920,361 and the debug one past
+/// the limit. The split into bits keeps the plain product exact.
+#[inline(always)]
+pub const fn unweighted_cost(cost: u64, weight: u32) -> u64 {
+    let weight = weight as u64;
+    // 1 for weight 0, else 0 (weights are below 2^32).
+    let weight = weight.wrapping_add(weight.wrapping_sub(1) >> 63);
+    // The top bit set when the value has at least that many bits: the
+    // subtraction wraps below them, the value's own top bit above 2^63.
+    let cost_big = (COST_BELOW.wrapping_sub(cost) | cost) >> 63;
+    let weight_big = WEIGHT_BELOW.wrapping_sub(weight) >> 63;
+    let big = (cost_big | weight_big).wrapping_neg();
+    (cost & COST_BELOW).wrapping_mul(weight & WEIGHT_BELOW) | big
+}
+
+/// Effective weights are below 2^23 (the control plane's 65,535 × 100
+/// weight units); [`unweighted_cost`] counts a larger one as saturating.
+pub const UNWEIGHTED_WEIGHT_BITS: u32 = 23;
+/// Costs below 2^41 (an estimate of about 36 minutes at weight 1) multiply
+/// by such a weight without overflow; [`unweighted_cost`] counts a larger
+/// one as saturating.
+pub const UNWEIGHTED_COST_BITS: u32 = 64 - UNWEIGHTED_WEIGHT_BITS;
+const WEIGHT_BELOW: u64 = (1 << UNWEIGHTED_WEIGHT_BITS) - 1;
+const COST_BELOW: u64 = (1 << UNWEIGHTED_COST_BITS) - 1;
 
 /// Whether a block of `count` slots is scanned whole instead of drawing
 /// pairs: `count <= full_scan_limit` (the VIP's `p2c_full_scan`; 0 never).
@@ -149,14 +199,17 @@ pub const fn scans_all(count: NonZeroU32, full_scan_limit: u16) -> bool {
 /// the scan is for: a third backend may be idle.
 ///
 /// Idle is read from the score: the in-flight exponent is at least
-/// [`crate::MIN_INFLIGHT_BIAS`] (1), so `score == cost` exactly when
-/// nothing is in flight (or both saturated, a cost far above any bound).
-/// Not a field of [`Candidate`]: a flag there gave `Option<Candidate>` a
-/// niche whose `None` left the other fields undefined, and the compiled
-/// debug pick copied them; the verifier refuses an undefined register.
+/// [`crate::MIN_INFLIGHT_BIAS`] (1), so the score is the cost per weight
+/// (its [unweighted](unweighted_cost) product the candidate's cost)
+/// exactly when nothing is in flight (or both saturate, a cost far above
+/// any bound). Not a field of [`Candidate`]: a flag there is a constant
+/// on either side of [`candidate`]'s in-flight branch, and the verifier,
+/// unable to merge the two sides, walked 120,000 more instructions (a
+/// `bool` also gave `Option<Candidate>` a niche whose `None` left the
+/// other fields undefined, which the debug pick copied).
 #[inline(always)]
 pub const fn settles_scan(c: &Candidate, bound: u64) -> bool {
-    c.score == c.cost && !c.far_above(bound)
+    !c.far_above(bound) && unweighted_cost(c.score, c.weight) == c.cost
 }
 
 /// `cost` scaled by the stall age `now - last_progress_ns` when that age
@@ -245,13 +298,15 @@ pub fn candidate(id: u32, load: Load, bias: u8, now: u64) -> Candidate {
     let far = saturated | held_bit;
     Candidate {
         id,
-        cost: cost | far.wrapping_neg(),
+        weight: load.weight,
+        cost: unweighted_cost(cost, load.weight) | far.wrapping_neg(),
         score,
     }
 }
 
 impl Candidate {
-    /// Whether the cost exceeds the re-draw bound (never when it is 0).
+    /// Whether the cost (the [unweighted](unweighted_cost) one) exceeds
+    /// the re-draw bound (never when it is 0).
     #[inline(always)]
     pub const fn far_above(&self, bound: u64) -> bool {
         bound != 0 && self.cost > bound

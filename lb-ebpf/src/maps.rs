@@ -89,6 +89,9 @@ pub struct ScanBest {
     pub pair_score: u64,
     /// The best's pending requests' summed service so far (the tie-break).
     pub served: u64,
+    /// The pair winner's `Candidate::weight`.
+    pub pair_weight: u32,
+    pub _pad: u32,
 }
 
 impl ScanBest {
@@ -100,6 +103,8 @@ impl ScanBest {
         pair_cost: 0,
         pair_score: 0,
         served: 0,
+        pair_weight: 0,
+        _pad: 0,
     };
 }
 

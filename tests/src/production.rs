@@ -6,7 +6,10 @@
 use std::path::Path;
 
 pub use lb_user::publish::writers::PendingFlip;
-use lb_user::publish::writers::TableWriter;
+use lb_user::publish::{
+    tables::{ScoreIndex, median_cost},
+    writers::TableWriter,
+};
 pub use lb_user::{
     EBPF_OBJECT,
     publish::{
@@ -26,6 +29,15 @@ pub fn write_tables(
     slots: &[SlotBackend],
 ) -> anyhow::Result<()> {
     TableWriter::open(pin_dir)?.write(vip_id, algorithm, maglev_table, slots)
+}
+
+/// The reference cost the control plane writes for a VIP whose slot
+/// backends have these `scores` (by backend id): P2C's re-draw bound is
+/// `lb_common::p2c::redraw_bound` of it.
+pub fn reference_cost(scores: &[(u32, lb_common::BackendScore)]) -> u64 {
+    let slots: Vec<u32> = scores.iter().map(|(id, _)| *id).collect();
+    let index = ScoreIndex::of(scores);
+    median_cost(&slots, scores, &index)
 }
 
 /// Whether the control plane's writer maps `MAGLEV` into memory (so its

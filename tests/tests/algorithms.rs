@@ -199,6 +199,47 @@ fn weighted_distribution(algorithm: Algorithm, tolerance: f64, bias: u8) {
     assert_shares_follow(algorithm.name(), &got, &WEIGHTS, tolerance);
 }
 
+/// Weights far apart (a canary at weight 1 next to backends of weight 4),
+/// every backend as fast, the re-draw bound the control plane's own
+/// (`production::reference_cost` of the scores `setup` wrote) and the
+/// saturation rule off, so the bound alone decides who is far above. The
+/// bound is about speed: with it compared per weight, the weight-1
+/// backend cost 4× the pool's median, lost every pair and took none of
+/// the flows; it takes its weight's share (bias 1, as
+/// `weighted_distribution`'s P2C case).
+fn p2c_bound_does_not_hold_a_light_weight_out() {
+    const SPREAD: [u32; 4] = [1, 4, 4, 4];
+    let mut lb = setup(Algorithm::P2cEwma, &SPREAD, 0, 1);
+    let scores: Vec<(u32, BackendScore)> = (0..SPREAD.len() as u32)
+        .map(|id| (id, lb.score(id)))
+        .collect();
+    let reference = production::reference_cost(&scores);
+    assert_eq!(
+        reference, 100_000_000,
+        "every backend is as fast: {scores:?}"
+    );
+    set_reference(&mut lb, reference);
+    edit_vip(&mut lb, |meta| meta.p2c_saturation = 0);
+    let got = shares(&choices(&lb, 1300), SPREAD.len());
+    assert_shares_follow("p2c-ewma, the control plane's bound", &got, &SPREAD, 0.03);
+    // A backend as heavy but 4x slower is still held out by that bound.
+    let mut lb = setup(Algorithm::P2cEwma, &[4, 4, 4, 4], 0, 1);
+    lb.set_score(
+        0,
+        BackendScore {
+            ewma_ns: 4_000_000,
+            cost: 100_000_000,
+            weight: 4,
+            ..BackendScore::default()
+        },
+    );
+    let scores: Vec<(u32, BackendScore)> = (0..4).map(|id| (id, lb.score(id))).collect();
+    set_reference(&mut lb, production::reference_cost(&scores));
+    edit_vip(&mut lb, |meta| meta.p2c_saturation = 0);
+    let slow = choices(&lb, 400).iter().filter(|&&id| id == 0).count();
+    assert_eq!(slow, 0, "a 4x slower backend of the same weight");
+}
+
 fn round_robin_ignores_weights() {
     let lb = setup(Algorithm::RoundRobin, &WEIGHTS, 0, 0);
     let got = shares(&choices(&lb, FLOWS), WEIGHTS.len());
@@ -838,6 +879,10 @@ const CASES: &[(&str, fn())] = &[
     (
         "random_sums_are_swapped_not_rewritten_in_place",
         random_sums_are_swapped_not_rewritten_in_place,
+    ),
+    (
+        "p2c_bound_does_not_hold_a_light_weight_out",
+        p2c_bound_does_not_hold_a_light_weight_out,
     ),
 ];
 

@@ -10,8 +10,14 @@ fn n(count: u32) -> NonZeroU32 {
     NonZeroU32::new(count).expect("non-zero count")
 }
 
+/// A candidate of weight 1 (its cost is what the bound compares).
 fn cand(id: u32, cost: u64, score: u64) -> Candidate {
-    Candidate { id, cost, score }
+    Candidate {
+        id,
+        weight: 1,
+        cost,
+        score,
+    }
 }
 
 /// A small deterministic generator (SplitMix64), the tests' stand-in for
@@ -63,13 +69,51 @@ fn score_is_cost_times_inflight_plus_one_to_the_bias() {
 }
 
 #[test]
+fn the_bound_compares_latency_not_cost_per_weight() {
+    assert_eq!(unweighted_cost(7, 0), 7, "no weight written counts as 1");
+    assert_eq!(unweighted_cost(7, 100), 700);
+    assert_eq!(unweighted_cost(u64::MAX / 2, 3), u64::MAX);
+    let at = |cost, weight| {
+        let load = Load {
+            cost,
+            weight,
+            ..Load::default()
+        };
+        candidate(0, load, 2, 0)
+    };
+    // Weight 1 next to weight 4, as fast: the same latency, so the same
+    // cost against the bound (the median's), and within it.
+    let (light, heavy) = (at(400, 1), at(100, 4));
+    assert_eq!((light.cost, heavy.cost), (400, 400));
+    let bound = redraw_bound(400);
+    assert!(!light.far_above(bound) && !heavy.far_above(bound));
+    // The weight still counts in the score: idle, the heavier one wins.
+    assert!(heavy.beats(&light, bound));
+    assert!(settles_scan(&light, bound));
+    // Weight 4 and 4x slower: far above.
+    assert!(at(400, 4).far_above(bound));
+}
+
+#[test]
 fn candidate_counts_an_unwritten_cost_as_one() {
-    assert_eq!(candidate(9, Load::default(), 2, 0), cand(9, 1, 1));
+    assert_eq!(
+        candidate(9, Load::default(), 2, 0),
+        Candidate {
+            weight: 0,
+            ..cand(9, 1, 1)
+        }
+    );
     let busy = Load {
         inflight: 1,
         ..Load::default()
     };
-    assert_eq!(candidate(9, busy, 2, 0), cand(9, 1, 4));
+    assert_eq!(
+        candidate(9, busy, 2, 0),
+        Candidate {
+            weight: 0,
+            ..cand(9, 1, 4)
+        }
+    );
 }
 
 #[test]
@@ -77,6 +121,7 @@ fn a_stall_counts_only_with_flows_in_flight() {
     let idle = Load {
         cost: 100,
         ewma_ns: 1,
+        weight: 0,
         inflight: 0,
         last_progress_ns: 1,
         held: 0,
@@ -751,6 +796,25 @@ proptest! {
         if a.beats(&b, bound) {
             prop_assert!(rank(&a, bound) <= rank(&b, bound));
         }
+    }
+
+    #[test]
+    fn unweighted_cost_is_the_exact_product_or_saturates(cost: u64, weight: u32) {
+        let got = unweighted_cost(cost, weight);
+        let w = u64::from(weight.max(1));
+        if cost < 1 << UNWEIGHTED_COST_BITS && w < 1 << UNWEIGHTED_WEIGHT_BITS {
+            prop_assert_eq!(got, cost * w);
+        } else {
+            prop_assert_eq!(got, u64::MAX);
+        }
+    }
+
+    #[test]
+    fn unweighted_cost_at_the_edges(shift in 0u32..64, weight in 0u32..1 << 23) {
+        let cost = 1u64 << shift;
+        let want = if shift < UNWEIGHTED_COST_BITS { cost * u64::from(weight.max(1)) } else { u64::MAX };
+        prop_assert_eq!(unweighted_cost(cost, weight), want);
+        prop_assert_eq!(unweighted_cost(u64::MAX - u64::from(weight), weight), u64::MAX);
     }
 
     #[test]

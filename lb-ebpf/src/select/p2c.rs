@@ -162,6 +162,7 @@ fn pair_or_best_of_all(
     let found = unsafe { &*best };
     let pair_winner = Candidate {
         id: found.pair_id,
+        weight: found.pair_weight,
         cost: found.pair_cost,
         score: found.pair_score,
     };
@@ -208,12 +209,14 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
     if offset == s.pair.0 || offset == s.pair.1 {
         let held = Candidate {
             id: best.pair_id,
+            weight: best.pair_weight,
             cost: best.pair_cost,
             score: best.pair_score,
         };
         // The pair's first visited is `p2c::winner`'s first: a tie keeps it.
         if best.pair_id == u32::MAX || c.beats(&held, s.scoring.bound) {
             best.pair_id = id;
+            best.pair_weight = c.weight;
             best.pair_cost = c.cost;
             best.pair_score = c.score;
         }
@@ -252,6 +255,7 @@ fn scored(id: u32, bias: u8, saturation: u32, now: u64) -> Candidate {
     let load = Load {
         cost: s.cost,
         ewma_ns: s.ewma_ns,
+        weight: s.weight,
         inflight,
         // Only counts while a request is outstanding, which needs a flow
         // in flight: no lookup otherwise.

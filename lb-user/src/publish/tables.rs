@@ -9,6 +9,7 @@
 
 use lb_common::{
     Algorithm, Backend, BackendScore, MAGLEV_TABLE_SIZE, SCORE_FAR_ABOVE, WRR_SCHEDULE_LEN,
+    p2c::unweighted_cost,
 };
 
 use super::{maglev, prefix, smooth_wrr};
@@ -141,8 +142,10 @@ impl ScoreIndex {
     }
 }
 
-/// The median of the slot backends' costs (the upper median for an even
-/// count), or 0 when none is known: P2C's yardstick for "far above the pool".
+/// The median of the slot backends' [unweighted
+/// costs](lb_common::p2c::unweighted_cost) (their latencies in cost units;
+/// the upper median for an even count), or 0 when none is known: P2C's
+/// yardstick for "far above the pool", which is about speed, not weight.
 /// A backend [held](hold_far_above) counts as the highest cost: it was far
 /// above the median when it was held, so the median is the one its
 /// estimate gave. `index` is `scores`' [`ScoreIndex`].
@@ -155,7 +158,7 @@ pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)], index: &ScoreI
             if s.flags & SCORE_FAR_ABOVE != 0 {
                 u64::MAX
             } else {
-                s.cost
+                unweighted_cost(s.cost, s.weight)
             }
         })
         .collect();
@@ -167,7 +170,8 @@ pub fn median_cost(slots: &[u32], scores: &[(u32, BackendScore)], index: &ScoreI
 }
 
 /// Holds the backends of `group` (the slots one P2C bound applies to: a
-/// VIP's, or one zone block's) whose cost is far above the group's re-draw
+/// VIP's, or one zone block's) whose [unweighted
+/// cost](lb_common::p2c::unweighted_cost) is far above the group's re-draw
 /// bound (`lb_common::p2c::redraw_bound` of its [median](median_cost)):
 /// their scores in `scores` become `held(id)` (flagged
 /// [`SCORE_FAR_ABOVE`], with the cost of their mean latency), so the kernel keeps
@@ -193,7 +197,8 @@ pub fn hold_far_above(
         };
         let score = &mut scores[i].1;
         // A slot listed twice is held once: the flag is set by then.
-        if score.flags & SCORE_FAR_ABOVE != 0 || score.cost <= bound {
+        if score.flags & SCORE_FAR_ABOVE != 0 || unweighted_cost(score.cost, score.weight) <= bound
+        {
             continue;
         }
         if let Some(h) = held(id) {
@@ -264,6 +269,38 @@ mod tests {
         let index = ScoreIndex::of(&unknown);
         assert_eq!(hold_far_above(&[5], &mut unknown, &index, held), 0);
         assert_eq!(unknown[0].1, score(100));
+    }
+
+    #[test]
+    fn weight_is_not_speed_for_the_median_and_the_hold() {
+        // Latency 1 ms each: three of weight 4 (in weight units), one of
+        // weight 1. Cost is per weight, so the light one costs 4x.
+        let at = |ewma_ns: u64, weight: u32| BackendScore {
+            ewma_ns,
+            cost: ewma_ns * lb_common::WEIGHT_SCALE / u64::from(weight),
+            weight,
+            ..BackendScore::default()
+        };
+        let mut scores = vec![
+            (0, at(1_000_000, 100)),
+            (1, at(1_000_000, 400)),
+            (2, at(1_000_000, 400)),
+            (3, at(1_000_000, 400)),
+        ];
+        let index = ScoreIndex::of(&scores);
+        let group = [0, 1, 2, 3];
+        assert_eq!(median_cost(&group, &scores, &index), 100_000_000);
+        let held = |_| {
+            Some(BackendScore {
+                flags: SCORE_FAR_ABOVE,
+                ..BackendScore::default()
+            })
+        };
+        assert_eq!(hold_far_above(&group, &mut scores, &index, held), 0);
+        // 4x slower at weight 4 is held.
+        scores[1].1 = at(4_000_000, 400);
+        assert_eq!(hold_far_above(&group, &mut scores, &index, held), 1);
+        assert_eq!(scores[1].1.flags, SCORE_FAR_ABOVE);
     }
 
     #[test]

@@ -684,6 +684,17 @@ impl Lb {
             .expect("set score");
     }
 
+    /// Backend `id`'s score as the map holds it.
+    pub fn score(&self, id: u32) -> BackendScore {
+        let map: Array<_, BackendScore> = Array::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_SCORES_MAP)
+                .expect("BACKEND_SCORES"),
+        )
+        .expect("array");
+        map.get(&id, 0).expect("score")
+    }
+
     pub fn set_opened(&mut self, id: u32, opened: u64) {
         let conns = BackendConns { opened, closed: 0 };
         self.array::<BackendConns>(lb_common::BACKEND_CONNS_MAP)
