@@ -156,6 +156,24 @@ impl HopCache {
             ifindex: unsafe { &raw mut (*rev).hop_ifindex },
         }
     }
+
+    /// The cached interface, read once: a refresh drops the hop
+    /// (interface 0) before it resolves again, and stores the MAC before
+    /// the interface, so a hop seen cached has its MAC.
+    #[inline(always)]
+    fn ifindex(&self) -> u32 {
+        // SAFETY: live map value; a racing refresh stores the same kind of
+        // values.
+        unsafe { self.ifindex.read_volatile() }
+    }
+}
+
+/// Whether a hop cached on interface `cached` (0: none) serves a frame
+/// that came in on `ingress`: only a hop out of the interface the frame
+/// arrived on is sent with `XDP_TX`.
+#[inline(always)]
+const fn serves_ingress(cached: u32, ingress: u32) -> bool {
+    cached != 0 && cached == ingress
 }
 
 /// [`forward`] for a packet towards the backend of the forward entry
@@ -230,14 +248,13 @@ fn forward_cached(
     shared: bool,
 ) -> Result<Verdict, Reason> {
     let ingress = ctx.ingress_ifindex() as u32;
-    // SAFETY: live map value; a racing refresh stores the same kind of values.
-    let cached_ifindex = unsafe { cache.ifindex.read_volatile() };
+    let cached_ifindex = cache.ifindex();
     let macs = MacFields::of(ctx)?;
     let our_mac = macs.our_mac();
     // The cached and the resolved hop meet before the frame is written, so
     // the verifier walks the rest of the path once for both (two copies of
     // it cost about 46k instructions of the 1M budget in the reply path).
-    let hop = if !refresh && cached_ifindex != 0 && cached_ifindex == ingress {
+    let hop = if !refresh && serves_ingress(cached_ifindex, ingress) {
         Hop {
             // SAFETY: live map value.
             dmac: unsafe { load_mac(cache.mac) },
@@ -289,10 +306,7 @@ pub fn cached_on_ingress(
     } else {
         HopCache::of_reply(entry)
     };
-    // SAFETY: live map value; a refresh drops the hop (interface 0) before
-    // it resolves again, and stores the MAC before the interface.
-    let ifindex = unsafe { cache.ifindex.read_volatile() };
-    (ifindex != 0 && ifindex == ingress).then_some(cache.mac.cast_const())
+    serves_ingress(cache.ifindex(), ingress).then_some(cache.mac.cast_const())
 }
 
 /// Sends the frame back out of its ingress interface to the MAC at
