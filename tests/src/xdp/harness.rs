@@ -686,13 +686,15 @@ impl Lb {
 
     /// Backend `id`'s score as the map holds it.
     pub fn score(&self, id: u32) -> BackendScore {
-        let map: Array<_, BackendScore> = Array::try_from(
-            self.ebpf
-                .map(lb_common::BACKEND_SCORES_MAP)
-                .expect("BACKEND_SCORES"),
-        )
-        .expect("array");
-        map.get(&id, 0).expect("score")
+        self.array_value(lb_common::BACKEND_SCORES_MAP, id)
+    }
+
+    /// Entry `index` of the array map `name`.
+    pub fn array_value<T: aya::Pod>(&self, name: &str, index: u32) -> T {
+        let map: Array<_, T> =
+            Array::try_from(self.ebpf.map(name).expect("map exists")).expect("array map");
+        map.get(&index, 0)
+            .unwrap_or_else(|e| panic!("{name}[{index}]: {e}"))
     }
 
     pub fn set_opened(&mut self, id: u32, opened: u64) {
@@ -718,13 +720,7 @@ impl Lb {
     }
 
     pub fn conns(&self, id: u32) -> BackendConns {
-        let map: Array<_, BackendConns> = Array::try_from(
-            self.ebpf
-                .map(lb_common::BACKEND_CONNS_MAP)
-                .expect("BACKEND_CONNS"),
-        )
-        .expect("array");
-        map.get(&id, 0).expect("conns")
+        self.array_value(lb_common::BACKEND_CONNS_MAP, id)
     }
 
     /// Runs one frame: the XDP action and the frame as the program left it.
