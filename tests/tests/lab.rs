@@ -326,8 +326,8 @@ fn p2c_keeps_new_connections_away_from_a_slow_backend() {
 /// when its partner has a flow or more in flight, which at this load the
 /// weight-4 ones often have. The re-draw bound is for backends far slower
 /// than the pool: compared per weight (before stop 49), the weight-1 one
-/// cost 4x the median, was far above the bound, was held by the control
-/// plane, and took new connections only once both others were saturated.
+/// cost 4x the median, was far above the bound and was held by the
+/// control plane (see the assertion for what it got).
 #[test]
 fn p2c_gives_a_light_weight_backend_connections_when_the_heavy_ones_are_busy() {
     require_root!();
@@ -353,13 +353,21 @@ fn p2c_gives_a_light_weight_backend_connections_when_the_heavy_ones_are_busy() {
         .unwrap();
     assert_eq!(summary.error_count(), 0, "{summary:?}");
     let share = share(&summary, &light);
-    eprintln!("weight-1 backend share {:.1}% ({summary:?})", share * 100.0);
-    // Its weight's share is 1/9 (11 %); under P2C's per-weight score it
-    // gets less at a load this light, but not next to nothing.
+    eprintln!(
+        "weight-1 backend share {:.1}% (per backend {:?}, latency {:?})",
+        share * 100.0,
+        summary.per_backend,
+        summary.latency_ms
+    );
+    // Its weight's share is 1/9 (11 %). It got 17 % in runs since stop 49,
+    // 5.4 % before (7.5 % with `--p2c-saturation 0`): held, it was let in
+    // only when both others were saturated or its estimate had decayed
+    // back under the bound.
     assert!(
-        (0.02..0.34).contains(&share),
-        "weight-1 backend got {:.1}% of new connections: {summary:?}",
-        share * 100.0
+        (0.10..0.34).contains(&share),
+        "weight-1 backend got {:.1}% of new connections: {:?}",
+        share * 100.0,
+        summary.per_backend
     );
 }
 
