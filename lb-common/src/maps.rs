@@ -170,9 +170,11 @@ pub struct VipTables {
     /// with [`crate::table_half`]).
     pub half: u32,
     pub _pad: u32,
-    /// P2C: the median [`BackendScore::cost`] of the VIP's backends, which
-    /// the control plane refreshes with the scores (0 = none yet). A P2C
-    /// pick whose cost is far above it is drawn again (bounded).
+    /// P2C: the median [unweighted cost](crate::p2c::unweighted_cost) of
+    /// the VIP's backends ([`BackendScore::cost`] × its weight: their
+    /// latency), which the control plane refreshes with the scores (0 =
+    /// none yet). A P2C pick whose unweighted cost is far above it is drawn
+    /// again (bounded).
     pub reference_cost: u64,
 }
 assert_size!(VipTables, 32);
@@ -214,8 +216,9 @@ pub struct ZoneBlock {
     pub schedule_first: u32,
     pub schedule_len: u32,
     pub _pad: u32,
-    /// P2C: the median cost of the block's backends (the re-draw bound's
-    /// reference inside the zone; 0 = none).
+    /// P2C: the median [unweighted cost](crate::p2c::unweighted_cost) of
+    /// the block's backends (the re-draw bound's reference inside the zone;
+    /// 0 = none).
     pub reference_cost: u64,
 }
 assert_size!(ZoneBlock, 32);

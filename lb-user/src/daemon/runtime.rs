@@ -536,7 +536,7 @@ pub struct ProbeCounts {
     pub barred: u64,
 }
 
-/// Each zone block's share and reference cost (the median cost of its
+/// Each zone block's share and reference cost (the median unweighted cost of its
 /// backends), for the blocks that have a selectable backend: what the
 /// kernel's zone descriptor holds besides the slot layout.
 fn zone_shares(

@@ -13,7 +13,7 @@ pub const MAX_ZONE_NAME: usize = 63;
 /// A local zone is healthy while at least this share of its backends'
 /// weight is active (`--zone-min-healthy`).
 pub const DEFAULT_ZONE_MIN_HEALTHY: f64 = 0.70;
-/// A local zone is overloaded once the median cost of its backends reaches
+/// A local zone is overloaded once the median latency estimate of its backends reaches
 /// this many times the best other zone's (`--zone-avoid-factor`).
 pub const DEFAULT_ZONE_AVOID_FACTOR: f64 = 3.0;
 
