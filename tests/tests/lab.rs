@@ -16,7 +16,7 @@ use std::{
 
 use lb_lab::{
     Binaries, Lab,
-    lab::{Algorithm, BALANCER_ADDR, BackendSpec, CLIENT_ADDR, VIP_ADDR, XdpMode},
+    lab::{Algorithm, BALANCER_ADDR, BackendSpec, BalancerSpec, CLIENT_ADDR, VIP_ADDR, XdpMode},
     loadgen::{LoadConfig, Protocol, Summary, payload_pattern},
     probe, require_root,
 };
@@ -263,6 +263,29 @@ fn share(summary: &Summary, name: &str) -> f64 {
     summary.per_backend.get(name).copied().unwrap_or(0) as f64 / total.max(1) as f64
 }
 
+/// Starts the balancer of `spec`, runs an open loop of `rate` new TCP
+/// connections a second for `seconds` to its TCP VIP, checks that every
+/// one was answered, and returns the share backend `name` served.
+fn share_under_load(
+    lab: &Lab,
+    spec: &BalancerSpec,
+    rate: f64,
+    seconds: f64,
+    name: &str,
+) -> (f64, Summary) {
+    let _balancer = lab.start_balancer(spec).unwrap();
+    let summary = lab
+        .run_loadgen(&LoadConfig::open_loop(
+            lab.tcp_vip(),
+            Protocol::Tcp,
+            rate,
+            seconds,
+        ))
+        .unwrap();
+    assert_eq!(summary.error_count(), 0, "{summary:?}");
+    (share(&summary, name), summary)
+}
+
 /// Four backends with the same workers, one 10× slower, under 200 new
 /// connections a second for 6 s.
 ///
@@ -278,19 +301,8 @@ fn slow_backend_share(algorithm: Algorithm) -> (f64, Summary) {
         .build()
         .unwrap();
     let slow_name = lab.backends()[3].name.clone();
-    let _balancer = lab
-        .start_balancer(&lab.balancer_spec(algorithm, XdpMode::Native))
-        .unwrap();
-    let summary = lab
-        .run_loadgen(&LoadConfig::open_loop(
-            lab.tcp_vip(),
-            Protocol::Tcp,
-            200.0,
-            6.0,
-        ))
-        .unwrap();
-    assert_eq!(summary.error_count(), 0, "{summary:?}");
-    let share = share(&summary, &slow_name);
+    let spec = lab.balancer_spec(algorithm, XdpMode::Native);
+    let (share, summary) = share_under_load(&lab, &spec, 200.0, 6.0, &slow_name);
     eprintln!(
         "{}: slow backend share {:.1}% ({summary:?})",
         algorithm.name(),
@@ -342,17 +354,7 @@ fn p2c_gives_a_light_weight_backend_connections_when_the_heavy_ones_are_busy() {
             backend.1 = if i == 0 { 1 } else { 4 };
         }
     }
-    let _balancer = lab.start_balancer(&spec).unwrap();
-    let summary = lab
-        .run_loadgen(&LoadConfig::open_loop(
-            lab.tcp_vip(),
-            Protocol::Tcp,
-            900.0,
-            5.0,
-        ))
-        .unwrap();
-    assert_eq!(summary.error_count(), 0, "{summary:?}");
-    let share = share(&summary, &light);
+    let (share, summary) = share_under_load(&lab, &spec, 900.0, 5.0, &light);
     eprintln!(
         "weight-1 backend share {:.1}% (per backend {:?}, latency {:?})",
         share * 100.0,
