@@ -142,8 +142,9 @@ pub const fn redraw_bound(reference_cost: u64) -> u64 {
 /// not speed. Compared per weight, a backend of weight 1 among backends of
 /// weight 4 answering as fast cost 4× their median: far above the bound,
 /// so at light load it lost every pair and took no flow at all, where its
-/// weight asks for a fifth of them (a canary at weight 1 of 100 took
-/// none). Weight still counts where it should, in the score.
+/// weight asks for a fifth of them (a canary at weight 1 next to weight
+/// 100 cost 100× the median). Weight still counts where it should, in the
+/// score.
 ///
 /// Without a branch, as [`candidate`]'s other terms: a saturating
 /// multiply here (a division and two branches) took the release object
