@@ -30,6 +30,10 @@ pub struct VipStatus {
     /// A P2C VIP selected by least connections for now.
     #[serde(default)]
     pub least_conn_relief: bool,
+    /// P2C's re-draw bound (3 × the median latency of its backends), ms;
+    /// absent for other algorithms, before any estimate, and zone-aware VIPs.
+    #[serde(default)]
+    pub p2c_bound_ms: Option<f64>,
     /// `static`, or `etcd PREFIX` for a discovered VIP.
     #[serde(default)]
     pub source: String,

@@ -371,6 +371,26 @@ fn p2c_gives_a_light_weight_backend_connections_when_the_heavy_ones_are_busy() {
         share * 100.0,
         summary.per_backend
     );
+    // `status` shows the bound: 3x the median latency, whatever the
+    // weights (per weight it would be 3x the weight-4 ones' cost, a
+    // quarter of that).
+    let status = lab.status().unwrap();
+    let vip = status
+        .vips
+        .iter()
+        .find(|v| v.address == lab.tcp_vip().to_string())
+        .expect("the TCP VIP in status");
+    let mut ewmas: Vec<f64> = vip.backends.iter().map(|b| b.ewma_ms).collect();
+    ewmas.sort_by(f64::total_cmp);
+    let median = ewmas[ewmas.len() / 2];
+    let bound = vip
+        .p2c_bound_ms
+        .expect("a P2C VIP with estimates has a bound");
+    eprintln!("p2c bound {bound:.1} ms, median estimate {median:.2} ms");
+    assert!(
+        (2.25 * median..=3.75 * median).contains(&bound),
+        "bound {bound} ms against a median estimate of {median} ms ({ewmas:?})"
+    );
 }
 
 /// Whether lb-user's status shows the TCP VIP relieved with least

@@ -20,6 +20,7 @@
 //!     "inflight_bias": 2,
 //!     "p2c_full_scan": 16,             // P2C may compare all backends up to this many (0: pairs)
 //!     "p2c_saturation": 4,             // in flight from which a backend is saturated (0: off)
+//!     "p2c_bound_ms": 18.3,            // P2C's re-draw bound: 3 × the median latency of the VIP's backends; absent: not P2C, nothing measured yet, or zone-aware (each zone block has its own)
 //!     "source": "static",              // or "etcd /lb/web/" (discovered)
 //!     "revision": 42,                  // etcd revision applied (discovered only)
 //!     "zone_routing": {                // zone-aware VIPs only
@@ -89,6 +90,10 @@ pub struct VipStatus {
     pub inflight_bias: u8,
     pub p2c_full_scan: u16,
     pub p2c_saturation: u16,
+    /// P2C's re-draw bound in milliseconds ([`p2c_bound_ms`]); `None` for
+    /// other algorithms, before any estimate, and for zone-aware VIPs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2c_bound_ms: Option<f64>,
     /// `static`, or `etcd PREFIX` for a discovered VIP.
     pub source: String,
     /// The etcd revision applied (discovered VIPs only).
@@ -147,6 +152,9 @@ fn apply_zones(instance_name: &str, vips: &mut [VipStatus]) {
                     .cloned();
             }
             v.zone_routing = Some(z.clone());
+            // Each zone block has its own bound; the VIP's is not the one
+            // its picks use.
+            v.p2c_bound_ms = None;
         }
     }
 }
@@ -344,6 +352,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
     let conns = maps::conns(dir)?;
     let corrections = maps::corrections(dir)?;
     let stats = maps::stats(dir)?;
+    let tables = maps::vip_tables(dir)?;
     let mut vips = Vec::new();
     for entry in maps::vips(dir)?.iter() {
         let (key, meta) = entry.context("reading VIPS")?;
@@ -365,6 +374,11 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
             let snat = (snat_tuples(config, b.family), used);
             list.push(backend_status(id, &b, score, c, correction, snat, &per_cpu));
         }
+        let reference = tables
+            .get(&meta.vip_id, 0)
+            .context("reading VIP_TABLES")?
+            .reference_cost;
+        let p2c = meta.configured_algorithm() == Some(lb_common::Algorithm::P2cEwma);
         vips.push(VipStatus {
             id: meta.vip_id,
             address: address.to_string(),
@@ -379,6 +393,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
             inflight_bias: meta.inflight_bias,
             p2c_full_scan: meta.p2c_full_scan,
             p2c_saturation: meta.p2c_saturation,
+            p2c_bound_ms: p2c.then(|| p2c_bound_ms(reference)).flatten(),
             source: "static".to_string(),
             revision: None,
             zone_routing: None,
@@ -387,6 +402,15 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
     }
     vips.sort_by_key(|v| v.id);
     Ok(vips)
+}
+
+/// P2C's re-draw bound in milliseconds for a VIP whose reference cost (the
+/// median [unweighted cost](lb_common::p2c::unweighted_cost) of its
+/// backends, so their latency × `WEIGHT_SCALE`) is `reference_cost`; `None`
+/// while it is 0 (nothing measured yet: no bound).
+pub fn p2c_bound_ms(reference_cost: u64) -> Option<f64> {
+    let bound = lb_common::p2c::redraw_bound(reference_cost);
+    (bound != 0).then(|| bound as f64 / lb_common::WEIGHT_SCALE as f64 / 1e6)
 }
 
 fn read_reasons(dir: &Path) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -414,7 +438,7 @@ pub fn render_table(s: &Status) -> String {
     );
     for v in &s.vips {
         out += &format!(
-            "\nVIP {}/{}  algorithm {}{}  inflight bias {}  source {}{}\n",
+            "\nVIP {}/{}  algorithm {}{}  inflight bias {}{}  source {}{}\n",
             v.address,
             v.protocol,
             v.algorithm,
@@ -424,6 +448,9 @@ pub fn render_table(s: &Status) -> String {
                 ""
             },
             v.inflight_bias,
+            v.p2c_bound_ms
+                .map(|b| format!("  p2c bound {b:.1} ms"))
+                .unwrap_or_default(),
             v.source,
             v.revision
                 .map(|r| format!(" @ revision {r}"))
@@ -500,4 +527,17 @@ pub fn render_table(s: &Status) -> String {
     }
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::p2c_bound_ms;
+
+    #[test]
+    fn the_p2c_bound_is_three_times_the_median_latency_in_milliseconds() {
+        // A 6 ms median: 6,000,000 ns × WEIGHT_SCALE in cost units.
+        let reference = 6_000_000 * lb_common::WEIGHT_SCALE;
+        assert_eq!(p2c_bound_ms(reference), Some(18.0));
+        assert_eq!(p2c_bound_ms(0), None, "nothing measured yet: no bound");
+    }
 }
