@@ -531,9 +531,15 @@ fn ab_reuses_snat_tuples_the_backend_holds_in_time_wait_without_a_syn_retransmit
         .unwrap_or(0);
     let metrics = lab.scrape_metrics().unwrap();
     let exhausted = metric(&metrics, "lb_packets_total{reason=\"drop_snat_exhausted\"}");
+    // Every drop reason that counted a packet: what the program dropped
+    // (the veths' `xdp_drops` in the counters below count the same).
+    let drops: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("lb_packets_total{reason=\"drop_") && !l.ends_with(" 0"))
+        .collect();
     eprintln!(
         "3,000 connections on 256 tuples in {took:.1?}; backend sockets in TIME_WAIT after: \
-         {backend_time_wait}; drop_snat_exhausted {exhausted}"
+         {backend_time_wait}; drop_snat_exhausted {exhausted}; drops counted: {drops:?}"
     );
     assert_eq!(
         field(&report, "Complete requests:"),
