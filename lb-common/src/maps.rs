@@ -510,6 +510,14 @@ pub const FLOW_F_CLIENT_CLOSED_FIRST: u32 = 512;
 /// and a request raised before the count existed (a program upgraded in
 /// place) is never taken out of it.
 pub const FLOW_F_PENDING_COUNTED: u32 = 1024;
+/// Reply entries: the view in `created_ns` was recorded from a client FIN
+/// that the backend has not acknowledged yet. Set with the view; cleared
+/// when a backend segment acknowledges exactly the view's `rcv_nxt`. Until
+/// then the tuple is not taken over inside its quarantine: a backend that
+/// lost the FIN is still in FIN_WAIT2, not TIME_WAIT, and answers a new
+/// SYN on the tuple with an ACK of the old connection (see
+/// [`crate::time_wait`]).
+pub const FLOW_F_TW_UNACKED: u32 = 2048;
 
 /// Value of [`crate::FLOWS_MAP`] (a plain hash, not an LRU: nothing is
 /// evicted behind the program's back; the kernel sweep, `lb_sweep`, removes

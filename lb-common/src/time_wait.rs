@@ -16,7 +16,10 @@
 //! TIME_WAIT holds, from the client's FIN (the last segment the backend
 //! got from that peer: `rcv_nxt` = FIN sequence + data + 1, and the FIN's
 //! timestamp), and a new SYN may take over a tuple still in quarantine
-//! when [`accepts_syn`] says the backend would take it. (After a close
+//! when [`accepts_syn`] says the backend would take it, and, for a view
+//! from a FIN, once the backend has acknowledged that FIN
+//! ([`crate::FLOW_F_TW_UNACKED`]: a backend that lost the FIN is in
+//! FIN_WAIT2, not TIME_WAIT). (After a close
 //! the client began, its last ACK is recorded instead: the backend then
 //! holds no TIME_WAIT, or, if the two FINs crossed, one whose last
 //! segment from the client was that ACK.) Nothing is

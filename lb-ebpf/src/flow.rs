@@ -8,8 +8,9 @@ use aya_ebpf::{
 };
 use lb_common::{
     AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_TAKEN,
-    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_SYN_SENT, FlowEntry, FlowKey,
-    LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, SNAT_REUSE_TRIES, SNAT_STEAL_TRIES, reason,
+    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FLOW_SYN_SENT,
+    FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, SNAT_REUSE_TRIES,
+    SNAT_STEAL_TRIES, reason,
     time_wait::{TS_ABSENT, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, accepts_syn},
 };
 
@@ -622,7 +623,9 @@ pub fn may_take_over(
         )
     };
     if now.saturating_sub(closed_at) <= quarantine_ns {
-        if bits & FLOW_F_TW_SEEN == 0 {
+        // No view, or a FIN's the backend has not acknowledged: it may
+        // not be in TIME_WAIT (see `time_wait::note_backend_ack`).
+        if bits & FLOW_F_TW_SEEN == 0 || bits & FLOW_F_TW_UNACKED != 0 {
             return false;
         }
         let ts_state = if bits & FLOW_F_TW_TS != 0 {

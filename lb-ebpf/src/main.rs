@@ -90,8 +90,8 @@ use aya_ebpf::{
 };
 use lb_common::{
     CALIBRATION_CALLS, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED,
-    FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FlowEntry, IpKey, LbConfig, Reason, StageResult, Verdict,
-    action, proceed, reason, time_wait::TsOption,
+    FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TW_UNACKED, FlowEntry, IpKey, LbConfig, Reason,
+    StageResult, Verdict, action, proceed, reason, time_wait::TsOption,
 };
 
 use crate::{
@@ -166,7 +166,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
-            if flags & FLOW_F_CLOSED != 0 && reply_of_replaced(pkt, entry) {
+            if flags & FLOW_F_CLOSED != 0 && late_reply_dropped(&ctx(), pkt, entry) {
                 return Err(reason::DROP_SNAT_NO_FLOW);
             }
             return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
@@ -404,16 +404,26 @@ fn forward_known(
 /// connection (a SYN-ACK after all, a retransmitted FIN) would land in the
 /// new connection, which would answer with an ACK the new backend resets;
 /// it is dropped instead, counted with the other late replies
-/// (`drop_snat_no_flow`).
+/// (`drop_snat_no_flow`). A reply it lets through may be the backend's
+/// acknowledgment of the client's FIN that the TIME_WAIT view waits for
+/// (`time_wait::note_backend_ack`).
 ///
 /// A BPF function of its own, called from `lb_xdp` before `to_client`:
 /// inlined into the reply path, the verifier walked the rest of that path
 /// once more for each of its outcomes (about 66k instructions), and under
 /// `to_client` its key overflowed the 512-byte stack.
 #[inline(never)]
-fn reply_of_replaced(pkt: &Packet, rev: *mut FlowEntry) -> bool {
-    flow::lookup(&Translation::of(rev).opposite_key(pkt))
+fn late_reply_dropped(ctx: &XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> bool {
+    if flow::lookup(&Translation::of(rev).opposite_key(pkt))
         .is_some_and(|fwd| !flow::translates_to(fwd, pkt))
+    {
+        return true;
+    }
+    // SAFETY: live map value; a plain load of the flags word.
+    if unsafe { (*rev).flags } & FLOW_F_TW_UNACKED != 0 {
+        time_wait::note_backend_ack(ctx, pkt, rev);
+    }
+    false
 }
 
 /// Does nothing but pass. Labs attach it to the peer of a veth that runs

@@ -10,8 +10,8 @@
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use lb_common::{
     DIR_TO_BACKEND, FLOW_F_CLIENT_CLOSED_FIRST, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND,
-    FLOW_F_FIN_CLIENT, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, Reason, StageResult,
-    Verdict, reason,
+    FLOW_F_FIN_CLIENT, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED,
+    FlowEntry, Reason, StageResult, Verdict, reason,
     time_wait::{OPTIONS_SEEN, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, timestamp},
 };
 
@@ -187,9 +187,49 @@ pub fn lb_record_client_close() -> u64 {
         TS_UNKNOWN => FLOW_F_TW_TS_UNKNOWN,
         _ => 0,
     };
+    // A FIN's view holds only once the backend acknowledges the FIN
+    // ([`note_backend_ack`]): until then the backend may not have it. (A
+    // last ACK draws no answer; the backend's answer to the client's FIN
+    // came before it.)
+    let unacked = if pkt.has(TCP_FIN) {
+        FLOW_F_TW_UNACKED
+    } else {
+        0
+    };
     flags.clear((FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN) & !ts_flag);
-    flags.set(FLOW_F_TW_SEEN | ts_flag);
+    flags.set(FLOW_F_TW_SEEN | ts_flag | unacked);
     0
+}
+
+/// Offset of the acknowledgment number in the TCP header.
+const TCP_ACK_SEQ_OFF: usize = 8;
+
+/// A backend segment `pkt` of the closed reply entry `rev` whose view
+/// still waits for the backend's answer ([`FLOW_F_TW_UNACKED`]): clears
+/// the flag when the segment acknowledges exactly the view's `rcv_nxt`,
+/// that is the client's FIN. Only then does the backend hold the tuple in
+/// TIME_WAIT. Linux can lose a FIN that arrives while the socket it
+/// closed turns from FIN_WAIT1 into a FIN_WAIT2 timewait socket
+/// (`tcp_rcv_state_process`: "We still can lose it now"); the backend
+/// then answers a SYN on the tuple with an ACK of the old connection, the
+/// new client resets, and its SYN is sent again.
+///
+/// Part of `late_reply_dropped`'s BPF function (the reply path of a
+/// closed connection).
+#[inline(always)]
+pub fn note_backend_ack(ctx: &XdpContext, pkt: &Packet, rev: *mut FlowEntry) {
+    if !pkt.has(TCP_ACK) || pkt.has(TCP_RST) || pkt.l4 >= handover::MAX_L4_OFFSET {
+        return;
+    }
+    let Some(ack) = load::<[u8; 4]>(ctx, pkt.l4 + TCP_ACK_SEQ_OFF) else {
+        return;
+    };
+    // SAFETY: live map value; the view is written before the flag that
+    // says it is there, and this runs only with that flag set.
+    let view = unsafe { (&raw const (*rev).created_ns).read_volatile() };
+    if TimeWaitView::unpack(view, 0).rcv_nxt == u32::from_be_bytes(ack) {
+        Flags::of(rev).clear(FLOW_F_TW_UNACKED);
+    }
 }
 
 /// For a SYN that found no free SNAT tuple: creates the connection to the

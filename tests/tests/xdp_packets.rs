@@ -14,7 +14,7 @@ use lb_common::{
     EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS, FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP,
     FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED,
     FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN,
-    IPPROTO_TCP, IPPROTO_UDP, reason,
+    FLOW_F_TW_UNACKED, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1476,9 +1476,35 @@ fn segment_options(tsval: u32) -> Vec<u8> {
 
 /// One SNAT tuple, time-wait reuse on: a connection from `CLIENT_PORT`
 /// whose backend closes first and whose client's FIN (sequence number
-/// `fin_seq`, `fin_options`) ends it, so the backend holds the tuple in
-/// TIME_WAIT. Returns the reply entry then.
+/// `fin_seq`, `fin_options`) ends it, and the backend's ACK of that FIN,
+/// so the backend holds the tuple in TIME_WAIT. Returns the reply entry
+/// then.
 fn closed_by_the_backend_first(
+    lb: &mut Lb,
+    syn_options: &[u8],
+    fin_seq: u32,
+    fin_options: &[u8],
+) -> lb_common::FlowEntry {
+    let rev = client_fin_after_the_backends(lb, syn_options, fin_seq, fin_options);
+    assert_ne!(
+        rev.flags & FLOW_F_TW_UNACKED,
+        0,
+        "the FIN is not acknowledged yet"
+    );
+    let last_ack = from_backend(0, SNAT_PORT_MIN, TCP_ACK).ack(fin_seq.wrapping_add(1));
+    assert_eq!(lb.run(&last_ack.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("the closed connection's reply entry");
+    assert_eq!(
+        rev.flags & FLOW_F_TW_UNACKED,
+        0,
+        "the backend acknowledged the FIN"
+    );
+    rev
+}
+
+/// [`closed_by_the_backend_first`] up to the client's FIN: the backend's
+/// answer to it has not come.
+fn client_fin_after_the_backends(
     lb: &mut Lb,
     syn_options: &[u8],
     fin_seq: u32,
@@ -1564,6 +1590,71 @@ fn case_snat_tuple_in_time_wait_taken_by_a_syn_the_backend_accepts(lb: &mut Lb) 
     let stats = lb.sweep();
     assert_eq!((stats.snat_freed, stats.orphans), (0, 0));
     assert_eq!(lb.snat_used(0), 1);
+}
+
+fn case_a_fin_the_backend_has_not_acknowledged_keeps_its_tuple(lb: &mut Lb) {
+    // Linux can lose a FIN that arrives while the socket that sent its own
+    // FIN turns into a FIN_WAIT2 timewait socket: the backend then holds
+    // the tuple in FIN_WAIT2 with rcv_nxt at the FIN, and answers a SYN on
+    // it with an ACK of the old connection. (Seen in the lab: the new
+    // client reset, its SYN went out again, the old client's FIN
+    // retransmissions met an RST.) Until the backend acknowledges the FIN,
+    // a SYN the view would accept does not take the tuple.
+    let rev =
+        client_fin_after_the_backends(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    assert_eq!(
+        rev.flags & (FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_UNACKED),
+        FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_UNACKED
+    );
+    let newer = linux_syn_options(2_001);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &newer),
+        XDP_DROP
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    // A backend segment that acknowledges the data only (ack = the FIN's
+    // sequence number), or an RST, proves nothing; both still reach the
+    // client.
+    for flags in [TCP_ACK, TCP_RST | TCP_ACK] {
+        let not_the_fin = from_backend(0, SNAT_PORT_MIN, flags).ack(if flags & TCP_RST != 0 {
+            5_001
+        } else {
+            5_000
+        });
+        assert_eq!(lb.run(&not_the_fin.build()).0, XDP_TX);
+    }
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_ne!(rev.flags & FLOW_F_TW_UNACKED, 0);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &newer),
+        XDP_DROP
+    );
+    // A retransmission of the FIN records again and still waits.
+    let fin = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_FIN | TCP_ACK)
+        .seq(5_000)
+        .tcp_options(&segment_options(2_200));
+    assert_eq!(lb.run(&fin.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert_eq!(rev.created_ns, (5_001u64 << 32) | 2_200);
+    assert_ne!(rev.flags & FLOW_F_TW_UNACKED, 0);
+    // The backend's ACK of the FIN (its TIME_WAIT's answer): the tuple
+    // is judged by the view from then on.
+    let ack = from_backend(0, SNAT_PORT_MIN, TCP_ACK).ack(5_001);
+    assert_eq!(lb.run(&ack.build()).0, XDP_TX);
+    assert_eq!(
+        reply_entry(lb, SNAT_PORT_MIN).expect("reply entry").flags & FLOW_F_TW_UNACKED,
+        0
+    );
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 3, 9_000, &linux_syn_options(2_100)),
+        XDP_DROP,
+        "older than the retransmitted FIN"
+    );
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 4, 9_000, &linux_syn_options(2_201)),
+        XDP_TX
+    );
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 4).1, SNAT_PORT_MIN);
 }
 
 fn case_without_timestamps_the_sequence_number_decides(lb: &mut Lb) {
@@ -1878,6 +1969,10 @@ const CASES: &[Case] = &[
     (
         "snat tuple in time wait taken by a syn the backend accepts",
         case_snat_tuple_in_time_wait_taken_by_a_syn_the_backend_accepts,
+    ),
+    (
+        "a fin the backend has not acknowledged keeps its tuple",
+        case_a_fin_the_backend_has_not_acknowledged_keeps_its_tuple,
     ),
     (
         "without timestamps the sequence number decides",

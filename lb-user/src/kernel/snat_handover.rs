@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use lb_common::{
     Backend, DIR_TO_CLIENT, FLOW_CLOSING, FLOW_F_CLOSED, FLOW_F_TAKEN, FLOW_F_TW_SEEN,
-    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FlowEntry, FlowKey, VipKey,
+    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FlowEntry, FlowKey, VipKey,
 };
 use serde::{Deserialize, Serialize};
 
@@ -97,7 +97,10 @@ pub struct SavedTuple {
 }
 
 /// The flags a restored tuple keeps.
-const KEPT_FLAGS: u32 = FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN;
+/// (`FLOW_F_TW_UNACKED` too: a FIN the backend never acknowledged before the
+/// stop keeps its tuple out of reuse until the quarantine ends.)
+const KEPT_FLAGS: u32 =
+    FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN | FLOW_F_TW_UNACKED;
 
 impl SavedTuple {
     fn of(backend: usize, key: &FlowKey, entry: &FlowEntry) -> Self {
@@ -597,6 +600,17 @@ mod tests {
             (entry.created_ns, entry.last_seen_ns)
         );
         assert_eq!(e.flags, FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS);
+        // A FIN the backend had not acknowledged stays so: its tuple is
+        // not taken over inside the quarantine after the restart either.
+        let unacked = FlowEntry {
+            flags: entry.flags | FLOW_F_TW_UNACKED,
+            ..entry
+        };
+        let (_, e) = SavedTuple::of(0, &key, &unacked).entry(5, 2);
+        assert_eq!(
+            e.flags,
+            FLOW_F_CLOSED | FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_UNACKED
+        );
         assert_eq!((e.client_mac, e.client_ifindex), (entry.client_mac, 3));
         assert_eq!((e.request_ns, e.hop_ifindex), (0, 0));
         // Another boot (close times would mean nothing), no boot id, a

@@ -215,6 +215,14 @@ impl Pkt {
         self
     }
 
+    /// The TCP acknowledgment number (5000 by default with ACK, else 0).
+    pub fn ack(mut self, value: u32) -> Self {
+        if let L4::Tcp { ack, .. } = &mut self.l4 {
+            *ack = value;
+        }
+        self
+    }
+
     pub fn tcp_options(mut self, bytes: &[u8]) -> Self {
         if let L4::Tcp { options, .. } = &mut self.l4 {
             *options = bytes.to_vec();
