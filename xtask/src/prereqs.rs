@@ -31,6 +31,8 @@ const LAB_TOOLS: &[(&str, &str)] = &[
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
     ("openssl", "openssl"),
+    // A lab test drops a backend's incoming FINs with it (real_clients.rs).
+    ("nft", "nftables"),
     // Real clients of the lab tests (tests/tests/real_clients.rs).
     ("ab", "apache2-utils"),
     ("wrk", "wrk"),
