@@ -141,9 +141,11 @@ pub const fn redraw_bound(reference_cost: u64) -> u64 {
 /// The bound is for a backend far *slower* than its pool, and weight is
 /// not speed. Compared per weight, a backend of weight 1 among backends of
 /// weight 4 answering as fast cost 4× their median: far above the bound,
-/// so at light load it lost every pair and took no flow at all, where its
-/// weight asks for a fifth of them (a canary at weight 1 next to weight
-/// 100 cost 100× the median). Weight still counts where it should, in the
+/// so at light load it lost every pair to a backend within the bound: it
+/// took a flow only when the others were saturated or its own estimate
+/// had decayed below the bound (5.4 % of the flows in the lab, with fixed
+/// scores none), where its weight asks for a ninth of them among two of
+/// weight 4 (a canary at weight 1 next to weight 100 cost 100× the median). Weight still counts where it should, in the
 /// score.
 ///
 /// Without a branch, as [`candidate`]'s other terms: a saturating
