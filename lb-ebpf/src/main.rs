@@ -166,8 +166,13 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
-            if flags & FLOW_F_CLOSED != 0 && late_reply_dropped(&ctx(), pkt, entry) {
-                return Err(reason::DROP_SNAT_NO_FLOW);
+            if flags & FLOW_F_CLOSED != 0 {
+                if reply_of_replaced(pkt, entry) {
+                    return Err(reason::DROP_SNAT_NO_FLOW);
+                }
+                if flags & FLOW_F_TW_UNACKED != 0 {
+                    time_wait::note_backend_ack(&ctx(), pkt, entry);
+                }
             }
             return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
         }
@@ -404,26 +409,16 @@ fn forward_known(
 /// connection (a SYN-ACK after all, a retransmitted FIN) would land in the
 /// new connection, which would answer with an ACK the new backend resets;
 /// it is dropped instead, counted with the other late replies
-/// (`drop_snat_no_flow`). A reply it lets through may be the backend's
-/// acknowledgment of the client's FIN that the TIME_WAIT view waits for
-/// (`time_wait::note_backend_ack`).
+/// (`drop_snat_no_flow`).
 ///
 /// A BPF function of its own, called from `lb_xdp` before `to_client`:
 /// inlined into the reply path, the verifier walked the rest of that path
 /// once more for each of its outcomes (about 66k instructions), and under
 /// `to_client` its key overflowed the 512-byte stack.
 #[inline(never)]
-fn late_reply_dropped(ctx: &XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> bool {
-    if flow::lookup(&Translation::of(rev).opposite_key(pkt))
+fn reply_of_replaced(pkt: &Packet, rev: *mut FlowEntry) -> bool {
+    flow::lookup(&Translation::of(rev).opposite_key(pkt))
         .is_some_and(|fwd| !flow::translates_to(fwd, pkt))
-    {
-        return true;
-    }
-    // SAFETY: live map value; a plain load of the flags word.
-    if unsafe { (*rev).flags } & FLOW_F_TW_UNACKED != 0 {
-        time_wait::note_backend_ack(ctx, pkt, rev);
-    }
-    false
 }
 
 /// Does nothing but pass. Labs attach it to the peer of a veth that runs
