@@ -135,11 +135,12 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 /// (which arrived by `client`) to `backend`, picking a free SNAT tuple: the
 /// reply entry claims the tuple, then the forward entry is written.
 ///
-/// `syn`: `None` claims a free tuple; the SYN's sequence number and
-/// timestamp take over a tuple in quarantine instead ([`take_over_tuple`],
-/// for a SYN that found none free). Each caller passes one or the other
-/// as a constant. The forward entry starts with the backend's shared next
-/// hop cached, if that is fresh ([`backend_hop::fresh`]).
+/// `syn`: the SYN's sequence number and timestamp ([`TsOption::UNKNOWN`]
+/// for any other packet, and with time-wait reuse off: no backend's
+/// TIME_WAIT is then taken to accept it). `how` says where the tuple comes
+/// from ([`TupleSource`]); each caller passes a constant. The forward entry
+/// starts with the backend's shared next hop cached, if that is fresh
+/// ([`backend_hop::fresh`]).
 #[inline(always)]
 pub fn create(
     pkt: &Packet,
@@ -148,15 +149,16 @@ pub fn create(
     vip_id: u32,
     backend: &Chosen,
     now: u64,
-    syn: Option<(u32, TsOption)>,
+    syn: Syn,
+    how: TupleSource,
 ) -> Result<(), Reason> {
     let snat = Snat::of(cfg, pkt, backend)?;
     // One 96-byte entry, filled as the reply entry and then turned into
     // the forward one: two would not fit the 512-byte stack next to the rest.
     let mut entry = reply_entry(pkt, client, vip_id, backend.id, now);
-    match syn {
-        None => claim_snat_tuple(pkt, backend, &snat, &mut entry)?,
-        Some((seq, ts)) => take_over_tuple(pkt, backend, &snat, &mut entry, seq, ts)?,
+    match how {
+        TupleSource::Claim => claim_snat_tuple(pkt, backend, &snat, &mut entry, syn)?,
+        TupleSource::TakeOver => take_over_tuple(pkt, backend, &snat, &mut entry, syn)?,
     }
     // Looked up only now: a hop found before the claim doubled the states
     // the verifier walked it in (found or not), about 80k instructions.
@@ -167,6 +169,28 @@ pub fn create(
         entry.client_ifindex = hop.ifindex;
     }
     insert_forward(pkt, &entry)
+}
+
+/// A new connection's first packet as a backend's TIME_WAIT would judge
+/// it: the SYN's sequence number (host byte order) and timestamp option.
+/// Any other packet, or a SYN while time-wait reuse is off, carries
+/// [`TsOption::UNKNOWN`], which `lb_common::time_wait::accepts_syn` never
+/// accepts: such a flow only ever takes a tuple whose quarantine is over.
+#[derive(Clone, Copy)]
+pub struct Syn {
+    pub seq: u32,
+    pub ts: TsOption,
+}
+
+/// Where [`create`] takes the new connection's SNAT tuple from.
+#[derive(Clone, Copy)]
+pub enum TupleSource {
+    /// A free tuple at this CPU's cursor (or the closed one there that
+    /// [`may_take_over`] allows), stepping on ([`claim_snat_tuple`]).
+    Claim,
+    /// For a SYN whose claim found none: a closed tuple among the ones
+    /// this CPU handed out longest ago ([`take_over_tuple`]).
+    TakeOver,
 }
 
 /// Where new flows' source tuples come from: the SNAT pool of the packet's
@@ -325,9 +349,10 @@ fn reply_entry(
 /// Inserts `entry` (the reply entry) under a free SNAT tuple's key
 /// (`backend → SNAT:port`), stepping this CPU's cursor over its slice of the
 /// backend's tuples at most `SNAT_PORT_TRIES` times, and on success turns
-/// `entry` into the forward entry using that tuple. Early returns and no
-/// tuple copied out keep the frame small: the debug build's `new_flow`
-/// frame is at the 512-byte stack limit.
+/// `entry` into the forward entry using that tuple. The tuple at the
+/// cursor, if taken, is taken over when [`may_take_over`] allows it for
+/// `syn`. Early returns and no tuple copied out keep the frame small: the
+/// debug build's `new_flow` frame is at the 512-byte stack limit.
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
@@ -338,6 +363,7 @@ fn claim_snat_tuple(
     backend: &Chosen,
     snat: &Snat,
     entry: &mut FlowEntry,
+    syn: Syn,
 ) -> Result<(), Reason> {
     let cursor = SNAT_CURSORS
         .get_ptr_mut(backend.id)
@@ -373,18 +399,26 @@ fn claim_snat_tuple(
                 break;
             }
             // The tuple at the cursor (try 0) is the one this CPU handed
-            // out longest ago: if a connection that sits out a quarantine
-            // that is over holds it (the sweep, whose passes can be two
-            // minutes apart on a large table, frees it only after a second
-            // one), the new connection takes it over at once, so under
-            // load no tuple is held much longer than its quarantine. Only
-            // there: a free tuple, the common case, costs one hash
-            // operation, and a taken one at most one lookup more.
-            Err(EEXIST)
-                if i == 0 && replace_after_quarantine(&reverse, entry, snat.quarantine_ns) =>
-            {
-                claimed = 0;
-                break;
+            // out longest ago: if a closed connection holds it and
+            // `may_take_over` allows it (its quarantine is over, or the
+            // backend's TIME_WAIT accepts this SYN), the new connection
+            // takes it over at once. Under load, then, no tuple is held
+            // much longer than its quarantine (the sweep, whose passes can
+            // be two minutes apart on a large table, frees it only after a
+            // second one), and a slice turned over inside the quarantine
+            // costs a SYN one failed insert and a lookup here, not every
+            // try of the claim and then `take_over_tuple`'s. Only there: a
+            // free tuple, the common case, costs one hash operation, and a
+            // taken one at most one lookup more.
+            Err(EEXIST) if i == 0 => {
+                if let Some(held_by) = take_over_held(&reverse, entry, snat.quarantine_ns, syn) {
+                    // The tuple leaves the closed connection's count (its
+                    // backend may be another VIP's id of the same address);
+                    // the claim adds it to the new one's below.
+                    snat_used(held_by, u64::MAX);
+                    claimed = 0;
+                    break;
+                }
             }
             Err(EEXIST) => {}
             // Full table (E2BIG) or out of memory.
@@ -406,10 +440,10 @@ fn claim_snat_tuple(
     Ok(())
 }
 
-/// For a SYN (sequence number `seq`, timestamp `ts`) that found no free
-/// tuple: takes over one of the first [`SNAT_REUSE_TRIES`] closed tuples
-/// the failed claim tried that `time_wait::may_take_over` allows (its backend's
-/// TIME_WAIT accepts this SYN, or its quarantine is over): the new reply
+/// For a SYN (`syn`) that found no free tuple: takes over one of the
+/// first [`SNAT_REUSE_TRIES`] closed tuples from where the failed claim
+/// started that [`may_take_over`] allows (its backend's TIME_WAIT accepts
+/// this SYN, or its quarantine is over): the new reply
 /// entry replaces the closed one under its key (`BPF_EXIST`, after
 /// claiming it with `FLOW_F_TAKEN`), and `entry` becomes the forward
 /// entry. The count of tuples held moves only if the closed connection
@@ -425,8 +459,7 @@ fn take_over_tuple(
     backend: &Chosen,
     snat: &Snat,
     entry: &mut FlowEntry,
-    seq: u32,
-    ts: TsOption,
+    syn: Syn,
 ) -> Result<(), Reason> {
     let cursor = SNAT_CURSORS
         .get_ptr_mut(backend.id)
@@ -438,7 +471,6 @@ fn take_over_tuple(
     // connections still open.
     // SAFETY: this CPU's own copy of a per-CPU map value.
     let start = unsafe { *cursor }.wrapping_sub(u64::from(SNAT_PORT_TRIES));
-    let now = entry.created_ns;
     let mut taken = u64::MAX;
     // Whose count the tuple leaves: a backend behind two VIPs has an id
     // for each, and the same tuples (the key holds its address).
@@ -454,15 +486,10 @@ fn take_over_tuple(
             backend.port,
             port,
         );
-        if let Some(held) = FLOWS.get_ptr_mut(&reverse)
-            && may_take_over(held, seq, ts, now, snat.quarantine_ns)
-        {
-            // SAFETY: live map value; written only when it was created.
-            held_by = unsafe { (*held).backend_id };
-            if replace_claimed(&reverse, held, entry) {
-                taken = i;
-                break;
-            }
+        if let Some(by) = take_over_held(&reverse, entry, snat.quarantine_ns, syn) {
+            held_by = by;
+            taken = i;
+            break;
         }
     }
     if taken == u64::MAX {
@@ -480,51 +507,36 @@ fn take_over_tuple(
     Ok(())
 }
 
-/// Takes over the SNAT tuple held by the reply entry at `reverse` for
-/// the new connection's reply entry `entry` if the held entry is closed
-/// and `entry`'s creation time is in the second quarantine after its
-/// close; returns whether it did. The first quarantine keeps the tuple
-/// from a backend that may still hold it in TIME_WAIT. From the second on
-/// the tuple is free, but only the data path takes it during the second
-/// and only the sweep frees it after: the sweep removes by key, so both
-/// deciding on one entry at once could free it twice, or remove the new
-/// connection's entry just written under the key. The held connection's
-/// forward entry was closed before the reply entry was stamped and leaves
-/// `closed_linger_ns` after the close, long before; the sweep removes it
-/// as usual. (Nothing is copied out of the entry but its backend: the
-/// new-flow frame is at the 512-byte stack limit.)
+/// Takes over the SNAT tuple held by the reply entry at `reverse` for the
+/// new connection's reply entry `entry`, if the held entry is closed and
+/// [`may_take_over`] allows it for `syn` at `entry`'s creation time;
+/// returns the backend id that held it (whose count the tuple leaves), or
+/// `None`. The held connection's forward entry was closed before the reply
+/// entry was stamped and leaves `closed_linger_ns` after the close; the
+/// sweep removes it as usual. (Nothing is copied out of the entry but its
+/// backend: the new-flow frame is at the 512-byte stack limit.)
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn replace_after_quarantine(reverse: &FlowKey, entry: &FlowEntry, quarantine_ns: u64) -> bool {
-    let Some(held) = FLOWS.get_ptr_mut(reverse) else {
-        return false;
-    };
-    // SAFETY: live map value; a racing close only makes this read stale,
-    // and a stale "not closed" just leaves the tuple alone.
-    let expired = unsafe {
-        core::ptr::read_volatile(&raw const (*held).flags) & FLOW_F_CLOSED != 0 && {
-            let age = entry.created_ns.saturating_sub((*held).last_seen_ns);
-            age > quarantine_ns && age <= quarantine_ns.saturating_mul(2)
-        }
-    };
-    // Claimed first: a SYN taking the tuple over may race (see
-    // `time_wait::may_take_over`).
-    if !expired || Flags::of(held).set(FLOW_F_TAKEN) & FLOW_F_TAKEN != 0 {
-        return false;
+fn take_over_held(
+    reverse: &FlowKey,
+    entry: &FlowEntry,
+    quarantine_ns: u64,
+    syn: Syn,
+) -> Option<u32> {
+    let held = FLOWS.get_ptr_mut(reverse)?;
+    if !may_take_over(held, syn, entry.created_ns, quarantine_ns) {
+        return None;
     }
     // SAFETY: live map value; written only when it was created.
     let held_by = unsafe { (*held).backend_id };
-    if !replace_claimed(reverse, held, entry) {
-        return false;
+    if replace_claimed(reverse, held, entry) {
+        Some(held_by)
+    } else {
+        None
     }
-    // The tuple leaves the closed connection's count (its backend may be
-    // another VIP's id of the same address); the claim adds it to the new
-    // one's.
-    snat_used(held_by, u64::MAX);
-    true
 }
 
 /// Writes the new reply entry `entry` over `held`, the closed one at
@@ -594,21 +606,20 @@ fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
     Ok(())
 }
 
-/// Whether a SYN with sequence number `seq` and timestamp `ts` may take
-/// over the reply entry `held` at `now`, and if so claims it
-/// ([`FLOW_F_TAKEN`], which the cursor's take-over and the sweep's free
-/// also take first, so only one acts on it). It may when the entry is closed
-/// and either its quarantine is over (the sweep or the cursor would free
-/// it soon anyway), or the client's last segment was recorded and the
-/// backend's TIME_WAIT, if it holds one, would accept the SYN.
+/// Whether a new connection whose first packet is `syn` may take over the
+/// reply entry `held` at `now`, and if so claims it ([`FLOW_F_TAKEN`],
+/// which the sweep's free also takes first, so only one acts on it). It
+/// may when the entry is closed and either
+/// * it is in its second quarantine after the close: the first keeps the
+///   tuple from a backend that may still hold it in TIME_WAIT, and after
+///   the second the tuple is the sweep's, which frees it by key (were
+///   both to decide on one entry, the sweep, holding the old entry, could
+///   remove the new connection's entry written under that key); or
+/// * inside its quarantine, the client's last segment was recorded and the
+///   backend's TIME_WAIT, if it holds one, would accept `syn` (never for
+///   [`TsOption::UNKNOWN`]).
 #[inline(always)]
-pub fn may_take_over(
-    held: *mut FlowEntry,
-    seq: u32,
-    ts: TsOption,
-    now: u64,
-    quarantine_ns: u64,
-) -> bool {
+pub fn may_take_over(held: *mut FlowEntry, syn: Syn, now: u64, quarantine_ns: u64) -> bool {
     let flags = Flags::of(held);
     let bits = flags.get();
     if bits & FLOW_F_CLOSED == 0 || bits & FLOW_F_TAKEN != 0 {
@@ -622,7 +633,14 @@ pub fn may_take_over(
             (&raw const (*held).created_ns).read_volatile(),
         )
     };
-    if now.saturating_sub(closed_at) <= quarantine_ns {
+    let age = now.saturating_sub(closed_at);
+    if age > quarantine_ns {
+        // Past the second quarantine the tuple is the sweep's. (A plain
+        // subtraction: `saturating_mul(2)` took the verifier past its limit.)
+        if age - quarantine_ns > quarantine_ns {
+            return false;
+        }
+    } else {
         // No view, or a FIN's the backend has not acknowledged: it may
         // not be in TIME_WAIT (see `time_wait::note_backend_ack`).
         if bits & FLOW_F_TW_SEEN == 0 || bits & FLOW_F_TW_UNACKED != 0 {
@@ -635,7 +653,7 @@ pub fn may_take_over(
         } else {
             TS_ABSENT
         };
-        if !accepts_syn(&TimeWaitView::unpack(word, ts_state), seq, ts) {
+        if !accepts_syn(&TimeWaitView::unpack(word, ts_state), syn.seq, syn.ts) {
             return false;
         }
     }

@@ -2,6 +2,8 @@
 //! (and the pick) reach a global BPF function, which takes only scalars and
 //! the context. A global function is verified once, on its own, instead of
 //! once for every state its caller reaches the call in.
+use lb_common::time_wait::TsOption;
+
 use crate::{
     maps::{Handover, PACKET_HANDOVER},
     packet::Packet,
@@ -12,7 +14,9 @@ use crate::{
 /// the verifier knows nothing about.
 pub const MAX_L4_OFFSET: usize = 1024;
 
-/// Puts `pkt` and `picked` (`select::Picked`'s payload) in this CPU's slot.
+/// Puts `pkt` and `picked` (`select::Picked`'s payload) in this CPU's
+/// slot, with no segment read yet (`seq` 0, [`TsOption::UNKNOWN`]: a
+/// reading left by an earlier packet must not pass for this one's).
 #[inline(always)]
 pub fn put(pkt: &Packet, picked: u32) -> bool {
     let Some(slot) = PACKET_HANDOVER.get_ptr_mut(0) else {
@@ -23,6 +27,8 @@ pub fn put(pkt: &Packet, picked: u32) -> bool {
     unsafe {
         (*slot).pkt = *pkt;
         (*slot).picked = picked;
+        (*slot).seq = 0;
+        (*slot).ts = TsOption::UNKNOWN;
     }
     true
 }

@@ -91,11 +91,11 @@ use aya_ebpf::{
 use lb_common::{
     CALIBRATION_CALLS, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED,
     FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TW_UNACKED, FlowEntry, IpKey, LbConfig, Reason,
-    StageResult, Verdict, action, proceed, reason, time_wait::TsOption,
+    StageResult, Verdict, action, proceed, reason,
 };
 
 use crate::{
-    flow::{ReturnPath, Translation},
+    flow::{ReturnPath, Syn, Translation, TupleSource},
     fragment::remember_first_fragment,
     helpers::{PacketClock, now},
     maps::{CONFIG, SNAT_ADDR_INDEX},
@@ -202,7 +202,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
         return Err(reason::DROP_SNAT_NO_FLOW);
     }
     let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
-    match new_flow(&ctx(), pkt, picked).next() {
+    match new_flow(&ctx(), pkt, cfg, picked).next() {
         ControlFlow::Continue(_) => {}
         // No free tuple: a SYN may take over one whose backend's TIME_WAIT
         // accepts it (a global function of its own, like `new_flow`'s).
@@ -212,7 +212,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
                 && pkt.is_syn()
                 && cfg.flags & CONFIG_F_TIME_WAIT_REUSE != 0 =>
         {
-            proceed!(time_wait::take_over(&ctx(), pkt, picked));
+            proceed!(time_wait::take_over(&ctx()));
         }
         ControlFlow::Break(verdict) => return Ok(verdict),
     }
@@ -277,11 +277,19 @@ fn is_snat_tuple(pkt: &Packet, cfg: &LbConfig) -> bool {
 /// Creates both flow entries of a new connection to the backend the pick
 /// chose: continues, or drops under a reason. The work is done by a global
 /// BPF function, [`lb_new_flow`], which gets the packet through the
-/// handover slot.
+/// handover slot. With time-wait reuse on, a SYN's sequence number and
+/// timestamp go there too: its claim may take over the closed tuple at the
+/// cursor, and `time_wait::take_over` (after a claim that found nothing)
+/// reads them from the same slot.
 #[inline(always)]
-fn new_flow(ctx: &XdpContext, pkt: &Packet, picked: Picked) -> StageResult {
+fn new_flow(ctx: &XdpContext, pkt: &Packet, cfg: &LbConfig, picked: Picked) -> StageResult {
     if !handover::put(pkt, picked.payload()) {
         return StageResult::verdict(Verdict::drop(reason::DROP_BAD_CONFIG));
+    }
+    if pkt.is_tcp() && pkt.is_syn() && cfg.flags & CONFIG_F_TIME_WAIT_REUSE != 0 {
+        // Options it cannot read leave the slot's `TsOption::UNKNOWN`:
+        // then no TIME_WAIT is taken to accept the SYN.
+        time_wait::read_syn(ctx);
     }
     StageResult::from_raw(lb_new_flow(ctx.ctx))
 }
@@ -299,20 +307,32 @@ pub fn lb_new_flow(ctx: *mut xdp_md) -> u64 {
         return StageResult::verdict(Verdict::drop(reason::DROP_BAD_CONFIG)).into_raw();
     };
     let picked = Picked::from_payload(slot.picked);
-    StageResult::continue_or_drop(create_flow(&ctx, &slot.pkt, cfg, picked, None)).into_raw()
+    let syn = Syn {
+        seq: slot.seq,
+        ts: slot.ts,
+    };
+    StageResult::continue_or_drop(create_flow(
+        &ctx,
+        &slot.pkt,
+        cfg,
+        picked,
+        syn,
+        TupleSource::Claim,
+    ))
+    .into_raw()
 }
 
-/// Creates both flow entries of a new connection to `picked`'s backend:
-/// on a free SNAT tuple, or (`syn`: the SYN's sequence number and
-/// timestamp, from `time_wait::take_over`) on one in quarantine. Each
-/// caller passes a constant `syn` kind.
+/// Creates both flow entries of a new connection to `picked`'s backend,
+/// whose first packet is `syn`, on a SNAT tuple from `how` (each caller
+/// passes a constant).
 #[inline(always)]
 fn create_flow(
     ctx: &XdpContext,
     pkt: &Packet,
     cfg: &LbConfig,
     picked: Picked,
-    syn: Option<(u32, TsOption)>,
+    syn: Syn,
+    how: TupleSource,
 ) -> Result<(), Reason> {
     // Looked up again by id: it left service only if it did so since the pick.
     let backend = select::by_id(picked.backend_id).ok_or(reason::DROP_NO_BACKEND)?;
@@ -322,7 +342,7 @@ fn create_flow(
     };
     // The pick's clock read (see `helpers::take_packet_clock`).
     let now = helpers::take_packet_clock();
-    flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn)?;
+    flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn, how)?;
     track::opened(backend.id);
     Ok(())
 }

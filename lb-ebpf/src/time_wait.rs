@@ -17,7 +17,7 @@ use lb_common::{
 
 use crate::{
     atomic::Flags,
-    flow::{Translation, lookup},
+    flow::{Syn, Translation, TupleSource, lookup},
     handover,
     maps::{CONFIG, Handover, PACKET_HANDOVER},
     packet::{Packet, load},
@@ -233,15 +233,22 @@ pub fn note_backend_ack(ctx: &XdpContext, pkt: &Packet, rev: *mut FlowEntry) {
     }
 }
 
-/// For a SYN that found no free SNAT tuple: creates the connection to the
-/// backend `picked` chose on a tuple in quarantine that the backend's
-/// TIME_WAIT accepts the SYN on (`flow::take_over_tuple`). Continues, or
-/// drops under a reason.
+/// Reads the SYN in this CPU's handover slot (put there by the caller)
+/// for a new flow's claim: its sequence number and timestamp go into the
+/// slot; options it cannot read leave what `handover::put` wrote
+/// ([`TsOption::UNKNOWN`]).
 #[inline(always)]
-pub fn take_over(ctx: &XdpContext, pkt: &Packet, picked: Picked) -> StageResult {
-    if !hand_over(ctx, pkt, picked.payload()) {
-        return StageResult::verdict(Verdict::drop(reason::DROP_TRUNCATED));
-    }
+pub fn read_syn(ctx: &XdpContext) {
+    lb_read_seq_and_timestamp(ctx.ctx);
+}
+
+/// For a SYN that found no free SNAT tuple: creates the connection to the
+/// backend the pick chose on a tuple in quarantine that the backend's
+/// TIME_WAIT accepts the SYN on (`flow::take_over_tuple`). Continues, or
+/// drops under a reason. The failed new flow left the SYN, the pick and
+/// [`read_syn`]'s reading in this CPU's handover slot.
+#[inline(always)]
+pub fn take_over(ctx: &XdpContext) -> StageResult {
     StageResult::from_raw(lb_take_over(ctx.ctx))
 }
 
@@ -258,24 +265,21 @@ pub fn lb_take_over(ctx: *mut xdp_md) -> u64 {
     let Some(slot) = handover::taken() else {
         return StageResult::verdict(Verdict::drop(reason::DROP_BAD_CONFIG)).into_raw();
     };
+    let syn = Syn {
+        seq: slot.seq,
+        ts: slot.ts,
+    };
     StageResult::continue_or_drop(try_take_over(
         &ctx,
         &slot.pkt,
         Picked::from_payload(slot.picked),
-        slot.seq,
-        slot.ts,
+        syn,
     ))
     .into_raw()
 }
 
 #[inline(always)]
-fn try_take_over(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    picked: Picked,
-    seq: u32,
-    ts: TsOption,
-) -> Result<(), Reason> {
+fn try_take_over(ctx: &XdpContext, pkt: &Packet, picked: Picked, syn: Syn) -> Result<(), Reason> {
     let cfg = CONFIG.get(0).ok_or(reason::DROP_BAD_CONFIG)?;
-    crate::create_flow(ctx, pkt, cfg, picked, Some((seq, ts)))
+    crate::create_flow(ctx, pkt, cfg, picked, syn, TupleSource::TakeOver)
 }

@@ -1657,6 +1657,115 @@ fn case_a_fin_the_backend_has_not_acknowledged_keeps_its_tuple(lb: &mut Lb) {
     assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 4).1, SNAT_PORT_MIN);
 }
 
+/// The key of the reply entry on `snat_port` (backend 0, the IPv4 SNAT
+/// address).
+fn reply_key(snat_port: u16) -> lb_common::FlowKey {
+    key(
+        IPPROTO_TCP,
+        (backend_addr(0), BACKEND_PORT),
+        (SNAT, snat_port),
+    )
+}
+
+/// Two quarantines (the default 65 s) and a second.
+const PAST_TWO_QUARANTINES_S: u64 = 131;
+
+fn case_the_cursors_tuple_in_time_wait_is_taken_before_stepping_on(lb: &mut Lb) {
+    // Two tuples, one CPU slice. The cursor's (handed out one turn ago) is
+    // held by a closed connection whose backend's TIME_WAIT accepts the
+    // next SYN; the other is free. The SYN takes the cursor's over at the
+    // claim's first try: under churn a turned-over slice costs one failed
+    // insert and a lookup, not every try and then the take-over pass. (The
+    // claim stepped past it to the free one before.)
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN + 1);
+    lb.time_wait_reuse(true);
+    let first =
+        Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN).tcp_options(&linux_syn_options(900));
+    assert_eq!(lb.run(&first.build()).0, XDP_TX, "{:?}", lb.reasons());
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT).1, SNAT_PORT_MIN);
+    lb.syn(CLIENT_PORT + 1);
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 1).1, SNAT_PORT_MIN + 1);
+    // The first closes with the backend first, and the backend acknowledges
+    // the client's FIN: it holds the tuple in TIME_WAIT.
+    let fin_back = from_backend(0, SNAT_PORT_MIN, TCP_FIN | TCP_ACK);
+    assert_eq!(lb.run(&fin_back.build()).0, XDP_TX);
+    let fin = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_FIN | TCP_ACK)
+        .seq(5_000)
+        .tcp_options(&segment_options(2_000));
+    assert_eq!(lb.run(&fin.build()).0, XDP_TX);
+    let ack = from_backend(0, SNAT_PORT_MIN, TCP_ACK).ack(5_001);
+    assert_eq!(lb.run(&ack.build()).0, XDP_TX);
+    // The second ends by an RST and is aged past two quarantines, so the
+    // sweep frees its tuple.
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT + 1), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    age(lb, &reply_key(SNAT_PORT_MIN + 1), PAST_TWO_QUARANTINES_S);
+    assert_eq!(lb.sweep().snat_freed, 1);
+    assert!(reply_entry(lb, SNAT_PORT_MIN + 1).is_none());
+    assert_eq!(lb.snat_used(0), 1);
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT + 2), (VIP, HTTP), TCP_SYN)
+        .seq(10)
+        .tcp_options(&linux_syn_options(2_001));
+    let out = syn.rewritten(
+        (SNAT, SNAT_PORT_MIN),
+        (backend_addr(0), BACKEND_PORT),
+        backend_mac(0),
+    );
+    lb.expect(&syn, XDP_TX, &out);
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 0);
+    let new_rev = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
+    assert_eq!(
+        (u16::from_be(new_rev.new_dport), new_rev.flags),
+        (CLIENT_PORT + 2, 0),
+        "the cursor's tuple, taken over by the new connection"
+    );
+    assert!(
+        reply_entry(lb, SNAT_PORT_MIN + 1).is_none(),
+        "the free tuple is still free"
+    );
+    assert_eq!(lb.snat_used(0), 1, "the hold moved, none added");
+    // The next SYN (the cursor stepped past the one taken over) gets the
+    // free tuple.
+    lb.syn(CLIENT_PORT + 3);
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, SNAT_PORT_MIN + 1);
+    assert_eq!(lb.snat_used(0), 2);
+    // (The counts are totals: the one tuple freed above, nothing more.)
+    let stats = lb.sweep();
+    assert_eq!((stats.snat_freed, stats.orphans), (1, 0));
+}
+
+fn case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep(lb: &mut Lb) {
+    // Past two quarantines after its close a tuple is the sweep's: the
+    // sweep frees it by key, and a SYN taking it over at the same moment
+    // could have its new entry removed. So no SYN takes it, even one the
+    // recorded TIME_WAIT would accept; once the sweep has freed it, the
+    // next SYN claims it.
+    closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    age(lb, &reply_key(SNAT_PORT_MIN), PAST_TWO_QUARANTINES_S);
+    let newer = linux_syn_options(2_001);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &newer),
+        XDP_DROP
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    assert_ne!(
+        reply_entry(lb, SNAT_PORT_MIN)
+            .expect("the old reply entry")
+            .flags
+            & FLOW_F_CLOSED,
+        0
+    );
+    let stats = lb.sweep();
+    assert_eq!(stats.snat_freed, 1);
+    assert_eq!(lb.snat_used(0), 0);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &newer),
+        XDP_TX
+    );
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 2).1, SNAT_PORT_MIN);
+    assert_eq!(lb.snat_used(0), 1);
+}
+
 fn case_without_timestamps_the_sequence_number_decides(lb: &mut Lb) {
     // Neither side used timestamps: the FIN had no options.
     closed_by_the_backend_first(lb, &[2, 4, 5, 180, 1, 3, 3, 7], 70_000, &[]);
@@ -1973,6 +2082,14 @@ const CASES: &[Case] = &[
     (
         "a fin the backend has not acknowledged keeps its tuple",
         case_a_fin_the_backend_has_not_acknowledged_keeps_its_tuple,
+    ),
+    (
+        "the cursor's tuple in time wait is taken before stepping on",
+        case_the_cursors_tuple_in_time_wait_is_taken_before_stepping_on,
+    ),
+    (
+        "a tuple past its second quarantine is left to the sweep",
+        case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep,
     ),
     (
         "without timestamps the sequence number decides",

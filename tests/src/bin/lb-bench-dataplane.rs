@@ -26,7 +26,7 @@ use lb_common::{
 use lb_lab::xdp::{
     harness::*,
     isolate::run_isolated,
-    packet::{Pkt, TCP_ACK, TCP_PSH, TCP_SYN},
+    packet::{Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN},
 };
 
 /// Baseline programs in the eBPF object.
@@ -94,6 +94,23 @@ const DRAIN_EVERY: usize = 1000;
 /// step and the case measures a claim, not a search.
 const NEW_FLOWS: usize = 20_000;
 const BENCH_SNAT_PORTS: (u16, u16) = (1024, 65_535);
+/// The case of a slice turned over inside the quarantine: every SNAT tuple
+/// of its backend is held by a closed connection whose backend holds it in
+/// TIME_WAIT, and each new SYN takes one over (time-wait reuse, as under a
+/// sustained rate above addresses × ports ÷ quarantine). Its backend is
+/// the first id after the P2C pools', behind a VIP of its own, with the
+/// client blocks after the other cases'.
+const TURNED_OVER_CASE: &str = "new flow, every tuple in time wait";
+const TURNED_OVER_BACKEND: u32 = P2C_SIZES[2];
+const TURNED_OVER_VIP_PORT: u16 = FIRST_P2C_PORT + (P2C_SIZES.len() + SCAN_CASES.len()) as u16;
+/// Client blocks (10.(64 + block).x.y) of the closed connections and of
+/// the measured SYNs.
+const TURNED_OVER_CLOSED_CLIENTS: usize = P2C_SIZES.len() + FLOORS.len() + SCAN_CASES.len();
+const TURNED_OVER_NEW_CLIENTS: usize = TURNED_OVER_CLOSED_CLIENTS + 1;
+/// Sequence number and TSval of the closed connections' client FINs, and of
+/// the SYNs that take their tuples over (newer: the backend accepts them).
+const CLOSED_FIN: (u32, u32) = (5_000, 2_000);
+const TAKING_SYN: (u32, u32) = (10, 3_000);
 /// Payload of the established-flow packets (a small request or response).
 const PAYLOAD: &[u8] = &[b'x'; 64];
 
@@ -193,6 +210,9 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         lb.load_program(program);
     }
     lb.config(true, BENCH_SNAT_PORTS.0, BENCH_SNAT_PORTS.1);
+    // As lb-user runs by default (`--snat-time-wait-reuse on`): a SYN's
+    // options are read for its claim.
+    lb.time_wait_reuse(true);
     let max = *P2C_SIZES.iter().max().expect("sizes");
     for id in 0..max {
         lb.backend(id, BACKEND_ACTIVE);
@@ -348,6 +368,9 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         };
         rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
+    if wanted(TURNED_OVER_CASE) {
+        rows.push(turned_over(&mut lb, runs.min(NEW_FLOWS), &pairing));
+    }
     let name = "miss (not VIP traffic)";
     if wanted(name) {
         let case = Case {
@@ -360,6 +383,106 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         rows.push(measure(&mut lb, &case, Some(&pairing)));
     }
     rows
+}
+
+/// [`TURNED_OVER_CASE`]: `flows` connections to its backend on exactly
+/// `flows` SNAT ports, each closed by the backend first, with the client's
+/// FIN acknowledged (the backend holds every tuple in TIME_WAIT), then
+/// `flows` SYNs with a newer timestamp, measured, each taking over the tuple
+/// at the claim's cursor. Runs last: it narrows the SNAT range.
+fn turned_over(lb: &mut Lb, flows: usize, pairing: &Pairing) -> Row {
+    let first_port = BENCH_SNAT_PORTS.0;
+    let last_port = u16::try_from(usize::from(first_port) + flows - 1).expect("ports");
+    // (`config` resets the flags.)
+    lb.config(true, first_port, last_port);
+    lb.time_wait_reuse(true);
+    lb.backend(TURNED_OVER_BACKEND, BACKEND_ACTIVE);
+    lb.set_cost(TURNED_OVER_BACKEND, 1_000_000);
+    lb.vip(
+        1 + (P2C_SIZES.len() + SCAN_CASES.len()) as u32,
+        TURNED_OVER_VIP_PORT,
+        IPPROTO_TCP,
+        Algorithm::P2cEwma,
+        0,
+        &[TURNED_OVER_BACKEND],
+    );
+    for i in 0..flows {
+        let client = client_of(TURNED_OVER_CLOSED_CLIENTS, i);
+        // One CPU slice, one address: the cursor hands out the ports in order.
+        let port = first_port + i as u16;
+        let syn = Pkt::tcp((client, CLIENT_PORT), (VIP, TURNED_OVER_VIP_PORT), TCP_SYN)
+            .tcp_options(&linux_syn_options(1_000))
+            .build();
+        let fin = Pkt::tcp(
+            (client, CLIENT_PORT),
+            (VIP, TURNED_OVER_VIP_PORT),
+            TCP_FIN | TCP_ACK,
+        )
+        .seq(CLOSED_FIN.0)
+        .tcp_options(&segment_options(CLOSED_FIN.1))
+        .build();
+        let frames = [
+            (syn, "its SYN"),
+            (
+                from_backend(TURNED_OVER_BACKEND, port, TCP_FIN | TCP_ACK).build(),
+                "the backend's FIN",
+            ),
+            (fin, "the client's FIN"),
+            (
+                from_backend(TURNED_OVER_BACKEND, port, TCP_ACK)
+                    .ack(CLOSED_FIN.0.wrapping_add(1))
+                    .build(),
+                "the backend's ACK of it",
+            ),
+        ];
+        for (frame, what) in frames {
+            run_one(lb, lb_common::XDP_PROGRAM, what, &frame, i, XDP_TX);
+        }
+    }
+    assert_eq!(
+        lb.snat_used(TURNED_OVER_BACKEND),
+        flows as u64,
+        "every tuple held by a closed connection"
+    );
+    let taking: Vec<Vec<u8>> = (0..flows)
+        .map(|i| {
+            let client = client_of(TURNED_OVER_NEW_CLIENTS, i);
+            Pkt::tcp((client, CLIENT_PORT), (VIP, TURNED_OVER_VIP_PORT), TCP_SYN)
+                .seq(TAKING_SYN.0)
+                .tcp_options(&linux_syn_options(TAKING_SYN.1))
+                .build()
+        })
+        .collect();
+    let case = Case {
+        name: TURNED_OVER_CASE,
+        program: lb_common::XDP_PROGRAM,
+        frames: &taking,
+        runs: flows,
+        action: XDP_TX,
+    };
+    let row = measure(lb, &case, Some(pairing));
+    assert_eq!(
+        lb.snat_used(TURNED_OVER_BACKEND),
+        flows as u64,
+        "every tuple taken over, none freed or added"
+    );
+    row
+}
+
+/// TCP options of a Linux SYN: MSS, SACK_PERM, TS (`tsval`), NOP, WS.
+fn linux_syn_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&[0, 0, 0, 0, 1, 3, 3, 7]);
+    o
+}
+
+/// TCP options of a Linux segment after the handshake: NOP, NOP, TS.
+fn segment_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![1, 1, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&[0, 0, 0, 9]);
+    o
 }
 
 /// The VIP port of `SCAN_CASES[j]`.
@@ -375,13 +498,14 @@ fn new_flow_case(backends: u32) -> String {
 /// `runs` SYNs to the VIP on `port`, each from its own client address.
 fn new_flow_frames(port: u16, case: usize, runs: usize) -> Vec<Vec<u8>> {
     (0..runs)
-        .map(|i| {
-            // 10.(64 + case).x.y: a distinct client per SYN, per case.
-            let client =
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64 + case as u8, 0, 1)) + i as u32);
-            Pkt::tcp((client, CLIENT_PORT), (VIP, port), TCP_SYN).build()
-        })
+        .map(|i| Pkt::tcp((client_of(case, i), CLIENT_PORT), (VIP, port), TCP_SYN).build())
         .collect()
+}
+
+/// Client `i` of block `case`: 10.(64 + case).x.y, a distinct client per
+/// SYN, per case.
+fn client_of(case: usize, i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64 + case as u8, 0, 1)) + i as u32)
 }
 
 /// Runs `case.frames` round robin `case.runs` times through `case.program`,
