@@ -40,15 +40,18 @@ pub const EVENTS_RING_BYTES: u32 = 1 << 20;
 /// Steps a CPU's SNAT cursor may take past tuples still in use (by a
 /// long-lived connection, or in quarantine) before refusing a flow. Each
 /// step is a `BPF_NOEXIST` insert into the (non-LRU) flow table, which
-/// never evicts anything.
+/// never evicts anything. The first step also takes over the closed tuple
+/// at the cursor when its quarantine is over or the backend's TIME_WAIT
+/// accepts the SYN (`time_wait`), so a slice turned over inside the
+/// quarantine does not cost every step.
 pub const SNAT_PORT_TRIES: u32 = 8;
 /// When a CPU's own SNAT slice has nothing free within [`SNAT_PORT_TRIES`],
 /// the positions of another CPU's slice it tries before refusing the flow
 /// (consecutive, from a random one). SYNs that all land on one CPU (one
 /// busy receive queue, a veth) would otherwise reach only 1/N of the tuples.
 pub const SNAT_STEAL_TRIES: u32 = 4;
-/// When no tuple is free within those steps, the tuples in quarantine at
-/// the cursor that a new SYN may take over because the backend's
+/// When no tuple is free within those steps, the tuples in quarantine from
+/// the cursor on that a new SYN may take over because the backend's
 /// TIME_WAIT would accept it ([`time_wait`]). About half qualify: Linux
 /// clients give each connection a random timestamp offset and initial
 /// sequence number, so whether a SYN is "newer" than the last connection

@@ -26,8 +26,9 @@
 //! rewritten: the check picks, among the tuples in quarantine, one the
 //! SYN as sent is acceptable on. Clients pick a random timestamp offset
 //! and initial sequence number per connection, so about half the tuples
-//! qualify for a given SYN, and a claim tries [`crate::SNAT_REUSE_TRIES`]
-//! of them.
+//! qualify for a given SYN: the claim takes the tuple at its cursor when it
+//! qualifies, and a claim that found no free tuple tries
+//! [`crate::SNAT_REUSE_TRIES`] of them.
 //!
 //! Where the options are not in a layout this module knows, the answer is
 //! [`TS_UNKNOWN`] and the tuple stays in quarantine: a wrong guess would

@@ -15,9 +15,9 @@
 //!   removed;
 //! - reply entry, closed: removed, and its SNAT tuple freed, two
 //!   `snat_quarantine_ns` after the close (the quarantine is the backend's
-//!   TIME_WAIT plus slack, counted from the close; in the second one a
-//!   new flow whose claim reaches the tuple takes it over, see
-//!   `flow::replace_after_quarantine`);
+//!   TIME_WAIT plus slack, counted from the close; until the end of the
+//!   second one a new flow whose claim reaches the tuple may take it over,
+//!   see `flow::may_take_over`);
 //! - reply entry, open, whose forward entry is gone or now belongs to
 //!   another connection (a new SYN on the same client tuple): an orphan,
 //!   stamped closed now, so its tuple is freed after a quarantine.
@@ -152,11 +152,11 @@ extern "C" fn visit(
     let age = walk.now.saturating_sub(last_seen);
     if direction == DIR_TO_CLIENT {
         if closed {
-            // Between one and two quarantines the tuple belongs to the
-            // data path (`flow::replace_after_quarantine`); after that, to
-            // the sweep. Never both: the sweep removes by key, so two
-            // deciders on one entry could free a tuple twice, or remove the
-            // new connection's entry written under the key.
+            // Until two quarantines are over the tuple belongs to the data
+            // path (`flow::may_take_over`); after that, to the sweep. Never
+            // both: the sweep removes by key, so two deciders on one entry
+            // could free a tuple twice, or remove the new connection's
+            // entry written under the key.
             if age > walk.snat_quarantine_ns.saturating_mul(2) {
                 // SAFETY: live map value.
                 let backend_id = unsafe { (*entry).backend_id };

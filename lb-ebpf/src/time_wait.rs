@@ -4,9 +4,11 @@
 //! * The client's FIN records, in the connection's reply entry, what the
 //!   backend's TIME_WAIT for the tuple will expect, or, after a close the
 //!   client began, its last ACK does ([`record_client_close`]).
-//! * A SYN that found no free tuple may take over a closed one whose
-//!   TIME_WAIT would accept it as sent ([`take_over`]; the test of one
-//!   tuple is `flow::may_take_over`).
+//! * A SYN may take over a closed tuple whose TIME_WAIT would accept it as
+//!   sent: the one at its claim's cursor, or, when the claim found none
+//!   free, one of the tuples its CPU handed out longest ago ([`take_over`]).
+//!   The test of one tuple is `flow::may_take_over`; the SYN's sequence
+//!   number and timestamp come from [`read_syn`].
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use lb_common::{
     DIR_TO_BACKEND, FLOW_F_CLIENT_CLOSED_FIRST, FLOW_F_CLOSED, FLOW_F_FIN_BACKEND,
