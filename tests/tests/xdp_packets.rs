@@ -20,7 +20,10 @@ use lb_lab::{
     trials::{self, packet_case, slug},
     xdp::{
         harness::*,
-        packet::{L4, Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, assert_checksums_valid},
+        packet::{
+            L4, Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, assert_checksums_valid,
+            linux_syn_options, segment_options,
+        },
     },
 };
 
@@ -1458,22 +1461,6 @@ fn case_snat_tuple_past_quarantine_moves_to_another_id_of_its_backend(lb: &mut L
     assert_eq!((lb.snat_used(0), lb.snat_used(1)), (0, 1));
 }
 
-/// TCP options of a Linux SYN: MSS, SACK_PERM, TS (`tsval`), NOP, WS.
-fn linux_syn_options(tsval: u32) -> Vec<u8> {
-    let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
-    o.extend_from_slice(&tsval.to_be_bytes());
-    o.extend_from_slice(&[0, 0, 0, 0, 1, 3, 3, 7]);
-    o
-}
-
-/// TCP options of a Linux segment after the handshake: NOP, NOP, TS.
-fn segment_options(tsval: u32) -> Vec<u8> {
-    let mut o = vec![1, 1, 8, 10];
-    o.extend_from_slice(&tsval.to_be_bytes());
-    o.extend_from_slice(&[0, 0, 0, 9]);
-    o
-}
-
 /// One SNAT tuple, time-wait reuse on: a connection from `CLIENT_PORT`
 /// whose backend closes first and whose client's FIN (sequence number
 /// `fin_seq`, `fin_options`) ends it, and the backend's ACK of that FIN,
@@ -1535,6 +1522,21 @@ fn syn_for_the_tuple(lb: &mut Lb, client_port: u16, seq: u32, options: &[u8]) ->
     lb.run(&syn.build()).0
 }
 
+/// A SYN from `client_port` (sequence number 10, Linux's options with
+/// `tsval`) that must go out unchanged but for its translation to the
+/// first SNAT tuple.
+fn syn_takes_the_first_tuple(lb: &mut Lb, client_port: u16, tsval: u32) {
+    let syn = Pkt::tcp((CLIENT, client_port), (VIP, HTTP), TCP_SYN)
+        .seq(10)
+        .tcp_options(&linux_syn_options(tsval));
+    let out = syn.rewritten(
+        (SNAT, SNAT_PORT_MIN),
+        (backend_addr(0), BACKEND_PORT),
+        backend_mac(0),
+    );
+    lb.expect(&syn, XDP_TX, &out);
+}
+
 fn case_snat_tuple_in_time_wait_taken_by_a_syn_the_backend_accepts(lb: &mut Lb) {
     let rev =
         closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
@@ -1553,15 +1555,7 @@ fn case_snat_tuple_in_time_wait_taken_by_a_syn_the_backend_accepts(lb: &mut Lb) 
     );
     assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
     // A newer one is accepted: the SYN takes the tuple over, unchanged.
-    let syn = Pkt::tcp((CLIENT, CLIENT_PORT + 2), (VIP, HTTP), TCP_SYN)
-        .seq(10)
-        .tcp_options(&linux_syn_options(2_001));
-    let out = syn.rewritten(
-        (SNAT, SNAT_PORT_MIN),
-        (backend_addr(0), BACKEND_PORT),
-        backend_mac(0),
-    );
-    lb.expect(&syn, XDP_TX, &out);
+    syn_takes_the_first_tuple(lb, CLIENT_PORT + 2, 2_001);
     assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 2).1, SNAT_PORT_MIN);
     let new_rev = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
     assert_eq!(u16::from_be(new_rev.new_dport), CLIENT_PORT + 2);
@@ -1703,15 +1697,7 @@ fn case_the_cursors_tuple_in_time_wait_is_taken_before_stepping_on(lb: &mut Lb) 
     assert_eq!(lb.sweep().snat_freed, 1);
     assert!(reply_entry(lb, SNAT_PORT_MIN + 1).is_none());
     assert_eq!(lb.snat_used(0), 1);
-    let syn = Pkt::tcp((CLIENT, CLIENT_PORT + 2), (VIP, HTTP), TCP_SYN)
-        .seq(10)
-        .tcp_options(&linux_syn_options(2_001));
-    let out = syn.rewritten(
-        (SNAT, SNAT_PORT_MIN),
-        (backend_addr(0), BACKEND_PORT),
-        backend_mac(0),
-    );
-    lb.expect(&syn, XDP_TX, &out);
+    syn_takes_the_first_tuple(lb, CLIENT_PORT + 2, 2_001);
     assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 0);
     let new_rev = reply_entry(lb, SNAT_PORT_MIN).expect("the new connection's reply entry");
     assert_eq!(

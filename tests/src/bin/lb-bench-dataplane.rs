@@ -26,7 +26,7 @@ use lb_common::{
 use lb_lab::xdp::{
     harness::*,
     isolate::run_isolated,
-    packet::{Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN},
+    packet::{Pkt, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, linux_syn_options, segment_options},
 };
 
 /// Baseline programs in the eBPF object.
@@ -467,22 +467,6 @@ fn turned_over(lb: &mut Lb, flows: usize, pairing: &Pairing) -> Row {
         "every tuple taken over, none freed or added"
     );
     row
-}
-
-/// TCP options of a Linux SYN: MSS, SACK_PERM, TS (`tsval`), NOP, WS.
-fn linux_syn_options(tsval: u32) -> Vec<u8> {
-    let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
-    o.extend_from_slice(&tsval.to_be_bytes());
-    o.extend_from_slice(&[0, 0, 0, 0, 1, 3, 3, 7]);
-    o
-}
-
-/// TCP options of a Linux segment after the handshake: NOP, NOP, TS.
-fn segment_options(tsval: u32) -> Vec<u8> {
-    let mut o = vec![1, 1, 8, 10];
-    o.extend_from_slice(&tsval.to_be_bytes());
-    o.extend_from_slice(&[0, 0, 0, 9]);
-    o
 }
 
 /// The VIP port of `SCAN_CASES[j]`.

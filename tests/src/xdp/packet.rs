@@ -388,6 +388,23 @@ impl Pkt {
     }
 }
 
+/// TCP options of a Linux SYN: MSS, SACK_PERM, TS (`tsval`), NOP, WS.
+pub fn linux_syn_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![2, 4, 5, 180, 4, 2, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&[0, 0, 0, 0, 1, 3, 3, 7]);
+    o
+}
+
+/// TCP options of a Linux segment after the handshake: NOP, NOP, TS
+/// (`tsval`, echoing 9).
+pub fn segment_options(tsval: u32) -> Vec<u8> {
+    let mut o = vec![1, 1, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&[0, 0, 0, 9]);
+    o
+}
+
 /// The Internet checksum (RFC 1071) over the concatenation of `parts`.
 pub fn checksum(parts: &[&[u8]]) -> u16 {
     let bytes: Vec<u8> = parts.concat();
