@@ -381,6 +381,9 @@ fn claim_snat_tuple(
     // tuple is found again from its try's number (a plain integer: the
     // frame is at the 512-byte limit).
     let mut claimed = u64::MAX;
+    // Whether the claimed tuple joins the backend's count of tuples held
+    // (0 when it was already in it: taken over from the same backend).
+    let mut joins: u64 = 1;
     for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
         let (slot, port) = snat.try_tuple(i, start, other, pick);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
@@ -412,10 +415,18 @@ fn claim_snat_tuple(
             // taken one at most one lookup more.
             Err(EEXIST) if i == 0 => {
                 if let Some(held_by) = take_over_held(&reverse, entry, snat.quarantine_ns, syn) {
-                    // The tuple leaves the closed connection's count (its
-                    // backend may be another VIP's id of the same address);
-                    // the claim adds it to the new one's below.
-                    snat_used(held_by, u64::MAX);
+                    // The tuple stays in its backend's count: the reply key
+                    // holds the backend's address and port, so the closed
+                    // connection's backend is this one, unless its id
+                    // belongs to another VIP with the same address, whose
+                    // count the tuple leaves for this one's (below). Two
+                    // atomic adds on a line every CPU writes, saved on
+                    // each SYN of a slice turned over.
+                    if held_by == backend.id {
+                        joins = 0;
+                    } else {
+                        snat_used(held_by, u64::MAX);
+                    }
                     claimed = 0;
                     break;
                 }
@@ -435,7 +446,9 @@ fn claim_snat_tuple(
     // Past the claimed tuple; after a steal, past this CPU's full stretch.
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(claimed.min(u64::from(SNAT_PORT_TRIES) - 1) + 1) };
-    snat_used(backend.id, 1);
+    if joins != 0 {
+        snat_used(backend.id, 1);
+    }
     into_forward_entry(entry, &addr.addr, port, backend);
     Ok(())
 }
