@@ -111,6 +111,10 @@ const TURNED_OVER_NEW_CLIENTS: usize = TURNED_OVER_CLOSED_CLIENTS + 1;
 /// the SYNs that take their tuples over (newer: the backend accepts them).
 const CLOSED_FIN: (u32, u32) = (5_000, 2_000);
 const TAKING_SYN: (u32, u32) = (10, 3_000);
+/// Sequence number and TSval of the other cases' SYNs (every new flow's
+/// SYN carries a Linux SYN's options, which the program reads when
+/// time-wait reuse is on, as it is here).
+const NEW_SYN: (u32, u32) = (1, 1_000);
 /// Payload of the established-flow packets (a small request or response).
 const PAYLOAD: &[u8] = &[b'x'; 64];
 
@@ -343,7 +347,7 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
             continue;
         }
         let flows = runs.min(NEW_FLOWS);
-        let frames = new_flow_frames(port, clients, flows);
+        let frames = new_flow_frames(port, clients, flows, NEW_SYN);
         let case = Case {
             name: &name,
             program: lb_common::XDP_PROGRAM,
@@ -358,7 +362,7 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
             continue;
         }
         let flows = runs.min(NEW_FLOWS);
-        let frames = new_flow_frames(HTTP, P2C_SIZES.len() + i, flows);
+        let frames = new_flow_frames(HTTP, P2C_SIZES.len() + i, flows, NEW_SYN);
         let case = Case {
             name,
             program,
@@ -444,15 +448,12 @@ fn turned_over(lb: &mut Lb, flows: usize, pairing: &Pairing) -> Row {
         flows as u64,
         "every tuple held by a closed connection"
     );
-    let taking: Vec<Vec<u8>> = (0..flows)
-        .map(|i| {
-            let client = client_of(TURNED_OVER_NEW_CLIENTS, i);
-            Pkt::tcp((client, CLIENT_PORT), (VIP, TURNED_OVER_VIP_PORT), TCP_SYN)
-                .seq(TAKING_SYN.0)
-                .tcp_options(&linux_syn_options(TAKING_SYN.1))
-                .build()
-        })
-        .collect();
+    let taking = new_flow_frames(
+        TURNED_OVER_VIP_PORT,
+        TURNED_OVER_NEW_CLIENTS,
+        flows,
+        TAKING_SYN,
+    );
     let case = Case {
         name: TURNED_OVER_CASE,
         program: lb_common::XDP_PROGRAM,
@@ -479,10 +480,18 @@ fn new_flow_case(backends: u32) -> String {
     format!("new flow, P2C over {backends} backends")
 }
 
-/// `runs` SYNs to the VIP on `port`, each from its own client address.
-fn new_flow_frames(port: u16, case: usize, runs: usize) -> Vec<Vec<u8>> {
+/// `runs` SYNs to the VIP on `port`, each from its own client address of
+/// block `case`, with a Linux SYN's options: sequence number and timestamp
+/// `(seq, tsval)`.
+fn new_flow_frames(port: u16, case: usize, runs: usize, (seq, tsval): (u32, u32)) -> Vec<Vec<u8>> {
+    let options = linux_syn_options(tsval);
     (0..runs)
-        .map(|i| Pkt::tcp((client_of(case, i), CLIENT_PORT), (VIP, port), TCP_SYN).build())
+        .map(|i| {
+            Pkt::tcp((client_of(case, i), CLIENT_PORT), (VIP, port), TCP_SYN)
+                .seq(seq)
+                .tcp_options(&options)
+                .build()
+        })
         .collect()
 }
 
