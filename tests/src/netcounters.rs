@@ -34,6 +34,9 @@ pub const NSTAT_COUNTERS: &[&str] = &[
     "TcpExtTWRecycled",
     "TcpExtTWKilled",
     "TcpExtPAWSTimewait",
+    // TIME_WAIT table full (`tcp_max_tw_buckets`): a close skips TIME_WAIT,
+    // and a late segment of that connection draws an RST.
+    "TcpExtTCPTimeWaitOverflow",
     "TcpExtPAWSEstab",
     "TcpExtTCPACKSkippedTimeWait",
     "TcpExtTCPChallengeACK",
