@@ -381,9 +381,6 @@ fn claim_snat_tuple(
     // tuple is found again from its try's number (a plain integer: the
     // frame is at the 512-byte limit).
     let mut claimed = u64::MAX;
-    // Whether the claimed tuple joins the backend's count of tuples held
-    // (0 when it was already in it: taken over from the same backend).
-    let mut joins: u64 = 1;
     for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
         let (slot, port) = snat.try_tuple(i, start, other, pick);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
@@ -398,6 +395,7 @@ fn claim_snat_tuple(
         // NOEXIST makes the check and the claim one step.
         match FLOWS.insert(&reverse, &*entry, u64::from(BPF_NOEXIST)) {
             Ok(()) => {
+                snat_used(backend.id, 1);
                 claimed = i;
                 break;
             }
@@ -415,18 +413,7 @@ fn claim_snat_tuple(
             // taken one at most one lookup more.
             Err(EEXIST) if i == 0 => {
                 if let Some(held_by) = take_over_held(&reverse, entry, snat.quarantine_ns, syn) {
-                    // The tuple stays in its backend's count: the reply key
-                    // holds the backend's address and port, so the closed
-                    // connection's backend is this one, unless its id
-                    // belongs to another VIP with the same address, whose
-                    // count the tuple leaves for this one's (below). Two
-                    // atomic adds on a line every CPU writes, saved on
-                    // each SYN of a slice turned over.
-                    if held_by == backend.id {
-                        joins = 0;
-                    } else {
-                        snat_used(held_by, u64::MAX);
-                    }
+                    move_held(held_by, backend.id);
                     claimed = 0;
                     break;
                 }
@@ -446,9 +433,6 @@ fn claim_snat_tuple(
     // Past the claimed tuple; after a steal, past this CPU's full stretch.
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(claimed.min(u64::from(SNAT_PORT_TRIES) - 1) + 1) };
-    if joins != 0 {
-        snat_used(backend.id, 1);
-    }
     into_forward_entry(entry, &addr.addr, port, backend);
     Ok(())
 }
@@ -512,10 +496,7 @@ fn take_over_tuple(
     let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(taken + 1) };
-    if held_by != backend.id {
-        snat_used(held_by, u64::MAX);
-        snat_used(backend.id, 1);
-    }
+    move_held(held_by, backend.id);
     into_forward_entry(entry, &addr.addr, port, backend);
     Ok(())
 }
@@ -567,6 +548,19 @@ fn replace_claimed(reverse: &FlowKey, held: *mut FlowEntry, entry: &FlowEntry) -
     }
     Flags::of(held).clear(FLOW_F_TAKEN);
     false
+}
+
+/// Moves a tuple taken over from a closed connection of backend id
+/// `held_by` to `backend_id`'s count of tuples held. The reply key holds
+/// the backend's address and port, so the ids differ only for one backend
+/// behind two VIPs; when they are the same, nothing moves (two atomic adds
+/// on a line every CPU writes, saved on each SYN of a slice turned over).
+#[inline(always)]
+fn move_held(held_by: u32, backend_id: u32) {
+    if held_by != backend_id {
+        snat_used(held_by, u64::MAX);
+        snat_used(backend_id, 1);
+    }
 }
 
 /// Adds `delta` (wrapping: `u64::MAX` is −1) to the backend's count of
