@@ -107,6 +107,8 @@ const TURNED_OVER_VIP_PORT: u16 = FIRST_P2C_PORT + (P2C_SIZES.len() + SCAN_CASES
 /// the measured SYNs.
 const TURNED_OVER_CLOSED_CLIENTS: usize = P2C_SIZES.len() + FLOORS.len() + SCAN_CASES.len();
 const TURNED_OVER_NEW_CLIENTS: usize = TURNED_OVER_CLOSED_CLIENTS + 1;
+/// Sequence number and TSval of the closed connections' SYNs.
+const CLOSED_SYN: (u32, u32) = (1_000, 1_000);
 /// Sequence number and TSval of the closed connections' client FINs, and of
 /// the SYNs that take their tuples over (newer: the backend accepts them).
 const CLOSED_FIN: (u32, u32) = (5_000, 2_000);
@@ -414,9 +416,7 @@ fn turned_over(lb: &mut Lb, flows: usize, pairing: &Pairing) -> Row {
         let client = client_of(TURNED_OVER_CLOSED_CLIENTS, i);
         // One CPU slice, one address: the cursor hands out the ports in order.
         let port = first_port + i as u16;
-        let syn = Pkt::tcp((client, CLIENT_PORT), (VIP, TURNED_OVER_VIP_PORT), TCP_SYN)
-            .tcp_options(&linux_syn_options(1_000))
-            .build();
+        let syn = syn_frame(client, TURNED_OVER_VIP_PORT, CLOSED_SYN);
         let fin = Pkt::tcp(
             (client, CLIENT_PORT),
             (VIP, TURNED_OVER_VIP_PORT),
@@ -483,16 +483,19 @@ fn new_flow_case(backends: u32) -> String {
 /// `runs` SYNs to the VIP on `port`, each from its own client address of
 /// block `case`, with a Linux SYN's options: sequence number and timestamp
 /// `(seq, tsval)`.
-fn new_flow_frames(port: u16, case: usize, runs: usize, (seq, tsval): (u32, u32)) -> Vec<Vec<u8>> {
-    let options = linux_syn_options(tsval);
+fn new_flow_frames(port: u16, case: usize, runs: usize, syn: (u32, u32)) -> Vec<Vec<u8>> {
     (0..runs)
-        .map(|i| {
-            Pkt::tcp((client_of(case, i), CLIENT_PORT), (VIP, port), TCP_SYN)
-                .seq(seq)
-                .tcp_options(&options)
-                .build()
-        })
+        .map(|i| syn_frame(client_of(case, i), port, syn))
         .collect()
+}
+
+/// A SYN from `client` to the VIP's `port` with sequence number `seq` and
+/// a Linux SYN's options, its timestamp `tsval`.
+fn syn_frame(client: Ipv4Addr, port: u16, (seq, tsval): (u32, u32)) -> Vec<u8> {
+    Pkt::tcp((client, CLIENT_PORT), (VIP, port), TCP_SYN)
+        .seq(seq)
+        .tcp_options(&linux_syn_options(tsval))
+        .build()
 }
 
 /// Client `i` of block `case`: 10.(64 + case).x.y, a distinct client per
