@@ -160,8 +160,9 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
         machine
     };
     let machine = format!(
-        "{machine}; the backend's TIME_WAIT table holds {time_wait_buckets} entries \
-         (`net.ipv4.tcp_max_tw_buckets`), so every connection keeps its TIME_WAIT for the whole run"
+        "{machine}; the backend's TIME_WAIT table holds {} entries \
+         (`net.ipv4.tcp_max_tw_buckets`), so every connection keeps its TIME_WAIT for the whole run",
+        crate::control_bench::report::thousands(time_wait_buckets)
     );
     let backend = lab.backends()[0].addr();
 
