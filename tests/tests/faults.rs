@@ -555,7 +555,13 @@ const SLOW_AT_MOST: Duration = Duration::from_millis(2_500);
 fn slow_for_a_moment_then_its_share(name: &'static str, extra: &[&str]) {
     let stalls = HostStalls::watch(HOST_STALL);
     for attempt in 1..=ATTEMPTS {
-        let (share, window, recovered, ended, relapsed) = share_after_slow_moment(name, extra);
+        let Attempt {
+            share,
+            window,
+            recovered,
+            ended,
+            relapsed,
+        } = share_after_slow_moment(name, extra);
         let seen = stalls.between(recovered, ended);
         println!(
             "{name}: host stalls of {HOST_STALL:?} or more in the window: {seen:?}; \
@@ -578,8 +584,9 @@ fn slow_for_a_moment_then_its_share(name: &'static str, extra: &[&str]) {
     panic!("{name}: the lab host stalled or be1 relapsed in the window of all {ATTEMPTS} attempts");
 }
 
-/// A measured relapse of be1 in the window (polls 8 to 20): its estimate
-/// rose by half between two polls to above half again its fastest peer's.
+/// A measured relapse of be1 in the window (2 to 5 s after it recovered):
+/// its estimate rose by half between two polls to above half again its
+/// fastest peer's.
 /// A rise means a new slow answer of be1's (with no answers an estimate
 /// only decays), and the balancer rightly avoids a backend that just
 /// answered slowly. It happens in the lab when the host pauses for a few
@@ -608,13 +615,22 @@ const HOST_STALL: Duration = Duration::from_millis(20);
 /// Attempts of `slow_for_a_moment_then_its_share` at most.
 const ATTEMPTS: u32 = 3;
 
+/// What one attempt of `slow_for_a_moment_then_its_share` measured.
+struct Attempt {
+    /// be1's share of the window's new connections.
+    share: f64,
+    /// The window's new connections per backend.
+    window: Vec<u64>,
+    /// When be1 recovered, and when the window ended.
+    recovered: Instant,
+    ended: Instant,
+    /// be1's relapse in the window, if any ([`relapse`]).
+    relapsed: Option<String>,
+}
+
 /// One attempt of `slow_for_a_moment_then_its_share`: asserts everything
-/// but the share, and returns the share, the window's new connections per
-/// backend, and when be1 recovered and the window ended.
-fn share_after_slow_moment(
-    name: &'static str,
-    extra: &[&str],
-) -> (f64, Vec<u64>, Instant, Instant, Option<String>) {
+/// but the share, which the caller judges.
+fn share_after_slow_moment(name: &'static str, extra: &[&str]) -> Attempt {
     let lab = Fault::new(name, 3);
     let _lb = lab.start(&[0, 1, 2], extra);
     let run = lab.during(lab.load(200.0, 12.0, 2_400), |lab| {
@@ -704,13 +720,19 @@ fn share_after_slow_moment(
     // half-second (about 5% of τ), and the lowest estimate wins ties, so
     // somewhat less. With one Peak-EWMA of τ = 10 s and no probes it gets
     // none here. (Asserted by the caller, above a tenth.)
-    (share, window, *recovered, *ended, relapse(polls))
+    Attempt {
+        share,
+        window,
+        recovered: *recovered,
+        ended: *ended,
+        relapsed: relapse(polls),
+    }
 }
 
 /// Polls of `slow_for_a_moment_then_its_share` after the recovery.
 const POLLS: u32 = 20;
-/// The first poll (index) whose count is in the window: the window's
-/// counts start at poll 8's, 2 s after the recovery.
+/// Index of the first poll after the window's start (2.25 s after the
+/// recovery): the window counts from the poll before it (2 s) to the last.
 const WINDOW_FIRST_POLL: usize = 8;
 const POLL_EVERY: Duration = Duration::from_millis(250);
 

@@ -34,7 +34,10 @@ pub use self::report::{CapacityReport, RateSearch, SnatBudget, Step};
 use crate::{
     Binaries, Lab,
     balance::cpu,
-    control_bench::scrape::{self, Sample},
+    control_bench::{
+        report::thousands,
+        scrape::{self, Sample},
+    },
     lab::{Algorithm, BackendSpec, BalancerSpec, Protocol, VipSpec, XdpMode},
     loadgen::{self, LoadConfig, Summary},
     netcounters::Snapshot,
@@ -162,7 +165,7 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<CapacityReport> {
     let machine = format!(
         "{machine}; the backend's TIME_WAIT table holds {} entries \
          (`net.ipv4.tcp_max_tw_buckets`), so every connection keeps its TIME_WAIT for the whole run",
-        crate::control_bench::report::thousands(time_wait_buckets)
+        thousands(time_wait_buckets)
     );
     let backend = lab.backends()[0].addr();
 
