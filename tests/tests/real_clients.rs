@@ -291,8 +291,9 @@ fn apachebench_opens_20000_connections_without_a_failure() {
 
 /// wrk: keep-alive HTTP/1.1 on 16 connections for 3 s. Thousands of
 /// requests, no error, and the balancer learns their latency in the kernel:
-/// the ring buffer carries events in proportion to connections, not
-/// requests, and every backend gets a latency estimate.
+/// the ring buffer carries nothing (it is for failures), the latency comes
+/// as one aggregate per backend and score tick, not per request, and every
+/// backend gets a latency estimate.
 #[test]
 fn wrk_keep_alive_requests_are_balanced_without_an_event_per_request() {
     require_root!();
@@ -300,10 +301,10 @@ fn wrk_keep_alive_requests_are_balanced_without_an_event_per_request() {
     let spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
     let _balancer = lab.start_balancer(&spec).unwrap();
     let url = format!("http://{VIP_ADDR}:{VIP_TCP_PORT}/");
-    let events_before = metric_sum(
-        &lab.scrape_metrics().unwrap(),
-        "lb_ring_buffer_events_total",
-    );
+    let started = std::time::Instant::now();
+    let metrics_before = lab.scrape_metrics().unwrap();
+    let events_before = metric_sum(&metrics_before, "lb_ring_buffer_events_total");
+    let reads_before = metric_sum(&metrics_before, "lb_latency_aggregates_read_total");
     let before = Snapshot::take(&lab).unwrap();
     let report = client_run(&lab, &["wrk", "-t", "2", "-c", "16", "-d", "3s", &url]);
     let delta = counters_since(&lab, &before, "wrk");
@@ -320,10 +321,22 @@ fn wrk_keep_alive_requests_are_balanced_without_an_event_per_request() {
     // A moment for the score tick to read the kernel's aggregates.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let metrics = lab.scrape_metrics().unwrap();
+    let elapsed = started.elapsed();
+    // Successful requests put nothing on the ring: it carries failures only.
     let events = metric_sum(&metrics, "lb_ring_buffer_events_total") - events_before;
+    assert_eq!(
+        events, 0.0,
+        "{events} ring-buffer events for {requests} keep-alive requests and no failure"
+    );
+    // The latency comes as one aggregate per backend and score tick (50 ms),
+    // whatever the request rate.
+    let reads = metric_sum(&metrics, "lb_latency_aggregates_read_total") - reads_before;
+    let ticks = elapsed.as_secs_f64() / 0.05 + 2.0;
+    let backends = lab.backends().len() as f64;
     assert!(
-        events < requests / 50.0,
-        "{events} ring-buffer events for {requests} keep-alive requests"
+        reads >= 1.0 && reads <= ticks * backends,
+        "{reads} latency aggregates read over {elapsed:?} ({ticks:.0} ticks, {backends} backends) \
+         for {requests} requests"
     );
     for b in lab.backends() {
         let ewma = metrics

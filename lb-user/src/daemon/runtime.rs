@@ -62,7 +62,12 @@ pub struct Runtime {
     pub(super) probes: ProbeCounts,
     /// Shared with the reconciler: the length of the id space.
     pub id_limit: Arc<AtomicUsize>,
+    /// Records taken off the ring buffer (failures: refused, backend reset).
     pub(super) events_received: u64,
+    /// Per-backend latency aggregates read at the score ticks (one per
+    /// backend with answers per tick), the kernel's replacement for one
+    /// ring event per response.
+    pub(super) latency_reads: u64,
     /// Lone flow entries the kernel sweep found (and cleaned up).
     pub(super) flows_evicted: u64,
     /// Entries in the flow table at the last reconciliation pass.
@@ -128,6 +133,7 @@ impl Runtime {
             probes: ProbeCounts::default(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
             events_received: 0,
+            latency_reads: 0,
             flows_evicted: 0,
             flow_entries: 0,
             reconcile_interval: crate::ingest::reconcile::MIN_PASS_INTERVAL,
@@ -190,7 +196,7 @@ impl Runtime {
                 backend: a.backend,
                 latency: a.peak,
             };
-            self.events_received += 1;
+            self.latency_reads += 1;
             for _ in 0..a.count {
                 self.fleet.on_event(event, now);
             }

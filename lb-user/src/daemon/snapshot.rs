@@ -30,6 +30,7 @@ impl Runtime {
             reasons,
             events_lost,
             events_received: self.events_received,
+            latency_reads: self.latency_reads,
             latency_probes: vec![
                 ("applied", self.probes.applied),
                 ("busy", self.probes.busy),

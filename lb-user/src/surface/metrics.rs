@@ -71,7 +71,10 @@ pub struct Snapshot {
     /// Packets per pass/drop reason.
     pub reasons: Vec<(&'static str, u64)>,
     pub events_lost: u64,
+    /// Records taken off the ring buffer.
     pub events_received: u64,
+    /// Per-backend latency aggregates read from the kernel at score ticks.
+    pub latency_reads: u64,
     /// Latency probes by outcome (`applied`, `busy`, `unchanged`, `barred`).
     pub latency_probes: Vec<(&'static str, u64)>,
     pub publish_times: UpdateTimes,
@@ -655,9 +658,17 @@ fn render_kernel_counters(out: &mut Exposition, s: &Snapshot) {
         (
             "lb_ring_buffer_events_total",
             "counter",
-            "Flow events this process received.",
+            "Flow events this process took off the ring buffer (failures only).",
         ),
         s.events_received as f64,
+    );
+    out.single(
+        (
+            "lb_latency_aggregates_read_total",
+            "counter",
+            "Per-backend latency aggregates read from the kernel at score ticks.",
+        ),
+        s.latency_reads as f64,
     );
 }
 
@@ -847,6 +858,8 @@ mod tests {
             }],
             reasons: vec![("drop_snat_exhausted", 3)],
             events_lost: 2,
+            events_received: 6,
+            latency_reads: 9,
             control_errors: vec![("tick", 4), ("health", 0)],
             zones: vec![ZoneMetrics {
                 vip: "10.0.0.100:80/tcp".into(),
@@ -876,6 +889,8 @@ mod tests {
         assert!(text.contains("lb_backend_effective_weight{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 0.5\n"));
         assert!(text.contains("lb_packets_total{reason=\"drop_snat_exhausted\"} 3\n"));
         assert!(text.contains("lb_ring_buffer_events_lost_total 2\n"));
+        assert!(text.contains("lb_ring_buffer_events_total 6\n"));
+        assert!(text.contains("lb_latency_aggregates_read_total 9\n"));
         assert!(text.contains("lb_control_errors_total{stage=\"tick\"} 4\n"));
         assert!(text.contains("lb_zone_active_backends{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 2\n"));
         assert!(text.contains("lb_zone_share{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 0.5\n"));

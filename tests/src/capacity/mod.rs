@@ -341,6 +341,7 @@ struct Counters {
     refused: f64,
     events: f64,
     lost: f64,
+    latency_reads: f64,
     drops: BTreeMap<String, f64>,
 }
 
@@ -375,6 +376,7 @@ fn counters(lab: &Lab) -> Result<Counters> {
         refused: sum(&samples, "lb_backend_connections_refused_total"),
         events: sum(&samples, "lb_ring_buffer_events_total"),
         lost: sum(&samples, "lb_ring_buffer_events_lost_total"),
+        latency_reads: sum(&samples, "lb_latency_aggregates_read_total"),
         drops,
     })
 }
@@ -493,6 +495,7 @@ fn loaded(lab: &Lab, config: &LoadConfig, snat: &[Ipv4Addr]) -> Result<Step> {
         flow_entries_end: end,
         ring_events: delta(after.events, before.events),
         ring_events_lost: delta(after.lost, before.lost),
+        latency_reads: delta(after.latency_reads, before.latency_reads),
         cpu_s: (cpu_after - cpu_before).max(0.0),
         window_s,
     });

@@ -57,9 +57,15 @@ pub struct BalancerSide {
     /// the end of the load (before its tail).
     pub flow_entries_peak: u64,
     pub flow_entries_end: u64,
-    /// `lb_ring_buffer_events_total` and `…_lost_total` deltas.
+    /// `lb_ring_buffer_events_total` and `…_lost_total` deltas: records
+    /// on the ring (failures only).
     pub ring_events: u64,
     pub ring_events_lost: u64,
+    /// `lb_latency_aggregates_read_total` delta: the per-backend latency
+    /// aggregates lb-user read at its score ticks (what replaced a ring
+    /// event per response). Missing in reports written before it was kept.
+    #[serde(default)]
+    pub latency_reads: u64,
     /// User + system CPU of the balancer namespace's processes (lb-user)
     /// over `window_s` (the load and its tail).
     pub cpu_s: f64,
@@ -110,6 +116,12 @@ impl Step {
     pub fn events_per_connection(&self) -> Option<f64> {
         let b = self.balancer.as_ref()?;
         (self.connections() > 0).then(|| b.ring_events as f64 / self.connections() as f64)
+    }
+
+    /// Latency aggregates read per connection (see `BalancerSide::latency_reads`).
+    pub fn latency_reads_per_connection(&self) -> Option<f64> {
+        let b = self.balancer.as_ref()?;
+        (self.connections() > 0).then(|| b.latency_reads as f64 / self.connections() as f64)
     }
 
     pub fn cpu_s_per_10k(&self) -> Option<f64> {
@@ -445,8 +457,13 @@ impl CapacityReport {
             );
             let _ = writeln!(
                 md,
-                "| Ring-buffer events per connection | {} |",
+                "| Ring-buffer events per connection (failures only) | {} |",
                 opt(step.events_per_connection(), 4)
+            );
+            let _ = writeln!(
+                md,
+                "| Latency aggregates read per connection (one per backend and score tick) | {} |",
+                opt(step.latency_reads_per_connection(), 4)
             );
             let _ = writeln!(
                 md,
@@ -717,6 +734,7 @@ mod tests {
             flow_entries_peak: 120_000,
             flow_entries_end: 110_000,
             ring_events: 400,
+            latency_reads: 200,
             cpu_s: 1.5,
             window_s: 15.0,
             ..BalancerSide::default()
@@ -750,7 +768,13 @@ mod tests {
         assert!(md.contains("| Sustained ÷ ceiling | 1.00 |"), "{md}");
         assert_eq!(report.no_refused_no_retransmit_per_s(), Some(4_000.0));
         assert!(
-            md.contains("| Ring-buffer events per connection | 0.0100 |"),
+            md.contains("| Ring-buffer events per connection (failures only) | 0.0100 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| Latency aggregates read per connection (one per backend and score tick) | 0.0050 |"
+            ),
             "{md}"
         );
         assert!(md.contains("| 1.50 CPU-s (0.375 CPU-s) |"), "{md}");
