@@ -21,9 +21,9 @@ pub fn now() -> u64 {
 }
 
 /// Leaves `now` for the stages after the backend pick of this packet
-/// ([`take_packet_clock`]). XDP runs a program to its end on one CPU
-/// without preemption, so the per-CPU slot holds this packet's time until
-/// it is taken.
+/// ([`packet_clock`]). XDP runs a program to its end on one CPU without
+/// preemption, so the per-CPU slot holds this packet's time from its pick
+/// to its end.
 #[inline(always)]
 pub fn leave_packet_clock(now: u64) {
     if let Some(slot) = PACKET_CLOCK.get_ptr_mut(0) {
@@ -32,14 +32,17 @@ pub fn leave_packet_clock(now: u64) {
     }
 }
 
-/// The time the backend pick of this packet read ([`leave_packet_clock`]),
-/// and the slot emptied; a fresh read if it is empty (a path that did not
-/// pick, or a second taker).
+/// The time the backend pick of this packet read ([`leave_packet_clock`]).
+/// Only the stages after a pick call it (the flow's creation, a take-over's
+/// second attempt at it, the new flow's first packet sent on), so the slot
+/// holds this packet's time, and every one of them gets the same: a new
+/// flow reads the clock once. A fresh read only if the slot is empty (no
+/// pick on this CPU yet, which those callers never meet).
 #[inline(always)]
-pub fn take_packet_clock() -> u64 {
-    if let Some(slot) = PACKET_CLOCK.get_ptr_mut(0) {
+pub fn packet_clock() -> u64 {
+    if let Some(slot) = PACKET_CLOCK.get_ptr(0) {
         // SAFETY: a live per-CPU value, only touched by this CPU.
-        let left = unsafe { core::mem::replace(&mut *slot, 0) };
+        let left = unsafe { *slot };
         if left != 0 {
             return left;
         }
@@ -77,6 +80,12 @@ impl PacketClock {
     #[inline(always)]
     pub const fn new() -> Self {
         Self { ns: 0, read: false }
+    }
+
+    /// A clock already read at `ns` (by this packet's backend pick).
+    #[inline(always)]
+    pub const fn read_at(ns: u64) -> Self {
+        Self { ns, read: true }
     }
 
     #[inline(always)]

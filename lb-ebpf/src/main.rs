@@ -177,7 +177,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
             return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
         }
         if pkt.frag == FRAG_LATER {
-            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
+            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry, false)));
         }
         if !(pkt.is_tcp()
             && pkt.is_syn()
@@ -186,7 +186,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
             if time_wait::closes(pkt, flags) {
                 time_wait::record_client_close(&ctx(), pkt);
             }
-            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry)));
+            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry, false)));
         }
         // A new SYN on a closed connection's tuple starts a new connection;
         // its forward entry replaces the old one. The old reply entry was
@@ -222,7 +222,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
     // packet's header offsets, read back from the handover slot, would be
     // unknown to the verifier.)
     let fwd = flow::lookup(key).ok_or(reason::DROP_FLOW_INSERT)?;
-    Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd)))
+    Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd, true)))
 }
 
 /// Whether the client SYN `pkt` retransmits the SYN of the open forward
@@ -340,19 +340,29 @@ fn create_flow(
         mac: packet::load(ctx, ETH_SRC_OFF).ok_or(reason::DROP_TRUNCATED)?,
         ifindex: ctx.ingress_ifindex() as u32,
     };
-    // The pick's clock read (see `helpers::take_packet_clock`).
-    let now = helpers::take_packet_clock();
+    // The pick's clock read (see `helpers::packet_clock`).
+    let now = helpers::packet_clock();
     flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn, how)?;
     track::opened(backend.id);
     Ok(())
 }
 
 /// Client → VIP packet of a known connection; returns its verdict
-/// ([`Verdict::into_raw`]).
+/// ([`Verdict::into_raw`]). `new_flow`: the packet just created `fwd` at
+/// its backend pick's clock read, whose time it keeps (each caller passes
+/// a constant).
 #[inline(never)]
-fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> u64 {
+fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry, new_flow: bool) -> u64 {
     keep_ctx_pointer(&ctx);
-    Verdict::of(forward_known(&ctx, pkt, fwd, Direction::ToBackend)).into_raw()
+    let clock = if new_flow {
+        // Read from the entry, not the per-CPU slot: a plain load, where the
+        // slot's fallback read would fork the verifier's walk of the rest.
+        // SAFETY: live map value, written at creation by this packet.
+        PacketClock::read_at(unsafe { (*fwd).created_ns })
+    } else {
+        PacketClock::new()
+    };
+    Verdict::of(forward_known(&ctx, pkt, fwd, Direction::ToBackend, clock)).into_raw()
 }
 
 /// Backend → SNAT address packet of a known connection; returns its
@@ -360,18 +370,27 @@ fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry) -> u64 {
 #[inline(never)]
 fn to_client(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u64 {
     keep_ctx_pointer(&ctx);
-    Verdict::of(forward_known(&ctx, pkt, rev, Direction::FromBackend)).into_raw()
+    Verdict::of(forward_known(
+        &ctx,
+        pkt,
+        rev,
+        Direction::FromBackend,
+        PacketClock::new(),
+    ))
+    .into_raw()
 }
 
 /// Translates and sends a packet of a known connection by its entry of the
-/// direction it travels, and tracks the connection. Each caller passes a
-/// constant `direction`, so each BPF function keeps only its own half.
+/// direction it travels, and tracks the connection, with `clock` (read
+/// already for a new flow's first packet). Each caller passes a constant
+/// `direction`, so each BPF function keeps only its own half.
 #[inline(always)]
 fn forward_known(
     ctx: &XdpContext,
     pkt: &Packet,
     entry: *mut FlowEntry,
     direction: Direction,
+    mut clock: PacketClock,
 ) -> Result<Verdict, Reason> {
     if pkt.frag == FRAG_FIRST {
         remember_first_fragment(pkt);
@@ -379,11 +398,11 @@ fn forward_known(
     let to = Translation::of(entry);
     nat::rewrite(ctx, pkt, &to)?;
     // At most one clock read per packet, and none for a bulk packet of an
-    // established flow (see `helpers::PacketClock`). The reply direction
-    // checks its refresh before the next hop: the refresh that is due once
-    // a second also resolves the hop again. A later fragment leaves the
-    // refresh to its datagram's tracked packets.
-    let mut clock = PacketClock::new();
+    // established flow (see `helpers::PacketClock`); a new flow's first
+    // packet comes with its pick's. The reply direction checks its refresh
+    // before the next hop: the refresh that is due once a second also
+    // resolves the hop again. A later fragment leaves the refresh to its
+    // datagram's tracked packets.
     let refresh = match direction {
         Direction::ToBackend => false,
         Direction::FromBackend => {

@@ -146,8 +146,9 @@ pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 pub static VIP_ZONES: HashMap<u32, VipZones> = HashMap::with_max_entries(MAX_VIPS, 0);
 /// One slot per CPU: the clock of the new flow this CPU is creating, read
 /// once by the backend pick (the global `select::lb_pick_backend`, which
-/// returns a single register) and taken by the flow's creation, so a new
-/// flow reads the clock once (`helpers::take_packet_clock`).
+/// returns a single register) and read by the stages after it (the flow's
+/// creation, the first packet's tracking), so a new flow reads the clock
+/// once (`helpers::packet_clock`).
 #[map(name = "PACKET_CLOCK")]
 pub static PACKET_CLOCK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// One slot per CPU: the parsed packet (and the pick) handed to the global

@@ -99,6 +99,18 @@ fn bulk_in_every_shape(vip: Vip) {
         ..conn0
     };
     assert_eq!(out, conn.sent_to_backend(&opener).build(), "the opener");
+    if !tcp {
+        // One clock read for the whole new flow: the pick's. The datagram's
+        // request is stamped with the time the entry was created with (a
+        // second read, some 40 ns later, would differ).
+        let fwd = lb
+            .flow(&key(vip.proto, conn.client(), conn.vip()))
+            .expect("forward entry");
+        assert_eq!(
+            fwd.request_ns, fwd.created_ns,
+            "a new flow's request time is its creation's clock read"
+        );
+    }
     let (mut to_backend, mut to_client) = (1, 0);
     if tcp {
         let syn_ack = conn.backend_packet(TCP_SYN | TCP_ACK);
