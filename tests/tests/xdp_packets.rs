@@ -9,12 +9,12 @@
 //! program) inside a fresh network namespace, where `bpf_fib_lookup` finds no
 //! routes, so next hops come from the `NEIGHBOURS` map deterministically.
 use lb_common::{
-    AF_INET, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, BACKEND_HOP_JIFFIES,
-    BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST, DIR_TO_BACKEND, DIR_TO_CLIENT,
-    EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS, FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP,
-    FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED,
-    FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN,
-    FLOW_F_TW_UNACKED, IPPROTO_TCP, IPPROTO_UDP, reason,
+    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED,
+    BACKEND_HOP_JIFFIES, BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST,
+    DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS,
+    FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED,
+    FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
+    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, IPPROTO_TCP, IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -1908,6 +1908,75 @@ fn case_snat_pool_addresses(lb: &mut Lb) {
     lb.expect(&reply, XDP_TX, &expected);
 }
 
+/// The SNAT address and port of the IPv6 connection from `client_port`.
+fn snat6_tuple_of(lb: &Lb, client_port: u16) -> (std::net::IpAddr, u16) {
+    let fwd = lb
+        .flow(&key(IPPROTO_TCP, (CLIENT6, client_port), (VIP6, HTTP)))
+        .expect("forward flow entry");
+    (addr_of(fwd.new_src, AF_INET6), u16::from_be(fwd.new_sport))
+}
+
+fn case_snat_pool_addresses_ipv6(lb: &mut Lb) {
+    // Three IPv6 addresses × one port: two connections to one IPv6
+    // backend take two addresses, the third stays free.
+    let pool = [
+        SNAT6,
+        std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x6),
+        std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x7),
+    ];
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
+    lb.snat_pools(&[SNAT.into()], &pool.map(std::net::IpAddr::from));
+    lb.backend_at(1, backend_addr6(1).into(), BACKEND_ACTIVE);
+    lb.vip_at(
+        VIP6.into(),
+        2,
+        HTTP,
+        IPPROTO_TCP,
+        Algorithm::P2cEwma,
+        0,
+        &[1],
+    );
+    for port in [CLIENT_PORT, CLIENT_PORT + 1] {
+        let syn = Pkt::tcp((CLIENT6, port), (VIP6, HTTP), TCP_SYN);
+        assert_eq!(lb.run(&syn.build()).0, XDP_TX, "{:?}", lb.reasons());
+    }
+    let mut got = [
+        snat6_tuple_of(lb, CLIENT_PORT),
+        snat6_tuple_of(lb, CLIENT_PORT + 1),
+    ];
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (pool[0].into(), SNAT_PORT_MIN),
+            (pool[1].into(), SNAT_PORT_MIN)
+        ]
+    );
+    assert_eq!(lb.snat_used(1), 2);
+    // Replies to each address are translated back to their client.
+    for client_port in [CLIENT_PORT, CLIENT_PORT + 1] {
+        let (addr, port) = snat6_tuple_of(lb, client_port);
+        let reply = Pkt::tcp(
+            (backend_addr6(1).into(), BACKEND_PORT),
+            (addr, port),
+            TCP_SYN | TCP_ACK,
+        )
+        .macs(LB_MAC, backend_mac(1));
+        let expected = reply.rewritten((VIP6, HTTP), (CLIENT6, client_port), CLIENT_MAC);
+        lb.expect(&reply, XDP_TX, &expected);
+    }
+    assert_eq!(lb.reason(reason::TX_TO_CLIENT), 2);
+    // The third address is the pool's, but no flow holds it: dropped.
+    let stray = Pkt::tcp(
+        (backend_addr6(1), BACKEND_PORT),
+        (pool[2], SNAT_PORT_MIN),
+        TCP_ACK,
+    )
+    .macs(LB_MAC, backend_mac(1));
+    assert_eq!(lb.run(&stray.build()).0, XDP_DROP, "not passed to the host");
+    assert_eq!(lb.reason(reason::DROP_SNAT_NO_FLOW), 1);
+}
+
 fn case_snat_cpu_slices(lb: &mut Lb) {
     // Four ports in two CPU slices: this CPU owns two of them, every
     // other one, and walks them in order.
@@ -2094,6 +2163,7 @@ const CASES: &[Case] = &[
         case_a_tuple_the_client_closed_first_is_judged_by_its_last_ack,
     ),
     ("snat pool addresses", case_snat_pool_addresses),
+    ("snat pool addresses ipv6", case_snat_pool_addresses_ipv6),
     ("snat cpu slices", case_snat_cpu_slices),
     ("config not ready", case_config_not_ready),
     ("next hop: redirect, none", case_next_hop),

@@ -531,7 +531,12 @@ pub fn render_table(s: &Status) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::p2c_bound_ms;
+    use lb_common::{BACKEND_ACTIVE, LbConfig};
+
+    use super::{
+        BackendStatus, Status, VipStatus, backend_status, p2c_bound_ms, render_table, snat_tuples,
+    };
+    use crate::kernel::wire;
 
     #[test]
     fn the_p2c_bound_is_three_times_the_median_latency_in_milliseconds() {
@@ -539,5 +544,122 @@ mod tests {
         let reference = 6_000_000 * lb_common::WEIGHT_SCALE;
         assert_eq!(p2c_bound_ms(reference), Some(18.0));
         assert_eq!(p2c_bound_ms(0), None, "nothing measured yet: no bound");
+    }
+
+    /// Backend `id` at `addr` holding `used` SNAT tuples, paired with its
+    /// family's tuples as `read_vips` pairs them.
+    fn backend(config: &LbConfig, id: u32, addr: &str, used: u64) -> BackendStatus {
+        let b = wire::backend_entry(addr.parse().unwrap(), 0, 1, BACKEND_ACTIVE);
+        let snat = (snat_tuples(config, b.family), used);
+        backend_status(id, &b, Default::default(), Default::default(), 0, snat, &[])
+    }
+
+    fn vip(id: u32, address: &str, backends: Vec<BackendStatus>) -> VipStatus {
+        VipStatus {
+            id,
+            address: address.into(),
+            protocol: "tcp".into(),
+            algorithm: "round-robin".into(),
+            least_conn_relief: false,
+            inflight_bias: 0,
+            p2c_full_scan: 0,
+            p2c_saturation: 0,
+            p2c_bound_ms: None,
+            source: "static".into(),
+            revision: None,
+            zone_routing: None,
+            backends,
+        }
+    }
+
+    /// The text table's `snat_free` column: (backend, value) per row.
+    fn snat_free_column(table: &str) -> Vec<(String, u64)> {
+        let mut column = None;
+        let mut rows = Vec::new();
+        for line in table.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if words.first() == Some(&"id") {
+                column = words.iter().position(|w| *w == "snat_free");
+            } else if let Some(at) = column
+                && words.first().is_some_and(|w| w.parse::<u32>().is_ok())
+            {
+                rows.push((words[1].to_string(), words[at].parse().unwrap()));
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn snat_free_is_the_family_pools_tuples_less_those_used() {
+        // Ports 20000-20999 (1,000): 2 IPv4 addresses give 2,000 tuples
+        // per backend, 3 IPv6 addresses 3,000.
+        let config = LbConfig {
+            snat_port_min: 20_000,
+            snat_port_max: 20_999,
+            snat_v4_count: 2,
+            snat_v6_count: 3,
+            ..LbConfig::default()
+        };
+        let status = Status {
+            instance: "lb-test".into(),
+            ifindex: 1,
+            ready: true,
+            snat_ip: "10.0.0.1".into(),
+            snat_pool: [
+                "10.0.0.1",
+                "10.0.0.2",
+                "2001:db8::1",
+                "2001:db8::2",
+                "2001:db8::3",
+            ]
+            .map(String::from)
+            .to_vec(),
+            snat_ports: "20000-20999".into(),
+            flow_entries: 0,
+            vips: vec![
+                vip(
+                    0,
+                    "10.0.0.100:80",
+                    vec![
+                        backend(&config, 0, "10.0.0.21:8080", 5),
+                        backend(&config, 1, "10.0.0.22:8080", 2_500),
+                    ],
+                ),
+                vip(
+                    1,
+                    "[2001:db8::100]:80",
+                    vec![
+                        backend(&config, 2, "[2001:db8::21]:8080", 7),
+                        backend(&config, 3, "[2001:db8::22]:8080", 2_500),
+                    ],
+                ),
+            ],
+            reasons: serde_json::Map::new(),
+        };
+        // 2,500 used is more than the IPv4 pool holds (none free, not a
+        // wrapped count) and less than the IPv6 one.
+        let want = [
+            ("10.0.0.21:8080", 1_995),
+            ("10.0.0.22:8080", 0),
+            ("[2001:db8::21]:8080", 2_993),
+            ("[2001:db8::22]:8080", 500),
+        ]
+        .map(|(b, free)| (b.to_string(), free))
+        .to_vec();
+
+        let json = serde_json::to_value(&status).unwrap();
+        let from_json: Vec<(String, u64)> = json["vips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v["backends"].as_array().unwrap())
+            .map(|b| {
+                let free = b["snat_free"].as_u64().expect("snat_free is a number");
+                (b["address"].as_str().unwrap().to_string(), free)
+            })
+            .collect();
+        assert_eq!(from_json, want, "JSON");
+        assert_eq!(json["vips"][0]["backends"][1]["snat_used"], 2_500);
+        assert_eq!(snat_free_column(&render_table(&status)), want, "text");
     }
 }

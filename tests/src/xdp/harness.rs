@@ -489,6 +489,19 @@ impl Lb {
         .expect("BACKEND_SNAT_USED")
     }
 
+    /// Where the test CPU's SNAT cursor over backend `id`'s tuples stands:
+    /// it steps past each tuple a new flow's reply entry claimed.
+    pub fn snat_cursor(&self, id: u32) -> u64 {
+        PerCpuArray::<_, u64>::try_from(
+            self.ebpf
+                .map(lb_common::SNAT_CURSORS_MAP)
+                .expect("SNAT_CURSORS"),
+        )
+        .expect("per-CPU array")
+        .get(&id, 0)
+        .expect("SNAT_CURSORS")[super::isolate::TEST_CPU]
+    }
+
     /// IPv4 backend `id` at `backend_addr(id)`:8080, with a neighbour entry on the ingress interface.
     pub fn backend(&mut self, id: u32, state: u8) {
         self.backend_at(id, backend_addr(id).into(), state);
