@@ -964,6 +964,48 @@ fn a_clean_stop_gives_back_the_snat_ports_it_reserved_even_after_a_kill_9() {
     );
 }
 
+/// A SNAT range that would take every ephemeral port of the balancer's
+/// namespace (Linux's default 32768-60999 lies inside 1024-65535) is
+/// refused at start with an error that says why and what to change, and
+/// leaves nothing behind: no program attached, no port reserved. Then the
+/// same namespace takes a range that leaves enough.
+#[test]
+fn a_snat_range_that_takes_the_hosts_ephemeral_ports_is_refused_and_leaves_nothing_behind() {
+    require_root!();
+    let lab = Fault::new("ephemeral", 1);
+    let ns = lab.balancer().ns.clone();
+    let range = lab
+        .exec_ok(&ns, &["sysctl", "-n", "net.ipv4.ip_local_port_range"])
+        .unwrap();
+    assert_eq!(
+        range.split_whitespace().collect::<Vec<_>>(),
+        ["32768", "60999"],
+        "a fresh namespace has Linux's default ephemeral range"
+    );
+    let before = reserved_ports(&lab);
+    let err = lab
+        .start_balancer(&spec(&lab, &[0], &["--snat-ports", "1024-65535"]))
+        .expect_err("lb-user started with every ephemeral port reserved for SNAT");
+    let text = format!("{err:#}");
+    eprintln!("{text}");
+    assert!(
+        text.contains("would leave the host 0 of its 28232 ephemeral ports")
+            && text.contains("--snat-ports"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("panicked") && !text.contains("RUST_BACKTRACE"),
+        "{text}"
+    );
+    assert!(!lab.xdp_attached().unwrap(), "no program left attached");
+    assert_eq!(reserved_ports(&lab), before, "no port left reserved");
+    let lb = lab
+        .start_balancer(&spec(&lab, &[0], &["--snat-ports", "20000-59975"]))
+        .expect("a range that leaves the host 1,024 ephemeral ports");
+    wait_until_configured(&lab, lb);
+    assert!(try_connect(&lab, lab.tcp_vip(), Duration::from_secs(2)).is_some());
+}
+
 /// A connection from the client namespace with a short connect timeout.
 fn try_connect(lab: &Lab, addr: SocketAddr, timeout: Duration) -> Option<TcpStream> {
     lab.in_ns(&lab.client().ns, || {

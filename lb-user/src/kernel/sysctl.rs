@@ -14,6 +14,12 @@
 //! predecessor that died (same instance, same namespace) takes its ports
 //! over, so a crash, a restart and a clean stop leave the sysctl as it was
 //! before the first start.
+//!
+//! A range that would leave the host fewer than [`MIN_FREE_EPHEMERAL_PORTS`]
+//! of its ephemeral ports (`net.ipv4.ip_local_port_range`) is refused
+//! before anything is reserved: lb-user's own health checks, its etcd
+//! client and every other connection the host opens need a source port,
+//! and `connect` fails once every port of that range is reserved.
 
 use std::{
     fs,
@@ -27,6 +33,10 @@ use crate::{kernel::instance::LOCK_DIR, settings::ports::PortRange};
 
 /// The sysctl's file.
 pub const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+/// The host's ephemeral port range (`low high`).
+pub const EPHEMERAL_PORTS: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+/// The fewest ephemeral ports the reservation may leave the host.
+pub const MIN_FREE_EPHEMERAL_PORTS: u32 = 1024;
 
 /// Where an instance records the ports it added to the sysctl.
 pub fn record_path(instance: &str) -> PathBuf {
@@ -49,6 +59,7 @@ fn current_netns() -> String {
 pub fn reserve_snat_ports(range: PortRange, instance: &str) -> anyhow::Result<()> {
     reserve_in(
         Path::new(RESERVED_PORTS),
+        Path::new(EPHEMERAL_PORTS),
         &record_path(instance),
         &current_netns(),
         range,
@@ -66,12 +77,19 @@ pub fn release_snat_ports(instance: &str) {
     );
 }
 
-fn reserve_in(sysctl: &Path, record: &Path, netns: &str, range: PortRange) -> anyhow::Result<()> {
+fn reserve_in(
+    sysctl: &Path,
+    ephemeral: &Path,
+    record: &Path,
+    netns: &str,
+    range: PortRange,
+) -> anyhow::Result<()> {
     let text = fs::read_to_string(sysctl)
         .with_context(|| format!("reading {} to reserve the SNAT ports", sysctl.display()))?;
     let current = PortSet::parse(&text);
     let mut wanted = PortSet::default();
     wanted.insert_range(range.min, range.max);
+    check_ephemeral_left(ephemeral, &current.union(&wanted), range)?;
     let added = wanted.difference(&current);
     if added.is_empty() {
         info!(
@@ -115,6 +133,50 @@ fn reserve_in(sysctl: &Path, record: &Path, netns: &str, range: PortRange) -> an
 
 /// The ports a record of this network namespace lists; `None` without a
 /// record, or for one written in another namespace (it is not ours).
+/// Refuses a reservation (`reserved`: what the sysctl would hold) that
+/// leaves fewer than [`MIN_FREE_EPHEMERAL_PORTS`] of the host's ephemeral
+/// range unreserved. A range file it cannot read or parse is a warning,
+/// not a refusal: the reservation itself is what keeps balanced flows safe.
+fn check_ephemeral_left(
+    ephemeral: &Path,
+    reserved: &PortSet,
+    range: PortRange,
+) -> anyhow::Result<()> {
+    let text = match fs::read_to_string(ephemeral) {
+        Ok(text) => text,
+        Err(e) => {
+            warn!(file = %ephemeral.display(), "cannot read the host's ephemeral port range: {e}");
+            return Ok(());
+        }
+    };
+    let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+    let (Some(Ok(low)), Some(Ok(high))) = (bounds.next(), bounds.next()) else {
+        warn!(file = %ephemeral.display(), text = text.trim(), "cannot parse the host's ephemeral port range");
+        return Ok(());
+    };
+    let (low, high) = (low.min(high), low.max(high));
+    let free = (low..=high).filter(|&p| !reserved.contains(p)).count() as u32;
+    let total = u32::from(high - low) + 1;
+    if free < MIN_FREE_EPHEMERAL_PORTS.min(total) {
+        anyhow::bail!(
+            "the SNAT ports {range} would leave the host {free} of its {total} ephemeral ports \
+             ({} = {low}-{high}, less net.ipv4.ip_local_reserved_ports): health checks and the \
+             host's own connections need at least {MIN_FREE_EPHEMERAL_PORTS}. Narrow --snat-ports, \
+             or move the ephemeral range out of it (sysctl net.ipv4.ip_local_port_range)",
+            ephemeral.display()
+        );
+    }
+    if free < total {
+        info!(
+            ports = %range,
+            ephemeral = %format!("{low}-{high}"),
+            free,
+            "the SNAT ports overlap the host's ephemeral range; the host keeps the rest"
+        );
+    }
+    Ok(())
+}
+
 fn read_record(record: &Path, netns: &str) -> Option<PortSet> {
     let text = fs::read_to_string(record).ok()?;
     let (owner, ports) = text.split_once('\n').unwrap_or((text.as_str(), ""));
@@ -275,6 +337,13 @@ mod tests {
 
     const NS: &str = "net:[1]";
 
+    /// Linux's default ephemeral range, written as its sysctl reads.
+    fn ephemeral(dir: &Path) -> PathBuf {
+        let path = dir.join("ip_local_port_range");
+        fs::write(&path, "32768\t60999\n").unwrap();
+        path
+    }
+
     #[test]
     fn a_stop_releases_exactly_the_ports_the_start_added() {
         let dir = temp_dir("release");
@@ -283,6 +352,7 @@ mod tests {
         fs::write(&sysctl, "8080,25000,100-120\n").unwrap();
         reserve_in(
             &sysctl,
+            &ephemeral(&dir),
             &record,
             NS,
             PortRange {
@@ -323,6 +393,7 @@ mod tests {
         fs::write(&sysctl, "1000-40000").unwrap();
         reserve_in(
             &sysctl,
+            &ephemeral(&dir),
             &record,
             NS,
             PortRange {
@@ -343,16 +414,31 @@ mod tests {
         let dir = temp_dir("crash");
         let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
         fs::write(&sysctl, "8080").unwrap();
-        reserve_in(&sysctl, &record, NS, PortRange { min: 100, max: 200 }).unwrap();
+        reserve_in(
+            &sysctl,
+            &ephemeral(&dir),
+            &record,
+            NS,
+            PortRange { min: 100, max: 200 },
+        )
+        .unwrap();
         // Killed: no release. The restart (with another range) finds
         // 100-200 reserved, but the record says they were added by us.
-        reserve_in(&sysctl, &record, NS, PortRange { min: 150, max: 300 }).unwrap();
+        reserve_in(
+            &sysctl,
+            &ephemeral(&dir),
+            &record,
+            NS,
+            PortRange { min: 150, max: 300 },
+        )
+        .unwrap();
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "100-300,8080");
         release_in(&sysctl, &record, NS);
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
         // Another namespace's record is not ours: kept, and not used.
         reserve_in(
             &sysctl,
+            &ephemeral(&dir),
             &record,
             "net:[2]",
             PortRange { min: 100, max: 200 },
@@ -369,6 +455,7 @@ mod tests {
         let dir = temp_dir("missing");
         let err = reserve_in(
             &dir.join("missing"),
+            &ephemeral(&dir),
             &dir.join("record"),
             NS,
             PortRange { min: 1, max: 2 },
@@ -378,6 +465,54 @@ mod tests {
             format!("{err:#}").contains("reserve the SNAT ports"),
             "{err:#}"
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_range_that_leaves_the_host_too_few_ephemeral_ports_is_refused_before_anything_is_reserved()
+    {
+        let dir = temp_dir("ephemeral");
+        let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
+        // 40000-60999 of the ephemeral range is the operator's already.
+        fs::write(&sysctl, "40000-60999").unwrap();
+        let whole = PortRange {
+            min: 1024,
+            max: 65535,
+        };
+        let err = reserve_in(&sysctl, &ephemeral(&dir), &record, NS, whole).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("would leave the host 0 of its 28232 ephemeral ports")
+                && text.contains("32768-60999")
+                && text.contains("--snat-ports"),
+            "{text}"
+        );
+        assert_eq!(
+            fs::read_to_string(&sysctl).unwrap(),
+            "40000-60999",
+            "untouched"
+        );
+        assert!(!record.exists());
+        // 1,023 left (32768-33790 reserved with the operator's): refused;
+        // 1,024 left: taken, with the overlap logged.
+        let short = PortRange {
+            min: 20000,
+            max: 38976,
+        };
+        let err = reserve_in(&sysctl, &ephemeral(&dir), &record, NS, short).unwrap_err();
+        assert!(format!("{err:#}").contains("1023 of its 28232"), "{err:#}");
+        let enough = PortRange {
+            min: 20000,
+            max: 38975,
+        };
+        reserve_in(&sysctl, &ephemeral(&dir), &record, NS, enough).unwrap();
+        assert_eq!(
+            fs::read_to_string(&sysctl).unwrap(),
+            "20000-38975,40000-60999"
+        );
+        // A range file that cannot be read does not block the start.
+        release_in(&sysctl, &record, NS);
+        reserve_in(&sysctl, &dir.join("none"), &record, NS, whole).unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 }

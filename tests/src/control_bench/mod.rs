@@ -77,8 +77,12 @@ const LAB_BACKENDS: usize = 4;
 const SETTLE: Duration = Duration::from_secs(2);
 /// Pause after the load ends, so its last closes are handled in the window.
 const LOAD_TAIL: Duration = Duration::from_secs(1);
-/// lb-user's SNAT pool: every port (60 s linger per closed connection).
-const SNAT_PORTS: &str = "1024-65535";
+/// lb-user's SNAT pool: every port but the balancer namespace's own
+/// ephemeral ones (lb-user refuses a range that leaves the host fewer than
+/// 1,024 of those: its health checks and the scrapes need them).
+const SNAT_PORTS: &str = "1024-64511";
+/// The balancer namespace's ephemeral ports, out of `SNAT_PORTS`.
+const BALANCER_EPHEMERAL_PORTS: &str = "64512 65535";
 /// Flow table for the idle part: twice what it holds, so the LRU never evicts.
 const IDLE_FLOW_TABLE_SIZE: u64 = 2 * 1_048_576;
 /// How long lb-user may take to count the written entries.
@@ -105,6 +109,7 @@ pub fn run(binaries: &Binaries, plan: &Plan) -> Result<(ControlReport, Vec<Strin
         &["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65000"],
     )?;
     lab.exec_ok(client, &["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+    lab.set_balancer_ephemeral_ports(BALANCER_EPHEMERAL_PORTS)?;
     let mut report = ControlReport::default();
     let mut errors = Vec::new();
     for &part in &plan.parts {
