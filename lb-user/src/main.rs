@@ -127,6 +127,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
     log_panics();
+    snat.warn_unassigned();
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;
     tokio::runtime::Builder::new_current_thread()

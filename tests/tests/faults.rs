@@ -1006,6 +1006,35 @@ fn a_snat_range_that_takes_the_hosts_ephemeral_ports_is_refused_and_leaves_nothi
     assert!(try_connect(&lab, lab.tcp_vip(), Duration::from_secs(2)).is_some());
 }
 
+/// A SNAT address that no interface of the balancer's namespace holds is
+/// warned about at start (nothing answers ARP for it, so replies would
+/// not come back unless routed there); one the interface holds is not.
+/// No connection is made: the pool is only written.
+#[test]
+fn a_snat_address_no_interface_holds_is_warned_about_at_start() {
+    require_root!();
+    let lab = Fault::new("snat-unassigned", 1);
+    let assigned = lab.balancer().addr.to_string();
+    // TEST-NET-3: never on a lab interface.
+    let stray = "203.0.113.9";
+    let lb = lab
+        .start_balancer(&spec(
+            &lab,
+            &[0],
+            &["--snat-ip", &assigned, "--snat-ip", stray],
+        ))
+        .unwrap();
+    wait_until_configured(&lab, lb);
+    let stderr = lab.stderr(lb);
+    let warned = |ip: &str| {
+        stderr.lines().any(|l| {
+            l.contains("SNAT address not assigned") && l.contains(&format!("snat_ip={ip}"))
+        })
+    };
+    assert!(warned(stray), "{stderr}");
+    assert!(!warned(&assigned), "{stderr}");
+}
+
 /// A connection from the client namespace with a short connect timeout.
 fn try_connect(lab: &Lab, addr: SocketAddr, timeout: Duration) -> Option<TcpStream> {
     lab.in_ns(&lab.client().ns, || {

@@ -55,6 +55,37 @@ impl Snat {
         };
         Ok(Self { v4, v6 })
     }
+
+    /// The pool addresses that are not in `local` (the addresses of this
+    /// network namespace's interfaces).
+    pub fn unassigned(&self, local: &[IpAddr]) -> Vec<IpAddr> {
+        self.v4
+            .iter()
+            .map(|&a| IpAddr::V4(a))
+            .chain(self.v6.iter().map(|&a| IpAddr::V6(a)))
+            .filter(|a| !local.contains(a))
+            .collect()
+    }
+
+    /// Warns about each pool address no interface here holds: the host
+    /// answers no ARP or neighbour solicitation for it, so the backends'
+    /// replies reach the balancer only if the network routes that address
+    /// to it. Not an error: a routed SNAT prefix is a valid setup.
+    pub fn warn_unassigned(&self) {
+        match iface::local_addresses() {
+            Ok(local) => {
+                for ip in self.unassigned(&local) {
+                    warn!(
+                        snat_ip = %ip,
+                        "SNAT address not assigned to any interface here: nothing answers ARP or \
+                         neighbour solicitations for it, so backends' replies arrive only if the \
+                         network routes it to this host (add it to the interface, e.g. as a /32)"
+                    );
+                }
+            }
+            Err(e) => warn!("cannot check the SNAT addresses against the interfaces: {e:#}"),
+        }
+    }
 }
 
 impl std::fmt::Display for Snat {
@@ -363,6 +394,41 @@ fn log_ready(config: &Config, snat_ip: &Snat, attachment: &Attachment) {
             p2c_saturation = v.p2c_saturation,
             "backends {}",
             backends.join(", ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unassigned_lists_the_pool_addresses_of_both_families_no_interface_holds() {
+        let snat = Snat {
+            v4: vec![Ipv4Addr::new(10, 0, 0, 5), Ipv4Addr::new(10, 0, 0, 6)],
+            v6: vec![
+                "2001:db8::5".parse().unwrap(),
+                "2001:db8::6".parse().unwrap(),
+            ],
+        };
+        let local: Vec<IpAddr> = ["127.0.0.1", "10.0.0.5", "2001:db8::6", "fe80::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(
+            snat.unassigned(&local),
+            ["10.0.0.6", "2001:db8::5"]
+                .iter()
+                .map(|a| a.parse::<IpAddr>().unwrap())
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            Snat {
+                v4: vec![Ipv4Addr::new(10, 0, 0, 5)],
+                v6: vec![]
+            }
+            .unassigned(&local)
+            .is_empty()
         );
     }
 }

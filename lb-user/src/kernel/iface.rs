@@ -2,7 +2,7 @@
 
 use std::{
     ffi::CString,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     process::Command,
 };
 
@@ -31,6 +31,19 @@ pub fn primary_ipv4(name: &str) -> anyhow::Result<Ipv4Addr> {
                 .and_then(|s| s.as_sockaddr_in().map(|sin| sin.ip()))
         })
         .ok_or_else(|| anyhow!("interface '{name}' has no IPv4 address; give --snat-ip"))
+}
+
+/// Every address of every interface of this network namespace.
+pub fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
+    Ok(getifaddrs()
+        .context("listing interface addresses")?
+        .filter_map(|a| {
+            let s = a.address?;
+            s.as_sockaddr_in()
+                .map(|sin| IpAddr::V4(sin.ip()))
+                .or_else(|| s.as_sockaddr_in6().map(|sin6| IpAddr::V6(sin6.ip())))
+        })
+        .collect())
 }
 
 /// A global-scope IPv6 address of the interface (not link-local, loopback
