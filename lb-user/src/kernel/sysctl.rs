@@ -89,7 +89,10 @@ fn reserve_in(
     let current = PortSet::parse(&text);
     let mut wanted = PortSet::default();
     wanted.insert_range(range.min, range.max);
-    check_ephemeral_left(ephemeral, &current.union(&wanted), range)?;
+    // Judged against the reservations that are not ours: a predecessor's
+    // ports (it died without its clean stop) count as this range's.
+    let inherited = read_record(record, netns).unwrap_or_default();
+    check_ephemeral_left(ephemeral, &current.difference(&inherited), &wanted, range)?;
     let added = wanted.difference(&current);
     if added.is_empty() {
         info!(
@@ -133,13 +136,17 @@ fn reserve_in(
 
 /// The ports a record of this network namespace lists; `None` without a
 /// record, or for one written in another namespace (it is not ours).
-/// Refuses a reservation (`reserved`: what the sysctl would hold) that
-/// leaves fewer than [`MIN_FREE_EPHEMERAL_PORTS`] of the host's ephemeral
-/// range unreserved. A range file it cannot read or parse is a warning,
-/// not a refusal: the reservation itself is what keeps balanced flows safe.
+/// Refuses the SNAT ports `wanted` if they leave fewer than
+/// [`MIN_FREE_EPHEMERAL_PORTS`] of the host's ephemeral range outside the
+/// reserved ports (`others`: those reserved by anyone but lb-user, plus
+/// `wanted`). A range that takes none of the ephemeral ports is never
+/// refused, however few the operator's own reservations leave. A range
+/// file it cannot read or parse is a warning, not a refusal: the
+/// reservation itself is what keeps balanced flows safe.
 fn check_ephemeral_left(
     ephemeral: &Path,
-    reserved: &PortSet,
+    others: &PortSet,
+    wanted: &PortSet,
     range: PortRange,
 ) -> anyhow::Result<()> {
     let text = match fs::read_to_string(ephemeral) {
@@ -155,7 +162,12 @@ fn check_ephemeral_left(
         return Ok(());
     };
     let (low, high) = (low.min(high), low.max(high));
-    let free = (low..=high).filter(|&p| !reserved.contains(p)).count() as u32;
+    let free_of = |set: &PortSet| (low..=high).filter(|&p| !set.contains(p)).count() as u32;
+    let before = free_of(others);
+    let free = free_of(&others.union(wanted));
+    if free == before {
+        return Ok(());
+    }
     let total = u32::from(high - low) + 1;
     if free < MIN_FREE_EPHEMERAL_PORTS.min(total) {
         anyhow::bail!(
@@ -166,14 +178,12 @@ fn check_ephemeral_left(
             ephemeral.display()
         );
     }
-    if free < total {
-        info!(
-            ports = %range,
-            ephemeral = %format!("{low}-{high}"),
-            free,
-            "the SNAT ports overlap the host's ephemeral range; the host keeps the rest"
-        );
-    }
+    info!(
+        ports = %range,
+        ephemeral = %format!("{low}-{high}"),
+        free,
+        "the SNAT ports overlap the host's ephemeral range; the host keeps the rest"
+    );
     Ok(())
 }
 
@@ -510,9 +520,32 @@ mod tests {
             fs::read_to_string(&sysctl).unwrap(),
             "20000-38975,40000-60999"
         );
+        // A restart after a kill -9 judges the range as the first start
+        // did: its predecessor's ports are its own, not the operator's.
+        reserve_in(&sysctl, &ephemeral(&dir), &record, NS, short).unwrap_err();
+        reserve_in(&sysctl, &ephemeral(&dir), &record, NS, enough).unwrap();
         // A range file that cannot be read does not block the start.
         release_in(&sysctl, &record, NS);
         reserve_in(&sysctl, &dir.join("none"), &record, NS, whole).unwrap();
+        release_in(&sysctl, &record, NS);
+        // The operator's own reservations leave 999 ephemeral ports: a
+        // range outside the ephemeral one takes none of them and starts.
+        fs::write(&sysctl, "32768-60000").unwrap();
+        let below = PortRange {
+            min: 20000,
+            max: 32767,
+        };
+        reserve_in(&sysctl, &ephemeral(&dir), &record, NS, below).unwrap();
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "20000-60000");
+        release_in(&sysctl, &record, NS);
+        // One that takes one more of those 999 is refused.
+        let into = PortRange {
+            min: 20000,
+            max: 60001,
+        };
+        let err = reserve_in(&sysctl, &ephemeral(&dir), &record, NS, into).unwrap_err();
+        assert!(format!("{err:#}").contains("998 of its 28232"), "{err:#}");
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "32768-60000");
         fs::remove_dir_all(&dir).unwrap();
     }
 }
