@@ -111,10 +111,7 @@ fn reserve_in(
         info!(ports = %range, value, "reserved the SNAT ports: net.ipv4.ip_local_reserved_ports");
     }
     // A predecessor's ports (it died without its clean stop) are ours now.
-    let owned = match read_record(record, netns) {
-        Some(inherited) => added.union(&inherited),
-        None => added,
-    };
+    let owned = added.union(&inherited);
     let result = if owned.is_empty() {
         fs::remove_file(record).or_else(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Ok(()),

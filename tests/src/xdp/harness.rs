@@ -492,14 +492,7 @@ impl Lb {
     /// Where the test CPU's SNAT cursor over backend `id`'s tuples stands:
     /// it steps past each tuple a new flow's reply entry claimed.
     pub fn snat_cursor(&self, id: u32) -> u64 {
-        PerCpuArray::<_, u64>::try_from(
-            self.ebpf
-                .map(lb_common::SNAT_CURSORS_MAP)
-                .expect("SNAT_CURSORS"),
-        )
-        .expect("per-CPU array")
-        .get(&id, 0)
-        .expect("SNAT_CURSORS")[super::isolate::TEST_CPU]
+        self.per_cpu_value(lb_common::SNAT_CURSORS_MAP, id)
     }
 
     /// IPv4 backend `id` at `backend_addr(id)`:8080, with a neighbour entry on the ingress interface.
@@ -583,8 +576,8 @@ impl Lb {
     }
 
     /// Backend `id`'s shared next hop on the CPU packet tests run on.
-    pub fn backend_hop(&mut self, id: u32) -> BackendHop {
-        self.backend_hops().get(&id, 0).expect("BACKEND_HOPS")[super::isolate::TEST_CPU]
+    pub fn backend_hop(&self, id: u32) -> BackendHop {
+        self.per_cpu_value(lb_common::BACKEND_HOPS_MAP, id)
     }
 
     /// Sets backend `id`'s shared next hop on the test CPU (the other CPUs'
@@ -700,6 +693,14 @@ impl Lb {
     /// Backend `id`'s score as the map holds it.
     pub fn score(&self, id: u32) -> BackendScore {
         self.array_value(lb_common::BACKEND_SCORES_MAP, id)
+    }
+
+    /// The test CPU's copy of entry `index` of the per-CPU array map `name`.
+    pub fn per_cpu_value<T: aya::Pod>(&self, name: &str, index: u32) -> T {
+        let map: PerCpuArray<_, T> =
+            PerCpuArray::try_from(self.ebpf.map(name).expect("map exists")).expect("per-CPU array");
+        map.get(&index, 0)
+            .unwrap_or_else(|e| panic!("{name}[{index}]: {e}"))[super::isolate::TEST_CPU]
     }
 
     /// Entry `index` of the array map `name`.
