@@ -106,6 +106,12 @@ pub struct BackendStatus {
     pub bytes_to_backend: u64,
     #[serde(default)]
     pub bytes_from_backend: u64,
+    /// SNAT tuples free towards the backend's address.
+    #[serde(default)]
+    pub snat_free: u64,
+    /// SNAT tuples this backend id holds.
+    #[serde(default)]
+    pub snat_used: u64,
 }
 
 impl Status {

@@ -293,6 +293,42 @@ fn apachebench_opens_20000_connections_without_a_failure() {
         metric(&metrics, "lb_packets_total{reason=\"drop_snat_exhausted\"}"),
         0.0
     );
+    assert_snat_tuples_shown(&lab, &lab.scrape_metrics().unwrap());
+}
+
+/// SNAT tuples of the lab's default pool: the balancer's one address,
+/// ports 20000-32767.
+const LAB_SNAT_TUPLES: u64 = 12_768;
+
+/// After ab's connections (each closed, its tuple in quarantine): every
+/// backend of the TCP VIP holds tuples, the metrics show what `status` shows
+/// (the kernel's count), and held and free add up to the pool's tuples.
+fn assert_snat_tuples_shown(lab: &Lab, metrics: &str) {
+    let status = lab.status().unwrap();
+    let vip = status
+        .vip(&format!("{VIP_ADDR}:{VIP_TCP_PORT}"))
+        .expect("the TCP VIP in status");
+    for b in &vip.backends {
+        let labels = format!(
+            "{{vip=\"{VIP_ADDR}:{VIP_TCP_PORT}/tcp\",backend=\"{}\"}}",
+            b.address
+        );
+        let held = metric(metrics, &format!("lb_backend_snat_tuples_held{labels}")) as u64;
+        let free = metric(metrics, &format!("lb_backend_snat_tuples_free{labels}")) as u64;
+        assert!(
+            held > 0 && held <= b.opened,
+            "{}: {held} tuples held after {} connections",
+            b.address,
+            b.opened
+        );
+        assert_eq!(
+            (held, free),
+            (b.snat_used, b.snat_free),
+            "{}: metrics against status",
+            b.address
+        );
+        assert_eq!(held + free, LAB_SNAT_TUPLES, "{}: held and free", b.address);
+    }
 }
 
 /// wrk: keep-alive HTTP/1.1 on 16 connections for 3 s. Thousands of

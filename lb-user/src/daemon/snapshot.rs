@@ -10,7 +10,10 @@ use crate::{
     kernel::clock::Nanos,
     pool::zones::zone_label,
     settings::zone::ZoneName,
-    surface::metrics::{BackendMetrics, ProcessStats, Snapshot, VipZoneMetrics, ZoneMetrics},
+    surface::{
+        metrics::{BackendMetrics, ProcessStats, Snapshot, VipZoneMetrics, ZoneMetrics},
+        status::{snat_held_by_address, snat_tuples},
+    },
 };
 
 impl Runtime {
@@ -119,12 +122,40 @@ impl Runtime {
         let mut backends = Vec::new();
         let tallies: HashMap<u32, _> = self.loads.tallies().collect();
         let scores: HashMap<u32, _> = self.loads.scores(now).collect();
+        let config = self.kernel.counters.config().unwrap_or_default();
+        // Read once per id: the tuples an address holds are summed over
+        // every VIP's id of it.
+        let counters: HashMap<u32, _> = self
+            .fleet
+            .vips
+            .iter()
+            .flat_map(|vip| vip.members.iter())
+            .map(|&id| (id, self.kernel.counters.backend(id)))
+            .collect();
+        // A reply key holds the protocol too: TCP and UDP tuples are apart.
+        let held = snat_held_by_address(self.fleet.vips.iter().flat_map(|vip| {
+            vip.members.iter().filter_map(|id| {
+                let used = counters.get(id)?.snat_used;
+                Some(((vip.addr.protocol, self.fleet.member(*id)?.addr), used))
+            })
+        }));
         for vip in &self.fleet.vips {
             for &id in &vip.members {
                 let Some(m) = self.fleet.member(id) else {
                     continue;
                 };
-                let counters = self.kernel.counters.backend(id);
+                let Some(counters) = counters.get(&id) else {
+                    continue;
+                };
+                let family = if m.addr.is_ipv6() {
+                    lb_common::AF_INET6
+                } else {
+                    lb_common::AF_INET
+                };
+                let held_by_address = held
+                    .get(&(vip.addr.protocol, m.addr))
+                    .copied()
+                    .unwrap_or(counters.snat_used);
                 let score = scores.get(&id).copied().unwrap_or_default();
                 let checks = self.checks.get(&id).copied().unwrap_or_default();
                 backends.push(BackendMetrics {
@@ -145,6 +176,8 @@ impl Runtime {
                     health_passed: checks.passed,
                     health_failed: checks.failed,
                     health_busy: checks.busy,
+                    snat_tuples_held: counters.snat_used,
+                    snat_tuples_free: snat_tuples(&config, family).saturating_sub(held_by_address),
                 });
             }
         }

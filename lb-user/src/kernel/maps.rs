@@ -206,6 +206,8 @@ pub struct BackendCounters {
     pub correction: u64,
     /// Traffic counters, one per CPU.
     pub per_cpu: Vec<BackendStats>,
+    /// SNAT tuples this id holds (open, lingering or in quarantine).
+    pub snat_used: u64,
 }
 
 impl BackendCounters {
@@ -222,6 +224,8 @@ pub struct Counters {
     corrections: Corrections,
     stats: Stats,
     reasons: Reasons,
+    snat_used: SnatUsed,
+    config: Configs,
 }
 
 impl Counters {
@@ -231,6 +235,8 @@ impl Counters {
             corrections: corrections(pin_dir)?,
             stats: stats(pin_dir)?,
             reasons: reasons(pin_dir)?,
+            snat_used: snat_used(pin_dir)?,
+            config: configs(pin_dir)?,
         })
     }
 
@@ -251,7 +257,13 @@ impl Counters {
                 .get(&id, 0)
                 .map(|v| v.iter().copied().collect())
                 .unwrap_or_default(),
+            snat_used: self.snat_used.get(&id, 0).unwrap_or_default(),
         }
+    }
+
+    /// The global config as the data path reads it (`None` where unreadable).
+    pub fn config(&self) -> Option<LbConfig> {
+        self.config.get(&CONFIG_KEY, 0).ok()
     }
 
     /// Packets counted under verdict reason `reason`, over all CPUs.

@@ -62,6 +62,11 @@ pub struct BackendMetrics {
     /// Checks that timed out while the backend answered users (see
     /// `pool::health::Counted::Busy`).
     pub health_busy: u64,
+    /// SNAT tuples this backend id holds (open, lingering or in quarantine).
+    pub snat_tuples_held: u64,
+    /// SNAT tuples free towards the backend's address (see
+    /// `surface::status::snat_held_by_address`).
+    pub snat_tuples_free: u64,
 }
 
 /// Everything one scrape shows.
@@ -322,6 +327,21 @@ const CONNECTION_FAMILIES: [BackendFamily; 4] = [
     },
 ];
 
+const SNAT_FAMILIES: [BackendFamily; 2] = [
+    BackendFamily {
+        name: "lb_backend_snat_tuples_held",
+        kind: "gauge",
+        help: "SNAT tuples held towards the backend for this VIP: open, lingering or in quarantine.",
+        value: |b| b.snat_tuples_held as f64,
+    },
+    BackendFamily {
+        name: "lb_backend_snat_tuples_free",
+        kind: "gauge",
+        help: "SNAT tuples (pool addresses x ports) free towards the backend's address, less what every VIP's flows to it hold; at 0 its new flows are refused (drop_snat_exhausted) unless time-wait reuse takes one over.",
+        value: |b| b.snat_tuples_free as f64,
+    },
+];
+
 const ESTIMATE_FAMILIES: [BackendFamily; 3] = [
     BackendFamily {
         name: "lb_backend_latency_ewma_seconds",
@@ -404,6 +424,7 @@ impl Exposition {
 pub fn render(s: &Snapshot) -> String {
     let mut out = Exposition::default();
     out.per_backend(s, &CONNECTION_FAMILIES);
+    out.per_backend(s, &SNAT_FAMILIES);
     render_backend_splits(&mut out, s);
     render_kernel_counters(&mut out, s);
     render_map_updates(&mut out, s);
@@ -854,6 +875,8 @@ mod tests {
                 opened: 5,
                 state: Some(State::Ejected),
                 effective_weight: 0.5,
+                snat_tuples_held: 40,
+                snat_tuples_free: 12_728,
                 ..Default::default()
             }],
             reasons: vec![("drop_snat_exhausted", 3)],
@@ -885,6 +908,13 @@ mod tests {
             "lb_backend_connections_opened_total{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 5\n"
         ));
         assert!(text.contains("state=\"ejected\"} 1\n"));
+        assert!(text.contains("# TYPE lb_backend_snat_tuples_free gauge\n"));
+        assert!(text.contains(
+            "lb_backend_snat_tuples_free{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 12728\n"
+        ));
+        assert!(text.contains(
+            "lb_backend_snat_tuples_held{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 40\n"
+        ));
         assert!(text.contains("state=\"active\"} 0\n"));
         assert!(text.contains("lb_backend_effective_weight{vip=\"10.0.0.100:80/tcp\",backend=\"10.0.0.21:8080\"} 0.5\n"));
         assert!(text.contains("lb_packets_total{reason=\"drop_snat_exhausted\"} 3\n"));

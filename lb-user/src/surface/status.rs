@@ -41,8 +41,8 @@
 //!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
 //!       "held": false,                 // far above P2C's bound, cost from its mean (SCORE_FAR_ABOVE)
 //!       "opened": 10, "closed": 7, "correction": 0, // lb-user's own (health checks)
-//!       "snat_free": 25534,            // SNAT tuples (addresses × ports) free towards it
-//!       "snat_used": 2,                // held: open, lingering or in quarantine
+//!       "snat_free": 25534,            // SNAT tuples (addresses × ports) free towards its address
+//!       "snat_used": 2,                // held by this id: open, lingering or in quarantine
 //!       "packets_to_backend": 0, "bytes_to_backend": 0,
 //!       "packets_from_backend": 0, "bytes_from_backend": 0   // summed over CPUs
 //!     }]
@@ -301,10 +301,14 @@ fn backend_status(
     score: lb_common::BackendScore,
     c: lb_common::BackendConns,
     correction: u64,
-    snat: (u64, u64),
+    snat: SnatCount,
     per_cpu: &[lb_common::BackendStats],
 ) -> BackendStatus {
-    let (snat_tuples, snat_used) = snat;
+    let SnatCount {
+        tuples: snat_tuples,
+        used: snat_used,
+        held_by_address,
+    } = snat;
     let sum = |f: fn(&lb_common::BackendStats) -> u64| per_cpu.iter().map(f).sum::<u64>();
     BackendStatus {
         id,
@@ -325,13 +329,39 @@ fn backend_status(
         opened: c.opened,
         closed: c.closed,
         correction,
-        snat_free: snat_tuples.saturating_sub(snat_used),
+        snat_free: snat_tuples.saturating_sub(held_by_address),
         snat_used,
         packets_to_backend: sum(|s| s.packets_to_backend),
         bytes_to_backend: sum(|s| s.bytes_to_backend),
         packets_from_backend: sum(|s| s.packets_from_backend),
         bytes_from_backend: sum(|s| s.bytes_from_backend),
     }
+}
+
+/// One backend id's SNAT tuples: `tuples` of its family (pool addresses ×
+/// ports), `used` by this id, `held_by_address` by every id of its address.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SnatCount {
+    pub tuples: u64,
+    pub used: u64,
+    pub held_by_address: u64,
+}
+
+/// SNAT tuples held towards each backend address, summed over its ids
+/// (`rows`: an address with its protocol, and what one id of it holds).
+/// One backend behind two VIPs of a protocol has an id per VIP, and both
+/// draw on the same tuples: the reply key holds the backend's address,
+/// port and protocol, not its id. So the tuples free towards either id are
+/// the family's less what both hold.
+pub fn snat_held_by_address<A: Eq + std::hash::Hash>(
+    rows: impl IntoIterator<Item = (A, u64)>,
+) -> std::collections::HashMap<A, u64> {
+    let mut held = std::collections::HashMap::new();
+    for (address, used) in rows {
+        let sum: &mut u64 = held.entry(address).or_default();
+        *sum = sum.saturating_add(used);
+    }
+    held
 }
 
 /// SNAT tuples towards one backend of `family`: pool addresses × ports.
@@ -353,26 +383,49 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
     let corrections = maps::corrections(dir)?;
     let stats = maps::stats(dir)?;
     let tables = maps::vip_tables(dir)?;
+    // Every backend id in use, read once: the SNAT tuples an address holds
+    // are summed over its ids, which may belong to several VIPs.
+    let mut in_use = Vec::new();
+    for id in 0..MAX_BACKENDS {
+        let b = backends.get(&id, 0).context("reading BACKENDS")?;
+        if b.in_use != 0 {
+            let used = snat_used.get(&id, 0).context("reading BACKEND_SNAT_USED")?;
+            in_use.push((id, b, used));
+        }
+    }
+    let vip_entries = maps::vips(dir)?
+        .iter()
+        .collect::<Result<Vec<_>, _>>()
+        .context("reading VIPS")?;
+    // A reply key holds the protocol too: TCP and UDP tuples are apart.
+    let proto: std::collections::HashMap<u32, u8> = vip_entries
+        .iter()
+        .map(|(key, meta)| (meta.vip_id, key.proto))
+        .collect();
+    let address = |b: &lb_common::Backend| {
+        let proto = proto.get(&b.vip_id).copied();
+        (proto, b.family, b.addr, b.port)
+    };
+    let held = snat_held_by_address(in_use.iter().map(|(_, b, used)| (address(b), *used)));
     let mut vips = Vec::new();
-    for entry in maps::vips(dir)?.iter() {
-        let (key, meta) = entry.context("reading VIPS")?;
-        let address = wire::socket_addr(key.addr, key.family, key.port)
+    for (key, meta) in vip_entries {
+        let address_of_vip = wire::socket_addr(key.addr, key.family, key.port)
             .ok_or_else(|| anyhow!("VIPS has an entry of unknown family {}", key.family))?;
         let mut list = Vec::new();
-        for id in 0..MAX_BACKENDS {
-            let b = backends.get(&id, 0).context("reading BACKENDS")?;
-            if b.in_use == 0 || b.vip_id != meta.vip_id {
-                continue;
-            }
+        for (id, b, used) in in_use.iter().filter(|(_, b, _)| b.vip_id == meta.vip_id) {
+            let id = *id;
             let score = scores.get(&id, 0).context("reading BACKEND_SCORES")?;
             let c = conns.get(&id, 0).context("reading BACKEND_CONNS")?;
             let correction = corrections
                 .get(&id, 0)
                 .context("reading BACKEND_CORRECTION")?;
             let per_cpu = stats.get(&id, 0).context("reading BACKEND_STATS")?;
-            let used = snat_used.get(&id, 0).context("reading BACKEND_SNAT_USED")?;
-            let snat = (snat_tuples(config, b.family), used);
-            list.push(backend_status(id, &b, score, c, correction, snat, &per_cpu));
+            let snat = SnatCount {
+                tuples: snat_tuples(config, b.family),
+                used: *used,
+                held_by_address: held.get(&address(b)).copied().unwrap_or(*used),
+            };
+            list.push(backend_status(id, b, score, c, correction, snat, &per_cpu));
         }
         let reference = tables
             .get(&meta.vip_id, 0)
@@ -381,7 +434,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
         let p2c = meta.configured_algorithm() == Some(lb_common::Algorithm::P2cEwma);
         vips.push(VipStatus {
             id: meta.vip_id,
-            address: address.to_string(),
+            address: address_of_vip.to_string(),
             protocol: Protocol::from_ip_proto(key.proto)
                 .map(|p| p.name().to_string())
                 .unwrap_or_else(|| key.proto.to_string()),
@@ -534,7 +587,8 @@ mod tests {
     use lb_common::{BACKEND_ACTIVE, LbConfig};
 
     use super::{
-        BackendStatus, Status, VipStatus, backend_status, p2c_bound_ms, render_table, snat_tuples,
+        BackendStatus, SnatCount, Status, VipStatus, backend_status, p2c_bound_ms, render_table,
+        snat_held_by_address, snat_tuples,
     };
     use crate::kernel::wire;
 
@@ -546,12 +600,58 @@ mod tests {
         assert_eq!(p2c_bound_ms(0), None, "nothing measured yet: no bound");
     }
 
-    /// Backend `id` at `addr` holding `used` SNAT tuples, paired with its
-    /// family's tuples as `read_vips` pairs them.
+    /// Backend `id` at `addr` holding `used` SNAT tuples (no other id of
+    /// its address holds any), paired with its family's tuples as
+    /// `read_vips` pairs them.
     fn backend(config: &LbConfig, id: u32, addr: &str, used: u64) -> BackendStatus {
+        backend_sharing(config, id, addr, used, used)
+    }
+
+    /// [`backend`] whose address holds `held` tuples over all its ids.
+    fn backend_sharing(
+        config: &LbConfig,
+        id: u32,
+        addr: &str,
+        used: u64,
+        held: u64,
+    ) -> BackendStatus {
         let b = wire::backend_entry(addr.parse().unwrap(), 0, 1, BACKEND_ACTIVE);
-        let snat = (snat_tuples(config, b.family), used);
+        let snat = SnatCount {
+            tuples: snat_tuples(config, b.family),
+            used,
+            held_by_address: held,
+        };
         backend_status(id, &b, Default::default(), Default::default(), 0, snat, &[])
+    }
+
+    #[test]
+    fn one_backend_behind_two_vips_shares_its_snat_tuples() {
+        // Ids 0 and 4 are one backend address in two VIPs; id 1 is another.
+        let held = snat_held_by_address([
+            ("10.0.0.21:8080", 300),
+            ("10.0.0.22:8080", 40),
+            ("10.0.0.21:8080", 200),
+        ]);
+        assert_eq!(held["10.0.0.21:8080"], 500);
+        assert_eq!(held["10.0.0.22:8080"], 40);
+        assert_eq!(held.len(), 2);
+        // 1 IPv4 address, ports 20000-20999: 1,000 tuples, and each id of
+        // the shared address has 1,000 - 500 free, not 1,000 less its own.
+        let config = LbConfig {
+            snat_port_min: 20_000,
+            snat_port_max: 20_999,
+            snat_v4_count: 1,
+            ..LbConfig::default()
+        };
+        let first = backend_sharing(&config, 0, "10.0.0.21:8080", 300, 500);
+        let second = backend_sharing(&config, 4, "10.0.0.21:8080", 200, 500);
+        assert_eq!((first.snat_free, first.snat_used), (500, 300));
+        assert_eq!((second.snat_free, second.snat_used), (500, 200));
+        // More held than there are (counts racing a reuse): none free.
+        assert_eq!(
+            backend_sharing(&config, 0, "10.0.0.21:8080", 700, 1_200).snat_free,
+            0
+        );
     }
 
     fn vip(id: u32, address: &str, backends: Vec<BackendStatus>) -> VipStatus {
