@@ -116,6 +116,7 @@ fn log_panics() {
 fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     faults::init_from_env()?;
     let mut config = Config::from_args(args.clone())?;
+    let password_flag = args.discovery.etcd_password.is_some();
     let reload: daemon::Reload =
         Arc::new(move || Config::from_args(args.clone()).map_err(anyhow::Error::from));
     require_root()?;
@@ -127,6 +128,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
     log_panics();
+    warn_password_flag(password_flag);
     snat.warn_unassigned();
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;
@@ -138,6 +140,17 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
             let discovery = discover::watch::seed(&mut config).await?;
             daemon::serve(&config, runtime_state, reload, ifindex, snat, discovery).await
         })
+}
+
+/// `--etcd-password` puts the password in the process list, where every
+/// local user can read it: said once at start, with the way out.
+fn warn_password_flag(given: bool) {
+    if given {
+        tracing::warn!(
+            "--etcd-password is visible to every local user in the process list; \
+             use --etcd-password-file FILE (or etcd_password_file in the config file)"
+        );
+    }
 }
 
 /// The backend-side sidecar: a leased key in etcd while this runs.
@@ -153,6 +166,7 @@ fn register(args: RegisterArgs) -> anyhow::Result<()> {
         zone: args.zone()?,
     };
     init_tracing(&args.log_level);
+    warn_password_flag(args.etcd_password.is_some());
     let registration = discover::register::Registration {
         etcd,
         prefix: args.prefix,

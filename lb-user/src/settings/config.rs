@@ -257,6 +257,7 @@ pub struct FileConfig {
     etcd_key: Option<PathBuf>,
     etcd_user: Option<String>,
     etcd_password: Option<String>,
+    etcd_password_file: Option<PathBuf>,
     max_removal_percent: Option<u32>,
 }
 
@@ -291,6 +292,7 @@ impl FileConfig {
             etcd_key: self.etcd_key.clone(),
             etcd_user: self.etcd_user.clone(),
             etcd_password: self.etcd_password.clone(),
+            etcd_password_file: self.etcd_password_file.clone(),
             max_removal_percent: self.max_removal_percent,
         }
     }

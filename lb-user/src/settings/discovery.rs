@@ -3,7 +3,8 @@
 //! backends are cached, and how many removals one update may apply.
 //!
 //! Flags: `--etcd-endpoints URL[,URL…]`, `--etcd-ca FILE`, `--etcd-cert FILE`,
-//! `--etcd-key FILE`, `--etcd-user NAME`, `--etcd-password TEXT`,
+//! `--etcd-key FILE`, `--etcd-user NAME`, `--etcd-password-file FILE` (or
+//! `--etcd-password TEXT`, which every local user sees in the process list),
 //! `--state-dir DIR`, `--max-removal-percent P`, and `--etcd-prefix PREFIX`
 //! for the VIP given with `--vip`. The file says the same with
 //! `etcd_endpoints = [...]`, `etcd_ca`, … at the top level and
@@ -37,9 +38,14 @@ pub struct DiscoveryArgs {
     /// etcd user name (with --etcd-password).
     #[arg(long, value_name = "NAME")]
     pub etcd_user: Option<String>,
-    /// etcd password.
+    /// etcd password (every local user sees it in the process list: prefer
+    /// --etcd-password-file).
     #[arg(long, value_name = "TEXT")]
     pub etcd_password: Option<String>,
+    /// File whose first line is the etcd password (a systemd credential, a
+    /// mounted secret).
+    #[arg(long, value_name = "FILE", conflicts_with = "etcd_password")]
+    pub etcd_password_file: Option<PathBuf>,
     /// The --vip takes its backends from the etcd keys under this prefix.
     #[arg(long, value_name = "PREFIX")]
     pub etcd_prefix: Option<String>,
@@ -58,6 +64,7 @@ pub struct FileDiscovery {
     pub etcd_key: Option<PathBuf>,
     pub etcd_user: Option<String>,
     pub etcd_password: Option<String>,
+    pub etcd_password_file: Option<PathBuf>,
     pub max_removal_percent: Option<u32>,
 }
 
@@ -145,13 +152,19 @@ impl DiscoveryArgs {
             (None, None) => None,
             _ => return Err(bad("--etcd-cert and --etcd-key go together".into())),
         };
-        let user = match (
-            self.etcd_user.clone().or(file.etcd_user.clone()),
-            self.etcd_password.clone().or(file.etcd_password.clone()),
-        ) {
-            (Some(u), Some(p)) => Some((u, p)),
+        // A password flag (or file flag) overrides the file's keys.
+        let password = match password_source(&self.etcd_password, &self.etcd_password_file)? {
+            Some(source) => Some(source),
+            None => password_source(&file.etcd_password, &file.etcd_password_file)?,
+        };
+        let user = match (self.etcd_user.clone().or(file.etcd_user.clone()), password) {
+            (Some(u), Some(p)) => Some((u, p.read()?)),
             (None, None) => None,
-            _ => return Err(bad("--etcd-user and --etcd-password go together".into())),
+            _ => {
+                return Err(bad(
+                    "--etcd-user and --etcd-password (or --etcd-password-file) go together".into(),
+                ));
+            }
         };
         let etcd = if endpoints.is_empty() {
             if ca.is_some() || identity.is_some() || user.is_some() {
@@ -184,6 +197,54 @@ impl DiscoveryArgs {
     }
 }
 
+/// Where the etcd password comes from: given as text, or a file to read.
+enum PasswordSource<'a> {
+    Text(&'a str),
+    File(&'a std::path::Path),
+}
+
+/// The password one layer (the flags, or the config file) names: the text
+/// or the file, not both.
+fn password_source<'a>(
+    text: &'a Option<String>,
+    file: &'a Option<PathBuf>,
+) -> Result<Option<PasswordSource<'a>>, ConfigError> {
+    match (text, file) {
+        (Some(_), Some(_)) => Err(bad(
+            "an etcd password and an etcd password file: give one".into()
+        )),
+        (Some(text), None) => Ok(Some(PasswordSource::Text(text))),
+        (None, Some(path)) => Ok(Some(PasswordSource::File(path))),
+        (None, None) => Ok(None),
+    }
+}
+
+impl PasswordSource<'_> {
+    /// The password: the text, or the file's first line (without its line
+    /// end); an unreadable or empty file is an error that names it.
+    fn read(&self) -> Result<String, ConfigError> {
+        match self {
+            PasswordSource::Text(text) => Ok((*text).to_string()),
+            PasswordSource::File(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    bad(format!(
+                        "cannot read the etcd password file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let line = text.lines().next().unwrap_or_default();
+                if line.is_empty() {
+                    return Err(bad(format!(
+                        "the etcd password file {} is empty (its first line is the password)",
+                        path.display()
+                    )));
+                }
+                Ok(line.to_string())
+            }
+        }
+    }
+}
+
 /// `lb-user register`: keep this backend's key under a prefix while it lives.
 #[derive(Clone, Debug, Args)]
 pub struct RegisterArgs {
@@ -207,9 +268,14 @@ pub struct RegisterArgs {
     /// etcd user name (with --etcd-password).
     #[arg(long, value_name = "NAME")]
     pub etcd_user: Option<String>,
-    /// etcd password.
+    /// etcd password (every local user sees it in the process list: prefer
+    /// --etcd-password-file).
     #[arg(long, value_name = "TEXT")]
     pub etcd_password: Option<String>,
+    /// File whose first line is the etcd password (a systemd credential, a
+    /// mounted secret).
+    #[arg(long, value_name = "FILE", conflicts_with = "etcd_password")]
+    pub etcd_password_file: Option<PathBuf>,
     /// The balancers' prefix; the key is PREFIX + IP:PORT.
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
@@ -248,6 +314,7 @@ impl RegisterArgs {
             etcd_key: self.etcd_key.clone(),
             etcd_user: self.etcd_user.clone(),
             etcd_password: self.etcd_password.clone(),
+            etcd_password_file: self.etcd_password_file.clone(),
             ..DiscoveryArgs::default()
         };
         args.resolve(&FileDiscovery::default())?
@@ -328,6 +395,109 @@ mod tests {
             };
             assert!(args.resolve(&FileDiscovery::default()).is_err(), "{bad}");
         }
+    }
+
+    /// The user and password `args` over `file` resolve to (with an
+    /// endpoint, so etcd is configured), or the error's text.
+    fn credentials(args: DiscoveryArgs, file: &FileDiscovery) -> Result<(String, String), String> {
+        let args = DiscoveryArgs {
+            etcd_endpoints: vec!["h:1".into()],
+            ..args
+        };
+        let etcd = args.resolve(file).map_err(|e| e.to_string())?.etcd.unwrap();
+        Ok(etcd.user.expect("a user"))
+    }
+
+    #[test]
+    fn the_etcd_password_comes_from_a_file_and_a_flag_overrides_the_config() {
+        let dir = std::env::temp_dir().join(format!("lb-password-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        // The first line is the password: its line end and what follows
+        // are not (a file written with echo, or with a comment after).
+        std::fs::write(&secret, "s3cret pass\r\nnot this\n").unwrap();
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let user = || Some("root".to_string());
+        let from_file = |path: &std::path::Path| DiscoveryArgs {
+            etcd_user: user(),
+            etcd_password_file: Some(path.to_path_buf()),
+            ..Default::default()
+        };
+        let none = FileDiscovery::default();
+        assert_eq!(
+            credentials(from_file(&secret), &none),
+            Ok(("root".into(), "s3cret pass".into()))
+        );
+        // In the config file, and a flag over it (either kind).
+        let config = FileDiscovery {
+            etcd_user: user(),
+            etcd_password_file: Some(secret.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            credentials(DiscoveryArgs::default(), &config),
+            Ok(("root".into(), "s3cret pass".into()))
+        );
+        let flag = DiscoveryArgs {
+            etcd_password: Some("from the flag".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            credentials(flag, &config),
+            Ok(("root".into(), "from the flag".into()))
+        );
+        let config_text = FileDiscovery {
+            etcd_user: user(),
+            etcd_password: Some("from the config".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            credentials(from_file(&secret), &config_text),
+            Ok(("root".into(), "s3cret pass".into()))
+        );
+        // Errors name the file; both kinds in one layer are refused.
+        let missing = dir.join("missing");
+        let err = credentials(from_file(&missing), &none).unwrap_err();
+        assert!(
+            err.contains("cannot read the etcd password file") && err.contains("missing"),
+            "{err}"
+        );
+        let err = credentials(from_file(&empty), &none).unwrap_err();
+        assert!(err.contains("is empty"), "{err}");
+        let both = FileDiscovery {
+            etcd_password: Some("x".into()),
+            ..config.clone()
+        };
+        let err = credentials(DiscoveryArgs::default(), &both).unwrap_err();
+        assert!(err.contains("give one"), "{err}");
+        // A password file without a user is the same error as a password.
+        let no_user = DiscoveryArgs {
+            etcd_user: None,
+            ..from_file(&secret)
+        };
+        let err = credentials(no_user, &none).unwrap_err();
+        assert!(err.contains("go together"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_password_flag_and_the_password_file_flag_conflict() {
+        use clap::Parser;
+        #[derive(Parser, Debug)]
+        struct Cmd {
+            #[command(flatten)]
+            args: DiscoveryArgs,
+        }
+        let err = Cmd::try_parse_from([
+            "lb-user",
+            "--etcd-password",
+            "x",
+            "--etcd-password-file",
+            "/run/secret",
+        ])
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]
