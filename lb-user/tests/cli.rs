@@ -15,6 +15,7 @@ use std::{
 const BIN: &str = env!("CARGO_BIN_EXE_lb-user");
 const STARTUP_BUDGET: Duration = Duration::from_secs(15);
 
+/// Whether this process runs as root.
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -43,10 +44,12 @@ fn unique(prefix: &str) -> String {
     )
 }
 
+/// Where `instance` pins its maps and link.
 fn pin_dir(instance: &str) -> std::path::PathBuf {
     Path::new("/sys/fs/bpf/lb-user").join(instance)
 }
 
+/// Whether an XDP program is attached to any link (in `netns`, if given).
 fn has_xdp(netns: Option<&str>) -> bool {
     let mut cmd = Command::new("ip");
     if let Some(ns) = netns {
@@ -56,27 +59,55 @@ fn has_xdp(netns: Option<&str>) -> bool {
     String::from_utf8_lossy(&out.stdout).contains("\"xdp\"")
 }
 
-/// Runs a start that must fail and checks the failure contract.
-fn assert_rejected(args: &[&str], expected: &str) {
-    let instance = unique("bad");
-    let out = Command::new(BIN)
-        .args(args)
-        .args(["--instance", &instance])
-        .output()
-        .expect("run lb-user");
-    assert_failed_cleanly(&out, expected, &instance);
+/// One VIP with one backend on `lo`: a start that passes validation.
+const LO_VIP: [&str; 6] = [
+    "--iface",
+    "lo",
+    "--vip",
+    "10.0.0.100:80",
+    "--backend",
+    "10.0.0.21:80",
+];
+
+/// [`LO_VIP`] followed by `extra`.
+fn lo_vip_with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [&LO_VIP[..], extra].concat()
 }
 
-fn assert_failed_cleanly(out: &Output, expected: &str, instance: &str) {
+/// Runs `lb-user` with `args` as `instance`, to completion.
+fn run_as(instance: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .args(["--instance", instance])
+        .output()
+        .expect("run lb-user")
+}
+
+/// Asserts that `out` is a failure with exactly one stderr line, which
+/// contains `expected`; returns that line.
+fn assert_one_line_failure(out: &Output, expected: &str) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "should fail: {stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "exactly one stderr line, got: {stderr}");
-    assert!(lines[0].starts_with("lb-user: error: "), "{stderr}");
     assert!(
         lines[0].contains(expected),
         "expected {expected:?} in {stderr}"
     );
+    lines[0].to_string()
+}
+
+/// Runs a start that must fail and checks the failure contract.
+fn assert_rejected(args: &[&str], expected: &str) {
+    let instance = unique("bad");
+    assert_failed_cleanly(&run_as(&instance, args), expected, &instance);
+}
+
+/// Asserts the failure contract of a start: one `lb-user: error:` line
+/// with `expected` in it, and no pins nor XDP program left behind.
+fn assert_failed_cleanly(out: &Output, expected: &str, instance: &str) {
+    let line = assert_one_line_failure(out, expected);
+    assert!(line.starts_with("lb-user: error: "), "{line}");
     assert!(!pin_dir(instance).exists(), "pin dir left behind");
     assert!(
         !has_xdp(None),
@@ -89,86 +120,64 @@ fn bad_input_fails_with_one_line_and_leaves_nothing() {
     if skip("bad_input_fails_with_one_line_and_leaves_nothing") {
         return;
     }
-    let ok_vip = [
-        "--iface",
-        "lo",
-        "--vip",
-        "10.0.0.100:80",
-        "--backend",
-        "10.0.0.21:80",
+    let cases = [
+        (
+            vec![
+                "--iface",
+                "nosuchif0",
+                "--vip",
+                "10.0.0.100:80",
+                "--backend",
+                "10.0.0.21:80",
+            ],
+            "unknown interface 'nosuchif0'",
+        ),
+        (
+            vec![
+                "--iface",
+                "lo",
+                "--vip",
+                "10.0.0.300:80",
+                "--backend",
+                "10.0.0.21:80",
+            ],
+            "invalid address '10.0.0.300:80'",
+        ),
+        (
+            lo_vip_with(&["--backend", "10.0.0.21:80"]),
+            "duplicate backend 10.0.0.21:80",
+        ),
+        (LO_VIP[..4].to_vec(), "has no backends"),
+        (
+            vec!["--config", "/nonexistent/lb.toml"],
+            "cannot read config file /nonexistent/lb.toml",
+        ),
+        (
+            lo_vip_with(&["--backend", "10.0.0.22:80@0"]),
+            "invalid weight '0'",
+        ),
+        (lo_vip_with(&["--score-interval", "1s"]), "at most 100ms"),
+        (
+            lo_vip_with(&["--algorithm", "consistent"]),
+            "unknown algorithm 'consistent'",
+        ),
+        (lo_vip_with(&["--bogus"]), "unexpected argument '--bogus'"),
     ];
-    assert_rejected(
-        &[
-            "--iface",
-            "nosuchif0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ],
-        "unknown interface 'nosuchif0'",
-    );
-    assert_rejected(
-        &[
-            "--iface",
-            "lo",
-            "--vip",
-            "10.0.0.300:80",
-            "--backend",
-            "10.0.0.21:80",
-        ],
-        "invalid address '10.0.0.300:80'",
-    );
-    assert_rejected(
-        &[
-            "--iface",
-            "lo",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-            "--backend",
-            "10.0.0.21:80",
-        ],
-        "duplicate backend 10.0.0.21:80",
-    );
-    assert_rejected(
-        &["--iface", "lo", "--vip", "10.0.0.100:80"],
-        "has no backends",
-    );
-    assert_rejected(
-        &["--config", "/nonexistent/lb.toml"],
-        "cannot read config file /nonexistent/lb.toml",
-    );
-    assert_rejected(
-        &[&ok_vip[..], &["--backend", "10.0.0.22:80@0"]].concat(),
-        "invalid weight '0'",
-    );
-    assert_rejected(
-        &[&ok_vip[..], &["--score-interval", "1s"]].concat(),
-        "at most 100ms",
-    );
-    assert_rejected(
-        &[&ok_vip[..], &["--algorithm", "consistent"]].concat(),
-        "unknown algorithm 'consistent'",
-    );
-    assert_rejected(
-        &[&ok_vip[..], &["--bogus"]].concat(),
-        "unexpected argument '--bogus'",
-    );
+    for (args, expected) in cases {
+        assert_rejected(&args, expected);
+    }
 
     let config = std::env::temp_dir().join(format!("{}.toml", unique("lbcfg")));
-    std::fs::write(
-        &config,
-        "iface = \"lo\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = []\n",
-    )
-    .unwrap();
-    assert_rejected(&["--config", config.to_str().unwrap()], "has no backends");
-    std::fs::write(&config, "iface = \"lo\"\nvips = 3\n").unwrap();
-    assert_rejected(
-        &["--config", config.to_str().unwrap()],
-        "unknown field `vips`",
-    );
+    for (text, expected) in [
+        (
+            "iface = \"lo\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = []\n",
+            "has no backends",
+        ),
+        ("iface = \"lo\"\nvips = 3\n", "unknown field `vips`"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        assert_rejected(&["--config", config.to_str().unwrap()], expected);
+    }
     std::fs::remove_file(&config).ok();
 }
 
@@ -180,16 +189,8 @@ fn non_root_is_refused_after_input_validation() {
     let instance = unique("nonroot");
     let nobody = |extra: &[&str]| {
         Command::new(BIN)
-            .args([
-                "--iface",
-                "lo",
-                "--vip",
-                "10.0.0.100:80",
-                "--backend",
-                "10.0.0.21:80",
-                "--instance",
-                &instance,
-            ])
+            .args(LO_VIP)
+            .args(["--instance", &instance])
             .args(extra)
             .uid(65534)
             .gid(65534)
@@ -226,11 +227,63 @@ impl Netns {
         ns
     }
 
+    /// `lb-user` with `args`, to run inside the namespace.
     fn exec(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.0, BIN]).args(args);
         cmd
     }
+
+    /// Starts `lb-user` with `args` inside the namespace, its stdout
+    /// discarded and its stderr sent to `stderr`.
+    fn spawn(&self, args: &[&str], stderr: Stdio) -> Child {
+        self.exec(args)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start lb-user")
+    }
+
+    /// [`Self::spawn`] as a [`Daemon`] (stopped even if the wait fails),
+    /// then waits until `instance` (named in `args`) reports ready.
+    fn start_ready(&self, instance: &str, args: &[&str], stderr: Stdio) -> Daemon {
+        let daemon = Daemon(self.spawn(args, stderr));
+        wait_for_status(self, instance);
+        daemon
+    }
+
+    /// Asserts that `instance` left neither an XDP program in the namespace
+    /// nor its pins; `context` leads the failure messages.
+    fn assert_cleaned_up(&self, instance: &str, context: &str) {
+        assert!(
+            !has_xdp(Some(&self.0)),
+            "{context}: the program stayed attached"
+        );
+        assert!(!pin_dir(instance).exists(), "{context}: the pins stayed");
+    }
+}
+
+/// One VIP with one backend on the namespace's `lb0`, attached in
+/// `xdp_mode`, as `instance`.
+fn lb0_args<'a>(xdp_mode: &'a str, instance: &'a str) -> Vec<&'a str> {
+    vec![
+        "--iface",
+        "lb0",
+        "--vip",
+        "10.77.0.100:80",
+        "--backend",
+        "10.77.0.21:8080",
+        "--xdp-mode",
+        xdp_mode,
+        "--instance",
+        instance,
+    ]
+}
+
+/// Sends SIGTERM to `child`.
+fn sigterm(child: &Child) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
 }
 
 impl Drop for Netns {
@@ -245,8 +298,7 @@ struct Daemon(Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        sigterm(&self.0);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {
@@ -286,6 +338,7 @@ fn wait_for_log(child: &mut Child, needle: &str) -> String {
     panic!("no {needle:?} in the log: {log}");
 }
 
+/// Polls `status --json` of `instance` until it reports ready; that status.
 fn wait_for_status(ns: &Netns, instance: &str) -> serde_json::Value {
     let deadline = Instant::now() + STARTUP_BUDGET;
     loop {
@@ -317,26 +370,9 @@ fn attaches_reports_status_and_cleans_up_on_sigterm() {
     let ns = Netns::new();
     for mode in ["native", "skb"] {
         let instance = unique("attach");
-        let child = ns
-            .exec(&[
-                "--iface",
-                "lb0",
-                "--vip",
-                "10.77.0.100:80",
-                "--backend",
-                "10.77.0.21:8080",
-                "--backend",
-                "10.77.0.22:8080@3",
-                "--xdp-mode",
-                mode,
-                "--instance",
-                &instance,
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start lb-user");
-        let mut daemon = Daemon(child);
+        let mut args = lb0_args(mode, &instance);
+        args.extend(["--backend", "10.77.0.22:8080@3"]);
+        let mut daemon = Daemon(ns.spawn(&args, Stdio::piped()));
         let status = wait_for_status(&ns, &instance);
         assert!(has_xdp(Some(&ns.0)), "{mode}: program not attached");
         assert!(pin_dir(&instance).join("link").exists());
@@ -353,8 +389,7 @@ fn attaches_reports_status_and_cleans_up_on_sigterm() {
         assert_eq!(status["snat_ip"], "10.77.0.1");
         assert!(status["reasons"]["tx_to_backend"].is_u64());
 
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+        sigterm(&daemon.0);
         let out = std::mem::replace(&mut daemon.0, Command::new("true").spawn().unwrap())
             .wait_with_output()
             .unwrap();
@@ -364,14 +399,7 @@ fn attaches_reports_status_and_cleans_up_on_sigterm() {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(
-            !has_xdp(Some(&ns.0)),
-            "{mode}: still attached after SIGTERM"
-        );
-        assert!(
-            !pin_dir(&instance).exists(),
-            "{mode}: pins left after SIGTERM"
-        );
+        ns.assert_cleaned_up(&instance, &format!("{mode}: after SIGTERM"));
     }
 }
 
@@ -382,31 +410,10 @@ fn a_second_instance_with_the_same_name_fails_cleanly() {
     }
     let ns = Netns::new();
     let instance = unique("dup");
-    let args = [
-        "--iface",
-        "lb0",
-        "--vip",
-        "10.77.0.100:80",
-        "--backend",
-        "10.77.0.21:8080",
-        "--xdp-mode",
-        "skb",
-        "--instance",
-        &instance,
-    ];
-    let _first = Daemon(
-        ns.exec(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_status(&ns, &instance);
+    let args = lb0_args("skb", &instance);
+    let _first = ns.start_ready(&instance, &args, Stdio::null());
     let out = ns.exec(&args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("is already running"), "{stderr}");
+    assert_one_line_failure(&out, "is already running");
     // The first instance is untouched.
     assert!(pin_dir(&instance).join("link").exists());
 }
@@ -418,24 +425,8 @@ fn a_restart_after_sigkill_readopts_the_pinned_program() {
     }
     let ns = Netns::new();
     let instance = unique("restart");
-    let args = [
-        "--iface",
-        "lb0",
-        "--vip",
-        "10.77.0.100:80",
-        "--backend",
-        "10.77.0.21:8080",
-        "--xdp-mode",
-        "skb",
-        "--instance",
-        &instance,
-    ];
-    let mut first = ns
-        .exec(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let args = lb0_args("skb", &instance);
+    let mut first = ns.spawn(&args, Stdio::null());
     wait_for_status(&ns, &instance);
     first.kill().unwrap();
     first.wait().unwrap();
@@ -447,20 +438,13 @@ fn a_restart_after_sigkill_readopts_the_pinned_program() {
 
     // The old pins already answer `status`, so wait for the new process's
     // own word that it is up before signalling it.
-    let mut second = Daemon(
-        ns.exec(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut second = Daemon(ns.spawn(&args, Stdio::piped()));
     let log = wait_for_log(&mut second.0, "balancing");
     assert!(log.contains("re-adopted the running lb_xdp"), "{log}");
     assert!(has_xdp(Some(&ns.0)));
     wait_for_status(&ns, &instance);
     drop(second);
-    assert!(!has_xdp(Some(&ns.0)));
-    assert!(!pin_dir(&instance).exists());
+    ns.assert_cleaned_up(&instance, "after the second stopped");
 }
 
 #[test]
@@ -470,33 +454,14 @@ fn a_closed_log_pipe_does_not_stop_a_clean_shutdown() {
     }
     let ns = Netns::new();
     let instance = unique("pipe");
-    let mut daemon = Daemon(
-        ns.exec(&[
-            "--iface",
-            "lb0",
-            "--vip",
-            "10.77.0.100:80",
-            "--backend",
-            "10.77.0.21:8080",
-            "--xdp-mode",
-            "skb",
-            "--instance",
-            &instance,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start lb-user"),
-    );
-    wait_for_status(&ns, &instance);
+    let args = lb0_args("skb", &instance);
+    let mut daemon = ns.start_ready(&instance, &args, Stdio::piped());
     // The supervisor reading the logs goes away; the shutdown still logs.
     drop(daemon.0.stderr.take());
-    // SAFETY: plain kill(2) on our own child's pid.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    sigterm(&daemon.0);
     let status = daemon.0.wait().unwrap();
     assert!(status.success(), "exit {status:?}");
-    assert!(!has_xdp(Some(&ns.0)), "the program stayed attached");
-    assert!(!pin_dir(&instance).exists(), "the pins stayed");
+    ns.assert_cleaned_up(&instance, "after a clean shutdown");
 }
 
 /// Names the socket [`control_socket_client`] connects to.
@@ -505,27 +470,20 @@ const PEER_SOCKET_ENV: &str = "LB_CLI_TEST_PEER_SOCKET";
 const PEER_ROOT_FILES_ENV: &str = "LB_CLI_TEST_PEER_ROOT_FILES";
 const NOBODY: u32 = 65534;
 
-/// Not a test of its own: the control-socket client that
-/// [`the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group`]
-/// runs as another user (this test binary again, with
-/// `LB_CLI_TEST_PEER_SOCKET` set). Without it, it returns at once. It
-/// prints `ANSWER <line>` or `CONNECT <error>`.
 #[test]
 fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
     let instance = unique("novip");
+    // A well-formed `vip add`.
+    let add = [
+        "vip",
+        "add",
+        "--vip",
+        "10.0.0.100:81",
+        "--backend",
+        "10.0.0.21:80",
+    ];
     let run = |args: &[&str], expected: &str| {
-        let out = Command::new(BIN)
-            .args(args)
-            .args(["--instance", &instance])
-            .output()
-            .expect("run lb-user");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "should fail: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "expected {expected:?} in {stderr}"
-        );
+        assert_one_line_failure(&run_as(&instance, args), expected);
     };
     run(
         &["vip", "add", "--vip", "10.0.0.100:81"],
@@ -543,16 +501,7 @@ fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
         "vip remove takes only --vip",
     );
     run(
-        &[
-            "vip",
-            "add",
-            "--vip",
-            "10.0.0.100:81",
-            "--backend",
-            "10.0.0.21:80",
-            "--algorithm",
-            "nope",
-        ],
+        &[&add[..], &["--algorithm", "nope"]].concat(),
         "unknown algorithm 'nope'",
     );
     run(
@@ -561,20 +510,15 @@ fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
     );
     if is_root() {
         // Well-formed, but no such instance runs: nothing to change.
-        run(
-            &[
-                "vip",
-                "add",
-                "--vip",
-                "10.0.0.100:81",
-                "--backend",
-                "10.0.0.21:80",
-            ],
-            &instance,
-        );
+        run(&add, &instance);
     }
 }
 
+/// Not a test of its own: the control-socket client that
+/// [`the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group`]
+/// runs as another user (this test binary again, with
+/// `LB_CLI_TEST_PEER_SOCKET` set). Without it, it returns at once. It
+/// prints `ANSWER <line>` or `CONNECT <error>`.
 #[test]
 fn control_socket_client() {
     use std::io::{BufRead as _, Write as _};
@@ -672,6 +616,7 @@ fn connect_as(who: Identity, socket: &Path) -> String {
         .to_string()
 }
 
+/// The permission bits, owner and group of `path`.
 fn mode_of(path: &Path) -> (u32, u32, u32) {
     use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::metadata(path).unwrap();
@@ -687,31 +632,12 @@ fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
     let socket_dir = Path::new("/run/lb-user");
     for group in [None, Some(("daemon", 1))] {
         let instance = unique("sock");
-        let mut args = vec![
-            "--iface",
-            "lb0",
-            "--vip",
-            "10.77.0.100:80",
-            "--backend",
-            "10.77.0.21:8080",
-            "--xdp-mode",
-            "skb",
-            "--metrics-addr",
-            "off",
-            "--instance",
-            &instance,
-        ];
+        let mut args = lb0_args("skb", &instance);
+        args.extend(["--metrics-addr", "off"]);
         if let Some((name, _)) = group {
             args.extend(["--control-group", name]);
         }
-        let mut daemon = Daemon(
-            ns.exec(&args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
-        wait_for_status(&ns, &instance);
+        let mut daemon = ns.start_ready(&instance, &args, Stdio::piped());
         let socket = socket_dir.join(format!("{instance}.sock"));
         let gid = group.map_or(0, |(_, gid)| gid);
         let (dir_mode, sock_mode) = if group.is_some() {
@@ -770,21 +696,10 @@ fn a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("{instance}.state.json"));
     std::fs::write(&file, "{\"version\":1,\"backends\":[{\"vip\":").unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "--iface",
-            "lo",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-            "--instance",
-            &instance,
-            "--state-dir",
-        ])
-        .arg(&dir)
-        .output()
-        .expect("run lb-user");
+    let out = run_as(
+        &instance,
+        &lo_vip_with(&["--state-dir", dir.to_str().unwrap()]),
+    );
     assert_failed_cleanly(
         &out,
         &format!("cannot use the state file {}", file.display()),

@@ -28,27 +28,80 @@ use nix::sys::signal::Signal;
 
 const PREFIX: &str = "/lb/web/";
 
-/// A lab with `backends` servers and a running etcd (its process id).
-fn lab(backends: usize) -> (Lab, ProcessId) {
-    let lab = Lab::builder(Binaries::for_tests())
+// The lab and its etcd.
+
+/// A lab with `backends` servers and no etcd.
+fn bare_lab(backends: usize) -> Lab {
+    Lab::builder(Binaries::for_tests())
         .backends(backends, BackendSpec::new(2, 8))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A lab with `backends` servers and a running etcd (its process id).
+fn lab(backends: usize) -> (Lab, ProcessId) {
+    let lab = bare_lab(backends);
     let etcd = lab
         .start_etcd()
         .expect("etcd must start (it is part of the lab)");
     (lab, etcd)
 }
 
-fn value(addr: SocketAddr, weight: u32) -> String {
+/// Kills etcd with SIGKILL and waits (up to 5 s) until it has exited.
+fn kill_etcd(lab: &Lab, etcd: ProcessId) {
+    lab.signal(etcd, Signal::SIGKILL).unwrap();
+    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+}
+
+// Keys under `PREFIX`.
+
+/// The address of backend `index`, as keys and the status spell it.
+fn addr(lab: &Lab, index: usize) -> String {
+    lab.backends()[index].addr().to_string()
+}
+
+/// The etcd key of backend `index`.
+fn key(lab: &Lab, index: usize) -> String {
+    format!("{PREFIX}{}", addr(lab, index))
+}
+
+fn value(addr: &str, weight: u32) -> String {
     format!(r#"{{"addr":"{addr}","weight":{weight},"zone":"z1","note":"ignored"}}"#)
 }
 
-fn put(lab: &Lab, index: usize, weight: u32) {
-    let addr = lab.backends()[index].addr();
-    lab.etcdctl(&["put", &format!("{PREFIX}{addr}"), &value(addr, weight)])
-        .unwrap();
+/// Puts backend `index` with `weight` through etcdctl with `flags` (a
+/// user, TLS files) against the etcd at `url`.
+fn put_with(lab: &Lab, url: &str, flags: &[&str], index: usize, weight: u32) {
+    let args = ["put", &key(lab, index), &value(&addr(lab, index), weight)];
+    lab.etcdctl_with(url, flags, &args).unwrap();
 }
+
+/// Puts backend `index` with `weight` in the lab's etcd.
+fn put(lab: &Lab, index: usize, weight: u32) {
+    put_with(lab, &lab.etcd_url(), &[], index, weight);
+}
+
+/// Puts backends 0, 1, … in order, backend `i` with `weights[i]`.
+fn put_weights(lab: &Lab, weights: &[u32]) {
+    for (index, &weight) in weights.iter().enumerate() {
+        put(lab, index, weight);
+    }
+}
+
+/// Whether the lab's etcd holds backend `index`'s key.
+fn registered(lab: &Lab, index: usize) -> bool {
+    lab.etcdctl(&["get", "--keys-only", &key(lab, index)])
+        .is_ok_and(|out| out.contains(&addr(lab, index)))
+}
+
+/// How many keys are under `PREFIX` (0 while etcd does not answer).
+fn key_count(lab: &Lab) -> usize {
+    lab.etcdctl(&["get", "--prefix", "--keys-only", PREFIX])
+        .map(|out| out.lines().filter(|l| !l.is_empty()).count())
+        .unwrap_or(0)
+}
+
+// The balancer.
 
 /// The TCP VIP fed from `PREFIX`, with `extra` flags.
 fn start(lab: &Lab, algorithm: Algorithm, extra: &[&str]) -> ProcessId {
@@ -81,6 +134,120 @@ fn spec(lab: &Lab, url: &str, algorithm: Algorithm, extra: &[&str]) -> BalancerS
     }
 }
 
+/// The error (in full, `{:#}`) of a P2C-EWMA balancer start against `url`
+/// with `flags` that must fail; a panic naming `case` if it starts.
+fn refused_start(lab: &Lab, url: &str, flags: &[&str], case: &str) -> String {
+    let error = lab
+        .start_balancer(&spec(lab, url, Algorithm::P2cEwma, flags))
+        .map(|_| ())
+        .expect_err(case);
+    format!("{error:#}")
+}
+
+/// `lb-user backend COMMAND --vip <TCP VIP> --backend <backend index>
+/// EXTRA...`: an operator's weight, drain or undrain.
+fn operator(lab: &Lab, command: &str, index: usize, extra: &[&str]) {
+    let vip = lab.tcp_vip().to_string();
+    let backend = addr(lab, index);
+    let mut args = vec![command, "--vip", &vip, "--backend", &backend];
+    args.extend_from_slice(extra);
+    lab.backend_command(&args);
+}
+
+/// `lb_discovery_updates_total` for `result` in a metrics scrape.
+fn updates(metrics: &str, result: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("lb_discovery_updates_total{{result=\"{result}\"}}"),
+    )
+}
+
+// The balancer's status.
+
+/// (address, weight, opened, state) of the TCP VIP's backends.
+fn members(lab: &Lab) -> Vec<(String, f64, u64, String)> {
+    let status: Status = lab.status().unwrap();
+    status
+        .vip(&lab.tcp_vip().to_string())
+        .map(|v| {
+            v.backends
+                .iter()
+                .map(|b| (b.address.clone(), b.weight, b.opened, b.state.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The [`members`] row of backend `index`, if the VIP has it.
+fn member(lab: &Lab, index: usize) -> Option<(String, f64, u64, String)> {
+    let addr = addr(lab, index);
+    members(lab).into_iter().find(|m| m.0 == addr)
+}
+
+/// The sorted addresses of the TCP VIP's active backends.
+fn active(lab: &Lab) -> Vec<String> {
+    let mut a: Vec<String> = members(lab)
+        .into_iter()
+        .filter(|m| m.3 == "active")
+        .map(|m| m.0)
+        .collect();
+    a.sort();
+    a
+}
+
+/// The sorted addresses of the backends `indexes`.
+fn addrs(lab: &Lab, indexes: &[usize]) -> Vec<String> {
+    let mut a: Vec<String> = indexes.iter().map(|&i| addr(lab, i)).collect();
+    a.sort();
+    a
+}
+
+/// Whether the active backends are exactly the backends `indexes`.
+fn active_are(lab: &Lab, indexes: &[usize]) -> bool {
+    active(lab) == addrs(lab, indexes)
+}
+
+/// Asserts that the active backends are exactly the backends `indexes`;
+/// `why` says what that shows.
+#[track_caller]
+fn assert_active(lab: &Lab, indexes: &[usize], why: &str) {
+    assert_eq!(active(lab), addrs(lab, indexes), "{why}");
+}
+
+/// Connections backend `index` has taken (0 when the VIP lacks it).
+fn opened(lab: &Lab, index: usize) -> u64 {
+    member(lab, index).map_or(0, |m| m.2)
+}
+
+/// The weight the balancer has for backend `index` (0 when the VIP lacks it).
+fn configured_weight(lab: &Lab, index: usize) -> f64 {
+    member(lab, index).map_or(0.0, |m| m.1)
+}
+
+/// Whether backend `index`'s configured weight is `weight` (within 0.01).
+fn has_weight(lab: &Lab, index: usize, weight: f64) -> bool {
+    (configured_weight(lab, index) - weight).abs() < 0.01
+}
+
+/// Polls `check` every 50 ms until it holds; the time it took, or a panic
+/// naming `what` after `limit`.
+fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+/// [`wait_for`] the active backends to be exactly the backends `indexes`.
+fn wait_active(lab: &Lab, what: &str, limit: Duration, indexes: &[usize]) -> Duration {
+    wait_for(what, limit, || active_are(lab, indexes))
+}
+
+// The load.
+
+/// Open-loop TCP load on the VIP: `rate` req/s for `seconds` s.
 fn load(lab: &Lab, rate: f64, seconds: f64) -> LoadConfig {
     LoadConfig::open_loop(lab.tcp_vip(), Protocol::Tcp, rate, seconds).with_timeout_ms(2000)
 }
@@ -97,92 +264,76 @@ fn report(name: &str, config: &LoadConfig, summary: &Summary, extra: &str) {
     );
 }
 
-/// (address, weight, opened) of the TCP VIP's backends that are active.
-fn members(lab: &Lab) -> Vec<(String, f64, u64, String)> {
-    let status: Status = lab.status().unwrap();
-    status
-        .vip(&lab.tcp_vip().to_string())
-        .map(|v| {
-            v.backends
-                .iter()
-                .map(|b| (b.address.clone(), b.weight, b.opened, b.state.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
+/// A [`load`] running in the background.
+struct Load {
+    config: LoadConfig,
+    process: ProcessId,
 }
 
-fn active(lab: &Lab) -> Vec<String> {
-    let mut a: Vec<String> = members(lab)
-        .into_iter()
-        .filter(|m| m.3 == "active")
-        .map(|m| m.0)
-        .collect();
-    a.sort();
-    a
-}
-
-fn opened(lab: &Lab, index: usize) -> u64 {
-    let addr = lab.backends()[index].addr().to_string();
-    members(lab)
-        .into_iter()
-        .find(|m| m.0 == addr)
-        .map_or(0, |m| m.2)
-}
-
-/// Polls `check` every 50 ms until it holds; the time it took, or a panic
-/// naming `what` after `limit`.
-fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        thread::sleep(Duration::from_millis(50));
+impl Load {
+    /// Starts a [`load`] of `rate` req/s for `seconds` s in the background.
+    fn start(lab: &Lab, rate: f64, seconds: f64) -> Self {
+        let config = load(lab, rate, seconds);
+        let process = lab.spawn_loadgen(&config).unwrap();
+        Self { config, process }
     }
-    started.elapsed()
+
+    /// [`Load::start`], then lets the load run for a second.
+    fn start_and_wait_1s(lab: &Lab, rate: f64, seconds: f64) -> Self {
+        let load = Self::start(lab, rate, seconds);
+        thread::sleep(Duration::from_secs(1));
+        load
+    }
+
+    /// Waits for the end of the run, prints its `DISCOVERY name:` line
+    /// (ending in `extra`) and returns its summary.
+    fn finish(&self, lab: &Lab, name: &str, extra: &str) -> Summary {
+        let summary = lab.loadgen_summary(self.process, &self.config).unwrap();
+        report(name, &self.config, &summary, extra);
+        summary
+    }
 }
 
-fn addrs(lab: &Lab, indexes: &[usize]) -> Vec<String> {
-    let mut a: Vec<String> = indexes
-        .iter()
-        .map(|&i| lab.backends()[i].addr().to_string())
-        .collect();
-    a.sort();
-    a
+/// Runs a [`load`] of `rate` req/s for `seconds` s to its end, prints its
+/// `DISCOVERY name:` line (ending in `extra`) and returns its summary.
+fn run_load(lab: &Lab, rate: f64, seconds: f64, name: &str, extra: &str) -> Summary {
+    let config = load(lab, rate, seconds);
+    let summary = lab.run_loadgen(&config).unwrap();
+    report(name, &config, &summary, extra);
+    summary
+}
+
+/// Asserts that no request of the run failed.
+#[track_caller]
+fn assert_nothing_lost(summary: &Summary) {
+    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
 }
 
 #[test]
 fn etcd_killed_and_restarted_loses_nothing_and_the_watch_resumes() {
     require_root!();
     let (lab, etcd) = lab(3);
-    put(&lab, 0, 1);
-    put(&lab, 1, 1);
+    put_weights(&lab, &[1, 1]);
     start(&lab, Algorithm::P2cEwma, &[]);
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
-    let config = load(&lab, 100.0, 10.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
-    lab.signal(etcd, Signal::SIGKILL).unwrap();
-    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    assert_active(&lab, &[0, 1], "the backends put before the start");
+    let load = Load::start_and_wait_1s(&lab, 100.0, 10.0);
+    kill_etcd(&lab, etcd);
     thread::sleep(Duration::from_secs(3));
-    assert_eq!(
-        active(&lab),
-        addrs(&lab, &[0, 1]),
-        "losing etcd removes nothing (fail static)"
-    );
+    assert_active(&lab, &[0, 1], "losing etcd removes nothing (fail static)");
     lab.start_etcd().unwrap();
     put(&lab, 2, 1);
-    let took = wait_for(
+    let took = wait_active(
+        &lab,
         "the restarted watch sees a new backend",
         Duration::from_secs(5),
-        || active(&lab) == addrs(&lab, &[0, 1, 2]),
+        &[0, 1, 2],
     );
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    let summary = load.finish(
+        &lab,
         "etcd_restart",
-        &config,
-        &summary,
         &format!("etcd down 3 s; a backend put after the restart was active {took:?} later"),
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
     assert!(opened(&lab, 2) > 0, "the new backend took connections");
 }
 
@@ -190,32 +341,18 @@ fn etcd_killed_and_restarted_loses_nothing_and_the_watch_resumes() {
 fn a_compacted_revision_is_read_again_and_the_difference_applied() {
     require_root!();
     let (lab, etcd) = lab(3);
-    put(&lab, 0, 1);
-    put(&lab, 1, 1);
+    put_weights(&lab, &[1, 1]);
     start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
-    let config = load(&lab, 100.0, 10.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
+    let load = Load::start_and_wait_1s(&lab, 100.0, 10.0);
     // etcd comes back where the balancer cannot reach it; meanwhile one
     // backend joins, one changes weight, one leaves, and the history is
     // compacted past the balancer's revision.
-    lab.signal(etcd, Signal::SIGKILL).unwrap();
-    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    kill_etcd(&lab, etcd);
     let hidden = lab.start_etcd_hidden().unwrap();
     let local = format!("http://127.0.0.1:{}", lb_lab::lab::ETCD_CLIENT_PORT);
-    let put_local = |index: usize, weight: u32| {
-        let addr = lab.backends()[index].addr();
-        lab.etcdctl_at(
-            &local,
-            &["put", &format!("{PREFIX}{addr}"), &value(addr, weight)],
-        )
-        .unwrap();
-    };
-    put_local(2, 1);
-    put_local(0, 4);
-    let b1 = lab.backends()[1].addr();
-    lab.etcdctl_at(&local, &["del", &format!("{PREFIX}{b1}")])
-        .unwrap();
+    put_with(&lab, &local, &[], 2, 1);
+    put_with(&lab, &local, &[], 0, 4);
+    lab.etcdctl_at(&local, &["del", &key(&lab, 1)]).unwrap();
     let revision = lab
         .etcdctl_at(&local, &["get", PREFIX, "--prefix", "-w", "json"])
         .ok()
@@ -224,29 +361,23 @@ fn a_compacted_revision_is_read_again_and_the_difference_applied() {
         .unwrap();
     lab.etcdctl_at(&local, &["compact", &revision.to_string()])
         .unwrap();
-    assert_eq!(
-        active(&lab),
-        addrs(&lab, &[0, 1]),
-        "cut off, the balancer keeps what it knew"
-    );
+    assert_active(&lab, &[0, 1], "cut off, the balancer keeps what it knew");
     lab.signal(hidden, Signal::SIGTERM).unwrap();
     lab.wait(hidden, Duration::from_secs(10)).unwrap();
     lab.start_etcd().unwrap();
     let healed = wait_for("the difference is applied", Duration::from_secs(6), || {
-        active(&lab) == addrs(&lab, &[0, 2]) && (configured_weight(&lab, 0) - 4.0).abs() < 0.01
+        active_are(&lab, &[0, 2]) && has_weight(&lab, 0, 4.0)
     });
     let metrics = lab.scrape_metrics().unwrap();
-    assert!(metric(&metrics, "lb_discovery_updates_total{result=\"resync\"}") >= 1.0);
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    assert!(updates(&metrics, "resync") >= 1.0);
+    let summary = load.finish(
+        &lab,
         "compaction",
-        &config,
-        &summary,
         &format!(
             "3 changes made and compacted (revision {revision}) while etcd was out of reach; applied {healed:?} after it came back"
         ),
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
 }
 
 #[test]
@@ -257,23 +388,20 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
     // With 1 and 3 the first one's cost (latency ÷ weight) sat at the
     // re-draw bound (3× the pool's median), and a run where the control
     // plane held it far above sent it none of 300 light-load flows.
-    put(&lab, 0, 1);
-    put(&lab, 1, 2);
+    put_weights(&lab, &[1, 2]);
     let first = start(&lab, Algorithm::P2cEwma, &[]);
     lab.stop_balancer(first, Signal::SIGTERM).unwrap();
-    lab.signal(etcd, Signal::SIGKILL).unwrap();
-    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    kill_etcd(&lab, etcd);
     start(&lab, Algorithm::P2cEwma, &[]);
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
-    let config = load(&lab, 100.0, 3.0);
-    let summary = lab.run_loadgen(&config).unwrap();
-    report(
+    assert_active(&lab, &[0, 1], "the backends of the cache");
+    let summary = run_load(
+        &lab,
+        100.0,
+        3.0,
         "cache",
-        &config,
-        &summary,
         "etcd down during the whole run; backends from the cache",
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
 }
 
@@ -282,8 +410,7 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
 fn spawn_sidecar(lab: &Lab, index: usize, ttl: &str, check: bool) -> ProcessId {
     let lb_user = lab.binaries().lb_user().unwrap().display().to_string();
     let url = lab.etcd_url();
-    let b = &lab.backends()[index];
-    let addr = b.addr().to_string();
+    let addr = addr(lab, index);
     let check_url = format!("http://{addr}/");
     let mut argv = vec![
         lb_user.as_str(),
@@ -300,7 +427,8 @@ fn spawn_sidecar(lab: &Lab, index: usize, ttl: &str, check: bool) -> ProcessId {
     if check {
         argv.extend(["--check-http", &check_url]);
     }
-    lab.spawn(&b.host.ns, "register", &argv).unwrap()
+    lab.spawn(&lab.backends()[index].host.ns, "register", &argv)
+        .unwrap()
 }
 
 #[test]
@@ -308,40 +436,33 @@ fn a_lease_expiry_drains_the_backend_and_sigterm_revokes_at_once() {
     require_root!();
     let (lab, _etcd) = lab(3);
     let sidecars: Vec<ProcessId> = (0..3).map(|i| spawn_sidecar(&lab, i, "2s", true)).collect();
-    let keys = || {
-        lab.etcdctl(&["get", "--prefix", "--keys-only", PREFIX])
-            .map(|out| out.lines().filter(|l| !l.is_empty()).count())
-            .unwrap_or(0)
-    };
     wait_for("three sidecars registered", Duration::from_secs(10), || {
-        keys() == 3
+        key_count(&lab) == 3
     });
     start(&lab, Algorithm::P2cEwma, &[]);
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1, 2]));
-    let config = load(&lab, 100.0, 9.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
+    assert_active(&lab, &[0, 1, 2], "the three registered backends");
+    let load = Load::start_and_wait_1s(&lab, 100.0, 9.0);
     // A dead sidecar: its lease expires within the ttl.
     lab.signal(sidecars[2], Signal::SIGKILL).unwrap();
-    let expiry = wait_for("the lease expired", Duration::from_secs(6), || keys() == 2);
+    let expiry = wait_for("the lease expired", Duration::from_secs(6), || {
+        key_count(&lab) == 2
+    });
     thread::sleep(Duration::from_secs(1));
     let after_expiry = opened(&lab, 2);
     // A stopped sidecar revokes its lease at once.
     let stopped = Instant::now();
     lab.signal(sidecars[1], Signal::SIGTERM).unwrap();
-    let revoked = wait_for("the lease revoked", Duration::from_secs(2), || keys() == 1);
-    lab.wait(sidecars[1], Duration::from_secs(5)).unwrap();
-    wait_for("backend 2 drained", Duration::from_secs(2), || {
-        active(&lab) == addrs(&lab, &[0])
+    let revoked = wait_for("the lease revoked", Duration::from_secs(2), || {
+        key_count(&lab) == 1
     });
+    lab.wait(sidecars[1], Duration::from_secs(5)).unwrap();
+    wait_active(&lab, "backend 2 drained", Duration::from_secs(2), &[0]);
     let drained_in = stopped.elapsed();
     thread::sleep(Duration::from_secs(1));
     let after_revoke = opened(&lab, 1);
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    let summary = load.finish(
+        &lab,
         "lease",
-        &config,
-        &summary,
         &format!(
             "killed sidecar's key gone {expiry:?} after the kill (ttl 2 s); SIGTERM'd sidecar's key gone in {revoked:?}, drained in {drained_in:?}"
         ),
@@ -357,7 +478,7 @@ fn a_lease_expiry_drains_the_backend_and_sigterm_revokes_at_once() {
         "no new connection 1 s after the revoke"
     );
     // The backends stay up, so their in-flight requests finish: nothing lost.
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
 }
 
 #[test]
@@ -365,48 +486,35 @@ fn a_failing_http_check_deregisters_and_a_passing_one_registers_again() {
     require_root!();
     let (lab, _etcd) = lab(2);
     put(&lab, 0, 1);
-    let b = &lab.backends()[1];
-    let addr = b.addr().to_string();
     spawn_sidecar(&lab, 1, "3s", true);
-    let registered = || {
-        lab.etcdctl(&["get", "--keys-only", &format!("{PREFIX}{addr}")])
-            .is_ok_and(|out| out.contains(&addr))
-    };
     wait_for(
         "registered while the check passes",
         Duration::from_secs(10),
-        registered,
+        || registered(&lab, 1),
     );
     start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
-    let config = load(&lab, 50.0, 12.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
+    assert_active(&lab, &[0, 1], "the backend put and the one registered");
+    let load = Load::start_and_wait_1s(&lab, 50.0, 12.0);
     // A frozen server fails its check (no answer within the check timeout).
-    lab.signal(b.process, Signal::SIGSTOP).unwrap();
+    let server = lab.backends()[1].process;
+    lab.signal(server, Signal::SIGSTOP).unwrap();
     let gone = wait_for(
         "deregistered while the check fails",
         Duration::from_secs(5),
-        || !registered(),
+        || !registered(&lab, 1),
     );
-    wait_for("drained", Duration::from_secs(2), || {
-        active(&lab) == addrs(&lab, &[0])
-    });
+    wait_active(&lab, "drained", Duration::from_secs(2), &[0]);
     thread::sleep(Duration::from_secs(2));
-    lab.signal(b.process, Signal::SIGCONT).unwrap();
+    lab.signal(server, Signal::SIGCONT).unwrap();
     let back = wait_for(
         "registered again once it passes",
         Duration::from_secs(5),
-        registered,
+        || registered(&lab, 1),
     );
-    wait_for("active again", Duration::from_secs(2), || {
-        active(&lab) == addrs(&lab, &[0, 1])
-    });
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    wait_active(&lab, "active again", Duration::from_secs(2), &[0, 1]);
+    let summary = load.finish(
+        &lab,
         "check_http",
-        &config,
-        &summary,
         &format!(
             "backend frozen (SIGSTOP): deregistered {gone:?} later; thawed: registered again {back:?} later; \
              the requests it held while frozen are the ones lost"
@@ -415,7 +523,7 @@ fn a_failing_http_check_deregisters_and_a_passing_one_registers_again() {
     // Only what went to the frozen server before its key was deleted may
     // be lost: at most the load of the detection window.
     assert!(
-        (summary.error_count() as f64) <= config.rate * (gone.as_secs_f64() + 1.0),
+        (summary.error_count() as f64) <= load.config.rate * (gone.as_secs_f64() + 1.0),
         "{:?}",
         summary.errors
     );
@@ -426,68 +534,51 @@ fn a_sidecar_outlives_an_etcd_outage_longer_than_its_ttl() {
     require_root!();
     let (lab, etcd) = lab(2);
     put(&lab, 0, 1);
-    let b = &lab.backends()[1];
-    let addr = b.addr().to_string();
     spawn_sidecar(&lab, 1, "2s", false);
-    let registered = || {
-        lab.etcdctl(&["get", "--keys-only", &format!("{PREFIX}{addr}")])
-            .is_ok_and(|out| out.contains(&addr))
-    };
-    wait_for("registered", Duration::from_secs(10), registered);
+    wait_for("registered", Duration::from_secs(10), || {
+        registered(&lab, 1)
+    });
     start(&lab, Algorithm::P2cEwma, &[]);
-    let config = load(&lab, 100.0, 14.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
-    lab.signal(etcd, Signal::SIGKILL).unwrap();
-    lab.wait(etcd, Duration::from_secs(5)).unwrap();
+    let load = Load::start_and_wait_1s(&lab, 100.0, 14.0);
+    kill_etcd(&lab, etcd);
     thread::sleep(Duration::from_secs(5));
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]), "fail static meanwhile");
+    assert_active(&lab, &[0, 1], "fail static meanwhile");
     lab.start_etcd().unwrap();
-    let back = wait_for("registered again", Duration::from_secs(6), registered);
+    let back = wait_for("registered again", Duration::from_secs(6), || {
+        registered(&lab, 1)
+    });
     // Well past the ttl of any lease from before the outage, the key stays:
     // the sidecar keeps its (new) lease alive.
     thread::sleep(Duration::from_secs(5));
-    assert!(registered(), "the key outlives the old lease");
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    assert!(registered(&lab, 1), "the key outlives the old lease");
+    assert_active(&lab, &[0, 1], "both serve after the outage");
+    let summary = load.finish(
+        &lab,
         "sidecar_outage",
-        &config,
-        &summary,
         &format!(
             "etcd down 5 s (ttl 2 s); the key was there {back:?} after etcd came back and 5 s later"
         ),
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
 }
 
 #[test]
 fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
     require_root!();
     let (lab, _etcd) = lab(2);
-    put(&lab, 0, 1);
-    put(&lab, 1, 1);
+    put_weights(&lab, &[1, 1]);
     start(
         &lab,
         Algorithm::WeightedRoundRobin,
         &["--weight-smoothing", "1s", "--slow-start", "0s"],
     );
-    let config = load(&lab, 200.0, 6.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
+    let load = Load::start_and_wait_1s(&lab, 200.0, 6.0);
     put(&lab, 1, 4);
     let changed = Instant::now();
-    let weight = |i: usize| {
-        let addr = lab.backends()[i].addr().to_string();
-        members(&lab)
-            .into_iter()
-            .find(|m| m.0 == addr)
-            .map_or(0.0, |m| m.1)
-    };
     let reached = wait_for(
         "the new weight is in the kernel",
         Duration::from_secs(3),
-        || (weight(1) - 4.0).abs() < 0.01,
+        || has_weight(&lab, 1, 4.0),
     );
     assert!(
         changed.elapsed() >= Duration::from_millis(900),
@@ -497,86 +588,62 @@ fn weight_changes_reach_the_kernel_shares_within_the_smoothing_window() {
     thread::sleep(Duration::from_secs(2));
     let (d0, d1) = (opened(&lab, 0) - a0, opened(&lab, 1) - a1);
     let share = d1 as f64 / (d0 + d1).max(1) as f64;
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    let summary = load.finish(
+        &lab,
         "weights",
-        &config,
-        &summary,
         &format!(
             "weight 1→4 with 1 s smoothing reached after {reached:?}; share after it {share:.3} (want 0.8)"
         ),
     );
     assert!((share - 0.8).abs() < 0.08, "share {share}");
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
-}
-
-fn configured_weight(lab: &Lab, index: usize) -> f64 {
-    let addr = lab.backends()[index].addr().to_string();
-    members(lab)
-        .into_iter()
-        .find(|m| m.0 == addr)
-        .map_or(0.0, |m| m.1)
+    assert_nothing_lost(&summary);
 }
 
 #[test]
 fn an_operator_override_wins_over_etcd_until_it_is_cleared() {
     require_root!();
     let (lab, _etcd) = lab(2);
-    put(&lab, 0, 1);
-    put(&lab, 1, 1);
+    put_weights(&lab, &[1, 1]);
     start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
-    let config = load(&lab, 100.0, 6.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    let vip = lab.tcp_vip().to_string();
-    let b1 = lab.backends()[1].addr().to_string();
-    lab.backend_command(&["weight", "--vip", &vip, "--backend", &b1, "--weight", "3"]);
+    let load = Load::start(&lab, 100.0, 6.0);
+    operator(&lab, "weight", 1, &["--weight", "3"]);
     put(&lab, 1, 9);
     thread::sleep(Duration::from_millis(800));
     assert!(
-        (configured_weight(&lab, 1) - 3.0).abs() < 0.01,
+        has_weight(&lab, 1, 3.0),
         "the operator's weight holds against etcd's"
     );
-    let b0 = lab.backends()[0].addr().to_string();
-    lab.backend_command(&["drain", "--vip", &vip, "--backend", &b0]);
+    operator(&lab, "drain", 0, &[]);
     put(&lab, 0, 2);
     thread::sleep(Duration::from_millis(800));
-    assert_eq!(
-        active(&lab),
-        addrs(&lab, &[1]),
-        "an etcd write never undrains"
-    );
+    assert_active(&lab, &[1], "an etcd write never undrains");
     // undrain clears the overrides: etcd's weights apply from its next update.
-    lab.backend_command(&["undrain", "--vip", &vip, "--backend", &b0]);
-    lab.backend_command(&["undrain", "--vip", &vip, "--backend", &b1]);
+    operator(&lab, "undrain", 0, &[]);
+    operator(&lab, "undrain", 1, &[]);
     put(&lab, 1, 5);
     wait_for(
         "etcd's weight applies again",
         Duration::from_secs(2),
-        || (configured_weight(&lab, 1) - 5.0).abs() < 0.01,
+        || has_weight(&lab, 1, 5.0),
     );
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    assert_active(&lab, &[0, 1], "both active once undrained");
+    let summary = load.finish(
+        &lab,
         "override",
-        &config,
-        &summary,
         "operator weight and drain held against etcd writes; cleared by undrain",
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
 }
 
 #[test]
 fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
     require_root!();
     let (lab, _etcd) = lab(3);
-    put(&lab, 0, 1);
-    put(&lab, 1, 2);
-    put(&lab, 2, 1);
+    put_weights(&lab, &[1, 2, 1]);
     start(&lab, Algorithm::P2cEwma, &["--max-removal-percent", "50"]);
-    let config = load(&lab, 100.0, 6.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    let b1 = lab.backends()[1].addr();
-    for (key, bad) in [
+    let load = Load::start(&lab, 100.0, 6.0);
+    let b1 = addr(&lab, 1);
+    for (bad_key, bad) in [
         (format!("{PREFIX}junk"), "not json".to_string()),
         (
             format!("{PREFIX}w0"),
@@ -586,24 +653,13 @@ fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
             format!("{PREFIX}noport"),
             r#"{"addr":"10.213.0.50"}"#.to_string(),
         ),
-        (
-            format!("{PREFIX}{b1}"),
-            format!(r#"{{"addr":"{b1}","weight":70000}}"#),
-        ),
+        (key(&lab, 1), format!(r#"{{"addr":"{b1}","weight":70000}}"#)),
     ] {
-        lab.etcdctl(&["put", &key, &bad]).unwrap();
+        lab.etcdctl(&["put", &bad_key, &bad]).unwrap();
     }
     thread::sleep(Duration::from_millis(800));
-    assert_eq!(
-        active(&lab),
-        addrs(&lab, &[0, 1, 2]),
-        "bad values change nothing"
-    );
-    let weight1 = members(&lab)
-        .into_iter()
-        .find(|m| m.0 == b1.to_string())
-        .unwrap()
-        .1;
+    assert_active(&lab, &[0, 1, 2], "bad values change nothing");
+    let weight1 = configured_weight(&lab, 1);
     assert!(
         (weight1 - 2.0).abs() < 0.01,
         "b1 keeps its last good weight: {weight1}"
@@ -617,35 +673,31 @@ fn bad_values_are_skipped_and_a_deleted_prefix_never_empties_the_pool() {
         "one update removes at most 50% of 3 (1): {left:?}"
     );
     let metrics = lab.scrape_metrics().unwrap();
-    assert!(metric(&metrics, "lb_discovery_updates_total{result=\"invalid\"}") >= 4.0);
-    assert!(metric(&metrics, "lb_discovery_updates_total{result=\"applied\"}") >= 1.0);
+    assert!(updates(&metrics, "invalid") >= 4.0);
+    assert!(updates(&metrics, "applied") >= 1.0);
     assert_eq!(metric(&metrics, "lb_discovery_connected "), 1.0);
     assert!(metric(&metrics, "lb_discovery_revision ") >= 8.0);
     let age = metric(&metrics, "lb_discovery_last_update_age_seconds ");
     assert!((0.0..5.0).contains(&age), "{age}");
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    let summary = load.finish(
+        &lab,
         "bad_values",
-        &config,
-        &summary,
         &format!(
             "4 bad values skipped; prefix deleted, {} of 3 still serving",
             left.len()
         ),
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
 }
 
 #[test]
 fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
     require_root!();
     let (lab, _etcd) = lab(2);
-    put(&lab, 0, 1);
-    put(&lab, 1, 1);
+    put_weights(&lab, &[1, 1]);
     // A second VIP gets the thousand (addresses off the lab subnet, never
     // sent traffic); the first one carries the load meanwhile.
     let big_vip: SocketAddr = "10.213.0.100:81".parse().unwrap();
-    let state = lab.log_dir().join("state");
     let config_file = lab.log_dir().join("big.toml");
     std::fs::write(
         &config_file,
@@ -653,34 +705,12 @@ fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
     )
     .unwrap();
     put_many(&lab, "/lb/big/", 0..1);
-    let url = lab.etcd_url();
-    let spec = BalancerSpec {
-        vips: vec![VipSpec {
-            addr: lab.tcp_vip(),
-            protocol: VipProtocol::Tcp,
-            backends: Vec::new(),
-            zones: Default::default(),
-        }],
-        algorithm: Algorithm::P2cEwma,
-        xdp_mode: XdpMode::Native,
-        extra_args: [
-            "--etcd-endpoints",
-            &url,
-            "--etcd-prefix",
-            PREFIX,
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--config",
-            config_file.to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    };
-    lab.start_balancer(&spec).unwrap();
-    let config = load(&lab, 100.0, 6.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
+    start(
+        &lab,
+        Algorithm::P2cEwma,
+        &["--config", config_file.to_str().unwrap()],
+    );
+    let load = Load::start_and_wait_1s(&lab, 100.0, 6.0);
     let big = |lab: &Lab| {
         lab.status()
             .ok()
@@ -706,16 +736,14 @@ fn a_thousand_backends_registered_at_once_converge_within_two_seconds() {
         took <= Duration::from_secs(2),
         "converged only {took:?} after the last put"
     );
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    let summary = load.finish(
+        &lab,
         "thousand",
-        &config,
-        &summary,
         &format!(
             "999 keys put at once (1 before); all 1,000 in the kernel {took:?} after the last put"
         ),
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
 }
 
 /// Puts keys for backends 10.214.x.y:80 (`range` numbers them) at once,
@@ -749,76 +777,46 @@ fn put_many(lab: &Lab, prefix: &str, range: std::ops::Range<u32>) {
     .unwrap();
 }
 
+/// `lb-user register --etcd-endpoints ENDPOINT --prefix /p/ --addr
+/// 10.0.0.1:80 EXTRA...`.
+fn register_args(endpoint: &'static str, extra: &[&'static str]) -> Vec<&'static str> {
+    let mut args = vec![
+        "register",
+        "--etcd-endpoints",
+        endpoint,
+        "--prefix",
+        "/p/",
+        "--addr",
+        "10.0.0.1:80",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Bad discovery input: one `lb-user: error:` line and a failure exit,
 /// before anything is touched (no root needed).
 #[test]
 fn bad_discovery_input_is_one_clear_error_line() {
     let lb_user = Binaries::for_tests().lb_user().unwrap().to_path_buf();
-    let cases: &[(&[&str], &str)] = &[
+    let endpoint = "http://h:2379";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
         (
-            &["register", "--prefix", "/p/", "--addr", "10.0.0.1:80"],
+            vec!["register", "--prefix", "/p/", "--addr", "10.0.0.1:80"],
             "--etcd-endpoints",
         ),
+        (register_args(endpoint, &["--ttl", "0s"]), "ttl"),
+        (register_args(endpoint, &["--weight", "0"]), "weight"),
         (
-            &[
-                "register",
-                "--etcd-endpoints",
-                "http://h:2379",
-                "--prefix",
-                "/p/",
-                "--addr",
-                "10.0.0.1:80",
-                "--ttl",
-                "0s",
-            ],
-            "ttl",
-        ),
-        (
-            &[
-                "register",
-                "--etcd-endpoints",
-                "http://h:2379",
-                "--prefix",
-                "/p/",
-                "--addr",
-                "10.0.0.1:80",
-                "--weight",
-                "0",
-            ],
-            "weight",
-        ),
-        (
-            &[
-                "register",
-                "--etcd-endpoints",
-                "http://h:2379",
-                "--prefix",
-                "/p/",
-                "--addr",
-                "10.0.0.1:80",
-                "--check-http",
-                "https://10.0.0.1:80/",
-            ],
+            register_args(endpoint, &["--check-http", "https://10.0.0.1:80/"]),
             "http://",
         ),
+        (register_args("nope", &[]), "invalid etcd endpoint"),
         (
-            &[
-                "register",
-                "--etcd-endpoints",
-                "nope",
-                "--prefix",
-                "/p/",
-                "--addr",
-                "10.0.0.1:80",
-            ],
-            "invalid etcd endpoint",
-        ),
-        (
-            &[
+            vec![
                 "--iface",
                 "eth0",
                 "--etcd-endpoints",
-                "http://h:2379",
+                endpoint,
                 "--vip",
                 "10.0.0.100:80",
                 "--etcd-prefix",
@@ -829,7 +827,7 @@ fn bad_discovery_input_is_one_clear_error_line() {
             "static backends as well are not allowed",
         ),
         (
-            &[
+            vec![
                 "--iface",
                 "eth0",
                 "--vip",
@@ -840,9 +838,9 @@ fn bad_discovery_input_is_one_clear_error_line() {
             "no --etcd-endpoints",
         ),
     ];
-    for (args, expect) in cases {
+    for (args, expect) in &cases {
         let out = std::process::Command::new(&lb_user)
-            .args(*args)
+            .args(args)
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -861,52 +859,35 @@ fn bad_discovery_input_is_one_clear_error_line() {
 fn sighup_keeps_the_backends_etcd_gave() {
     require_root!();
     let (lab, _etcd) = lab(2);
-    put(&lab, 0, 1);
-    put(&lab, 1, 2);
+    put_weights(&lab, &[1, 2]);
     let lb = start(&lab, Algorithm::P2cEwma, &[]);
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    assert_active(&lab, &[0, 1], "the backends put before the start");
     lab.signal(lb, Signal::SIGHUP).unwrap();
-    let config = load(&lab, 100.0, 3.0);
-    let summary = lab.run_loadgen(&config).unwrap();
-    report("sighup", &config, &summary, "SIGHUP before the run");
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
-    assert_eq!(active(&lab), addrs(&lab, &[0, 1]));
+    let summary = run_load(&lab, 100.0, 3.0, "sighup", "SIGHUP before the run");
+    assert_nothing_lost(&summary);
+    assert_active(&lab, &[0, 1], "SIGHUP keeps the backends etcd gave");
     assert_eq!(configured_weight(&lab, 1), 2.0);
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
-}
-
-/// `put` through etcdctl with `flags` (a user, TLS files) against `url`.
-fn put_with(lab: &Lab, url: &str, flags: &[&str], index: usize, weight: u32) {
-    let addr = lab.backends()[index].addr();
-    lab.etcdctl_with(
-        url,
-        flags,
-        &["put", &format!("{PREFIX}{addr}"), &value(addr, weight)],
-    )
-    .unwrap();
 }
 
 /// Serves two backends put before the start under load, and follows a
 /// third put while the load runs: 0 errors. `put3` puts backend `i`.
 fn serves_and_follows(lab: &Lab, name: &str, what: &str, put3: impl Fn(usize)) {
-    assert_eq!(active(lab), addrs(lab, &[0, 1]));
-    let config = load(lab, 100.0, 5.0);
-    let loadgen = lab.spawn_loadgen(&config).unwrap();
-    thread::sleep(Duration::from_secs(1));
+    assert_active(lab, &[0, 1], "the backends put before the start");
+    let load = Load::start_and_wait_1s(lab, 100.0, 5.0);
     put3(2);
-    let took = wait_for(
+    let took = wait_active(
+        lab,
         "a backend put under load becomes active",
         Duration::from_secs(5),
-        || active(lab) == addrs(lab, &[0, 1, 2]),
+        &[0, 1, 2],
     );
-    let summary = lab.loadgen_summary(loadgen, &config).unwrap();
-    report(
+    let summary = load.finish(
+        lab,
         name,
-        &config,
-        &summary,
         &format!("{what}; a backend put under load was active {took:?} later"),
     );
-    assert_eq!(summary.error_count(), 0, "{:?}", summary.errors);
+    assert_nothing_lost(&summary);
     assert!(opened(lab, 2) > 0, "the new backend took connections");
 }
 
@@ -948,11 +929,7 @@ fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
         ),
         ("no user", &[][..]),
     ] {
-        let error = lab
-            .start_balancer(&spec(&lab, &url, Algorithm::P2cEwma, flags))
-            .map(|_| ())
-            .expect_err(case);
-        let text = format!("{error:#}");
+        let text = refused_start(&lab, &url, flags, case);
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("lb-user: error:"))
@@ -984,10 +961,7 @@ fn etcd_requiring_client_certificates_serves_with_etcd_cert_and_key() {
 
 fn tls_case(client_cert_auth: bool) {
     require_root!();
-    let lab = Lab::builder(Binaries::for_tests())
-        .backends(3, BackendSpec::new(2, 8))
-        .build()
-        .unwrap();
+    let lab = bare_lab(3);
     let tls = lab.make_etcd_tls().unwrap();
     lab.start_etcd_tls(&tls, client_cert_auth).unwrap();
     let url = lab.etcd_tls_url();
@@ -1005,11 +979,7 @@ fn tls_case(client_cert_auth: bool) {
         vec![("no --etcd-ca", vec![])]
     };
     for (case, refused_flags) in &refused {
-        let error = lab
-            .start_balancer(&spec(&lab, &url, Algorithm::P2cEwma, refused_flags))
-            .map(|_| ())
-            .expect_err(case);
-        let text = format!("{error:#}");
+        let text = refused_start(&lab, &url, refused_flags, case);
         let line = text
             .lines()
             .find(|l| l.contains("lb-user: error:"))

@@ -8,21 +8,30 @@ use crate::settings::{
     zone::{ZoneName, ZoneSettings},
 };
 
-fn args(argv: &[&str]) -> RunArgs {
+/// Parses `argv` as the flags of a start (after the program name).
+fn parse(argv: &[&str]) -> Result<RunArgs, clap::Error> {
     let mut full = vec!["lb-user"];
     full.extend_from_slice(argv);
-    Cli::try_parse_from(full).expect("flags parse").run
+    Cli::try_parse_from(full).map(|cli| cli.run)
 }
 
+/// The flags of a start, which must parse.
+fn args(argv: &[&str]) -> RunArgs {
+    parse(argv).expect("flags parse")
+}
+
+/// The configuration from flags alone.
 fn from_flags(argv: &[&str]) -> Result<Config, ConfigError> {
     Config::merge(args(argv), FileConfig::default())
 }
 
+/// The configuration from a file (named `test.toml`) and flags.
 fn from_file(text: &str, argv: &[&str]) -> Result<Config, ConfigError> {
     let file = FileConfig::parse(text, Path::new("test.toml"))?;
     Config::merge(args(argv), file)
 }
 
+/// One VIP with one backend on eth0: the least a start needs.
 const MINIMAL: &[&str] = &[
     "--iface",
     "eth0",
@@ -31,6 +40,27 @@ const MINIMAL: &[&str] = &[
     "--backend",
     "10.0.0.21:8080",
 ];
+
+/// [`MINIMAL`] followed by `extra`.
+fn minimal_with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [MINIMAL, extra].concat()
+}
+
+/// `--iface eth0 --vip 10.0.0.100:80` followed by `rest` (its backends).
+fn eth0_vip<'a>(rest: &[&'a str]) -> Vec<&'a str> {
+    [&["--iface", "eth0", "--vip", "10.0.0.100:80"][..], rest].concat()
+}
+
+/// A config file with `iface = "eth0"` and VIP 10.0.0.100:80 whose
+/// `backends` value is the TOML text `backends`.
+fn eth0_vip_file(backends: &str) -> String {
+    format!("iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = {backends}\n")
+}
+
+/// One value per VIP of `c`, in config order.
+fn per_vip<T>(c: &Config, get: impl Fn(&VipConfig) -> T) -> Vec<T> {
+    c.vips.iter().map(get).collect()
+}
 
 #[test]
 fn minimal_flags_get_the_documented_defaults() {
@@ -44,7 +74,7 @@ fn minimal_flags_get_the_documented_defaults() {
     assert_eq!(c.ewma_tau, Duration::from_secs(10));
     // The peaks' memory follows --ewma-tau unless given.
     assert_eq!(c.ewma_peak_tau, Duration::from_secs(10));
-    let short = from_flags(&[MINIMAL, &["--ewma-tau", "2s"]].concat()).unwrap();
+    let short = from_flags(&minimal_with(&["--ewma-tau", "2s"])).unwrap();
     assert_eq!(short.ewma_peak_tau, Duration::from_secs(2));
     assert_eq!(c.ewma_refute_after, 16);
     assert_eq!(c.ewma_cold_start, Duration::from_millis(1));
@@ -166,9 +196,8 @@ fn flags_override_file_globals_and_add_a_vip_last() {
     .unwrap();
     assert_eq!(c.iface, "eth1");
     assert_eq!(c.instance, "from-file");
-    let addrs: Vec<String> = c.vips.iter().map(|v| v.vip.to_string()).collect();
     assert_eq!(
-        addrs,
+        per_vip(&c, |v| v.vip.to_string()),
         [
             "10.0.0.100:80/tcp",
             "10.0.0.101:80/tcp",
@@ -181,88 +210,93 @@ fn flags_override_file_globals_and_add_a_vip_last() {
     assert_eq!(c.vips[2].inflight_bias, DEFAULT_INFLIGHT_BIAS);
 }
 
+/// The error of flags alone that must not make a configuration, as text.
 fn err_flags(argv: &[&str]) -> String {
     from_flags(argv).unwrap_err().to_string()
 }
 
+/// The error of a file and flags that must not make a configuration, as
+/// text.
+fn err_file_with_flags(text: &str, argv: &[&str]) -> String {
+    from_file(text, argv).unwrap_err().to_string()
+}
+
+/// The error of a file alone that must not make a configuration, as text.
 fn err_file(text: &str) -> String {
-    from_file(text, &[]).unwrap_err().to_string()
+    err_file_with_flags(text, &[])
 }
 
 #[test]
 fn each_bad_input_has_its_message() {
-    assert_eq!(
-        err_flags(&["--vip", "10.0.0.100:80", "--backend", "10.0.0.21:80"]),
-        "no interface given (use --iface or iface in the config file)"
-    );
-    assert_eq!(
-        err_flags(&["--iface", "eth0"]),
-        "no VIP configured (use --vip with --backend, or [[vip]] in the config file)"
-    );
-    assert_eq!(
-        err_flags(&["--iface", "eth0", "--vip", "10.0.0.100:80"]),
-        "VIP 10.0.0.100:80/tcp has no backends"
-    );
-    assert_eq!(
-        err_flags(&["--iface", "eth0", "--backend", "10.0.0.21:80"]),
-        "--backend given without --vip"
-    );
-    assert_eq!(
-        err_flags(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-            "--backend",
-            "10.0.0.21:80@2"
-        ]),
-        "duplicate backend 10.0.0.21:80 in VIP 10.0.0.100:80/tcp"
-    );
-    let mut slow = MINIMAL.to_vec();
-    slow.extend(["--score-interval", "101ms"]);
-    assert_eq!(
-        err_flags(&slow),
-        "score interval 101ms is too long (at most 100ms)"
-    );
-    let mut zero = MINIMAL.to_vec();
-    zero.extend(["--ewma-tau", "0s"]);
-    assert_eq!(err_flags(&zero), "ewma tau must be greater than zero");
-    let mut tiny = MINIMAL.to_vec();
-    tiny.extend(["--flow-table-size", "1"]);
-    assert_eq!(
-        err_flags(&tiny),
-        "flow table size 1 is too small (at least 2)"
-    );
-    let mut inst = MINIMAL.to_vec();
-    inst.extend(["--instance", "../x"]);
-    assert!(err_flags(&inst).starts_with("invalid instance name '../x'"));
-    let mut level = MINIMAL.to_vec();
-    level.extend(["--log-level", "loud"]);
-    assert!(err_flags(&level).starts_with("invalid log level 'loud'"));
-    assert_eq!(
-        err_flags(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "[::1]:80",
-            "--backend",
-            "10.0.0.21:80"
-        ]),
-        "backend 10.0.0.21:80 of VIP [::1]:80/tcp: a VIP and its backends must be of one address family"
-    );
-    assert_eq!(
-        err_flags(&[
-            "--iface",
-            "a-very-long-interface-name",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80"
-        ]),
-        "invalid interface name 'a-very-long-interface-name'"
-    );
+    let exact = [
+        (
+            vec!["--vip", "10.0.0.100:80", "--backend", "10.0.0.21:80"],
+            "no interface given (use --iface or iface in the config file)",
+        ),
+        (
+            vec!["--iface", "eth0"],
+            "no VIP configured (use --vip with --backend, or [[vip]] in the config file)",
+        ),
+        (eth0_vip(&[]), "VIP 10.0.0.100:80/tcp has no backends"),
+        (
+            vec!["--iface", "eth0", "--backend", "10.0.0.21:80"],
+            "--backend given without --vip",
+        ),
+        (
+            eth0_vip(&["--backend", "10.0.0.21:80", "--backend", "10.0.0.21:80@2"]),
+            "duplicate backend 10.0.0.21:80 in VIP 10.0.0.100:80/tcp",
+        ),
+        (
+            minimal_with(&["--score-interval", "101ms"]),
+            "score interval 101ms is too long (at most 100ms)",
+        ),
+        (
+            minimal_with(&["--ewma-tau", "0s"]),
+            "ewma tau must be greater than zero",
+        ),
+        (
+            minimal_with(&["--flow-table-size", "1"]),
+            "flow table size 1 is too small (at least 2)",
+        ),
+        (
+            vec![
+                "--iface",
+                "eth0",
+                "--vip",
+                "[::1]:80",
+                "--backend",
+                "10.0.0.21:80",
+            ],
+            "backend 10.0.0.21:80 of VIP [::1]:80/tcp: a VIP and its backends must be of one address family",
+        ),
+        (
+            vec![
+                "--iface",
+                "a-very-long-interface-name",
+                "--vip",
+                "10.0.0.100:80",
+                "--backend",
+                "10.0.0.21:80",
+            ],
+            "invalid interface name 'a-very-long-interface-name'",
+        ),
+    ];
+    for (argv, expected) in exact {
+        assert_eq!(err_flags(&argv), expected, "{argv:?}");
+    }
+    for (argv, start) in [
+        (
+            minimal_with(&["--instance", "../x"]),
+            "invalid instance name '../x'",
+        ),
+        (
+            minimal_with(&["--log-level", "loud"]),
+            "invalid log level 'loud'",
+        ),
+    ] {
+        let err = err_flags(&argv);
+        assert!(err.starts_with(start), "{argv:?}: {err}");
+    }
 }
 
 #[test]
@@ -303,7 +337,12 @@ fn bad_files_have_their_messages() {
     let weight =
         err_file("[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80@0\"]\n");
     assert!(weight.contains("invalid weight '0'"), "{weight}");
-    let peak = err_flags(&[MINIMAL, &["--ewma-tau", "2s", "--ewma-peak-tau", "3s"]].concat());
+    let peak = err_flags(&minimal_with(&[
+        "--ewma-tau",
+        "2s",
+        "--ewma-peak-tau",
+        "3s",
+    ]));
     assert_eq!(
         peak,
         "ewma peak tau 3s is longer than ewma tau 2s (the peaks' memory is the short one)"
@@ -325,22 +364,14 @@ fn unreadable_file_names_the_path() {
 
 #[test]
 fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
-    let running = from_flags(&[
-        "--iface",
-        "eth0",
-        "--vip",
-        "10.0.0.100:80",
+    let running = from_flags(&eth0_vip(&[
         "--backend",
         "10.0.0.21:8080",
         "--backend",
         "10.0.0.22:8080",
-    ])
+    ]))
     .unwrap();
-    let reloaded = from_flags(&[
-        "--iface",
-        "eth0",
-        "--vip",
-        "10.0.0.100:80",
+    let reloaded = from_flags(&eth0_vip(&[
         "--backend",
         "10.0.0.22:8080@3",
         "--backend",
@@ -351,7 +382,7 @@ fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
         "5s",
         "--slow-start",
         "2s",
-    ])
+    ]))
     .unwrap();
     assert_eq!(
         backend_changes(&running, &reloaded),
@@ -378,8 +409,7 @@ fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
 
 #[test]
 fn snat_pools_from_flags_and_file() {
-    let mut argv = MINIMAL.to_vec();
-    argv.extend(["--snat-ip", "10.0.0.1", "--snat-ip", "10.0.0.2"]);
+    let argv = minimal_with(&["--snat-ip", "10.0.0.1", "--snat-ip", "10.0.0.2"]);
     let c = from_flags(&argv).unwrap();
     assert_eq!(
         c.snat_ip,
@@ -403,21 +433,22 @@ fn snat_pools_from_flags_and_file() {
 
 #[test]
 fn bad_snat_pools_are_refused() {
-    let mut argv = MINIMAL.to_vec();
-    argv.extend(["--snat-ip", "10.0.0.1", "--snat-ip", "10.0.0.1"]);
     assert_eq!(
-        from_flags(&argv).unwrap_err().to_string(),
+        err_flags(&minimal_with(&[
+            "--snat-ip",
+            "10.0.0.1",
+            "--snat-ip",
+            "10.0.0.1"
+        ])),
         "SNAT address 10.0.0.1 given twice"
     );
     let many: Vec<String> = (0..=lb_common::MAX_SNAT_ADDRS)
         .map(|i| format!("\"10.9.{}.{}\"", i / 200, i % 200 + 1))
         .collect();
     let text = format!("snat_ip = [{}]", many.join(", "));
-    let err = from_file(&text, MINIMAL).unwrap_err().to_string();
+    let err = err_file_with_flags(&text, MINIMAL);
     assert!(err.contains("IPv4 SNAT addresses"), "{err}");
-    let err = from_file(r#"snat_ip = ["10.0.0.1", "nope"]"#, MINIMAL)
-        .unwrap_err()
-        .to_string();
+    let err = err_file_with_flags(r#"snat_ip = ["10.0.0.1", "nope"]"#, MINIMAL);
     assert!(err.contains("test.toml"), "{err}");
 }
 
@@ -427,60 +458,51 @@ fn snat_quarantine_from_flag_file_or_default() {
         from_flags(MINIMAL).unwrap().snat_quarantine,
         Duration::from_secs(65)
     );
-    let mut argv = MINIMAL.to_vec();
-    argv.extend(["--snat-quarantine", "30s"]);
     assert_eq!(
-        from_flags(&argv).unwrap().snat_quarantine,
+        from_flags(&minimal_with(&["--snat-quarantine", "30s"]))
+            .unwrap()
+            .snat_quarantine,
         Duration::from_secs(30)
     );
     let file = from_file(r#"snat_quarantine = "2m""#, MINIMAL).unwrap();
     assert_eq!(file.snat_quarantine, Duration::from_secs(120));
-    argv.truncate(MINIMAL.len());
-    argv.extend(["--snat-quarantine", "0s"]);
     assert_eq!(
-        from_flags(&argv).unwrap_err().to_string(),
+        err_flags(&minimal_with(&["--snat-quarantine", "0s"])),
         "snat quarantine must be greater than zero"
     );
+}
+
+/// Asserts that going from `running` to `reloaded` needs a restart for the
+/// setting named `key`.
+fn assert_needs_restart(running: &Config, reloaded: &Config, key: &str) {
+    let restart = needs_restart(running, reloaded);
+    assert!(restart.iter().any(|r| r.starts_with(key)), "{restart:?}");
 }
 
 #[test]
 fn snat_time_wait_reuse_is_on_unless_turned_off_and_needs_a_restart() {
     assert!(from_flags(MINIMAL).unwrap().snat_time_wait_reuse);
-    let off = from_flags(&[MINIMAL, &["--snat-time-wait-reuse", "off"]].concat()).unwrap();
+    let off = from_flags(&minimal_with(&["--snat-time-wait-reuse", "off"])).unwrap();
     assert!(!off.snat_time_wait_reuse);
     let file = from_file("snat_time_wait_reuse = false", MINIMAL).unwrap();
     assert!(!file.snat_time_wait_reuse);
     // The flag wins over the file.
     let both = from_file(
         "snat_time_wait_reuse = false",
-        &[MINIMAL, &["--snat-time-wait-reuse", "on"]].concat(),
+        &minimal_with(&["--snat-time-wait-reuse", "on"]),
     )
     .unwrap();
     assert!(both.snat_time_wait_reuse);
-    assert!(
-        flag_err(&["--snat-time-wait-reuse", "yes"]).contains("expected on or off"),
-        "{}",
-        flag_err(&["--snat-time-wait-reuse", "yes"])
-    );
+    let yes = flag_err(&["--snat-time-wait-reuse", "yes"]);
+    assert!(yes.contains("expected on or off"), "{yes}");
     // Both SNAT settings are written once, at start.
     let running = from_flags(MINIMAL).unwrap();
-    let restart = needs_restart(&running, &off);
-    assert!(
-        restart
-            .iter()
-            .any(|r| r.starts_with("snat_time_wait_reuse")),
-        "{restart:?}"
-    );
-    let shorter = from_flags(&[MINIMAL, &["--snat-quarantine", "30s"]].concat()).unwrap();
-    assert!(
-        needs_restart(&running, &shorter)
-            .iter()
-            .any(|r| r.starts_with("snat_quarantine")),
-        "{:?}",
-        needs_restart(&running, &shorter)
-    );
+    assert_needs_restart(&running, &off, "snat_time_wait_reuse");
+    let shorter = from_flags(&minimal_with(&["--snat-quarantine", "30s"])).unwrap();
+    assert_needs_restart(&running, &shorter, "snat_quarantine");
 }
 
+/// The zone named `name`, which must be a valid name.
 fn zone(name: &str) -> ZoneName {
     name.parse().unwrap()
 }
@@ -511,14 +533,12 @@ fn zone_settings_default_to_no_zone_and_no_zone_aware_vip() {
     )
     .unwrap();
     assert_eq!(c.zones.local, Some(zone("a")));
-    let aware: Vec<bool> = c.vips.iter().map(|v| v.zone_aware).collect();
-    assert_eq!(aware, [true, false, true]);
+    assert_eq!(per_vip(&c, |v| v.zone_aware), [true, false, true]);
 }
 
 #[test]
 fn zone_flags_and_keys_mean_the_same_and_flags_win() {
-    let mut argv = MINIMAL.to_vec();
-    argv.extend([
+    let argv = minimal_with(&[
         "--zone",
         "a",
         "--zone-min-healthy",
@@ -573,10 +593,8 @@ fn zone_flags_and_keys_mean_the_same_and_flags_win() {
     let file_only = from_file(text, MINIMAL).unwrap();
     assert_eq!(file_only.zones.min_healthy, 0.9);
     assert_eq!(file_only.zones.avoid_factor, 5.0);
-    let aware: Vec<bool> = file_only.vips.iter().map(|v| v.zone_aware).collect();
-    assert_eq!(aware, [true, false, false]);
-    let mut argv = MINIMAL.to_vec();
-    argv.extend([
+    assert_eq!(per_vip(&file_only, |v| v.zone_aware), [true, false, false]);
+    let argv = minimal_with(&[
         "--zone",
         "b",
         "--zone-min-healthy",
@@ -595,16 +613,14 @@ fn zone_flags_and_keys_mean_the_same_and_flags_win() {
     assert_eq!(both.zones.min_healthy, 0.75);
     assert_eq!(both.zones.avoid_factor, 1.0);
     assert_eq!(both.zones.failover, [zone("a"), zone("c")]);
-    let aware: Vec<bool> = both.vips.iter().map(|v| v.zone_aware).collect();
-    assert_eq!(aware, [true, true, true]);
+    assert_eq!(per_vip(&both, |v| v.zone_aware), [true, true, true]);
 }
 
+/// The one-line error of [`MINIMAL`] with `extra`, from the flag parser or
+/// from the merge.
 fn flag_err(extra: &[&str]) -> String {
-    let mut full = vec!["lb-user"];
-    full.extend_from_slice(MINIMAL);
-    full.extend_from_slice(extra);
-    match Cli::try_parse_from(full) {
-        Ok(cli) => Config::merge(cli.run, FileConfig::default())
+    match parse(&minimal_with(extra)) {
+        Ok(run) => Config::merge(run, FileConfig::default())
             .unwrap_err()
             .to_string(),
         Err(e) => one_line(&e.to_string()),
@@ -614,9 +630,8 @@ fn flag_err(extra: &[&str]) -> String {
 #[test]
 fn zone_min_healthy_is_a_percentage() {
     for (text, fraction) in [("70", 0.70), ("70%", 0.70), ("1", 0.01), ("100%", 1.0)] {
-        let mut argv = MINIMAL.to_vec();
-        argv.extend(["--zone-min-healthy", text]);
-        assert_eq!(from_flags(&argv).unwrap().zones.min_healthy, fraction);
+        let c = from_flags(&minimal_with(&["--zone-min-healthy", text])).unwrap();
+        assert_eq!(c.zones.min_healthy, fraction);
     }
     for bad in ["0", "101", "-5", "x", "70%%"] {
         let err = flag_err(&["--zone-min-healthy", bad]);
@@ -667,9 +682,7 @@ fn zone_avoid_factor_is_finite_and_at_least_one() {
     }
     assert!(flag_err(&["--zone-avoid-factor", "x"]).contains("invalid float"));
     for key in ["0.99", "nan", "inf"] {
-        let err = from_file(&format!("zone_avoid_factor = {key}"), MINIMAL)
-            .unwrap_err()
-            .to_string();
+        let err = err_file_with_flags(&format!("zone_avoid_factor = {key}"), MINIMAL);
         assert!(err.starts_with("zone avoid factor "), "{key}: {err}");
     }
 }
@@ -688,22 +701,19 @@ fn zone_failover_lists_other_zones_once_and_needs_a_zone() {
         flag_err(&["--zone-failover", "b"]),
         "zone failover needs the balancer's own zone (use --zone or zone in the config file)"
     );
-    let err = from_file(r#"zone_failover = ["b"]"#, MINIMAL)
-        .unwrap_err()
-        .to_string();
     assert_eq!(
-        err,
+        err_file_with_flags(r#"zone_failover = ["b"]"#, MINIMAL),
         "zone failover needs the balancer's own zone (use --zone or zone in the config file)"
     );
     // The file's zone is enough for the flag's list, and the reverse.
-    let mut argv = MINIMAL.to_vec();
-    argv.extend(["--zone-failover", "b"]);
-    assert!(from_file(r#"zone = "a""#, &argv).is_ok());
-    let with_zone = [MINIMAL, &["--zone", "a"]].concat();
-    let err = from_file(r#"zone_failover = ["b", "b"]"#, &with_zone)
-        .unwrap_err()
-        .to_string();
-    assert_eq!(err, "zone failover lists zone b twice");
+    assert!(from_file(r#"zone = "a""#, &minimal_with(&["--zone-failover", "b"])).is_ok());
+    assert_eq!(
+        err_file_with_flags(
+            r#"zone_failover = ["b", "b"]"#,
+            &minimal_with(&["--zone", "a"])
+        ),
+        "zone failover lists zone b twice"
+    );
     assert!(
         err_file(r#"zone_failover = ["b c"]"#).contains("may only use"),
         "a bad name in the list"
@@ -718,7 +728,7 @@ fn zone_aware_needs_the_balancers_zone() {
         "VIP 10.0.0.100:80/tcp is zone-aware but the balancer has no zone (use --zone or zone in the config file)"
     );
     assert!(flag_err(&["--zone-aware", "yes"]).contains("expected on or off"));
-    assert!(from_flags(&[MINIMAL, &["--zone-aware", "off"]].concat()).is_ok());
+    assert!(from_flags(&minimal_with(&["--zone-aware", "off"])).is_ok());
     let err = err_file(
         r#"
         iface = "eth0"
@@ -732,9 +742,7 @@ fn zone_aware_needs_the_balancers_zone() {
         err,
         "VIP 10.0.0.101:80/tcp is zone-aware but the balancer has no zone (use --zone or zone in the config file)"
     );
-    let err = from_file("zone_aware = true", MINIMAL)
-        .unwrap_err()
-        .to_string();
+    let err = err_file_with_flags("zone_aware = true", MINIMAL);
     assert!(
         err.contains("is zone-aware but the balancer has no zone"),
         "{err}"
@@ -779,11 +787,7 @@ fn backends_are_strings_or_tables_with_zones() {
     assert_eq!(c.vips[1].backends[0].zone, Some(zone("b")));
     assert_eq!(c.vips[1].backends[0].weight.get(), 4);
 
-    let vip = |backends: &str| {
-        err_file(&format!(
-            "iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = {backends}\n"
-        ))
-    };
+    let vip = |backends: &str| err_file(&eth0_vip_file(backends));
     let unknown = vip(r#"[{ addr = "10.0.0.21:80", region = "a" }]"#);
     assert!(
         unknown.starts_with("invalid config file test.toml: unknown field `region`"),
@@ -833,29 +837,21 @@ fn backends_are_strings_or_tables_with_zones() {
 
 #[test]
 fn a_reload_reports_a_backend_moved_to_another_zone() {
-    let running = from_flags(&[
-        "--iface",
-        "eth0",
-        "--vip",
-        "10.0.0.100:80",
+    let running = from_flags(&eth0_vip(&[
         "--backend",
         "10.0.0.21:8080,zone=a",
         "--backend",
         "10.0.0.22:8080",
-    ])
+    ]))
     .unwrap();
-    let reloaded = from_flags(&[
-        "--iface",
-        "eth0",
-        "--vip",
-        "10.0.0.100:80",
+    let reloaded = from_flags(&eth0_vip(&[
         "--backend",
         "10.0.0.21:8080,zone=b",
         "--backend",
         "10.0.0.22:8080@2,zone=a",
         "--zone",
         "a",
-    ])
+    ]))
     .unwrap();
     assert_eq!(
         backend_changes(&running, &reloaded),
@@ -867,60 +863,62 @@ fn a_reload_reports_a_backend_moved_to_another_zone() {
     assert!(needs_restart(&running, &reloaded).is_empty());
 }
 
-#[test]
-fn the_full_scan_limit_comes_from_the_vip_the_file_the_flag_or_the_default() {
-    let file = r#"
+/// A config file that sets `key = global` file-wide and has two VIPs: the
+/// first takes the global, the second sets `key = 0` itself.
+fn global_and_vip_override(key: &str, global: u16) -> String {
+    format!(
+        r#"
         iface = "eth0"
-        p2c_full_scan = 4
+        {key} = {global}
         [[vip]]
         address = "10.0.0.100:80"
         backends = ["10.0.0.21:8080"]
         [[vip]]
         address = "10.0.0.101:80"
-        p2c_full_scan = 0
+        {key} = 0
         backends = ["10.0.0.21:8080"]
-        "#;
-    let c = from_file(file, &[]).unwrap();
-    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_full_scan).collect();
-    assert_eq!(limits, [4, 0]);
-    let c = from_file(file, &["--p2c-full-scan", "32"]).unwrap();
-    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_full_scan).collect();
-    assert_eq!(limits, [32, 0], "the flag replaces the file's global only");
-    let c = from_file(
-        "iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:8080\"]\n",
-        &[],
+        "#
     )
-    .unwrap();
-    assert_eq!(c.vips[0].p2c_full_scan, lb_common::DEFAULT_P2C_FULL_SCAN);
-    let e = from_file("iface = \"eth0\"\np2c_full_scan = -1\n", &[]).unwrap_err();
-    assert!(e.to_string().contains("expected u16"), "{e}");
+}
+
+/// The only VIP of a file that sets nothing else.
+fn unset_in_file() -> VipConfig {
+    let c = from_file(&eth0_vip_file(r#"["10.0.0.21:8080"]"#), &[]).unwrap();
+    c.vips[0].clone()
+}
+
+#[test]
+fn the_full_scan_limit_comes_from_the_vip_the_file_the_flag_or_the_default() {
+    let file = global_and_vip_override("p2c_full_scan", 4);
+    let limits = |argv: &[&str]| per_vip(&from_file(&file, argv).unwrap(), |v| v.p2c_full_scan);
+    assert_eq!(limits(&[]), [4, 0]);
+    assert_eq!(
+        limits(&["--p2c-full-scan", "32"]),
+        [32, 0],
+        "the flag replaces the file's global only"
+    );
+    assert_eq!(
+        unset_in_file().p2c_full_scan,
+        lb_common::DEFAULT_P2C_FULL_SCAN
+    );
+    let e = err_file("iface = \"eth0\"\np2c_full_scan = -1\n");
+    assert!(e.contains("expected u16"), "{e}");
 }
 
 #[test]
 fn the_saturation_threshold_comes_from_the_vip_the_file_the_flag_or_the_default() {
-    let file = r#"
-        iface = "eth0"
-        p2c_saturation = 8
-        [[vip]]
-        address = "10.0.0.100:80"
-        backends = ["10.0.0.21:8080"]
-        [[vip]]
-        address = "10.0.0.101:80"
-        p2c_saturation = 0
-        backends = ["10.0.0.21:8080"]
-        "#;
-    let c = from_file(file, &[]).unwrap();
-    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_saturation).collect();
-    assert_eq!(limits, [8, 0]);
-    let c = from_file(file, &["--p2c-saturation", "64"]).unwrap();
-    let limits: Vec<u16> = c.vips.iter().map(|v| v.p2c_saturation).collect();
-    assert_eq!(limits, [64, 0], "the flag replaces the file's global only");
-    let c = from_file(
-        "iface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:8080\"]\n",
-        &[],
-    )
-    .unwrap();
-    assert_eq!(c.vips[0].p2c_saturation, lb_common::DEFAULT_P2C_SATURATION);
-    let e = from_file("iface = \"eth0\"\np2c_saturation = 70000\n", &[]).unwrap_err();
-    assert!(e.to_string().contains("u16"), "{e}");
+    let file = global_and_vip_override("p2c_saturation", 8);
+    let limits = |argv: &[&str]| per_vip(&from_file(&file, argv).unwrap(), |v| v.p2c_saturation);
+    assert_eq!(limits(&[]), [8, 0]);
+    assert_eq!(
+        limits(&["--p2c-saturation", "64"]),
+        [64, 0],
+        "the flag replaces the file's global only"
+    );
+    assert_eq!(
+        unset_in_file().p2c_saturation,
+        lb_common::DEFAULT_P2C_SATURATION
+    );
+    let e = err_file("iface = \"eth0\"\np2c_saturation = 70000\n");
+    assert!(e.contains("u16"), "{e}");
 }
