@@ -1,0 +1,185 @@
+//! The benchmarks still run: each `cargo xtask bench` binary, at a size
+//! that takes seconds, end to end (programs loaded, labs built, real
+//! clients and servers), and its report holds every row with sane values.
+//! Their speed goals are the benches' own business (their full runs print
+//! ratios against a baseline of the same run); here nothing is timed
+//! beyond orderings no noise can turn over, and no result is written
+//! (the benches write `docs/bench` only at the full size).
+//!
+//! Run as root: `cargo test -p lb-tests --test benches -- --test-threads=1`.
+
+use std::process::Command;
+
+use lb_lab::require_root;
+
+/// Runs a bench binary of this package with `args`; its standard output
+/// (the run must succeed).
+fn run_bench(exe: &str, args: &[&str]) -> String {
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {exe}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{exe} {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The cells of the markdown table row whose first cell is `first`.
+fn row<'a>(report: &'a str, first: &str) -> Vec<&'a str> {
+    report
+        .lines()
+        .find_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .strip_prefix('|')?
+                .split('|')
+                .map(str::trim)
+                .collect();
+            (cells.first() == Some(&first)).then_some(cells)
+        })
+        .unwrap_or_else(|| panic!("no row '{first}' in:\n{report}"))
+}
+
+/// A number as the reports print it (`12,768`, `1,000 /s`, `0.0000`).
+fn number(cell: &str) -> f64 {
+    cell.split_whitespace()
+        .next()
+        .map(|n| n.replace(',', ""))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a number: '{cell}'"))
+}
+
+/// The dataplane table's paired ratio of `case` (its last column, e.g.
+/// `2.35 (2.30-2.35)`).
+fn paired_ratio(report: &str, case: &str) -> f64 {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with(case))
+        .unwrap_or_else(|| panic!("no case '{case}' in:\n{report}"));
+    let before_blocks = line.rsplit_once(" (").map_or(line, |(head, _)| head);
+    let ratio = before_blocks.split_whitespace().last().unwrap_or_default();
+    ratio
+        .parse()
+        .unwrap_or_else(|_| panic!("no paired ratio in '{line}'"))
+}
+
+#[test]
+fn the_dataplane_bench_measures_every_case() {
+    require_root!();
+    let report = run_bench(
+        env!("CARGO_BIN_EXE_lb-bench-dataplane"),
+        &["--runs", "500", "--blocks", "2"],
+    );
+    let established = [
+        "established, client -> backend",
+        "established, backend -> client",
+    ];
+    let new_flows = [
+        "new flow, P2C over 2 backends",
+        "new flow, P2C over 64 backends",
+        "new flow, P2C over 1024 backends",
+        "new flow, P2C over 16 backends",
+        "new flow, least connections over 16 backends",
+        "new flow, every tuple in time wait",
+    ];
+    let floors = [
+        "floor: established, hash-map hit",
+        "floor: established, array way hit",
+        "floor: new flow, 1 table entry",
+        "floor: new flow, 2 table entries",
+        "floor: new flow, 1 entry + reply way",
+        "floor: new flow, 2 ways, no entry",
+    ];
+    for case in established
+        .iter()
+        .chain(&new_flows)
+        .chain(&floors)
+        .chain(&["calibration: 4 calls + MAC swap", "miss (not VIP traffic)"])
+    {
+        let ratio = paired_ratio(&report, case);
+        // Everything does more than swap two MACs and send the frame back.
+        assert!(
+            ratio.is_finite() && ratio > 1.0,
+            "{case}: {ratio}x the MAC-swap baseline\n{report}"
+        );
+    }
+    // A new flow (a miss, two inserts, a pick) costs several established
+    // packets (one lookup): a margin no noise closes.
+    for (e, n) in established.iter().zip(&new_flows) {
+        assert!(
+            paired_ratio(&report, n) > 2.0 * paired_ratio(&report, e),
+            "{n} against {e}:\n{report}"
+        );
+    }
+    for summary in [
+        "an established packet's flow lookup:",
+        "one BPF function call and its return:",
+        "new flow over 1024 backends:",
+    ] {
+        assert!(report.contains(summary), "no '{summary}' in:\n{report}");
+    }
+}
+
+#[test]
+fn the_capacity_bench_sustains_a_small_rate_through_the_vip() {
+    require_root!();
+    let report = run_bench(
+        env!("CARGO_BIN_EXE_lb-bench-capacity"),
+        &[
+            "--target",
+            "1000",
+            "--duration",
+            "3s",
+            "--ceiling-step",
+            "2s",
+            "--ceiling-start",
+            "500",
+            "--ceiling-max",
+            "1000",
+            "--ceiling-refine",
+            "0",
+            "--refine",
+            "0",
+        ],
+    );
+    let sustained = row(
+        &report,
+        "Sustained through the VIP (every connection answered, 0 refused, 0 SYN retransmits)",
+    );
+    assert_eq!(number(sustained[1]), 1000.0, "{report}");
+    assert_eq!(row(&report, "Result")[1], "PASS", "{report}");
+    let events = row(&report, "Ring-buffer events per connection (failures only)");
+    assert_eq!(number(events[1]), 0.0, "{report}");
+    let vip_run = row(&report, "VIP");
+    // Completed, refused and SYN retransmits of the one run through the VIP.
+    assert_eq!(number(vip_run[3]), 3000.0, "{report}");
+    assert_eq!(number(vip_run[5]), 0.0, "{report}");
+    assert_eq!(number(vip_run[6]), 0.0, "{report}");
+}
+
+#[test]
+fn the_tail_bench_runs_every_case_with_apachebench() {
+    require_root!();
+    let report = run_bench(
+        env!("CARGO_BIN_EXE_lb-bench-tail"),
+        &["--requests", "600", "--rounds", "1"],
+    );
+    for case in [
+        "quarantine past TIME_WAIT",
+        "reuse inside TIME_WAIT",
+        "quarantine past TIME_WAIT, client without timestamps",
+        "reuse inside TIME_WAIT, client without timestamps",
+        "time-wait reuse (RFC 6191), quarantine past TIME_WAIT",
+    ] {
+        let cells = row(&report, case);
+        // Requests, failed, and the SYN retransmits column is a count.
+        assert_eq!(number(cells[4]), 600.0, "{case}:\n{report}");
+        assert_eq!(number(cells[5]), 0.0, "{case}:\n{report}");
+        number(cells[8]);
+    }
+}
