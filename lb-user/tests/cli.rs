@@ -640,12 +640,9 @@ fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
         let mut daemon = ns.start_ready(&instance, &args, Stdio::piped());
         let socket = socket_dir.join(format!("{instance}.sock"));
         let gid = group.map_or(0, |(_, gid)| gid);
-        let (dir_mode, sock_mode) = if group.is_some() {
-            (0o750, 0o660)
-        } else {
-            (0o700, 0o600)
-        };
-        assert_eq!(mode_of(socket_dir), (dir_mode, 0, gid));
+        let sock_mode = if group.is_some() { 0o660 } else { 0o600 };
+        // Shared by every instance: root's, searchable by all.
+        assert_eq!(mode_of(socket_dir), (0o711, 0, 0));
         assert_eq!(mode_of(&socket), (sock_mode, 0, gid));
 
         let denied = "ANSWER {\"ok\":false,\"error\":\"permission denied";
@@ -682,6 +679,49 @@ fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
                 .find(|l| l.contains("operator command refused"))
                 .unwrap();
             assert!(member.contains(&format!("uid={NOBODY}")), "{log}");
+        }
+    }
+}
+
+/// Two instances share `/run/lb-user`: one with `--control-group`, then
+/// one without. The second start must not lock the first one's group out
+/// of its socket (the directory stays searchable), and neither lets the
+/// group into the other; the files beside the sockets are root's alone.
+#[test]
+fn instances_with_and_without_a_control_group_share_the_socket_directory() {
+    if skip("instances_with_and_without_a_control_group_share_the_socket_directory") {
+        return;
+    }
+    let (grouped_ns, private_ns) = (Netns::new(), Netns::new());
+    let (grouped, private) = (unique("sockg"), unique("sockp"));
+    let mut args = lb0_args("skb", &grouped);
+    args.extend(["--metrics-addr", "off", "--control-group", "daemon"]);
+    let _grouped = grouped_ns.start_ready(&grouped, &args, Stdio::null());
+    let mut args = lb0_args("skb", &private);
+    args.extend(["--metrics-addr", "off"]);
+    let _private = private_ns.start_ready(&private, &args, Stdio::null());
+    let socket_dir = Path::new("/run/lb-user");
+    assert_eq!(mode_of(socket_dir), (0o711, 0, 0));
+    let socket = |instance: &str| socket_dir.join(format!("{instance}.sock"));
+    // The group's member reaches the grouped instance (answered: this VIP
+    // has no such backend), not the private one.
+    let member = connect_as(Identity::NobodyInGroup(1), &socket(&grouped));
+    assert!(
+        member.contains("has no backend 10.77.0.99:8080"),
+        "{member}"
+    );
+    let member = connect_as(Identity::NobodyInGroup(1), &socket(&private));
+    assert!(member.contains("Permission denied"), "{member}");
+    let stranger = connect_as(Identity::Nobody, &socket(&grouped));
+    assert!(stranger.contains("Permission denied"), "{stranger}");
+    // Each instance's lock and reserved-port record: root's alone.
+    for instance in [&grouped, &private] {
+        for file in [
+            format!("{instance}.lock"),
+            format!("{instance}.reserved-ports"),
+        ] {
+            let (mode, uid, _) = mode_of(&socket_dir.join(&file));
+            assert_eq!((mode, uid), (0o600, 0), "{file}");
         }
     }
 }

@@ -76,8 +76,6 @@ impl Runtime {
 }
 
 fn write_atomically(path: &Path, file: &ZonesFile) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_vec(file).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    crate::kernel::instance::write_private(path, &text)
 }

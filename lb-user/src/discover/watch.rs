@@ -126,11 +126,9 @@ impl DiscoveryStatus {
                 },
             );
         }
-        let tmp = path.with_extension("json.tmp");
         let written = serde_json::to_vec(&file)
             .map_err(std::io::Error::other)
-            .and_then(|text| std::fs::write(&tmp, text))
-            .and_then(|()| std::fs::rename(&tmp, path));
+            .and_then(|text| crate::kernel::instance::write_private(path, &text));
         if let Err(e) = written {
             tracing::debug!("cannot write {}: {e}", path.display());
         }

@@ -7,10 +7,16 @@
 //!   SIGKILL, so a crashed instance never blocks its successor, while a live
 //!   one makes a second start fail cleanly. The file itself is left in place:
 //!   unlinking a lock file races with a starter that already opened it.
+//! * `/run/lb-user` ([`LOCK_DIR`]) is shared by every instance: root's, mode
+//!   [`RUN_DIR_MODE`] (others may pass through it, not list it), so each
+//!   instance's control socket decides by its own mode and group who may
+//!   connect. The files beside the sockets are root's alone
+//!   ([`write_private`]).
 
 use std::{
     fs::{File, OpenOptions},
     io::Write as _,
+    os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -21,6 +27,13 @@ use crate::kernel::bpffs::BPFFS_ROOT;
 
 const APP_DIR: &str = "lb-user";
 pub const LOCK_DIR: &str = "/run/lb-user";
+/// [`LOCK_DIR`]'s mode: root's, searchable by all. An instance with
+/// `--control-group` needs its group to reach its socket through the
+/// directory, and instances with other groups (or none) share it; a mode
+/// per instance would have the last one started lock out the others.
+pub const RUN_DIR_MODE: u32 = 0o711;
+/// Mode of the files in [`LOCK_DIR`] other than the sockets.
+pub const RUN_FILE_MODE: u32 = 0o600;
 /// Pin name of the XDP link inside an instance's pin directory.
 pub const LINK_PIN: &str = "link";
 
@@ -47,6 +60,38 @@ pub fn list() -> Vec<String> {
     names
 }
 
+/// Creates [`LOCK_DIR`] if need be and gives it to root with
+/// [`RUN_DIR_MODE`], whatever an earlier start (or version) left.
+pub fn ensure_run_dir() -> anyhow::Result<()> {
+    let dir = Path::new(LOCK_DIR);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {LOCK_DIR}"))?;
+    std::os::unix::fs::chown(dir, Some(0), Some(0))
+        .with_context(|| format!("setting the owner of {LOCK_DIR}"))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(RUN_DIR_MODE))
+        .with_context(|| format!("setting the mode of {LOCK_DIR}"))
+}
+
+/// Replaces `path` with `contents` atomically (a temporary file beside it,
+/// renamed over it), readable and writable by its owner only
+/// ([`RUN_FILE_MODE`]): the files in [`LOCK_DIR`] name backends, zones and
+/// ports, which are nobody else's business.
+pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(RUN_FILE_MODE)
+        .open(&tmp)?;
+    // A temporary file left over keeps its mode through `open`.
+    file.set_permissions(std::fs::Permissions::from_mode(RUN_FILE_MODE))?;
+    file.write_all(contents)?;
+    drop(file);
+    std::fs::rename(&tmp, path)
+}
+
 /// The held lock of a running instance; released on drop.
 #[derive(Debug)]
 pub struct InstanceLock {
@@ -55,14 +100,18 @@ pub struct InstanceLock {
 
 impl InstanceLock {
     pub fn acquire(instance: &str) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(LOCK_DIR).with_context(|| format!("creating {LOCK_DIR}"))?;
+        ensure_run_dir()?;
         let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(RUN_FILE_MODE)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
+        // A lock file left by an earlier version may be readable by all.
+        file.set_permissions(std::fs::Permissions::from_mode(RUN_FILE_MODE))
+            .with_context(|| format!("restricting {}", path.display()))?;
         let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => lock,
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {

@@ -29,7 +29,10 @@ use std::{
 use anyhow::Context as _;
 use tracing::{info, warn};
 
-use crate::{kernel::instance::LOCK_DIR, settings::ports::PortRange};
+use crate::{
+    kernel::instance::{LOCK_DIR, write_private},
+    settings::ports::PortRange,
+};
 
 /// The sysctl's file.
 pub const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
@@ -118,8 +121,10 @@ fn reserve_in(
             _ => Err(e),
         })
     } else {
-        fs::create_dir_all(record.parent().unwrap_or(Path::new("/")))
-            .and_then(|()| fs::write(record, format!("{netns}\n{}\n", owned.to_text())))
+        fs::create_dir_all(record.parent().unwrap_or(Path::new("/"))).and_then(|()| {
+            let text = format!("{netns}\n{}\n", owned.to_text());
+            write_private(record, text.as_bytes())
+        })
     };
     if let Err(e) = result {
         warn!(

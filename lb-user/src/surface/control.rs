@@ -13,8 +13,9 @@
 //!
 //! Who may connect: root, and with `--control-group NAME` the processes
 //! whose primary or supplementary groups include NAME. The file system
-//! says so first (the directory is 0700 root, or 0750 root:NAME; the socket
-//! 0600, or 0660 root:NAME), then each connection's `SO_PEERCRED`: a peer
+//! says so first (the socket is 0600 root, or 0660 root:NAME; its
+//! directory, shared by every instance, is 0711 root: see
+//! `kernel::instance::RUN_DIR_MODE`), then each connection's `SO_PEERCRED`: a peer
 //! that got past the file modes but is neither (a process that kept its
 //! file-system identity) is answered `permission denied` and dropped.
 //! Each connection is bounded: one line of at most [`MAX_LINE`] bytes at a
@@ -45,7 +46,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    kernel::instance::LOCK_DIR,
+    kernel::instance::{LOCK_DIR, ensure_run_dir},
     settings::{cli::ControlCommand, ops::ControlGroup},
 };
 
@@ -184,7 +185,9 @@ pub fn serve(
     requests: mpsc::Sender<Pending>,
 ) -> anyhow::Result<JoinHandle<()>> {
     let path = socket_path(instance);
-    restrict_dir(Path::new(LOCK_DIR), group.as_ref())?;
+    // Shared by every instance, whatever its group: the socket's own mode
+    // (and each peer's credentials) decide who may connect.
+    ensure_run_dir()?;
     // Only this process holds the instance lock, so a file here is stale.
     let _ = std::fs::remove_file(&path);
     let listener =
@@ -229,12 +232,6 @@ pub fn serve(
             });
         }
     }))
-}
-
-/// The socket's directory: root's only, or root's and `group`'s.
-fn restrict_dir(dir: &Path, group: Option<&ControlGroup>) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    restrict(dir, group, 0o700, 0o750)
 }
 
 /// Owner root, and `private` mode, or `shared` mode with group `group`.
