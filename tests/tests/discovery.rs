@@ -894,9 +894,10 @@ fn serves_and_follows(lab: &Lab, name: &str, what: &str, put3: impl Fn(usize)) {
 const ROOT_PASSWORD: &str = "lab-Pw-1";
 
 /// etcd with authentication on (user root), the balancer with
-/// `--etcd-user/--etcd-password`. A wrong password is a configuration
-/// error, not an outage: the start fails with one `lb-user: error:` line,
-/// also when a cache of the last known backends exists (see the README).
+/// `--etcd-user/--etcd-password-file`. A wrong password (as a flag, which
+/// is warned about, or in a file) is a configuration error, not an outage:
+/// the start fails with one `lb-user: error:` line, also when a cache of
+/// the last known backends exists (see the README).
 #[test]
 fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
     require_root!();
@@ -912,7 +913,14 @@ fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
     let user = format!("--user={root}");
     put_with(&lab, &url, &[&user], 0, 1);
     put_with(&lab, &url, &[&user], 1, 1);
-    let auth = ["--etcd-user", "root", "--etcd-password", ROOT_PASSWORD];
+    // The password files (the right one as `echo` writes it: a line end).
+    let secrets = std::env::temp_dir().join(format!("lb-etcd-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&secrets).unwrap();
+    let (right, wrong) = (secrets.join("right"), secrets.join("wrong"));
+    std::fs::write(&right, format!("{ROOT_PASSWORD}\n")).unwrap();
+    std::fs::write(&wrong, "wrong\n").unwrap();
+    let (right, wrong) = (right.to_str().unwrap(), wrong.to_str().unwrap());
+    let auth = ["--etcd-user", "root", "--etcd-password-file", right];
     let lb = start(&lab, Algorithm::P2cEwma, &auth);
     serves_and_follows(
         &lab,
@@ -927,6 +935,10 @@ fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
             "wrong password",
             &["--etcd-user", "root", "--etcd-password", "wrong"][..],
         ),
+        (
+            "wrong password file",
+            &["--etcd-user", "root", "--etcd-password-file", wrong][..],
+        ),
         ("no user", &[][..]),
     ] {
         let text = refused_start(&lab, &url, flags, case);
@@ -940,7 +952,14 @@ fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
             lines[0].contains("etcd rejected the balancer") && !text.contains("serving the cached"),
             "{case}: {text}"
         );
+        // Only the password given as text is in the process list.
+        assert_eq!(
+            text.contains("visible to every local user in the process list"),
+            flags.contains(&"--etcd-password"),
+            "{case}: {text}"
+        );
     }
+    std::fs::remove_dir_all(&secrets).unwrap();
 }
 
 /// etcd over https with a throwaway CA; the balancer trusts it with

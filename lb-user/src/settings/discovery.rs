@@ -598,6 +598,43 @@ etcd_prefix = "/lb/web/"
         }
 
         #[test]
+        fn the_password_file_works_from_the_flag_and_from_the_config_file() {
+            let dir = std::env::temp_dir().join(format!("lb-pw-config-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let secret = dir.join("etcd-password");
+            std::fs::write(&secret, "hunter2\n").unwrap();
+            let secret = secret.to_str().unwrap();
+            let c = flags(&[
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
+                "--etcd-user",
+                "lb",
+                "--etcd-password-file",
+                secret,
+                "--vip",
+                "10.0.0.100:80",
+                "--etcd-prefix",
+                "/lb/web/",
+            ])
+            .unwrap();
+            let f = file(&format!(
+                r#"
+etcd_endpoints = ["http://10.0.0.1:2379"]
+etcd_user = "lb"
+etcd_password_file = "{secret}"
+[[vip]]
+address = "10.0.0.100:80"
+etcd_prefix = "/lb/web/"
+"#
+            ))
+            .unwrap();
+            assert_eq!(c, f);
+            let user = c.discovery.etcd.unwrap().user;
+            assert_eq!(user, Some(("lb".to_string(), "hunter2".to_string())));
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+
+        #[test]
         fn each_bad_discovery_input_is_one_clear_error() {
             let e = flags(&[
                 "--etcd-endpoints",
