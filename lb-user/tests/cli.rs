@@ -726,6 +726,55 @@ fn instances_with_and_without_a_control_group_share_the_socket_directory() {
     }
 }
 
+/// Two instances in one network namespace (one per interface), both with
+/// the default SNAT ports: the first to stop cleanly keeps them reserved
+/// for the other, which gives them back at its own stop.
+#[test]
+fn two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops() {
+    if skip("two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops") {
+        return;
+    }
+    let ns = Netns::new();
+    let ip = Command::new("ip")
+        .args(["-n", &ns.0, "addr", "add", "10.78.0.1/24", "dev", "lb1"])
+        .status()
+        .unwrap();
+    assert!(ip.success());
+    let reserved = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "sysctl", "-n"])
+            .arg("net.ipv4.ip_local_reserved_ports")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(reserved(), "", "a new namespace reserves nothing");
+    let (first, second) = (unique("share0"), unique("share1"));
+    let first_daemon = ns.start_ready(&first, &lb0_args("skb", &first), Stdio::null());
+    let second_args = [
+        "--iface",
+        "lb1",
+        "--vip",
+        "10.78.0.100:80",
+        "--backend",
+        "10.78.0.21:8080",
+        "--xdp-mode",
+        "skb",
+        "--instance",
+        &second,
+    ];
+    let second_daemon = ns.start_ready(&second, &second_args, Stdio::null());
+    assert_eq!(reserved(), "20000-32767");
+    drop(first_daemon);
+    assert_eq!(
+        reserved(),
+        "20000-32767",
+        "the second instance still uses the ports the first reserved"
+    );
+    drop(second_daemon);
+    assert_eq!(reserved(), "", "the last instance gave them back");
+}
+
 #[test]
 fn a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing() {
     if skip("a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing") {

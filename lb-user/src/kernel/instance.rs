@@ -92,6 +92,25 @@ pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Whether `instance` runs: the pid its lock file names is alive. (Not by
+/// trying its lock, which for that instant would make a start of that
+/// instance fail as "already running".) A reused pid counts as running,
+/// which errs on the side of keeping ports reserved.
+pub fn is_running(instance: &str) -> bool {
+    let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
+    let Some(pid) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.trim().parse::<i32>().ok())
+        .filter(|&pid| pid > 0)
+    else {
+        return false;
+    };
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e != nix::errno::Errno::ESRCH,
+    }
+}
+
 /// The held lock of a running instance; released on drop.
 #[derive(Debug)]
 pub struct InstanceLock {

@@ -15,6 +15,12 @@
 //! over, so a crash, a restart and a clean stop leave the sysctl as it was
 //! before the first start.
 //!
+//! Several instances in one namespace (one per NIC) may share ports: the
+//! default range is the same for all. The record also names the range an
+//! instance uses, and a clean stop keeps reserved what another running
+//! instance of the namespace uses, handing those ports to that instance's
+//! record: the last of them to stop gives them back.
+//!
 //! A range that would leave the host fewer than [`MIN_FREE_EPHEMERAL_PORTS`]
 //! of its ephemeral ports (`net.ipv4.ip_local_port_range`) is refused
 //! before anything is reserved: lb-user's own health checks, its etcd
@@ -43,7 +49,7 @@ pub const MIN_FREE_EPHEMERAL_PORTS: u32 = 1024;
 
 /// Where an instance records the ports it added to the sysctl.
 pub fn record_path(instance: &str) -> PathBuf {
-    Path::new(LOCK_DIR).join(format!("{instance}.reserved-ports"))
+    Path::new(LOCK_DIR).join(format!("{instance}{RECORD_SUFFIX}"))
 }
 
 /// This process's network namespace, as `/proc/self/ns/net` names it
@@ -77,8 +83,17 @@ pub fn release_snat_ports(instance: &str) {
         Path::new(RESERVED_PORTS),
         &record_path(instance),
         &current_netns(),
+        |record| instance_of(record).is_some_and(crate::kernel::instance::is_running),
     );
 }
+
+/// The instance a record in [`LOCK_DIR`] belongs to.
+fn instance_of(record: &Path) -> Option<&str> {
+    record.file_name()?.to_str()?.strip_suffix(RECORD_SUFFIX)
+}
+
+/// The end of every record's file name (see [`record_path`]).
+const RECORD_SUFFIX: &str = ".reserved-ports";
 
 fn reserve_in(
     sysctl: &Path,
@@ -94,7 +109,9 @@ fn reserve_in(
     wanted.insert_range(range.min, range.max);
     // Judged against the reservations that are not ours: a predecessor's
     // ports (it died without its clean stop) count as this range's.
-    let inherited = read_record(record, netns).unwrap_or_default();
+    let inherited = read_record(record, netns)
+        .map(|r| r.owned)
+        .unwrap_or_default();
     check_ephemeral_left(ephemeral, &current.difference(&inherited), &wanted, range)?;
     let added = wanted.difference(&current);
     if added.is_empty() {
@@ -114,18 +131,14 @@ fn reserve_in(
         info!(ports = %range, value, "reserved the SNAT ports: net.ipv4.ip_local_reserved_ports");
     }
     // A predecessor's ports (it died without its clean stop) are ours now.
-    let owned = added.union(&inherited);
-    let result = if owned.is_empty() {
-        fs::remove_file(record).or_else(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Ok(()),
-            _ => Err(e),
-        })
-    } else {
-        fs::create_dir_all(record.parent().unwrap_or(Path::new("/"))).and_then(|()| {
-            let text = format!("{netns}\n{}\n", owned.to_text());
-            write_private(record, text.as_bytes())
-        })
+    // Recorded even when we added none: what we use is kept reserved when
+    // another instance of this namespace that added them stops.
+    let own = Record {
+        owned: added.union(&inherited),
+        wanted,
     };
+    let result = fs::create_dir_all(record.parent().unwrap_or(Path::new("/")))
+        .and_then(|()| own.write(record, netns));
     if let Err(e) = result {
         warn!(
             record = %record.display(),
@@ -189,16 +202,76 @@ fn check_ephemeral_left(
     Ok(())
 }
 
-fn read_record(record: &Path, netns: &str) -> Option<PortSet> {
-    let text = fs::read_to_string(record).ok()?;
-    let (owner, ports) = text.split_once('\n').unwrap_or((text.as_str(), ""));
-    (owner == netns).then(|| PortSet::parse(ports))
+/// An instance's record: the ports it added to the sysctl (its own to give
+/// back) and the ports its SNAT range uses.
+struct Record {
+    owned: PortSet,
+    wanted: PortSet,
 }
 
-fn release_in(sysctl: &Path, record: &Path, netns: &str) {
-    let Some(owned) = read_record(record, netns) else {
+impl Record {
+    /// `netns`, the owned ports and the wanted ones, a line each.
+    fn write(&self, path: &Path, netns: &str) -> std::io::Result<()> {
+        let text = format!(
+            "{netns}\n{}\n{}\n",
+            self.owned.to_text(),
+            self.wanted.to_text()
+        );
+        write_private(path, text.as_bytes())
+    }
+}
+
+/// The record at `record` if it was written in network namespace `netns`;
+/// `None` without one, or for another namespace's (it is not ours). A
+/// record of an earlier version has no wanted ports.
+fn read_record(record: &Path, netns: &str) -> Option<Record> {
+    let text = fs::read_to_string(record).ok()?;
+    let mut lines = text.lines();
+    (lines.next()? == netns).then(|| Record {
+        owned: PortSet::parse(lines.next().unwrap_or_default()),
+        wanted: PortSet::parse(lines.next().unwrap_or_default()),
+    })
+}
+
+/// Gives back the ports `record` owns, but for those another running
+/// instance of `netns` (its record beside this one, `live` for it) wants:
+/// those go into that instance's record, so they stay reserved until it
+/// stops too.
+fn release_in(sysctl: &Path, record: &Path, netns: &str, live: impl Fn(&Path) -> bool) {
+    let Some(own) = read_record(record, netns) else {
         return;
     };
+    let mut handed = PortSet::default();
+    for other in sibling_records(record) {
+        if !live(&other) {
+            continue;
+        }
+        let Some(mut theirs) = read_record(&other, netns) else {
+            continue;
+        };
+        let theirs_now = own.owned.intersection(&theirs.wanted).difference(&handed);
+        if theirs_now.is_empty() {
+            continue;
+        }
+        theirs.owned = theirs.owned.union(&theirs_now);
+        if let Err(e) = theirs.write(&other, netns) {
+            warn!(
+                record = %other.display(),
+                "cannot hand SNAT ports to another instance's record (they will stay \
+                 reserved after it stops): {e}"
+            );
+        }
+        info!(
+            ports = %theirs_now.to_text(), record = %other.display(),
+            "SNAT ports kept reserved for another running instance"
+        );
+        handed = handed.union(&theirs_now);
+    }
+    let owned = own.owned.difference(&handed);
+    if owned.is_empty() {
+        remove_record(record);
+        return;
+    }
     let released = fs::read_to_string(sysctl).and_then(|text| {
         let current = PortSet::parse(&text);
         let kept = current.difference(&owned);
@@ -225,9 +298,29 @@ fn release_in(sysctl: &Path, record: &Path, netns: &str) {
             return;
         }
     }
+    remove_record(record);
+}
+
+fn remove_record(record: &Path) {
     if let Err(e) = fs::remove_file(record) {
         warn!(record = %record.display(), "cannot remove the SNAT ports' record: {e}");
     }
+}
+
+/// The other records in `record`'s directory.
+fn sibling_records(record: &Path) -> Vec<PathBuf> {
+    let Some(dir) = record.parent() else {
+        return Vec::new();
+    };
+    let mut records: Vec<PathBuf> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p != record && instance_of(p).is_some())
+        .collect();
+    records.sort();
+    records
 }
 
 /// A set of TCP/UDP ports, read from and written as the sysctl's text:
@@ -279,6 +372,15 @@ impl PortSet {
         let mut out = self.clone();
         for (w, o) in out.bits.iter_mut().zip(other.bits.iter()) {
             *w &= !o;
+        }
+        out
+    }
+
+    /// The ports in both.
+    pub fn intersection(&self, other: &Self) -> Self {
+        let mut out = self.clone();
+        for (w, o) in out.bits.iter_mut().zip(other.bits.iter()) {
+            *w &= o;
         }
         out
     }
@@ -379,18 +481,18 @@ mod tests {
         );
         assert_eq!(
             fs::read_to_string(&record).unwrap(),
-            format!("{NS}\n20000-24999,25001-32767\n")
+            format!("{NS}\n20000-24999,25001-32767\n20000-32767\n")
         );
         // Meanwhile the operator reserves another port.
         fs::write(&sysctl, "100-120,8080,9090,20000-32767").unwrap();
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         assert_eq!(
             fs::read_to_string(&sysctl).unwrap(),
             "100-120,8080,9090,25000"
         );
         assert!(!record.exists(), "the record goes with the release");
         // A second release (no record) changes nothing.
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         assert_eq!(
             fs::read_to_string(&sysctl).unwrap(),
             "100-120,8080,9090,25000"
@@ -399,7 +501,7 @@ mod tests {
     }
 
     #[test]
-    fn a_range_already_reserved_is_neither_recorded_nor_released() {
+    fn a_range_already_reserved_is_recorded_as_used_but_never_released() {
         let dir = temp_dir("covered");
         let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
         fs::write(&sysctl, "1000-40000").unwrap();
@@ -415,9 +517,82 @@ mod tests {
         )
         .unwrap();
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "1000-40000");
-        assert!(!record.exists());
-        release_in(&sysctl, &record, NS);
+        // Nothing added, but the range it uses is on record.
+        assert_eq!(
+            fs::read_to_string(&record).unwrap(),
+            format!("{NS}\n\n20000-32767\n")
+        );
+        release_in(&sysctl, &record, NS, |_| false);
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "1000-40000");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Two instances of one namespace with the default range, and a third
+    /// with another: whichever stops first keeps reserved what a running
+    /// one uses, and the last one gives the ports back.
+    #[test]
+    fn instances_sharing_ports_release_them_when_the_last_one_stops() {
+        let dir = temp_dir("shared");
+        let sysctl = dir.join("reserved");
+        let record = |name: &str| dir.join(format!("{name}{RECORD_SUFFIX}"));
+        fs::write(&sysctl, "8080\n").unwrap();
+        let reserve = |name: &str, min: u16, max: u16| {
+            reserve_in(
+                &sysctl,
+                &ephemeral(&dir),
+                &record(name),
+                NS,
+                PortRange { min, max },
+            )
+            .unwrap()
+        };
+        reserve("lb-eth0", 20000, 32767);
+        reserve("lb-eth1", 20000, 32767);
+        reserve("lb-eth2", 30000, 40000);
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080,20000-40000");
+        // The first stops; lb-eth1 and lb-eth2 run and use some of its ports.
+        let running = |names: &'static [&'static str]| {
+            move |p: &Path| instance_of(p).is_some_and(|i| names.contains(&i))
+        };
+        release_in(
+            &sysctl,
+            &record("lb-eth0"),
+            NS,
+            running(&["lb-eth1", "lb-eth2"]),
+        );
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080,20000-40000");
+        assert!(!record("lb-eth0").exists());
+        assert_eq!(
+            fs::read_to_string(record("lb-eth1")).unwrap(),
+            format!("{NS}\n20000-32767\n20000-32767\n"),
+            "lb-eth1 now owns the ports it uses"
+        );
+        // lb-eth1 stops: lb-eth2 still uses 30000-32767 (and owns
+        // 32768-40000 already).
+        release_in(&sysctl, &record("lb-eth1"), NS, running(&["lb-eth2"]));
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080,30000-40000");
+        // The last one gives everything back.
+        release_in(&sysctl, &record("lb-eth2"), NS, running(&[]));
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
+        // A record of an instance that is not running changes nothing.
+        reserve("lb-eth0", 20000, 32767);
+        reserve("lb-eth1", 20000, 32767);
+        release_in(&sysctl, &record("lb-eth0"), NS, running(&[]));
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_record_of_an_earlier_version_is_read_as_owned_ports_only() {
+        let dir = temp_dir("old-record");
+        let (sysctl, record) = (dir.join("reserved"), dir.join("default.reserved-ports"));
+        fs::write(&sysctl, "8080,20000-32767\n").unwrap();
+        fs::write(&record, format!("{NS}\n20000-32767\n")).unwrap();
+        let read = read_record(&record, NS).unwrap();
+        assert_eq!(read.owned.to_text(), "20000-32767");
+        assert!(read.wanted.is_empty());
+        release_in(&sysctl, &record, NS, |_| false);
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -445,7 +620,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "100-300,8080");
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
         // Another namespace's record is not ours: kept, and not used.
         reserve_in(
@@ -456,7 +631,7 @@ mod tests {
             PortRange { min: 100, max: 200 },
         )
         .unwrap();
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "100-200,8080");
         assert!(record.exists());
         fs::remove_dir_all(&dir).unwrap();
@@ -527,9 +702,9 @@ mod tests {
         reserve_in(&sysctl, &ephemeral(&dir), &record, NS, short).unwrap_err();
         reserve_in(&sysctl, &ephemeral(&dir), &record, NS, enough).unwrap();
         // A range file that cannot be read does not block the start.
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         reserve_in(&sysctl, &dir.join("none"), &record, NS, whole).unwrap();
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         // The operator's own reservations leave 999 ephemeral ports: a
         // range outside the ephemeral one takes none of them and starts.
         fs::write(&sysctl, "32768-60000").unwrap();
@@ -539,7 +714,7 @@ mod tests {
         };
         reserve_in(&sysctl, &ephemeral(&dir), &record, NS, below).unwrap();
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "20000-60000");
-        release_in(&sysctl, &record, NS);
+        release_in(&sysctl, &record, NS, |_| false);
         // One that takes one more of those 999 is refused.
         let into = PortRange {
             min: 20000,
