@@ -102,6 +102,7 @@ fn reserve_in(
     netns: &str,
     range: PortRange,
 ) -> anyhow::Result<()> {
+    let _records = RecordsLock::take(record);
     let text = fs::read_to_string(sysctl)
         .with_context(|| format!("reading {} to reserve the SNAT ports", sysctl.display()))?;
     let current = PortSet::parse(&text);
@@ -238,6 +239,7 @@ fn read_record(record: &Path, netns: &str) -> Option<Record> {
 /// those go into that instance's record, so they stay reserved until it
 /// stops too.
 fn release_in(sysctl: &Path, record: &Path, netns: &str, live: impl Fn(&Path) -> bool) {
+    let _records = RecordsLock::take(record);
     let Some(own) = read_record(record, netns) else {
         return;
     };
@@ -304,6 +306,61 @@ fn release_in(sysctl: &Path, record: &Path, netns: &str, live: impl Fn(&Path) ->
 fn remove_record(record: &Path) {
     if let Err(e) = fs::remove_file(record) {
         warn!(record = %record.display(), "cannot remove the SNAT ports' record: {e}");
+    }
+}
+
+/// Serializes the reservations and releases of every instance on the host
+/// (a `flock` on a file beside the records): a start that finds the ports
+/// reserved records that it uses them before a stop of the instance that
+/// reserved them reads the records, or after it gave them back (and then
+/// reserves them itself). Held until dropped.
+struct RecordsLock {
+    _held: Option<nix::fcntl::Flock<fs::File>>,
+}
+
+impl RecordsLock {
+    /// How long a start or a stop waits for another one's reservation.
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// Takes the lock of `record`'s directory, waiting at most
+    /// [`Self::WAIT`]; past that, or if the lock file cannot be opened, it
+    /// goes on without it and says so (a reservation or release is a
+    /// few file writes: a holder that long is stuck).
+    fn take(record: &Path) -> Self {
+        use nix::fcntl::{Flock, FlockArg};
+        let path = record
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join(".reserved-ports.lock");
+        let open = || {
+            fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        };
+        let deadline = std::time::Instant::now() + Self::WAIT;
+        loop {
+            let file = match open() {
+                Ok(file) => file,
+                Err(e) => {
+                    warn!(lock = %path.display(), "cannot open the SNAT records' lock: {e}");
+                    return Self { _held: None };
+                }
+            };
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Self { _held: Some(lock) },
+                Err((_, nix::errno::Errno::EWOULDBLOCK))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err((_, e)) => {
+                    warn!(lock = %path.display(), "going on without the SNAT records' lock: {e}");
+                    return Self { _held: None };
+                }
+            }
+        }
     }
 }
 
@@ -579,6 +636,31 @@ mod tests {
         reserve("lb-eth1", 20000, 32767);
         release_in(&sysctl, &record("lb-eth0"), NS, running(&[]));
         assert_eq!(fs::read_to_string(&sysctl).unwrap(), "8080");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reservations_and_releases_wait_for_each_other() {
+        let dir = temp_dir("records-lock");
+        let record = dir.join("a.reserved-ports");
+        let held = RecordsLock::take(&record);
+        assert!(held._held.is_some());
+        let waiter = {
+            let record = dir.join("b.reserved-ports");
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                let lock = RecordsLock::take(&record);
+                (start.elapsed(), lock._held.is_some())
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(held);
+        let (waited, got) = waiter.join().unwrap();
+        assert!(got, "the second one got the lock once the first let go");
+        assert!(
+            waited >= std::time::Duration::from_millis(150),
+            "it waited for the first: {waited:?}"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 
