@@ -714,15 +714,18 @@ fn instances_with_and_without_a_control_group_share_the_socket_directory() {
     assert!(member.contains("Permission denied"), "{member}");
     let stranger = connect_as(Identity::Nobody, &socket(&grouped));
     assert!(stranger.contains("Permission denied"), "{stranger}");
-    // Each instance's lock and reserved-port record: root's alone.
+    // Each instance's lock and reserved-port record, and the records'
+    // host-wide lock: root's alone.
+    let mut files = vec![".reserved-ports.lock".to_string()];
     for instance in [&grouped, &private] {
-        for file in [
+        files.extend([
             format!("{instance}.lock"),
             format!("{instance}.reserved-ports"),
-        ] {
-            let (mode, uid, _) = mode_of(&socket_dir.join(&file));
-            assert_eq!((mode, uid), (0o600, 0), "{file}");
-        }
+        ]);
+    }
+    for file in files {
+        let (mode, uid, _) = mode_of(&socket_dir.join(&file));
+        assert_eq!((mode, uid), (0o600, 0), "{file}");
     }
 }
 

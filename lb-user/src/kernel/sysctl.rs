@@ -36,7 +36,7 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::{
-    kernel::instance::{LOCK_DIR, write_private},
+    kernel::instance::{LOCK_DIR, RUN_FILE_MODE, write_private},
     settings::ports::PortRange,
 };
 
@@ -327,6 +327,8 @@ impl RecordsLock {
     /// goes on without it and says so (a reservation or release is a
     /// few file writes: a holder that long is stuck).
     fn take(record: &Path) -> Self {
+        use std::os::unix::fs::OpenOptionsExt as _;
+
         use nix::fcntl::{Flock, FlockArg};
         let path = record
             .parent()
@@ -337,6 +339,7 @@ impl RecordsLock {
                 .create(true)
                 .truncate(false)
                 .write(true)
+                .mode(RUN_FILE_MODE)
                 .open(&path)
         };
         let deadline = std::time::Instant::now() + Self::WAIT;
@@ -348,6 +351,9 @@ impl RecordsLock {
                     return Self { _held: None };
                 }
             };
+            // One left by an earlier version may be readable by all.
+            let _ =
+                file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(RUN_FILE_MODE));
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => return Self { _held: Some(lock) },
                 Err((_, nix::errno::Errno::EWOULDBLOCK))
@@ -645,6 +651,12 @@ mod tests {
         let record = dir.join("a.reserved-ports");
         let held = RecordsLock::take(&record);
         assert!(held._held.is_some());
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = fs::metadata(dir.join(".reserved-ports.lock"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, RUN_FILE_MODE, "root's alone, as the records");
         let waiter = {
             let record = dir.join("b.reserved-ports");
             std::thread::spawn(move || {
