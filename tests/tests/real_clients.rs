@@ -228,8 +228,8 @@ fn curl_gets_and_uploads_through_the_vip_over_ipv4_and_ipv6() {
 /// at a time. None may fail, and every one is counted opened by lb-user.
 /// The client's SYN retransmits are reported with the loss counters of
 /// every namespace; the test fails on more retransmits than the lab's
-/// kernel counted losses (a SYN lost without trace would be the
-/// balancer's), and on any SYN a backend's TIME_WAIT rejected.
+/// kernel counted losses (a SYN lost without trace, or one a backend's
+/// TIME_WAIT rejected, would be the balancer's).
 #[test]
 fn apachebench_opens_20000_connections_without_a_failure() {
     require_root!();
@@ -262,14 +262,13 @@ fn apachebench_opens_20000_connections_without_a_failure() {
         "lb-user counted {opened} connections opened for ab's 20,000"
     );
     let syn_retrans = delta.in_role("cl", "TcpExtTCPSynRetrans");
-    // A backend's TIME_WAIT rejecting a SYN would be the balancer's doing
-    // (a SNAT tuple handed out too early), never the lab's.
-    assert_eq!(
-        delta.in_role("be", "TcpExtPAWSTimewait"),
-        0,
-        "SYNs rejected by a backend's TIME_WAIT: {}",
-        delta.summary()
-    );
+    // Not a loss, and not asserted here: `TcpExtPAWSTimewait` counts every
+    // segment a TIME_WAIT rejects for an old timestamp, and with tuples
+    // reused inside TIME_WAIT (ab's 20,000 connections turn some CPUs'
+    // slices over) a late ACK of the tuple's previous connection, reordered
+    // across the lab's CPUs, meets the next connection's TIME_WAIT. A SYN
+    // it rejected would show as a client SYN retransmit with no loss to
+    // explain it, which the bound below catches.
     // Every retransmitted SYN needs a lost SYN or SYN-ACK, and the lab's
     // kernel counts each such loss once: more retransmits than counted
     // losses means packets vanished without trace, in the balancer.
