@@ -437,24 +437,31 @@ mod tests {
         // nanosleep, about 5.1-5.3 ms. The bound sits between the two,
         // loose enough for a busy machine; the lower one is the promise
         // that a slot is never shorter than the service time.
+        // The fastest of three runs: a busy machine only ever adds time,
+        // while the timer's overshoot is in every run.
         const REQUESTS: u32 = 200;
-        let shared = shared(2, 5, 0);
-        let start = std::time::Instant::now();
-        let tasks: Vec<_> = (0..REQUESTS)
-            .map(|_| {
-                let shared = shared.clone();
-                tokio::spawn(async move { shared.serve_one().await })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
+        const RUNS: usize = 3;
+        let mut runs = Vec::new();
+        for _ in 0..RUNS {
+            let shared = shared(2, 5, 0);
+            let start = std::time::Instant::now();
+            let tasks: Vec<_> = (0..REQUESTS)
+                .map(|_| {
+                    let shared = shared.clone();
+                    tokio::spawn(async move { shared.serve_one().await })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            runs.push(start.elapsed());
         }
-        let took = start.elapsed();
+        let took = *runs.iter().min().unwrap();
         let nominal = Duration::from_millis(5) * REQUESTS / 2;
-        assert!(took >= nominal, "{took:?} for {nominal:?} of work");
+        assert!(took >= nominal, "{runs:?} for {nominal:?} of work");
         assert!(
             took < nominal.mul_f64(1.12),
-            "{took:?} for {nominal:?} of work: each slot overshoots its service time"
+            "{runs:?} for {nominal:?} of work: each slot overshoots its service time"
         );
     }
 }
