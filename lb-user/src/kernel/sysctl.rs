@@ -334,31 +334,31 @@ impl RecordsLock {
             .parent()
             .unwrap_or(Path::new("/"))
             .join(".reserved-ports.lock");
-        let open = || {
-            fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(RUN_FILE_MODE)
-                .open(&path)
+        let mut file = match fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(RUN_FILE_MODE)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(e) => {
+                warn!(lock = %path.display(), "cannot open the SNAT records' lock: {e}");
+                return Self { _held: None };
+            }
         };
+        // One left by an earlier version may be readable by all.
+        let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(RUN_FILE_MODE));
         let deadline = std::time::Instant::now() + Self::WAIT;
+        // The same open file each try: `Flock::lock` hands it back when the
+        // lock is held elsewhere.
         loop {
-            let file = match open() {
-                Ok(file) => file,
-                Err(e) => {
-                    warn!(lock = %path.display(), "cannot open the SNAT records' lock: {e}");
-                    return Self { _held: None };
-                }
-            };
-            // One left by an earlier version may be readable by all.
-            let _ =
-                file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(RUN_FILE_MODE));
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => return Self { _held: Some(lock) },
-                Err((_, nix::errno::Errno::EWOULDBLOCK))
+                Err((again, nix::errno::Errno::EWOULDBLOCK))
                     if std::time::Instant::now() < deadline =>
                 {
+                    file = again;
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 Err((_, e)) => {

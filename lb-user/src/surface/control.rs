@@ -46,7 +46,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    kernel::instance::{LOCK_DIR, ensure_run_dir},
+    kernel::instance::LOCK_DIR,
     settings::{cli::ControlCommand, ops::ControlGroup},
 };
 
@@ -58,6 +58,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_CONNECTIONS: usize = 16;
 /// How long the client waits for the daemon's answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The socket's mode without `--control-group`: root's alone.
+const SOCKET_MODE: u32 = 0o600;
+/// The socket's mode with `--control-group`: root and that group.
+const GROUP_SOCKET_MODE: u32 = 0o660;
 /// Pause after a failed accept (e.g. out of file descriptors).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
@@ -185,14 +189,15 @@ pub fn serve(
     requests: mpsc::Sender<Pending>,
 ) -> anyhow::Result<JoinHandle<()>> {
     let path = socket_path(instance);
-    // Shared by every instance, whatever its group: the socket's own mode
-    // (and each peer's credentials) decide who may connect.
-    ensure_run_dir()?;
+    // Its directory, shared by every instance whatever its group, was made
+    // when the instance lock was taken (`InstanceLock::acquire`, before the
+    // daemon starts): the socket's own mode (and each peer's credentials)
+    // decide who may connect.
     // Only this process holds the instance lock, so a file here is stale.
     let _ = std::fs::remove_file(&path);
     let listener =
         UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
-    restrict(&path, group.as_ref(), 0o600, 0o660)?;
+    restrict(&path, group.as_ref())?;
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
         loop {
@@ -234,17 +239,17 @@ pub fn serve(
     }))
 }
 
-/// Owner root, and `private` mode, or `shared` mode with group `group`.
-fn restrict(
-    path: &Path,
-    group: Option<&ControlGroup>,
-    private: u32,
-    shared: u32,
-) -> anyhow::Result<()> {
+/// Owner root, and [`SOCKET_MODE`], or [`GROUP_SOCKET_MODE`] with group
+/// `group`.
+fn restrict(path: &Path, group: Option<&ControlGroup>) -> anyhow::Result<()> {
     let gid = group.map_or(0, |g| g.gid);
     std::os::unix::fs::chown(path, Some(0), Some(gid))
         .with_context(|| format!("setting the owner of {}", path.display()))?;
-    let mode = if group.is_some() { shared } else { private };
+    let mode = if group.is_some() {
+        GROUP_SOCKET_MODE
+    } else {
+        SOCKET_MODE
+    };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("restricting {}", path.display()))
 }
