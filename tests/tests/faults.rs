@@ -671,9 +671,22 @@ fn share_after_slow_moment(name: &'static str, extra: &[&str]) -> Attempt {
                     .collect(),
             );
         }
-        (penalised, peers, slow_for, polls, recovered, Instant::now())
+        let ended = Instant::now();
+        // What the latency probes did (applied, busy, barred...): a
+        // recovered backend that stays out with probes on had them barred.
+        let probes = lab
+            .scrape_metrics()
+            .map(|text| {
+                let outcomes: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.starts_with("lb_latency_probes_total{"))
+                    .collect();
+                outcomes.join(", ")
+            })
+            .unwrap_or_else(|e| format!("no metrics: {e:#}"));
+        (penalised, peers, slow_for, polls, recovered, ended, probes)
     });
-    let (penalised, peers, slow_for, polls, recovered, ended) = &run.during;
+    let (penalised, peers, slow_for, polls, recovered, ended, probes) = &run.during;
     // The window: 2 s to 5 s after it recovered (polls 8 and 20). Three
     // seconds, not two: at 200 req/s most picks find both candidates
     // idle, so whichever of three equally fast backends has the lowest
@@ -706,7 +719,7 @@ fn share_after_slow_moment(name: &'static str, extra: &[&str]) -> Attempt {
         })
         .collect();
     println!(
-        "{name}: after recovery, each backend's estimate/opened: {}",
+        "{name}: after recovery, each backend's estimate/opened: {}; latency probes: {probes}",
         timeline.join("; ")
     );
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);

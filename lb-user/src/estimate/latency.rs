@@ -559,6 +559,42 @@ mod tests {
         assert!(e.estimate_ns(clock.now()) / MS < 60.0);
     }
 
+    /// The fault lab's case with probes and the default memory: a fast
+    /// backend (2.5 ms) has one noisy response (12 ms, in a tick of four),
+    /// is avoided and probed back down, and seconds later is slow for half
+    /// a second (25 ms). Its first probe after it recovered brings it back:
+    /// the noise was no episode, so the slow phase is no relapse.
+    #[test]
+    fn a_probe_brings_back_a_backend_slow_once_after_noise() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        let fast = LatencySample::single(Duration::from_micros(2_500)).counted(4);
+        feed(&mut e, &clock, fast, 3.0);
+        clock.advance(TICK);
+        e.observe(
+            LatencySample {
+                mean: Duration::from_micros(4_375),
+                peak: Duration::from_millis(12),
+                count: 4,
+            },
+            clock.now(),
+        );
+        clock.advance(PROBE_EVERY);
+        assert_eq!(
+            e.observe_probe(probe_ms(2), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Applied
+        );
+        feed(&mut e, &clock, fast, 2.0);
+        feed(&mut e, &clock, ms(25).counted(2), 0.5);
+        clock.advance(PROBE_EVERY);
+        assert_eq!(
+            e.observe_probe(probe_ms(2), clock.now(), PROBE_EVERY),
+            ProbeOutcome::Applied
+        );
+        let after = e.estimate_ns(clock.now()) / MS;
+        assert!(after < 7.5, "{after}: within 3× of its 2.5 ms peers");
+    }
+
     #[test]
     fn a_probe_of_a_backend_users_still_sample_changes_nothing() {
         let clock = ManualClock::starting_at(0);

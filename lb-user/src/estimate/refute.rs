@@ -47,7 +47,8 @@ use crate::{estimate::sample::LatencySample, kernel::clock::Nanos};
 /// A response refutes the estimate when it took at most 1/this of it.
 pub const REFUTE_RATIO: f64 = 2.0;
 /// Only an estimate lowered by at least this factor (by a refutation or a
-/// probe) is watched for a relapse: an episode such as a pause (300 ms over
+/// probe), after a tick whose mean was this far above where it came down
+/// to, is watched for a relapse: an episode such as a pause (300 ms over
 /// 12 ms) or a slow phase (10×), not the noise of a busy host, which moves
 /// a fast backend's peaks by 2–3× and would otherwise bar the next real
 /// episode from ever being forgiven early. (The lab caught exactly that: a
@@ -78,6 +79,9 @@ pub struct Refutation {
     /// Σ latency of the run's responses, in nanoseconds.
     total_ns: f64,
     peak: Duration,
+    /// The highest tick mean users measured since the estimate was last
+    /// lowered: whether a lowering ends an episode (see [`EPISODE_RATIO`]).
+    highest_mean: Duration,
     refuted_at: Option<Nanos>,
     barred_until: Option<Nanos>,
 }
@@ -90,6 +94,7 @@ impl Refutation {
             responses: 0,
             total_ns: 0.0,
             peak: Duration::ZERO,
+            highest_mean: Duration::ZERO,
             refuted_at: None,
             barred_until: None,
         }
@@ -110,6 +115,7 @@ impl Refutation {
         }
         let peak_ns = sample.peak.as_nanos() as f64;
         let mean_ns = sample.mean.as_nanos() as f64;
+        self.highest_mean = self.highest_mean.max(sample.mean);
         if mean_ns >= estimate_ns * EPISODE_RATIO && self.watching(now) {
             self.barred_until = Some(now.plus(self.watch));
         }
@@ -141,11 +147,18 @@ impl Refutation {
     }
 
     /// Watches for a relapse if the estimate came down by an episode's
-    /// worth ([`EPISODE_RATIO`]).
+    /// worth ([`EPISODE_RATIO`]) after an episode: a tick whose mean was
+    /// that far above where it came down to. The peaks alone say nothing
+    /// of an episode: one noisy response among fast ones (a hiccup of the
+    /// host) puts a fast backend's peak memory 4× up as well, and a
+    /// watch armed by its lowering takes the first real episode after it
+    /// for a relapse and bars forgiving it for τ.
     fn lowered(&mut self, from_ns: f64, to_ns: f64, now: Nanos) {
-        if from_ns >= to_ns * EPISODE_RATIO {
+        let episode = self.highest_mean.as_nanos() as f64 >= to_ns * EPISODE_RATIO;
+        if episode && from_ns >= to_ns * EPISODE_RATIO {
             self.refuted_at = Some(now);
         }
+        self.highest_mean = Duration::ZERO;
     }
 
     /// Whether a relapse at `now` counts: within `watch` of the last
@@ -269,6 +282,8 @@ mod tests {
     #[test]
     fn a_slow_episode_long_after_a_refutation_is_no_relapse() {
         let mut r = Refutation::new(16, WATCH);
+        // An episode, refuted: watched for τ.
+        assert_eq!(r.record(tick(2, 300, 300), 12.0 * MS, at_ms(700)), None);
         assert!(
             r.record(tick(16, 10, 10), 100.0 * MS, at_ms(1_000))
                 .is_some()
@@ -304,6 +319,8 @@ mod tests {
     #[test]
     fn only_an_episode_sized_rise_is_a_relapse() {
         let mut r = Refutation::new(16, WATCH);
+        // A slow phase (21 ms answers), probed down to 3.2 ms.
+        assert_eq!(r.record(tick(3, 21, 22), 21.0 * MS, at_ms(900)), None);
         r.lowered_by_probe(21.0 * MS, 3.2 * MS, at_ms(1_000));
         assert_eq!(r.record(tick(3, 4, 9), 3.2 * MS, at_ms(1_500)), None);
         assert!(!r.barred(at_ms(1_500)));
@@ -311,9 +328,32 @@ mod tests {
         assert_eq!(r.record(tick(5, 6, 19), 3.2 * MS, at_ms(1_550)), None);
         assert!(!r.barred(at_ms(1_550)));
         assert!(r.record(tick(16, 3, 3), 9.0 * MS, at_ms(2_000)).is_some());
+        assert_eq!(r.record(tick(3, 21, 22), 21.0 * MS, at_ms(2_900)), None);
         r.lowered_by_probe(21.0 * MS, 3.2 * MS, at_ms(3_000));
         assert_eq!(r.record(tick(3, 13, 20), 3.2 * MS, at_ms(3_500)), None);
         assert!(r.barred(at_ms(3_500)));
+    }
+
+    /// Noise can put one response at 4× a fast backend's norm (a host
+    /// hiccup of 10 ms over 2.5 ms), and a probe then lowers the peak
+    /// memory by as much; but no tick's *mean* rose by an episode, so the
+    /// slow phase that follows is a first episode, not a relapse. (A CI
+    /// run saw exactly that: a backend slow for 0.5 s got none of the new
+    /// connections for 5 s after it recovered, its probes barred.)
+    #[test]
+    fn a_lowering_after_noise_peaks_alone_arms_no_watch() {
+        let mut r = Refutation::new(16, WATCH);
+        // Four answers, one of them 12 ms: a mean of 4.4 ms over 2.5.
+        assert_eq!(r.record(tick(4, 4, 12), 2.5 * MS, at_ms(1_000)), None);
+        r.lowered_by_probe(12.0 * MS, 2.5 * MS, at_ms(1_300));
+        // A slow phase (20 ms answers) a second later: no bar, and it is
+        // forgiven on evidence.
+        assert_eq!(r.record(tick(2, 20, 25), 2.5 * MS, at_ms(2_300)), None);
+        assert!(!r.barred(at_ms(2_300)));
+        // That one was an episode: a probe lowering it arms the watch.
+        r.lowered_by_probe(25.0 * MS, 2.5 * MS, at_ms(3_000));
+        assert_eq!(r.record(tick(2, 20, 25), 2.5 * MS, at_ms(4_000)), None);
+        assert!(r.barred(at_ms(4_000)));
     }
 
     #[test]
