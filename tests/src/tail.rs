@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     Binaries, Lab,
     control_bench::scrape,
-    lab::{Algorithm, BackendSpec, BalancerSpec, Protocol, VipSpec, XdpMode},
+    lab::{Algorithm, BackendSpec, BalancerSpec, Protocol, VipSpec},
     netcounters::{Delta, Snapshot},
 };
 
@@ -209,17 +209,12 @@ fn run_case(lab: &Lab, case: &Case, snat: Ipv4Addr, requests: u32, rounds: u32) 
     let reuse = if case.time_wait_reuse { "on" } else { "off" };
     extra.extend(["--snat-time-wait-reuse".into(), reuse.into()]);
     let backends = lab.backends().iter().map(|b| (b.addr(), 1)).collect();
-    let spec = BalancerSpec {
-        vips: vec![VipSpec {
-            addr: lab.tcp_vip(),
-            protocol: Protocol::Tcp,
-            backends,
-            zones: BTreeMap::new(),
-        }],
-        algorithm: Algorithm::P2cEwma,
-        xdp_mode: XdpMode::Native,
-        extra_args: extra,
-    };
+    let mut spec = BalancerSpec::one_vip(
+        VipSpec::new(lab.tcp_vip(), Protocol::Tcp, backends),
+        Algorithm::P2cEwma,
+        &[],
+    );
+    spec.extra_args = extra;
     lab.restoring_reserved_ports(|| {
         let process = lab.start_balancer(&spec)?;
         let result = measure(lab, case, lab.tcp_vip(), requests, rounds);

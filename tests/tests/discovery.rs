@@ -17,8 +17,7 @@ use std::{
 use lb_lab::{
     Binaries, Lab,
     lab::{
-        Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol as VipProtocol, VipSpec, XdpMode,
-        metric,
+        Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol as VipProtocol, VipSpec, metric,
     },
     loadgen::{LoadConfig, Protocol, Summary},
     require_root,
@@ -121,17 +120,11 @@ fn spec(lab: &Lab, url: &str, algorithm: Algorithm, extra: &[&str]) -> BalancerS
         state.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    BalancerSpec {
-        vips: vec![VipSpec {
-            addr: lab.tcp_vip(),
-            protocol: VipProtocol::Tcp,
-            backends: Vec::new(),
-            zones: Default::default(),
-        }],
+    BalancerSpec::one_vip(
+        VipSpec::new(lab.tcp_vip(), VipProtocol::Tcp, Vec::new()),
         algorithm,
-        xdp_mode: XdpMode::Native,
-        extra_args: args.iter().map(|s| s.to_string()).collect(),
-    }
+        &args,
+    )
 }
 
 /// The error (in full, `{:#}`) of a P2C-EWMA balancer start against `url`

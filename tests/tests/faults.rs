@@ -21,7 +21,7 @@ use lb_lab::{
     host_stall::HostStalls,
     lab::{
         Algorithm, BackendSpec, BalancerSpec, FAST_HEALTH_CHECKS, Protocol as VipProtocol, VipSpec,
-        XdpMode, metric,
+        metric,
     },
     loadgen::{LoadConfig, Protocol, Summary},
     probe, require_root,
@@ -119,20 +119,15 @@ impl Deref for Fault {
 
 /// The TCP VIP alone over `backends`, with extra flags.
 fn spec(lab: &Lab, backends: &[usize], extra: &[&str]) -> BalancerSpec {
-    BalancerSpec {
-        vips: vec![VipSpec {
-            addr: lab.tcp_vip(),
-            protocol: VipProtocol::Tcp,
-            backends: backends
-                .iter()
-                .map(|&i| (lab.backends()[i].addr(), 1))
-                .collect(),
-            zones: Default::default(),
-        }],
-        algorithm: Algorithm::P2cEwma,
-        xdp_mode: XdpMode::Native,
-        extra_args: extra.iter().map(|s| s.to_string()).collect(),
-    }
+    let backends = backends
+        .iter()
+        .map(|&i| (lab.backends()[i].addr(), 1))
+        .collect();
+    BalancerSpec::one_vip(
+        VipSpec::new(lab.tcp_vip(), VipProtocol::Tcp, backends),
+        Algorithm::P2cEwma,
+        extra,
+    )
 }
 
 fn backend_status(status: &Status, lab: &Lab, index: usize) -> Option<BackendStatus> {

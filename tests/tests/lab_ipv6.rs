@@ -30,18 +30,10 @@ fn reach_every_backend_over_ipv6(mode: XdpMode) {
     let udp6 = SocketAddr::from((VIP_ADDR6, VIP_UDP_PORT));
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, mode);
     spec.vips.truncate(1); // keep the IPv4 TCP VIP
-    spec.vips.push(VipSpec {
-        addr: tcp6,
-        protocol: VipProtocol::Tcp,
-        backends: backends6.clone(),
-        zones: Default::default(),
-    });
-    spec.vips.push(VipSpec {
-        addr: udp6,
-        protocol: VipProtocol::Udp,
-        backends: backends6,
-        zones: Default::default(),
-    });
+    spec.vips
+        .push(VipSpec::new(tcp6, VipProtocol::Tcp, backends6.clone()));
+    spec.vips
+        .push(VipSpec::new(udp6, VipProtocol::Udp, backends6));
     let _balancer = lab.start_balancer(&spec).unwrap();
     let client = lab.client().ns.clone();
     let v4 = probe::http(&client, lab.tcp_vip(), "/echo", b"v4 too").unwrap();
@@ -105,12 +97,9 @@ fn udp_datagrams_of_4_kib_are_balanced_in_fragments_over_both_families() {
     let names: BTreeSet<String> = lab.backends().iter().map(|b| b.name.clone()).collect();
     let udp6 = SocketAddr::from((VIP_ADDR6, VIP_UDP_PORT));
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
-    spec.vips.push(VipSpec {
-        addr: udp6,
-        protocol: VipProtocol::Udp,
-        backends: lab.backends().iter().map(|b| (b.addr6(), 1)).collect(),
-        zones: Default::default(),
-    });
+    let backends6 = lab.backends().iter().map(|b| (b.addr6(), 1)).collect();
+    spec.vips
+        .push(VipSpec::new(udp6, VipProtocol::Udp, backends6));
     let _balancer = lab.start_balancer(&spec).unwrap();
     let client = lab.client().ns.clone();
     let mtu = lab

@@ -142,12 +142,8 @@ fn curl_gets_and_uploads_through_the_vip_over_ipv4_and_ipv6() {
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
     let backends6: Vec<_> = lab.backends().iter().map(|b| (b.addr6(), 1)).collect();
     let tcp6 = SocketAddr::from((VIP_ADDR6, VIP_TCP_PORT));
-    spec.vips.push(VipSpec {
-        addr: tcp6,
-        protocol: VipProtocol::Tcp,
-        backends: backends6,
-        zones: Default::default(),
-    });
+    spec.vips
+        .push(VipSpec::new(tcp6, VipProtocol::Tcp, backends6));
     let _balancer = lab.start_balancer(&spec).unwrap();
     let body = payload_pattern(300_000);
     let file: PathBuf = lab.log_dir().join("upload.bin");
@@ -416,12 +412,8 @@ fn iperf3_tcp_and_fragmented_udp_both_ways_through_the_vip() {
     let vip = SocketAddr::from((VIP_ADDR, IPERF_PORT));
     let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
     for protocol in [VipProtocol::Tcp, VipProtocol::Udp] {
-        spec.vips.push(VipSpec {
-            addr: vip,
-            protocol,
-            backends: vec![(server, 1)],
-            zones: Default::default(),
-        });
+        spec.vips
+            .push(VipSpec::new(vip, protocol, vec![(server, 1)]));
     }
     let _balancer = lab.start_balancer(&spec).unwrap();
     let mtu = lab

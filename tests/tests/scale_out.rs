@@ -15,7 +15,7 @@ use lb_lab::{
     Binaries, Lab,
     lab::{
         Algorithm, BALANCER_ADDR, BackendSpec, BalancerSpec, ProcessId, Protocol as VipProtocol,
-        ScaleOut, VipSpec, XdpMode,
+        ScaleOut, VipSpec,
     },
     loadgen::{LoadConfig, Protocol},
     production::read_vip_maglev_table,
@@ -35,16 +35,10 @@ fn put(lab: &Lab, index: usize, weight: u32) {
 
 fn spec(lab: &Lab, state: &str) -> BalancerSpec {
     let state = lab.log_dir().join(state);
-    BalancerSpec {
-        vips: vec![VipSpec {
-            addr: lab.tcp_vip(),
-            protocol: VipProtocol::Tcp,
-            backends: Vec::new(),
-            zones: Default::default(),
-        }],
-        algorithm: Algorithm::Maglev,
-        xdp_mode: XdpMode::Native,
-        extra_args: [
+    BalancerSpec::one_vip(
+        VipSpec::new(lab.tcp_vip(), VipProtocol::Tcp, Vec::new()),
+        Algorithm::Maglev,
+        &[
             "--etcd-endpoints",
             &lab.etcd_url(),
             "--etcd-prefix",
@@ -53,11 +47,8 @@ fn spec(lab: &Lab, state: &str) -> BalancerSpec {
             state.to_str().unwrap(),
             "--slow-start",
             "0s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    }
+        ],
+    )
 }
 
 fn status_of(lab: &Lab, instance: &str) -> Option<Status> {

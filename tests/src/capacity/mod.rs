@@ -38,7 +38,7 @@ use crate::{
         report::thousands,
         scrape::{self, Sample},
     },
-    lab::{Algorithm, BackendSpec, BalancerSpec, Protocol, VipSpec, XdpMode},
+    lab::{Algorithm, BackendSpec, BalancerSpec, Protocol, VipSpec},
     loadgen::{self, LoadConfig, Summary},
     netcounters::Snapshot,
 };
@@ -417,17 +417,12 @@ fn vip_run(
         "--state-dir".into(),
         state.display().to_string(),
     ]);
-    let spec = BalancerSpec {
-        vips: vec![VipSpec {
-            addr: lab.tcp_vip(),
-            protocol: Protocol::Tcp,
-            backends: vec![(backend, 1)],
-            zones: BTreeMap::new(),
-        }],
-        algorithm: Algorithm::P2cEwma,
-        xdp_mode: XdpMode::Native,
-        extra_args: extra,
-    };
+    let mut spec = BalancerSpec::one_vip(
+        VipSpec::new(lab.tcp_vip(), Protocol::Tcp, vec![(backend, 1)]),
+        Algorithm::P2cEwma,
+        &[],
+    );
+    spec.extra_args = extra;
     let config = load_config(lab.tcp_vip(), rate, duration_s);
     lab.restoring_reserved_ports(|| {
         let process = lab.start_balancer(&spec)?;

@@ -20,7 +20,6 @@ pub mod report;
 pub mod scrape;
 
 use std::{
-    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     path::Path,
     time::{Duration, Instant},
@@ -182,12 +181,7 @@ fn spec(vips: Vec<VipSpec>, algorithm: Algorithm, extra: &[&str]) -> BalancerSpe
 }
 
 fn tcp_vip(addr: SocketAddr, backends: Vec<(SocketAddr, u32)>) -> VipSpec {
-    VipSpec {
-        addr,
-        protocol: Protocol::Tcp,
-        backends,
-        zones: BTreeMap::new(),
-    }
+    VipSpec::new(addr, Protocol::Tcp, backends)
 }
 
 /// Part 1: lb-user and then HAProxy under the same load.

@@ -73,6 +73,17 @@ pub struct VipSpec {
 }
 
 impl VipSpec {
+    /// `addr`/`protocol` over `backends` (address, weight), none of them in a
+    /// zone.
+    pub fn new(addr: SocketAddr, protocol: Protocol, backends: Vec<(SocketAddr, u32)>) -> Self {
+        Self {
+            addr,
+            protocol,
+            backends,
+            zones: BTreeMap::new(),
+        }
+    }
+
     /// `IP:PORT/PROTO`, the syntax of `--vip` and of a config file's `address`.
     fn address_arg(&self) -> String {
         format!("{}/{}", self.addr, self.protocol.as_str())
@@ -100,6 +111,17 @@ pub struct BalancerSpec {
 }
 
 impl BalancerSpec {
+    /// `vip` alone, balanced with `algorithm` in native XDP mode, with the
+    /// further flags `extra`.
+    pub fn one_vip(vip: VipSpec, algorithm: Algorithm, extra: &[&str]) -> Self {
+        Self {
+            vips: vec![vip],
+            algorithm,
+            xdp_mode: XdpMode::Native,
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
     /// The `lb-user` command line for interface `iface`; `config` is the file
     /// written from [`BalancerSpec::config_file`] when there is more than one VIP.
     pub fn args(&self, iface: &str, config: Option<&Path>) -> Vec<String> {
@@ -142,16 +164,10 @@ impl Lab {
     /// 8053/udp, each balancing over every backend with weight 1.
     pub fn balancer_spec(&self, algorithm: Algorithm, xdp_mode: XdpMode) -> BalancerSpec {
         let backends: Vec<_> = self.backends().iter().map(|b| (b.addr(), 1)).collect();
-        let vip = |addr, protocol| VipSpec {
-            addr,
-            protocol,
-            backends: backends.clone(),
-            zones: BTreeMap::new(),
-        };
         BalancerSpec {
             vips: vec![
-                vip(self.tcp_vip(), Protocol::Tcp),
-                vip(self.udp_vip(), Protocol::Udp),
+                VipSpec::new(self.tcp_vip(), Protocol::Tcp, backends.clone()),
+                VipSpec::new(self.udp_vip(), Protocol::Udp, backends),
             ],
             algorithm,
             xdp_mode,
