@@ -79,9 +79,11 @@ pub struct Refutation {
     /// Σ latency of the run's responses, in nanoseconds.
     total_ns: f64,
     peak: Duration,
-    /// The highest tick mean users measured since the estimate was last
-    /// lowered: whether a lowering ends an episode (see [`EPISODE_RATIO`]).
+    /// The highest tick mean users measured within about `watch`, and
+    /// when it began to count (see [`Refutation::lowered`]): whether a
+    /// lowering ends an episode ([`EPISODE_RATIO`]).
     highest_mean: Duration,
+    highest_since: Nanos,
     refuted_at: Option<Nanos>,
     barred_until: Option<Nanos>,
 }
@@ -95,6 +97,7 @@ impl Refutation {
             total_ns: 0.0,
             peak: Duration::ZERO,
             highest_mean: Duration::ZERO,
+            highest_since: Nanos(0),
             refuted_at: None,
             barred_until: None,
         }
@@ -115,7 +118,7 @@ impl Refutation {
         }
         let peak_ns = sample.peak.as_nanos() as f64;
         let mean_ns = sample.mean.as_nanos() as f64;
-        self.highest_mean = self.highest_mean.max(sample.mean);
+        self.note_mean(sample.mean, now);
         if mean_ns >= estimate_ns * EPISODE_RATIO && self.watching(now) {
             self.barred_until = Some(now.plus(self.watch));
         }
@@ -153,12 +156,28 @@ impl Refutation {
     /// host) puts a fast backend's peak memory 4× up as well, and a
     /// watch armed by its lowering takes the first real episode after it
     /// for a relapse and bars forgiving it for τ.
+    ///
+    /// The episode is remembered until a lowering ends it, not only until
+    /// the next lowering: probes replace the peak memory every interval,
+    /// and one that catches a pause (150 ms of a 300 ms one) lowers it by
+    /// less than an episode's worth, so the one after it (to 12 ms) is the
+    /// lowering that ends the pause.
     fn lowered(&mut self, from_ns: f64, to_ns: f64, now: Nanos) {
         let episode = self.highest_mean.as_nanos() as f64 >= to_ns * EPISODE_RATIO;
         if episode && from_ns >= to_ns * EPISODE_RATIO {
             self.refuted_at = Some(now);
+            self.highest_mean = Duration::ZERO;
         }
-        self.highest_mean = Duration::ZERO;
+    }
+
+    /// Keeps the highest tick mean of about the last `watch`: one older
+    /// than that gives way to the next tick's (an episode that no
+    /// lowering ended within τ is forgotten, as the memories forget it).
+    fn note_mean(&mut self, mean: Duration, now: Nanos) {
+        if mean >= self.highest_mean || now.since(self.highest_since) >= self.watch {
+            self.highest_mean = mean;
+            self.highest_since = now;
+        }
     }
 
     /// Whether a relapse at `now` counts: within `watch` of the last
@@ -354,6 +373,33 @@ mod tests {
         r.lowered_by_probe(25.0 * MS, 2.5 * MS, at_ms(3_000));
         assert_eq!(r.record(tick(2, 20, 25), 2.5 * MS, at_ms(4_000)), None);
         assert!(r.barred(at_ms(4_000)));
+    }
+
+    /// `stall` with probes: a probe that caught the pause lowers the
+    /// estimate by less than an episode's worth (300 to 150 ms), the next
+    /// one to 12 ms ends the pause, and the next pause is a relapse.
+    #[test]
+    fn a_pause_probed_down_in_two_steps_is_still_watched() {
+        let mut r = Refutation::new(16, WATCH);
+        assert_eq!(r.record(tick(3, 12, 14), 12.0 * MS, at_ms(800)), None);
+        assert_eq!(r.record(tick(2, 200, 300), 12.0 * MS, at_ms(1_000)), None);
+        r.lowered_by_probe(300.0 * MS, 150.0 * MS, at_ms(1_250));
+        r.lowered_by_probe(150.0 * MS, 12.0 * MS, at_ms(1_500));
+        assert_eq!(r.record(tick(3, 12, 14), 12.0 * MS, at_ms(2_000)), None);
+        assert_eq!(r.record(tick(2, 200, 300), 12.0 * MS, at_ms(3_000)), None);
+        assert!(r.barred(at_ms(3_000)));
+    }
+
+    /// A tick mean older than τ no longer makes an episode of a lowering.
+    #[test]
+    fn an_episode_no_lowering_ended_is_forgotten_after_tau() {
+        let mut r = Refutation::new(16, WATCH);
+        assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(1_000)), None);
+        // Worn down by time alone; 12 s later noise is probed down.
+        assert_eq!(r.record(tick(4, 4, 20), 5.0 * MS, at_ms(13_000)), None);
+        r.lowered_by_probe(20.0 * MS, 5.0 * MS, at_ms(13_300));
+        assert_eq!(r.record(tick(2, 50, 50), 5.0 * MS, at_ms(14_000)), None);
+        assert!(!r.barred(at_ms(14_000)));
     }
 
     #[test]
