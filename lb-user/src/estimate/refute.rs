@@ -356,9 +356,10 @@ mod tests {
     /// Noise can put one response at 4× a fast backend's norm (a host
     /// hiccup of 10 ms over 2.5 ms), and a probe then lowers the peak
     /// memory by as much; but no tick's *mean* rose by an episode, so the
-    /// slow phase that follows is a first episode, not a relapse. (A CI
-    /// run saw exactly that: a backend slow for 0.5 s got none of the new
-    /// connections for 5 s after it recovered, its probes barred.)
+    /// slow phase that follows is a first episode, not a relapse. (Most
+    /// likely what a fresh clone's fault test met at stop 55: a backend
+    /// slow for 0.5 s got 1 of 600 new connections 2–5 s after it
+    /// recovered, its estimate decaying untouched by its probes.)
     #[test]
     fn a_lowering_after_noise_peaks_alone_arms_no_watch() {
         let mut r = Refutation::new(16, WATCH);
