@@ -58,8 +58,7 @@ const FLOORS: [(&str, &str); 4] = [
 /// lookup as `lb_xdp` does it (a hash-map hit), as a hit in a hash map
 /// keyed by 16 bytes (a compact IPv4 key; `FLOWS` keys by 40), and as a
 /// way of an array at a slot the program hashes the key to, then a MAC
-/// swap. They run the
-/// established client -> backend frame.
+/// swap. They run the established client -> backend frame.
 const ESTABLISHED_FLOORS: [(&str, &str); 3] = [
     (
         "floor: established, hash-map hit",
