@@ -543,7 +543,17 @@ pub struct FlowEntry {
     pub vip_id: u32,
     pub direction: u8,
     pub state: u8,
-    pub _pad: u16,
+    /// The IPv4 header checksum's change from this entry's key to its
+    /// translation: the folded one's complement sum `~m + m'` over the
+    /// address words (RFC 1624), which is the same for every packet of the
+    /// flow, since each arrives with the key's addresses and leaves with
+    /// the translation's. 0: not known yet. The general path stores it
+    /// after the first whole datagram it translates by the entry (lb-ebpf's
+    /// `nat::learn_deltas`); the fast path takes only entries that have it
+    /// (with [`FlowEntry::csum_l4`]) and applies it without recomputing.
+    /// Entries written before it existed read 0 and learn it at their next
+    /// general packet. Unused (0) in IPv6 entries.
+    pub csum_ip: u16,
     pub flags: u32,
     /// The low 32 bits of `jiffies` when a packet last compared the clock
     /// with `last_seen_ns` (lb-ebpf's `track::refresh_check_due`): bulk
@@ -580,7 +590,12 @@ pub struct FlowEntry {
     /// interface, 0 = none) cached by the data path when it sends the frame
     /// back out of the ingress interface, dropped once a second.
     pub client_mac: [u8; 6],
-    pub _pad3: [u8; 2],
+    /// The TCP/UDP checksum's change from the key to the translation, over
+    /// the addresses (the pseudo header) and the ports, kept like
+    /// [`FlowEntry::csum_ip`] (0: not known yet). A fold is 0 only when
+    /// every term is: every old word 0xffff and every new one 0, which no
+    /// translation does (such an entry would just stay on the general path).
+    pub csum_l4: u16,
     pub client_ifindex: u32,
     /// [`DIR_TO_CLIENT`] entries: the interface of the next hop towards the
     /// client cached by the data path (0 = none; its MAC is in

@@ -14,8 +14,11 @@
 //! for the common frame only (`parse::plain`: no VLAN tag, IPv4 without
 //! options or IPv6 without extension headers, no fragment, TCP or UDP),
 //! and only when the packet is one the general path would treat exactly
-//! so ([`takes_fast_path`]). Every other packet goes the general way, from
-//! the start: the fast path has written nothing.
+//! so ([`takes_fast_path`]) and its entry has learned its checksum changes
+//! (`nat::known_deltas`: the general path stores them from the flow's
+//! first packet in each direction, so the rewrite does not compute them).
+//! Every other packet goes the general way, from the start: the fast path
+//! has written nothing.
 use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::XdpContext;
@@ -25,7 +28,7 @@ use lb_common::{
 };
 
 use crate::{
-    flow::{Translation, lookup},
+    flow::lookup,
     maps::CONFIG,
     nat, nexthop,
     packet::{Mac, Packet, keep_ctx_pointer},
@@ -89,11 +92,17 @@ fn send_plain<const V6: bool>(ctx: &XdpContext) -> u64 {
     if !takes_fast_path(pkt, entry, to_backend) {
         return StageResult::CONTINUE.into_raw();
     }
+    // Entries that have not learned their checksum changes yet (new ones
+    // until their first general packet, ones written by an older program)
+    // go the general way, which stores them.
+    let Some(deltas) = nat::known_deltas::<V6>(entry) else {
+        return StageResult::CONTINUE.into_raw();
+    };
     let Some(dmac) = nexthop::cached_on_ingress(entry, to_backend, ctx.ingress_ifindex() as u32)
     else {
         return StageResult::CONTINUE.into_raw();
     };
-    StageResult::of(send::<V6>(ctx, pkt, entry, to_backend, dmac)).into_raw()
+    StageResult::of(send::<V6>(ctx, pkt, entry, deltas, to_backend, dmac)).into_raw()
 }
 
 /// Whether the general path would only translate `pkt` and send it by its
@@ -116,25 +125,18 @@ fn takes_fast_path(pkt: &Packet, entry: *mut FlowEntry, to_backend: bool) -> boo
         && (pkt.payload_len == 0 || pending == to_backend)
 }
 
-/// Translates `pkt` by `entry`, sends it back out to `dmac` and counts it.
+/// Translates `pkt` by `entry` and its checksum changes `deltas`, sends it
+/// back out to `dmac` and counts it.
 #[inline(always)]
 fn send<const V6: bool>(
     ctx: &XdpContext,
     pkt: &Packet,
     entry: *mut FlowEntry,
+    deltas: (u16, u16),
     to_backend: bool,
     dmac: *const Mac,
 ) -> Result<Verdict, Reason> {
-    // IPv4 reads only its two address words of the entry.
-    let to = if V6 {
-        let to = Translation::of(entry);
-        nat::rewrite(ctx, pkt, &to)?;
-        to
-    } else {
-        let to = Translation::of_ipv4(entry);
-        nat::rewrite_ipv4(ctx, pkt, &to)?;
-        to
-    };
+    let to = nat::rewrite_by_deltas::<V6>(ctx, pkt, entry, deltas)?;
     let (direction, tx_reason) = if to_backend {
         (Direction::ToBackend, reason::TX_TO_BACKEND)
     } else {

@@ -396,7 +396,8 @@ fn forward_known(
         remember_first_fragment(pkt);
     }
     let to = Translation::of(entry);
-    nat::rewrite(ctx, pkt, &to)?;
+    let deltas = nat::rewrite(ctx, pkt, &to)?;
+    nat::learn_deltas(entry, pkt, deltas);
     // At most one clock read per packet, and none for a bulk packet of an
     // established flow (see `helpers::PacketClock`); a new flow's first
     // packet comes with its pick's. The reply direction checks its refresh

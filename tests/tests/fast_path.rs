@@ -13,7 +13,7 @@
 //! general path alone would have made of it.
 //!
 //! Needs root. Run with `cargo test -p lb-tests --test fast_path`.
-use lb_common::{BackendConns, IPPROTO_TCP, reason};
+use lb_common::{BackendConns, FlowEntry, IPPROTO_TCP, reason};
 use lb_lab::{
     trials::{self, packet_case, slug},
     xdp::{
@@ -159,6 +159,143 @@ fn bulk_in_every_shape(vip: Vip) {
     }
 }
 
+/// The IPv4 header checksum (0 for IPv6) and the TCP/UDP checksum of a
+/// built frame, as 16-bit words in memory order (as the program loads them).
+fn checksums(frame: &[u8]) -> (u16, u16) {
+    let p = parse(frame).expect("IP frame");
+    let word = |at: usize| u16::from_ne_bytes([frame[at], frame[at + 1]]);
+    let l4_check = p.l4 + if p.proto == IPPROTO_TCP { 16 } else { 6 };
+    let ip_check = if p.src.is_ipv4() { word(p.l3 + 10) } else { 0 };
+    (ip_check, word(l4_check))
+}
+
+/// RFC 1624 eqn. 3: the checksum `check` after a change whose folded
+/// `~m + m'` sum is `delta` (what a flow entry's `csum_ip`/`csum_l4` hold).
+fn updated(check: u16, delta: u16) -> u16 {
+    let mut sum = u32::from(!check) + u32::from(delta);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Asserts that `entry`'s learned checksum changes turn the checksums of
+/// `before` (a frame as it arrives) into those of `after` (as the balancer
+/// must send it, built with checksums computed from scratch).
+fn assert_learned(what: &str, entry: &FlowEntry, before: &Pkt, after: &Pkt) {
+    let (ip0, l4_0) = checksums(&before.build());
+    let (ip1, l4_1) = checksums(&after.build());
+    assert_ne!(entry.csum_l4, 0, "{what}: TCP/UDP change not learned");
+    assert_eq!(updated(l4_0, entry.csum_l4), l4_1, "{what}: TCP/UDP change");
+    if before.is_v6() {
+        assert_eq!(entry.csum_ip, 0, "{what}: IPv6 has no header checksum");
+    } else {
+        assert_ne!(entry.csum_ip, 0, "{what}: IPv4 header change not learned");
+        assert_eq!(
+            updated(ip0, entry.csum_ip),
+            ip1,
+            "{what}: IPv4 header change"
+        );
+    }
+}
+
+/// A connection's entries learn their checksum changes from the general
+/// path's first packet in each direction, the fast path applies the stored
+/// change (a wrong one shows in the common shape's checksum only), and an
+/// entry without them (as an older program wrote it) is sent right by the
+/// general path, which stores them.
+fn checksum_changes_learned_and_applied(vip: Vip) {
+    let mut lb = lb_world();
+    let tcp = vip.proto == IPPROTO_TCP;
+    let backend = if vip.addr.is_ipv4() { 0 } else { 100 };
+    let conn0 = Conn {
+        vip,
+        client_port: 41_500,
+        backend,
+        snat_port: 0,
+    };
+    let opener = if tcp {
+        conn0.client_packet(TCP_SYN)
+    } else {
+        conn0.client_packet(0).payload(b"query")
+    };
+    let (action, out) = lb.run(&opener.build());
+    assert_eq!(action, XDP_TX, "{:?}", lb.reasons());
+    let conn = Conn {
+        snat_port: sport(&out),
+        ..conn0
+    };
+    let fwd_key = key(vip.proto, conn.client(), conn.vip());
+    let rev_key = key(vip.proto, conn.backend(), conn.snat());
+    let fwd = lb.flow(&fwd_key).expect("forward entry");
+    assert_learned("forward", &fwd, &opener, &conn.sent_to_backend(&opener));
+    let reply = if tcp {
+        conn.backend_packet(TCP_SYN | TCP_ACK)
+    } else {
+        conn.backend_packet(0).payload(b"answer")
+    };
+    assert_eq!(
+        lb.flow(&rev_key).expect("reply entry").csum_l4,
+        0,
+        "nothing learned before the backend's first packet"
+    );
+    lb.expect(&reply, XDP_TX, &conn.sent_to_client(&reply));
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    assert_learned("reply", &rev, &reply, &conn.sent_to_client(&reply));
+    if tcp {
+        // A request pending: the client's bulk packets take the fast path.
+        let request = conn.client_packet(TCP_ACK | TCP_PSH).payload(b"GET /");
+        lb.expect(&request, XDP_TX, &conn.sent_to_backend(&request));
+    }
+    let bulk = if tcp {
+        conn.client_packet(TCP_ACK)
+    } else {
+        conn.client_packet(0).payload(b"more")
+    };
+    let [(_, common), (_, tagged), _] = shapes(&bulk);
+    lb.expect(&common, XDP_TX, &conn.sent_to_backend(&common));
+
+    // A wrong stored change: the fast path applies it as it is (the common
+    // shape's checksum is off by it), the general path computes its own.
+    let fwd = lb.flow(&fwd_key).expect("forward entry");
+    let wrong = if fwd.csum_l4 == 1 { 2 } else { fwd.csum_l4 - 1 };
+    lb.set_flow(
+        &fwd_key,
+        FlowEntry {
+            csum_l4: wrong,
+            ..fwd
+        },
+    );
+    let (action, out) = lb.run(&common.build());
+    assert_eq!(action, XDP_TX, "{:?}", lb.reasons());
+    let (_, l4_in) = checksums(&common.build());
+    assert_eq!(
+        checksums(&out).1,
+        updated(l4_in, wrong),
+        "the fast path applies the stored change"
+    );
+    assert_ne!(out, conn.sent_to_backend(&common).build());
+    lb.expect(&tagged, XDP_TX, &conn.sent_to_backend(&tagged));
+
+    // An entry without the changes (written by an older program): sent
+    // right, and the changes are learned again.
+    lb.set_flow(
+        &fwd_key,
+        FlowEntry {
+            csum_ip: 0,
+            csum_l4: 0,
+            ..fwd
+        },
+    );
+    lb.expect(&common, XDP_TX, &conn.sent_to_backend(&common));
+    let relearned = lb.flow(&fwd_key).expect("forward entry");
+    assert_eq!(
+        (relearned.csum_ip, relearned.csum_l4),
+        (fwd.csum_ip, fwd.csum_l4),
+        "learned again by the general path"
+    );
+    lb.expect(&common, XDP_TX, &conn.sent_to_backend(&common));
+}
+
 type Case = (&'static str, fn(&mut ()));
 
 const CASES: &[Case] = &[
@@ -173,6 +310,18 @@ const CASES: &[Case] = &[
     }),
     ("ipv6 udp bulk in every shape", |_| {
         bulk_in_every_shape(UDP53_6)
+    }),
+    ("ipv4 tcp checksum changes learned and applied", |_| {
+        checksum_changes_learned_and_applied(TCP80)
+    }),
+    ("ipv4 udp checksum changes learned and applied", |_| {
+        checksum_changes_learned_and_applied(UDP53)
+    }),
+    ("ipv6 tcp checksum changes learned and applied", |_| {
+        checksum_changes_learned_and_applied(TCP80_6)
+    }),
+    ("ipv6 udp checksum changes learned and applied", |_| {
+        checksum_changes_learned_and_applied(UDP53_6)
     }),
 ];
 

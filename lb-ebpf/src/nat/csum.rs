@@ -35,6 +35,24 @@ impl CsumDelta {
             .u32(old[3], new[3])
     }
 
+    /// The delta folded to 16 bits, as a flow entry keeps it
+    /// (`FlowEntry::csum_ip`/`csum_l4`). Applying the folded delta gives
+    /// the same checksum as applying the sum: folding keeps the value
+    /// modulo 0xffff, and is 0 only for a sum of 0.
+    #[inline(always)]
+    pub fn folded(self) -> u16 {
+        let mut sum = self.0;
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum as u16
+    }
+
+    /// A delta kept folded ([`CsumDelta::folded`]).
+    #[inline(always)]
+    pub fn from_folded(folded: u16) -> Self {
+        Self(u32::from(folded))
+    }
+
     /// Applies the delta to checksum field `check`.
     #[inline(always)]
     pub fn apply(self, check: u16) -> u16 {
