@@ -120,19 +120,49 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
     stats::finish(Verdict::of(try_lb(&ctx)))
 }
 
-/// Parses and dispatches: the pipeline, one stage after the other. Inlined
-/// into one function, the stages' locals (IPv6 keys, a 96-byte flow entry,
-/// FIB parameters) would overflow the 512-byte stack.
+/// The fast path, then the general pipeline of the frame's family.
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Verdict, Reason> {
-    let mut pkt = MaybeUninit::uninit();
     // The bulk packets of established flows first (see `fast_path`).
     let known_no_flow =
         match StageResult::from_raw(fast_path::send_established(XdpContext::new(ctx.ctx))).next() {
             ControlFlow::Break(verdict) => return Ok(verdict),
-            ControlFlow::Continue(payload) => payload == fast_path::NO_FLOW,
+            ControlFlow::Continue(payload) => u64::from(payload == fast_path::NO_FLOW),
         };
-    let parsed = Parsed::from_payload(proceed!(parse::parse_into(
+    Ok(Verdict::from_raw(if parse::frame_is_ipv6(ctx) {
+        lb_general_v6(ctx.ctx, known_no_flow)
+    } else {
+        lb_general_v4(ctx.ctx, known_no_flow)
+    }))
+}
+
+/// The general pipeline for IPv4 frames (and anything not IPv6, which its
+/// parser passes): a global BPF function, verified once on its own, in
+/// which the family is a constant of the code, not a byte of the parsed
+/// packet that the verifier would follow both ways at every test.
+/// `known_no_flow`: the fast path looked the frame's key up and found no
+/// flow. Returns a [`Verdict`]'s integer.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub fn lb_general_v4(ctx: *mut xdp_md, known_no_flow: u64) -> u64 {
+    Verdict::of(general::<false>(&XdpContext::new(ctx), known_no_flow != 0)).into_raw()
+}
+
+/// [`lb_general_v4`] for IPv6 frames.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub fn lb_general_v6(ctx: *mut xdp_md, known_no_flow: u64) -> u64 {
+    Verdict::of(general::<true>(&XdpContext::new(ctx), known_no_flow != 0)).into_raw()
+}
+
+/// Parses and dispatches: the pipeline, one stage after the other, for
+/// frames of one family (`V6`: IPv6, else IPv4). Inlined into one
+/// function, the stages' locals (IPv6 keys, a 96-byte flow entry, FIB
+/// parameters) would overflow the 512-byte stack.
+#[inline(always)]
+fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verdict, Reason> {
+    let mut pkt = MaybeUninit::uninit();
+    let parsed = Parsed::from_payload(proceed!(parse::parse_into::<V6>(
         XdpContext::new(ctx.ctx),
         &mut pkt
     )));

@@ -17,12 +17,15 @@ use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget, SymbolKind};
 const BYTE_LOOPS: [&str; 3] = ["memmove", "memset", "memcpy"];
 
 /// Functions every packet, or every new flow, runs through: the program, the
-/// fast path, the general parser, the pick and the flow's creation. (Their
-/// Rust names, as they appear in the mangled symbols.)
-const PER_PACKET: [&str; 6] = [
+/// fast path, the general pipeline of each family and its parser, the pick
+/// and the flow's creation. (Their Rust names, as they appear in the
+/// mangled symbols.)
+const PER_PACKET: [&str; 8] = [
     "lb_xdp",
     "send_established",
     "send_established_ipv6",
+    "lb_general_v4",
+    "lb_general_v6",
     "parse_into",
     "lb_pick_backend",
     "lb_new_flow",
@@ -61,9 +64,12 @@ fn functions_calling_byte_loops(object: &object::File) -> BTreeSet<String> {
 }
 
 /// Whether the (possibly mangled) symbol `symbol` names the Rust function
-/// `name`: v0 mangling writes each identifier as its length then its bytes.
+/// `name`, or an instance of it if it is generic: v0 mangling writes each
+/// identifier as its length then its bytes, and an instance's const
+/// arguments after it, each starting with `K`.
 fn names(symbol: &str, name: &str) -> bool {
-    symbol == name || symbol.ends_with(&format!("{}{name}", name.len()))
+    let ident = format!("{}{name}", name.len());
+    symbol == name || symbol.ends_with(&ident) || symbol.contains(&format!("{ident}K"))
 }
 
 #[test]

@@ -53,10 +53,12 @@ impl Parsed {
 /// temporaries then live in its stack frame, not in the caller's. Continues
 /// with a [`Parsed`] payload exactly when `out` was written; otherwise the
 /// verdict is pass (not ours) or drop (malformed).
+/// Parses frames of one family (`V6`: IPv6, else IPv4; see
+/// [`frame_is_ipv6`]), one BPF function for each.
 #[inline(never)]
-pub fn parse_into(ctx: XdpContext, out: &mut MaybeUninit<Packet>) -> StageResult {
+pub fn parse_into<const V6: bool>(ctx: XdpContext, out: &mut MaybeUninit<Packet>) -> StageResult {
     keep_ctx_pointer(&ctx);
-    let kind = match parse(&ctx) {
+    let kind = match parse::<V6>(&ctx) {
         Ok(Frame::Ip(pkt)) => {
             let pkt = out.write(pkt);
             // A later fragment has no ports: its datagram's first fragment
@@ -92,29 +94,40 @@ enum Frame {
     Pass(Reason),
 }
 
-/// Parses the frame. Malformed or truncated IP is an `Err` (dropped); the
-/// kernel would drop it too. Anything we cannot tell is IP passes untouched.
+/// The frame's EtherType behind at most [`MAX_VLAN_TAGS`] tags and where
+/// its L3 header starts; `None` for a frame cut inside a tag (anything we
+/// cannot tell is IP passes untouched).
 #[inline(always)]
-fn parse(ctx: &XdpContext) -> Result<Frame, Reason> {
-    let Some(mut ether_type) = load::<[u8; 2]>(ctx, ETH_TYPE_OFF).map(u16::from_be_bytes) else {
-        return Ok(Frame::Pass(reason::PASS_NOT_IP));
-    };
+fn inner_ether_type(ctx: &XdpContext) -> Option<(u16, usize)> {
+    let mut ether_type = load::<[u8; 2]>(ctx, ETH_TYPE_OFF).map(u16::from_be_bytes)?;
     let mut l3 = ETH_LEN;
     // Unrolled by LLVM: a constant bound keeps the verifier's path count small.
     for _ in 0..MAX_VLAN_TAGS {
         if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
             break;
         }
-        // A frame cut inside a tag cannot be shown to be IP: leave it to the stack.
-        let Some(inner) = load::<[u8; 2]>(ctx, l3 + VLAN_TYPE_OFF).map(u16::from_be_bytes) else {
-            return Ok(Frame::Pass(reason::PASS_NOT_IP));
-        };
-        ether_type = inner;
+        ether_type = load::<[u8; 2]>(ctx, l3 + VLAN_TYPE_OFF).map(u16::from_be_bytes)?;
         l3 += VLAN_LEN;
     }
-    match ether_type {
-        ETH_P_IPV4 => parse_ipv4(ctx, l3),
-        ETH_P_IPV6 => parse_ipv6(ctx, l3),
+    Some((ether_type, l3))
+}
+
+/// Whether the frame is IPv6 (behind its VLAN tags): which family's
+/// pipeline parses it. Everything else goes to IPv4's, whose parser passes
+/// what is not IPv4.
+#[inline(always)]
+pub fn frame_is_ipv6(ctx: &XdpContext) -> bool {
+    inner_ether_type(ctx).is_some_and(|(ether_type, _)| ether_type == ETH_P_IPV6)
+}
+
+/// Parses the frame, if it is of the family `V6` says. Malformed or
+/// truncated IP is an `Err` (dropped); the kernel would drop it too.
+/// Anything we cannot tell is IP of that family passes untouched.
+#[inline(always)]
+fn parse<const V6: bool>(ctx: &XdpContext) -> Result<Frame, Reason> {
+    match inner_ether_type(ctx) {
+        Some((ETH_P_IPV4, l3)) if !V6 => parse_ipv4(ctx, l3),
+        Some((ETH_P_IPV6, l3)) if V6 => parse_ipv6(ctx, l3),
         _ => Ok(Frame::Pass(reason::PASS_NOT_IP)),
     }
 }
