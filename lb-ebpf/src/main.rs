@@ -3,7 +3,7 @@
 //! First the fast path ([`fast_path`]): a bulk packet of an established flow
 //! in the common frame shape is looked up, rewritten and sent by its flow's
 //! cached hop in one function. Every other packet takes the general
-//! pipeline: parse → flow lookup → (new flow: select a backend, allocate a
+//! pipeline of its family ([`lb_general_v4`], [`lb_general_v6`]): parse → flow lookup → (new flow: select a backend, allocate a
 //! SNAT port, insert both flow entries) → NAT rewrite with incremental
 //! checksums → next-hop MACs → XDP_TX / XDP_REDIRECT. Connection state
 //! changes become ring-buffer events.
