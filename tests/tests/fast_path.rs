@@ -71,23 +71,18 @@ fn send_in_every_shape(lb: &Lb, side: &str, bulk: &[Pkt], sent: impl Fn(&Pkt) ->
     count
 }
 
-/// One connection through `vip`: opened, then a request and a response of
-/// several segments each, every bulk segment in every shape; for TCP then
-/// closed by both FINs.
-fn bulk_in_every_shape(vip: Vip) {
-    let lb = lb_world();
-    let tcp = vip.proto == IPPROTO_TCP;
-    let backend = if vip.addr.is_ipv4() { 0 } else { 100 };
+/// Opens a connection through `vip` from `client_port`: its first packet
+/// (a TCP SYN, or a UDP datagram, which is its request) must be sent to
+/// the VIP's backend. Returns the connection, with its SNAT port, and that
+/// packet.
+fn open(lb: &Lb, vip: Vip, client_port: u16) -> (Conn, Pkt) {
     let conn0 = Conn {
         vip,
-        client_port: 41_000,
-        backend,
+        client_port,
+        backend: if vip.addr.is_ipv4() { 0 } else { 100 },
         snat_port: 0,
     };
-    let (data, ack) = (TCP_ACK | TCP_PSH, TCP_ACK);
-    // A UDP flow's first datagram is its request; a TCP one's comes after
-    // the handshake.
-    let opener = if tcp {
+    let opener = if vip.proto == IPPROTO_TCP {
         conn0.client_packet(TCP_SYN)
     } else {
         conn0.client_packet(0).payload(b"query")
@@ -99,6 +94,18 @@ fn bulk_in_every_shape(vip: Vip) {
         ..conn0
     };
     assert_eq!(out, conn.sent_to_backend(&opener).build(), "the opener");
+    (conn, opener)
+}
+
+/// One connection through `vip`: opened, then a request and a response of
+/// several segments each, every bulk segment in every shape; for TCP then
+/// closed by both FINs.
+fn bulk_in_every_shape(vip: Vip) {
+    let lb = lb_world();
+    let tcp = vip.proto == IPPROTO_TCP;
+    let (data, ack) = (TCP_ACK | TCP_PSH, TCP_ACK);
+    let (conn, _) = open(&lb, vip, 41_000);
+    let backend = conn.backend;
     if !tcp {
         // One clock read for the whole new flow: the pick's. The datagram's
         // request is stamped with the time the entry was created with (a
@@ -206,24 +213,7 @@ fn assert_learned(what: &str, entry: &FlowEntry, before: &Pkt, after: &Pkt) {
 fn checksum_changes_learned_and_applied(vip: Vip) {
     let mut lb = lb_world();
     let tcp = vip.proto == IPPROTO_TCP;
-    let backend = if vip.addr.is_ipv4() { 0 } else { 100 };
-    let conn0 = Conn {
-        vip,
-        client_port: 41_500,
-        backend,
-        snat_port: 0,
-    };
-    let opener = if tcp {
-        conn0.client_packet(TCP_SYN)
-    } else {
-        conn0.client_packet(0).payload(b"query")
-    };
-    let (action, out) = lb.run(&opener.build());
-    assert_eq!(action, XDP_TX, "{:?}", lb.reasons());
-    let conn = Conn {
-        snat_port: sport(&out),
-        ..conn0
-    };
+    let (conn, opener) = open(&lb, vip, 41_500);
     let fwd_key = key(vip.proto, conn.client(), conn.vip());
     let rev_key = key(vip.proto, conn.backend(), conn.snat());
     let fwd = lb.flow(&fwd_key).expect("forward entry");
