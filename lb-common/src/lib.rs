@@ -178,7 +178,10 @@ pub const BACKEND_SCORES_MAP: &str = "BACKEND_SCORES";
 pub const BACKEND_CONNS_MAP: &str = "BACKEND_CONNS";
 pub const BACKEND_CORRECTION_MAP: &str = "BACKEND_CORRECTION";
 pub const BACKEND_STATS_MAP: &str = "BACKEND_STATS";
+/// The flow tables: IPv6's (40-byte [`FlowKey`]s; before issue 9's
+/// compact keys, both families') and IPv4's ([`FlowKeyV4`]).
 pub const FLOWS_MAP: &str = "FLOWS";
+pub const FLOWS4_MAP: &str = "FLOWS4";
 pub const NEIGHBOURS_MAP: &str = "NEIGHBOURS";
 pub const CONFIG_MAP: &str = "CONFIG";
 pub const REASON_STATS_MAP: &str = "REASON_STATS";
@@ -253,6 +256,7 @@ pub const ALL_MAPS: &[&str] = &[
     BACKEND_CORRECTION_MAP,
     BACKEND_STATS_MAP,
     FLOWS_MAP,
+    FLOWS4_MAP,
     NEIGHBOURS_MAP,
     CONFIG_MAP,
     REASON_STATS_MAP,

@@ -420,7 +420,9 @@ pub struct BackendStats {
 }
 assert_size!(BackendStats, 32);
 
-/// Key of [`crate::FLOWS_MAP`]: a 5-tuple as seen on the wire.
+/// Key of [`crate::FLOWS_MAP`], IPv6's flow table (and the form every
+/// flow key takes in the program before IPv4's is packed into a
+/// [`FlowKeyV4`]): a 5-tuple as seen on the wire.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
@@ -456,6 +458,51 @@ impl FlowKey {
             family,
             _pad: [0; 2],
         }
+    }
+}
+
+/// Key of [`crate::FLOWS4_MAP`], IPv4's flow table: the 5-tuple of
+/// [`FlowKey`] in 16 bytes. The kernel hashes and compares a whole key on
+/// every lookup, so the 24 bytes IPv4 leaves zero in a [`FlowKey`] cost
+/// time on every packet (about 12 ns of an established packet's 30 ns
+/// lookup on the VM of issue 9's stop 56).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKeyV4 {
+    pub src: u32,
+    pub dst: u32,
+    /// Ports in network byte order.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+assert_size!(FlowKeyV4, 16);
+
+impl FlowKeyV4 {
+    /// The IPv4 `key` (addresses in word 0) in 16 bytes.
+    #[inline(always)]
+    pub const fn of(key: &FlowKey) -> Self {
+        Self {
+            src: key.src[0],
+            dst: key.dst[0],
+            sport: key.sport,
+            dport: key.dport,
+            proto: key.proto,
+            _pad: [0; 3],
+        }
+    }
+
+    /// The [`FlowKey`] this key stands for.
+    pub const fn widen(&self) -> FlowKey {
+        FlowKey::new(
+            crate::AF_INET,
+            self.proto,
+            [self.src, 0, 0, 0],
+            [self.dst, 0, 0, 0],
+            self.sport,
+            self.dport,
+        )
     }
 }
 
@@ -945,6 +992,7 @@ pod!(
     BackendPending,
     BackendStats,
     FlowKey,
+    FlowKeyV4,
     FragKey,
     FragPorts,
     FlowEntry,

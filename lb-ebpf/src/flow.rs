@@ -9,8 +9,8 @@ use aya_ebpf::{
 use lb_common::{
     AF_INET6, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_TAKEN,
     FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FLOW_SYN_SENT,
-    FlowEntry, FlowKey, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES, SNAT_REUSE_TRIES,
-    SNAT_STEAL_TRIES, reason,
+    FlowEntry, FlowKey, FlowKeyV4, LbConfig, MAX_SNAT_ADDRS, Reason, SNAT_PORT_TRIES,
+    SNAT_REUSE_TRIES, SNAT_STEAL_TRIES, reason,
     time_wait::{TS_ABSENT, TS_PRESENT, TS_UNKNOWN, TimeWaitView, TsOption, accepts_syn},
 };
 
@@ -18,7 +18,7 @@ use crate::{
     atomic::{Flags, add_u64},
     backend_hop,
     helpers::jiffies,
-    maps::{BACKEND_SNAT_USED, FLOWS, SNAT_ADDRS, SNAT_CURSORS},
+    maps::{BACKEND_SNAT_USED, FLOWS, FLOWS4, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet, load_addr, load_mac, store_mac},
     select::Chosen,
 };
@@ -126,9 +126,64 @@ pub fn translates_to(fwd: *const FlowEntry, pkt: &Packet) -> bool {
     unsafe { (*fwd).new_sport == pkt.dport && (*fwd).new_src == pkt.daddr }
 }
 
+/// The entry under `key` in the flow table of the family `V6` says
+/// (IPv6: [`FLOWS`]; IPv4: [`FLOWS4`], under the key packed in 16 bytes).
+/// Every flow-table operation takes the family as a constant of the code:
+/// chosen by the key's family byte on the stack, which the verifier does
+/// not track, each operation was a branch it walked both ways, with the
+/// rest of the path after each (docs/history/dataplane.md, stop 28).
+/// `key` must be of that family.
 #[inline(always)]
-pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
-    FLOWS.get_ptr_mut(key)
+pub fn lookup<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
+    if V6 {
+        FLOWS.get_ptr_mut(key)
+    } else {
+        FLOWS4.get_ptr_mut(&FlowKeyV4::of(key))
+    }
+}
+
+/// [`lookup`] as a BPF function of its own, for a caller whose stack frame
+/// cannot take IPv4's 16-byte key: `lb_general_v4`, whose frame is in a
+/// chain of calls (`lb_xdp`, it, `lb_new_flow`) at the 512-byte limit.
+/// (Inlined there, LLVM gave each of its three lookups a slot of its own.)
+#[inline(always)]
+pub fn lookup_apart<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
+    if V6 {
+        lookup::<true>(key)
+    } else {
+        lookup4_apart(key)
+    }
+}
+
+#[inline(never)]
+fn lookup4_apart(key: &FlowKey) -> Option<*mut FlowEntry> {
+    lookup::<false>(key)
+}
+
+/// Inserts `entry` under `key` (`BPF_*` `flags`) in the family's table
+/// (see [`lookup`]); the helper's error code.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
+)]
+#[inline(always)]
+pub fn insert<const V6: bool>(key: &FlowKey, entry: &FlowEntry, flags: u64) -> Result<(), i32> {
+    if V6 {
+        FLOWS.insert(key, entry, flags)
+    } else {
+        FLOWS4.insert(&FlowKeyV4::of(key), entry, flags)
+    }
+}
+
+/// Removes the entry under `key` from the family's table (see [`lookup`]);
+/// whether there was one.
+#[inline(always)]
+pub fn remove<const V6: bool>(key: &FlowKey) -> bool {
+    if V6 {
+        FLOWS.remove(key).is_ok()
+    } else {
+        FLOWS4.remove(&FlowKeyV4::of(key)).is_ok()
+    }
 }
 
 /// Creates both entries of a new connection from the client packet `pkt`
@@ -142,7 +197,7 @@ pub fn lookup(key: &FlowKey) -> Option<*mut FlowEntry> {
 /// starts with the backend's shared next hop cached, if that is fresh
 /// ([`backend_hop::fresh`]).
 #[inline(always)]
-pub fn create(
+pub fn create<const V6: bool>(
     pkt: &Packet,
     client: ReturnPath,
     cfg: &LbConfig,
@@ -157,8 +212,8 @@ pub fn create(
     // the forward one: two would not fit the 512-byte stack next to the rest.
     let mut entry = reply_entry(pkt, client, vip_id, backend.id, now);
     match how {
-        TupleSource::Claim => claim_snat_tuple(pkt, backend, &snat, &mut entry, syn)?,
-        TupleSource::TakeOver => take_over_tuple(pkt, backend, &snat, &mut entry, syn)?,
+        TupleSource::Claim => claim_snat_tuple::<V6>(pkt, backend, &snat, &mut entry, syn)?,
+        TupleSource::TakeOver => take_over_tuple::<V6>(pkt, backend, &snat, &mut entry, syn)?,
     }
     // Looked up only now: a hop found before the claim doubled the states
     // the verifier walked it in (found or not), about 80k instructions.
@@ -168,7 +223,7 @@ pub fn create(
         unsafe { store_mac(&raw mut entry.client_mac, load_mac(&hop.mac)) };
         entry.client_ifindex = hop.ifindex;
     }
-    insert_forward(pkt, &entry)
+    insert_forward::<V6>(pkt, &entry)
 }
 
 /// A new connection's first packet as a backend's TIME_WAIT would judge
@@ -358,7 +413,7 @@ fn reply_entry(
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn claim_snat_tuple(
+fn claim_snat_tuple<const V6: bool>(
     pkt: &Packet,
     backend: &Chosen,
     snat: &Snat,
@@ -393,7 +448,7 @@ fn claim_snat_tuple(
             port,
         );
         // NOEXIST makes the check and the claim one step.
-        match FLOWS.insert(&reverse, &*entry, u64::from(BPF_NOEXIST)) {
+        match insert::<V6>(&reverse, &*entry, u64::from(BPF_NOEXIST)) {
             Ok(()) => {
                 snat_used(backend.id, 1);
                 claimed = i;
@@ -412,7 +467,9 @@ fn claim_snat_tuple(
             // free tuple, the common case, costs one hash operation, and a
             // taken one at most one lookup more.
             Err(EEXIST) if i == 0 => {
-                if let Some(held_by) = take_over_held(&reverse, entry, snat.quarantine_ns, syn) {
+                if let Some(held_by) =
+                    take_over_held::<V6>(&reverse, entry, snat.quarantine_ns, syn)
+                {
                     move_held(held_by, backend.id);
                     claimed = 0;
                     break;
@@ -451,7 +508,7 @@ fn claim_snat_tuple(
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn take_over_tuple(
+fn take_over_tuple<const V6: bool>(
     pkt: &Packet,
     backend: &Chosen,
     snat: &Snat,
@@ -483,7 +540,7 @@ fn take_over_tuple(
             backend.port,
             port,
         );
-        if let Some(by) = take_over_held(&reverse, entry, snat.quarantine_ns, syn) {
+        if let Some(by) = take_over_held::<V6>(&reverse, entry, snat.quarantine_ns, syn) {
             held_by = by;
             taken = i;
             break;
@@ -514,19 +571,19 @@ fn take_over_tuple(
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn take_over_held(
+fn take_over_held<const V6: bool>(
     reverse: &FlowKey,
     entry: &FlowEntry,
     quarantine_ns: u64,
     syn: Syn,
 ) -> Option<u32> {
-    let held = FLOWS.get_ptr_mut(reverse)?;
+    let held = lookup::<V6>(reverse)?;
     if !may_take_over(held, syn, entry.created_ns, quarantine_ns) {
         return None;
     }
     // SAFETY: live map value; written only when it was created.
     let held_by = unsafe { (*held).backend_id };
-    if replace_claimed(reverse, held, entry) {
+    if replace_claimed::<V6>(reverse, held, entry) {
         Some(held_by)
     } else {
         None
@@ -542,8 +599,12 @@ fn take_over_held(
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn replace_claimed(reverse: &FlowKey, held: *mut FlowEntry, entry: &FlowEntry) -> bool {
-    if FLOWS.insert(reverse, entry, u64::from(BPF_EXIST)).is_ok() {
+fn replace_claimed<const V6: bool>(
+    reverse: &FlowKey,
+    held: *mut FlowEntry,
+    entry: &FlowEntry,
+) -> bool {
+    if insert::<V6>(reverse, entry, u64::from(BPF_EXIST)).is_ok() {
         return true;
     }
     Flags::of(held).clear(FLOW_F_TAKEN);
@@ -596,16 +657,10 @@ fn into_forward_entry(entry: &mut FlowEntry, addr: &[u32; 4], port: u16, backend
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn insert_forward(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
+fn insert_forward<const V6: bool>(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
     // ANY: a closed connection's entry for the same client tuple is replaced.
-    if FLOWS
-        .insert(pkt.flow_key(), forward, u64::from(BPF_ANY))
-        .is_err()
-    {
-        if FLOWS
-            .remove(Translation::of(forward).opposite_key(pkt))
-            .is_ok()
-        {
+    if insert::<V6>(pkt.flow_key(), forward, u64::from(BPF_ANY)).is_err() {
+        if remove::<V6>(&Translation::of(forward).opposite_key(pkt)) {
             snat_used(forward.backend_id, u64::MAX);
         }
         return Err(reason::DROP_FLOW_INSERT);

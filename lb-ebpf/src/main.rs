@@ -181,7 +181,7 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     // packet's flow in the direction the error travels (see parse::icmp).
     let key = pkt.flow_key();
     if parsed == Parsed::IcmpError {
-        return Ok(match flow::lookup(key) {
+        return Ok(match flow::lookup_apart::<V6>(key) {
             Some(entry) => Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)),
             None => not_ours,
         });
@@ -190,33 +190,44 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     let found = if known_no_flow {
         None
     } else {
-        flow::lookup(key)
+        flow::lookup_apart::<V6>(key)
     };
     if let Some(entry) = found {
         // SAFETY: live map value; direction and flags are plain loads.
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
             if flags & FLOW_F_CLOSED != 0 {
-                if reply_of_replaced(pkt, entry) {
+                if reply_of_replaced::<V6>(pkt, entry) {
                     return Err(reason::DROP_SNAT_NO_FLOW);
                 }
                 if flags & FLOW_F_TW_UNACKED != 0 {
                     time_wait::note_backend_ack(&ctx(), pkt, entry);
                 }
             }
-            return Ok(Verdict::from_raw(to_client(ctx(), pkt, entry)));
+            return Ok(Verdict::from_raw(to_client::<V6>(ctx(), pkt, entry)));
         }
         if pkt.frag == FRAG_LATER {
-            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry, false)));
+            return Ok(Verdict::from_raw(to_backend::<V6>(
+                ctx(),
+                pkt,
+                entry,
+                false,
+            )));
         }
         if !(pkt.is_tcp()
             && pkt.is_syn()
-            && (flags & FLOW_F_CLOSED != 0 || syn_went_unanswered(pkt, entry, cfg.syn_timeout_ns)))
+            && (flags & FLOW_F_CLOSED != 0
+                || syn_went_unanswered::<V6>(pkt, entry, cfg.syn_timeout_ns)))
         {
             if time_wait::closes(pkt, flags) {
                 time_wait::record_client_close(&ctx(), pkt);
             }
-            return Ok(Verdict::from_raw(to_backend(ctx(), pkt, entry, false)));
+            return Ok(Verdict::from_raw(to_backend::<V6>(
+                ctx(),
+                pkt,
+                entry,
+                false,
+            )));
         }
         // A new SYN on a closed connection's tuple starts a new connection;
         // its forward entry replaces the old one. The old reply entry was
@@ -251,8 +262,8 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     // lookup. (Sent on here, not inside the global functions: there the
     // packet's header offsets, read back from the handover slot, would be
     // unknown to the verifier.)
-    let fwd = flow::lookup(key).ok_or(reason::DROP_FLOW_INSERT)?;
-    Ok(Verdict::from_raw(to_backend(ctx(), pkt, fwd, true)))
+    let fwd = flow::lookup_apart::<V6>(key).ok_or(reason::DROP_FLOW_INSERT)?;
+    Ok(Verdict::from_raw(to_backend::<V6>(ctx(), pkt, fwd, true)))
 }
 
 /// Whether the client SYN `pkt` retransmits the SYN of the open forward
@@ -262,7 +273,11 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
 /// starts), one `Refused` event. A BPF function of its own, so its reply
 /// key is not in `lb_xdp`'s frame.
 #[inline(never)]
-fn syn_went_unanswered(pkt: &Packet, fwd: *mut FlowEntry, syn_timeout_ns: u64) -> bool {
+fn syn_went_unanswered<const V6: bool>(
+    pkt: &Packet,
+    fwd: *mut FlowEntry,
+    syn_timeout_ns: u64,
+) -> bool {
     let now = now();
     // SAFETY: live map value; `created_ns` is written only at creation.
     let (flags, created) = unsafe { ((*fwd).flags, (*fwd).created_ns) };
@@ -270,7 +285,7 @@ fn syn_went_unanswered(pkt: &Packet, fwd: *mut FlowEntry, syn_timeout_ns: u64) -
         return false;
     }
     if track::close_counted(fwd, now) {
-        let reply = flow::lookup(&Translation::of(fwd).opposite_key(pkt));
+        let reply = flow::lookup::<V6>(&Translation::of(fwd).opposite_key(pkt));
         track::stamp_closed(reply, now);
         // SAFETY: live map value; written only at creation.
         let (backend_id, vip_id) = unsafe { ((*fwd).backend_id, (*fwd).vip_id) };
@@ -341,14 +356,13 @@ pub fn lb_new_flow(ctx: *mut xdp_md) -> u64 {
         seq: slot.seq,
         ts: slot.ts,
     };
-    StageResult::continue_or_drop(create_flow(
-        &ctx,
-        &slot.pkt,
-        cfg,
-        picked,
-        syn,
-        TupleSource::Claim,
-    ))
+    // The family becomes a constant of the code here, once.
+    let pkt = &slot.pkt;
+    StageResult::continue_or_drop(if pkt.is_v6() {
+        create_flow::<true>(&ctx, pkt, cfg, picked, syn, TupleSource::Claim)
+    } else {
+        create_flow::<false>(&ctx, pkt, cfg, picked, syn, TupleSource::Claim)
+    })
     .into_raw()
 }
 
@@ -356,7 +370,7 @@ pub fn lb_new_flow(ctx: *mut xdp_md) -> u64 {
 /// whose first packet is `syn`, on a SNAT tuple from `how` (each caller
 /// passes a constant).
 #[inline(always)]
-fn create_flow(
+fn create_flow<const V6: bool>(
     ctx: &XdpContext,
     pkt: &Packet,
     cfg: &LbConfig,
@@ -372,7 +386,7 @@ fn create_flow(
     };
     // The pick's clock read (see `helpers::packet_clock`).
     let now = helpers::packet_clock();
-    flow::create(pkt, client, cfg, picked.vip_id, &backend, now, syn, how)?;
+    flow::create::<V6>(pkt, client, cfg, picked.vip_id, &backend, now, syn, how)?;
     track::opened(backend.id);
     Ok(())
 }
@@ -382,7 +396,12 @@ fn create_flow(
 /// its backend pick's clock read, whose time it keeps (each caller passes
 /// a constant).
 #[inline(never)]
-fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry, new_flow: bool) -> u64 {
+fn to_backend<const V6: bool>(
+    ctx: XdpContext,
+    pkt: &Packet,
+    fwd: *mut FlowEntry,
+    new_flow: bool,
+) -> u64 {
     keep_ctx_pointer(&ctx);
     let clock = if new_flow {
         // Read from the entry, not the per-CPU slot: a plain load, where the
@@ -392,15 +411,22 @@ fn to_backend(ctx: XdpContext, pkt: &Packet, fwd: *mut FlowEntry, new_flow: bool
     } else {
         PacketClock::new()
     };
-    Verdict::of(forward_known(&ctx, pkt, fwd, Direction::ToBackend, clock)).into_raw()
+    Verdict::of(forward_known::<V6>(
+        &ctx,
+        pkt,
+        fwd,
+        Direction::ToBackend,
+        clock,
+    ))
+    .into_raw()
 }
 
 /// Backend → SNAT address packet of a known connection; returns its
 /// verdict ([`Verdict::into_raw`]).
 #[inline(never)]
-fn to_client(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u64 {
+fn to_client<const V6: bool>(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u64 {
     keep_ctx_pointer(&ctx);
-    Verdict::of(forward_known(
+    Verdict::of(forward_known::<V6>(
         &ctx,
         pkt,
         rev,
@@ -415,7 +441,7 @@ fn to_client(ctx: XdpContext, pkt: &Packet, rev: *mut FlowEntry) -> u64 {
 /// already for a new flow's first packet). Each caller passes a constant
 /// `direction`, so each BPF function keeps only its own half.
 #[inline(always)]
-fn forward_known(
+fn forward_known<const V6: bool>(
     ctx: &XdpContext,
     pkt: &Packet,
     entry: *mut FlowEntry,
@@ -450,7 +476,7 @@ fn forward_known(
         return Ok(verdict);
     }
     match direction {
-        Direction::ToBackend => track::client_packet(pkt, entry, &mut clock),
+        Direction::ToBackend => track::client_packet::<V6>(pkt, entry, &mut clock),
         // The forward entry holds the state: it is looked up (a second
         // flow lookup) only when the packet needs it or the refresh is due;
         // an established connection's bulk packets skip it. After a new SYN
@@ -461,10 +487,10 @@ fn forward_known(
             // bit for a payload (see `track::reply_needs_state`).
             let needs_state = track::reply_needs_state(pkt, entry);
             if (needs_state || refresh)
-                && let Some(fwd) = flow::lookup(&to.opposite_key(pkt))
+                && let Some(fwd) = flow::lookup::<V6>(&to.opposite_key(pkt))
                 && flow::translates_to(fwd, pkt)
             {
-                track::backend_packet(pkt, fwd, clock.now());
+                track::backend_packet::<V6>(pkt, fwd, clock.now());
             }
         }
     }
@@ -486,8 +512,8 @@ fn forward_known(
 /// once more for each of its outcomes (about 66k instructions), and under
 /// `to_client` its key overflowed the 512-byte stack.
 #[inline(never)]
-fn reply_of_replaced(pkt: &Packet, rev: *mut FlowEntry) -> bool {
-    flow::lookup(&Translation::of(rev).opposite_key(pkt))
+fn reply_of_replaced<const V6: bool>(pkt: &Packet, rev: *mut FlowEntry) -> bool {
+    flow::lookup::<V6>(&Translation::of(rev).opposite_key(pkt))
         .is_some_and(|fwd| !flow::translates_to(fwd, pkt))
 }
 

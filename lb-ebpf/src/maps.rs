@@ -28,8 +28,13 @@ pub static BACKEND_STATS: PerCpuArray<BackendStats> =
 /// plain hash: the kernel's LRU evicts before it checks `BPF_NOEXIST` and
 /// removes one direction of a connection without the other; here entries
 /// leave only through `sweep` (or an insert's own rollback).
+/// IPv6's flow table; IPv4's is [`FLOWS4`] (see `flow::lookup`).
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, FlowEntry> =
+    HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// IPv4's flow table, under 16-byte keys; sized and kept like [`FLOWS`].
+#[map(name = "FLOWS4")]
+pub static FLOWS4: HashMap<FlowKeyV4, FlowEntry> =
     HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 /// First fragments' ports by datagram (see `lb_common::FragKey`); an LRU,
 /// as an entry is useful only for the few milliseconds a datagram's

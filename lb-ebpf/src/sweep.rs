@@ -4,8 +4,8 @@
 //!
 //! `lb_sweep` is an XDP-typed program that is never attached: the control
 //! plane runs it with `BPF_PROG_TEST_RUN` (one syscall) once a second. It
-//! walks `FLOWS` with `bpf_for_each_map_elem` (kernel ≥ 5.13) and decides
-//! for each entry:
+//! walks both flow tables (IPv6's `FLOWS`, IPv4's `FLOWS4`) with
+//! `bpf_for_each_map_elem` (kernel ≥ 5.13) and decides for each entry:
 //!
 //! - forward entry, closed: removed `closed_linger_ns` after the close;
 //! - forward entry, open: a SYN unanswered for `syn_timeout_ns` is closed as
@@ -53,15 +53,15 @@ use aya_ebpf::{
 };
 use lb_common::{
     DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN, FlowEntry,
-    FlowKey, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
+    FlowKey, FlowKeyV4, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
 };
 
 use crate::{
     atomic::Flags,
     events::emit,
-    flow::{Translation, snat_used},
+    flow::{Translation, lookup, remove, snat_used},
     helpers::now,
-    maps::{CONFIG, FLOWS, SWEEP_STATS},
+    maps::{CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
     track::{close_counted, forward_key_of, stamp_closed},
 };
 
@@ -106,15 +106,23 @@ pub fn lb_sweep(ctx: XdpContext) -> u32 {
     // are `repr(transparent)` over the definition the loader relocates);
     // `visit` has the callback signature the helper expects and only
     // touches `walk`, which outlives the call.
-    let entries = unsafe {
-        bpf_for_each_map_elem(
-            (&raw const FLOWS).cast_mut().cast::<c_void>(),
-            visit as *mut c_void,
-            (&raw mut walk).cast::<c_void>(),
-            0,
+    let (entries, entries4) = unsafe {
+        (
+            bpf_for_each_map_elem(
+                (&raw const FLOWS).cast_mut().cast::<c_void>(),
+                visit as *mut c_void,
+                (&raw mut walk).cast::<c_void>(),
+                0,
+            ),
+            bpf_for_each_map_elem(
+                (&raw const FLOWS4).cast_mut().cast::<c_void>(),
+                visit4 as *mut c_void,
+                (&raw mut walk).cast::<c_void>(),
+                0,
+            ),
         )
     };
-    walk.stats.entries = entries.max(0) as u64;
+    walk.stats.entries = entries.max(0) as u64 + entries4.max(0) as u64;
     walk.stats.runs += 1;
     walk.stats.last_run_ns = walk.now;
     // SAFETY: as above.
@@ -130,7 +138,7 @@ fn first_byte(ctx: &XdpContext) -> Option<u8> {
     crate::packet::load::<[u8; 8]>(ctx, 0).map(|word| word[0])
 }
 
-/// One entry of the walk; returns 0 to go on.
+/// One entry of `FLOWS`' walk; returns 0 to go on.
 extern "C" fn visit(
     _map: *mut c_void,
     key: *mut FlowKey,
@@ -140,6 +148,27 @@ extern "C" fn visit(
     // SAFETY: the helper passes back the pointer `lb_sweep` gave it, and
     // the element's key and value.
     let (walk, key) = unsafe { (&mut *ctx.cast::<Walk>(), *key) };
+    visit_entry::<true>(walk, &key, entry)
+}
+
+/// One entry of `FLOWS4`' walk (IPv4's table); returns 0 to go on.
+extern "C" fn visit4(
+    _map: *mut c_void,
+    key: *mut FlowKeyV4,
+    entry: *mut FlowEntry,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: as in `visit`.
+    let (walk, key) = unsafe { (&mut *ctx.cast::<Walk>(), (*key).widen()) };
+    visit_entry::<false>(walk, &key, entry)
+}
+
+/// The decision for one entry, `key`, of the table `V6` names (IPv6's
+/// `FLOWS` or IPv4's `FLOWS4`, see `flow::lookup`); its other direction is
+/// in the same table. Returns 0 to go on.
+#[inline(always)]
+fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowEntry) -> i64 {
+    let key = *key;
     // SAFETY: live map value.
     let (direction, created, last_seen) = unsafe {
         (
@@ -162,22 +191,20 @@ extern "C" fn visit(
                 let backend_id = unsafe { (*entry).backend_id };
                 // Claimed first, like every free of a closed tuple (a
                 // SYN may be taking it over: `time_wait::may_take_over`).
-                if Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
-                    && FLOWS.remove(&key).is_ok()
-                {
+                if Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0 && remove::<V6>(&key) {
                     snat_used(backend_id, u64::MAX);
                     walk.stats.removed += 1;
                     walk.stats.snat_freed += 1;
                 }
             }
-        } else if walk.check_pairs && !forward_points_back(&key, entry) {
+        } else if walk.check_pairs && !forward_points_back::<V6>(&key, entry) {
             stamp_closed(Some(entry), walk.now);
             walk.stats.orphans += 1;
         }
         return 0;
     }
     if closed {
-        if age > walk.closed_linger_ns && FLOWS.remove(&key).is_ok() {
+        if age > walk.closed_linger_ns && remove::<V6>(&key) {
             walk.stats.removed += 1;
         }
         return 0;
@@ -198,7 +225,7 @@ extern "C" fn visit(
         return 0;
     }
     let reply_key = Translation::of(entry).opposite_key_of(&key);
-    let reply = FLOWS.get_ptr_mut(&reply_key);
+    let reply = lookup::<V6>(&reply_key);
     // (event kind, close reason); kind 0: none. Plain integers rather than
     // an `Option` of a tuple: LLVM copied the `None` case's undefined
     // payload register, a read the verifier rejects (`R5 !read_ok`).
@@ -223,7 +250,7 @@ extern "C" fn visit(
             emit(kind, close_reason, backend_id, vip_id, walk.now, 0);
         }
     }
-    if FLOWS.remove(&key).is_ok() {
+    if remove::<V6>(&key) {
         walk.stats.removed += 1;
     }
     0
@@ -233,8 +260,8 @@ extern "C" fn visit(
 /// entry translates to: the forward entry exists and its rewrite is this
 /// entry's key reversed (same SNAT tuple, same backend).
 #[inline(always)]
-fn forward_points_back(key: &FlowKey, reply: *const FlowEntry) -> bool {
-    let Some(fwd) = FLOWS.get_ptr(&forward_key_of(key, reply)) else {
+fn forward_points_back<const V6: bool>(key: &FlowKey, reply: *const FlowEntry) -> bool {
+    let Some(fwd) = lookup::<V6>(&forward_key_of(key, reply)) else {
         return false;
     };
     let t = Translation::of(fwd);

@@ -128,11 +128,23 @@ pub fn lb_record_client_close() -> u64 {
     let Some(&Handover { pkt, seq, ts, .. }) = handover::taken() else {
         return 0;
     };
-    let Some(fwd) = lookup(pkt.flow_key()) else {
-        return 0;
+    // The family becomes a constant of the code here, once.
+    if pkt.is_v6() {
+        record_close::<true>(&pkt, seq, ts);
+    } else {
+        record_close::<false>(&pkt, seq, ts);
+    }
+    0
+}
+
+/// [`lb_record_client_close`] for a packet of the family `V6` says.
+#[inline(always)]
+fn record_close<const V6: bool>(pkt: &Packet, seq: u32, ts: TsOption) {
+    let Some(fwd) = lookup::<V6>(pkt.flow_key()) else {
+        return;
     };
-    let Some(rev) = lookup(&Translation::of(fwd).opposite_key(&pkt)) else {
-        return 0;
+    let Some(rev) = lookup::<V6>(&Translation::of(fwd).opposite_key(pkt)) else {
+        return;
     };
     // After a takeover the tuple's reply entry belongs to a newer
     // connection, of another client tuple: a late FIN of the old one must
@@ -143,7 +155,7 @@ pub fn lb_record_client_close() -> u64 {
             || (*rev).new_dport != pkt.sport
             || (*rev).new_dst != pkt.saddr
     } {
-        return 0;
+        return;
     }
     let seen = Flags::of(fwd).get();
     let view = if pkt.has(TCP_FIN) {
@@ -159,10 +171,10 @@ pub fn lb_record_client_close() -> u64 {
             if seen & FLOW_F_FIN_CLIENT == 0 {
                 Flags::of(fwd).set(FLOW_F_CLIENT_CLOSED_FIRST);
             }
-            return 0;
+            return;
         }
         if seen & FLOW_F_FIN_CLIENT != 0 && Flags::of(rev).get() & FLOW_F_TW_SEEN == 0 {
-            return 0;
+            return;
         }
         TimeWaitView::of_fin(seq, pkt.payload_len, ts)
     } else {
@@ -176,7 +188,7 @@ pub fn lb_record_client_close() -> u64 {
             || (seen & FLOW_F_CLIENT_CLOSED_FIRST == 0
                 && Flags::of(rev).get() & FLOW_F_TW_SEEN == 0)
         {
-            return 0;
+            return;
         }
         TimeWaitView::of_last_ack(seq, ts)
     };
@@ -200,7 +212,6 @@ pub fn lb_record_client_close() -> u64 {
     };
     flags.clear((FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN) & !ts_flag);
     flags.set(FLOW_F_TW_SEEN | ts_flag | unacked);
-    0
 }
 
 /// Offset of the acknowledgment number in the TCP header.
@@ -271,17 +282,23 @@ pub fn lb_take_over(ctx: *mut xdp_md) -> u64 {
         seq: slot.seq,
         ts: slot.ts,
     };
-    StageResult::continue_or_drop(try_take_over(
-        &ctx,
-        &slot.pkt,
-        Picked::from_payload(slot.picked),
-        syn,
-    ))
+    let picked = Picked::from_payload(slot.picked);
+    // The family becomes a constant of the code here, once.
+    StageResult::continue_or_drop(if slot.pkt.is_v6() {
+        try_take_over::<true>(&ctx, &slot.pkt, picked, syn)
+    } else {
+        try_take_over::<false>(&ctx, &slot.pkt, picked, syn)
+    })
     .into_raw()
 }
 
 #[inline(always)]
-fn try_take_over(ctx: &XdpContext, pkt: &Packet, picked: Picked, syn: Syn) -> Result<(), Reason> {
+fn try_take_over<const V6: bool>(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    picked: Picked,
+    syn: Syn,
+) -> Result<(), Reason> {
     let cfg = CONFIG.get(0).ok_or(reason::DROP_BAD_CONFIG)?;
-    crate::create_flow(ctx, pkt, cfg, picked, syn, TupleSource::TakeOver)
+    crate::create_flow::<V6>(ctx, pkt, cfg, picked, syn, TupleSource::TakeOver)
 }

@@ -57,7 +57,7 @@ pub fn opened(backend_id: u32) {
 /// A client packet of the connection whose forward entry is `fwd`.
 /// The clock is read only for a request, a close, or a due refresh.
 #[inline(always)]
-pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock) {
+pub fn client_packet<const V6: bool>(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock) {
     let flags = Flags::of(fwd);
     if flags.get() & FLOW_F_CLOSED == 0 && refresh_check_due(fwd) {
         touch(fwd, flags, clock.now());
@@ -88,13 +88,13 @@ pub fn client_packet(pkt: &Packet, fwd: *mut FlowEntry, clock: &mut PacketClock)
             // (one lookup per request here, none per reply packet there).
             // Forward first, then reply: the reply path clears them in the
             // opposite order (`reply_needs_state`).
-            mirror_request_pending(fwd, pkt);
+            mirror_request_pending::<V6>(fwd, pkt);
         }
     }
     if pkt.has(TCP_RST) {
-        close(fwd, pkt, EVENT_CLOSED, CLOSE_RST, clock.now());
+        close::<V6>(fwd, pkt, EVENT_CLOSED, CLOSE_RST, clock.now());
     } else if pkt.has(TCP_FIN) {
-        fin(fwd, pkt, FLOW_F_FIN_CLIENT, clock.now());
+        fin::<V6>(fwd, pkt, FLOW_F_FIN_CLIENT, clock.now());
     }
 }
 
@@ -137,8 +137,8 @@ fn check_waits_at(entry: *const FlowEntry, j: u32) -> bool {
 /// Sets `FLOW_F_REQUEST_PENDING` in the reply entry of the forward entry
 /// `fwd` (a no-op if it has none).
 #[inline(always)]
-fn mirror_request_pending(fwd: *mut FlowEntry, pkt: &Packet) {
-    if let Some(rev) = lookup(&Translation::of(fwd).opposite_key(pkt)) {
+fn mirror_request_pending<const V6: bool>(fwd: *mut FlowEntry, pkt: &Packet) {
+    if let Some(rev) = lookup::<V6>(&Translation::of(fwd).opposite_key(pkt)) {
         Flags::of(rev).set(FLOW_F_REQUEST_PENDING);
     }
 }
@@ -197,7 +197,7 @@ pub fn reply_needs_state(pkt: &Packet, rev: *mut FlowEntry) -> bool {
 
 /// A backend packet of the connection whose forward entry is `fwd`.
 #[inline(always)]
-pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
+pub fn backend_packet<const V6: bool>(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
     let flags = Flags::of(fwd);
     touch(fwd, flags, now);
     if pkt.has(TCP_SYN) && pkt.has(TCP_ACK) && flags.get() & FLOW_F_SYNACK_SEEN == 0 {
@@ -214,9 +214,9 @@ pub fn backend_packet(pkt: &Packet, fwd: *mut FlowEntry, now: u64) {
         } else {
             (EVENT_CLOSED, CLOSE_BACKEND_RST)
         };
-        close(fwd, pkt, kind, close_reason, now);
+        close::<V6>(fwd, pkt, kind, close_reason, now);
     } else if pkt.has(TCP_FIN) {
-        fin(fwd, pkt, FLOW_F_FIN_BACKEND, now);
+        fin::<V6>(fwd, pkt, FLOW_F_FIN_BACKEND, now);
     }
     if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING != 0 {
         // Out of the pending count first, while the pending bit still
@@ -257,7 +257,7 @@ fn record_latency(backend_id: u32, latency: u64) {
 /// closes when the other side's FIN is already there. The CPU whose
 /// atomic OR completed the pair closes it.
 #[inline(always)]
-fn fin(fwd: *mut FlowEntry, pkt: &Packet, side: u32, now: u64) {
+fn fin<const V6: bool>(fwd: *mut FlowEntry, pkt: &Packet, side: u32, now: u64) {
     let both = FLOW_F_FIN_CLIENT | FLOW_F_FIN_BACKEND;
     let flags = Flags::of(fwd);
     if flags.get() & side != 0 {
@@ -265,7 +265,7 @@ fn fin(fwd: *mut FlowEntry, pkt: &Packet, side: u32, now: u64) {
     }
     let before = flags.set(side);
     if before & side == 0 && (before | side) & both == both {
-        close(fwd, pkt, EVENT_CLOSED, CLOSE_FIN, now);
+        close::<V6>(fwd, pkt, EVENT_CLOSED, CLOSE_FIN, now);
     } else {
         // SAFETY: live map value; informational only.
         unsafe { (*fwd).state = FLOW_CLOSING };
@@ -277,11 +277,11 @@ fn fin(fwd: *mut FlowEntry, pkt: &Packet, side: u32, now: u64) {
 /// time and emits the event. The entries stay so late segments are still
 /// translated (see the module documentation).
 #[inline(always)]
-fn close(fwd: *mut FlowEntry, pkt: &Packet, kind: u8, close_reason: u8, now: u64) {
+fn close<const V6: bool>(fwd: *mut FlowEntry, pkt: &Packet, kind: u8, close_reason: u8, now: u64) {
     if !close_counted(fwd, now) {
         return;
     }
-    stamp_closed(lookup(&Translation::of(fwd).opposite_key(pkt)), now);
+    stamp_closed(lookup::<V6>(&Translation::of(fwd).opposite_key(pkt)), now);
     // Only what needs a reaction goes to the ring: a refused connection or
     // a backend's reset. Ordinary closes are the `closed` counter.
     if kind == EVENT_REFUSED || close_reason == CLOSE_BACKEND_RST {

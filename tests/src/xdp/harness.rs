@@ -15,7 +15,7 @@ use aya::{
 use lb_common::{
     AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, Backend, BackendConns, BackendHop,
     BackendPending, BackendProgress, BackendScore, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE,
-    DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent, FlowKey,
+    DEFAULT_CLOSED_LINGER_NS, DEFAULT_SNAT_QUARANTINE_NS, FlowEntry, FlowEvent, FlowKey, FlowKeyV4,
     IPPROTO_TCP, IPPROTO_UDP, IpKey, LatencyAgg, LbConfig, MAX_BACKENDS_PER_VIP, MAX_SNAT_ADDRS,
     Neighbour, SnatAddr, SweepStats, VipKey, VipMeta, reason,
 };
@@ -173,6 +173,7 @@ impl Lb {
     pub fn load_sized(object: &[u8], flow_table_size: u32, sizes: &[(&str, u32)]) -> Self {
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(lb_common::FLOWS_MAP, flow_table_size);
+        loader.map_max_entries(lb_common::FLOWS4_MAP, flow_table_size);
         for &(name, entries) in sizes {
             loader.map_max_entries(name, entries);
         }
@@ -819,28 +820,73 @@ impl Lb {
         HashMap::try_from(self.ebpf.map(lb_common::FLOWS_MAP).expect("FLOWS")).expect("hash")
     }
 
+    /// IPv4's flow table (16-byte keys).
+    fn flows4(&self) -> HashMap<&MapData, FlowKeyV4, FlowEntry> {
+        HashMap::try_from(self.ebpf.map(lb_common::FLOWS4_MAP).expect("FLOWS4")).expect("hash")
+    }
+
+    /// The entry under `key`, in its family's table.
     pub fn flow(&self, key: &FlowKey) -> Option<FlowEntry> {
-        self.flows().get(key, 0).ok()
+        if key.family == AF_INET {
+            self.flows4().get(&FlowKeyV4::of(key), 0).ok()
+        } else {
+            self.flows().get(key, 0).ok()
+        }
     }
 
     /// Overwrites one entry (to age it, say).
     pub fn set_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
-        let mut flows: HashMap<_, FlowKey, FlowEntry> =
-            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
-                .expect("hash");
-        flows.insert(key, entry, 0).expect("set flow entry");
+        if key.family == AF_INET {
+            let mut flows: HashMap<_, FlowKeyV4, FlowEntry> =
+                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS4_MAP).expect("FLOWS4"))
+                    .expect("hash");
+            flows
+                .insert(FlowKeyV4::of(key), entry, 0)
+                .expect("set flow entry");
+        } else {
+            let mut flows: HashMap<_, FlowKey, FlowEntry> =
+                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                    .expect("hash");
+            flows.insert(key, entry, 0).expect("set flow entry");
+        }
     }
 
     /// Removes one entry behind the program's back (to make an orphan).
     pub fn remove_flow(&mut self, key: &FlowKey) {
-        let mut flows: HashMap<_, FlowKey, FlowEntry> =
-            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
-                .expect("hash");
-        flows.remove(key).expect("remove flow entry");
+        if key.family == AF_INET {
+            let mut flows: HashMap<_, FlowKeyV4, FlowEntry> =
+                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS4_MAP).expect("FLOWS4"))
+                    .expect("hash");
+            flows
+                .remove(&FlowKeyV4::of(key))
+                .expect("remove flow entry");
+        } else {
+            let mut flows: HashMap<_, FlowKey, FlowEntry> =
+                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                    .expect("hash");
+            flows.remove(key).expect("remove flow entry");
+        }
     }
 
+    /// Every flow entry of both tables, with its key.
+    pub fn all_flows(&self) -> Vec<(FlowKey, FlowEntry)> {
+        let mut all: Vec<_> = self
+            .flows()
+            .iter()
+            .map(|r| r.expect("flow entry"))
+            .collect();
+        all.extend(
+            self.flows4()
+                .iter()
+                .map(|r| r.expect("flow entry"))
+                .map(|(k, e)| (k.widen(), e)),
+        );
+        all
+    }
+
+    /// Entries in both flow tables.
     pub fn flow_count(&self) -> usize {
-        self.flows().keys().count()
+        self.flows().keys().count() + self.flows4().keys().count()
     }
 
     /// The forward entry of the IPv4 client's connection from `client_port`.
