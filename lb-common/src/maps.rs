@@ -475,7 +475,10 @@ pub struct FlowKeyV4 {
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    pub _pad: [u8; 3],
+    /// Padding, as two fields: a three-byte array of zeros became a
+    /// `memset` call in the program.
+    pub _pad: u8,
+    pub _pad2: u16,
 }
 assert_size!(FlowKeyV4, 16);
 
@@ -489,7 +492,8 @@ impl FlowKeyV4 {
             sport: key.sport,
             dport: key.dport,
             proto: key.proto,
-            _pad: [0; 3],
+            _pad: 0,
+            _pad2: 0,
         }
     }
 

@@ -28,7 +28,7 @@ use lb_common::{
 };
 
 use crate::{
-    flow::lookup,
+    flow::lookup_on_stack,
     maps::CONFIG,
     nat, nexthop,
     packet::{Mac, Packet, keep_ctx_pointer},
@@ -84,7 +84,7 @@ fn send_plain<const V6: bool>(ctx: &XdpContext) -> u64 {
     }
     // SAFETY: `parse_plain` wrote the packet (it returned `Some`).
     let pkt = unsafe { out.assume_init_ref() };
-    let Some(entry) = lookup::<V6>(pkt.flow_key()) else {
+    let Some(entry) = lookup_on_stack::<V6>(pkt.flow_key()) else {
         return StageResult::proceed(NO_FLOW).into_raw();
     };
     // SAFETY: live map value; written only at creation.

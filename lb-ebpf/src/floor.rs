@@ -2,8 +2,8 @@
 //! hash flow table pays per new flow before it does anything of its own.
 //!
 //! `lb-bench-dataplane` runs them next to `lb_xdp`'s new-flow cases, on the
-//! same `FLOWS` table (its own client addresses, so no key meets another
-//! case's). Each parses an IPv4 TCP/UDP frame with no options, looks its
+//! same IPv4 table, `FLOWS4`, through the same operations (its own client
+//! addresses, so no key meets another case's). Each parses an IPv4 TCP/UDP frame with no options, looks its
 //! 5-tuple up (a miss for every new client), inserts the forward entry, of
 //! a flow's size, keeps the reply direction its way ([`Reply`]: not at all,
 //! as a second entry under its own key, as `lb_xdp` keeps it, or as a way),
@@ -17,10 +17,11 @@
 //! order (as the SNAT claim's cursor walks a CPU's slice of tuples).
 //!
 //! Three more floors measure an established packet's flow lookup:
-//! `xdp_floor_established_hash` finds the frame's entry in `FLOWS`, as
-//! `lb_xdp` does, `xdp_floor_established_compact_hash` in a hash map keyed
-//! by 16 bytes instead of `FlowKey`'s 40 (the kernel hashes and compares
-//! the whole key), and `xdp_floor_established_way` finds its key in a way
+//! `xdp_floor_established_hash` finds the frame's entry in `FLOWS4`, as
+//! `lb_xdp`'s fast path does, `xdp_floor_established_compact_hash` in a
+//! hash map of its own keyed by 16 bytes (which measured, before IPv4 had
+//! `FLOWS4`, what such keys would save against `FlowKey`'s 40: the kernel
+//! hashes and compares the whole key), and `xdp_floor_established_way` finds its key in a way
 //! of an array, at a slot the program hashes the key to itself. The array
 //! lookup is inlined by the verifier, where the hash map's is a call into
 //! the kernel that makes three more (hash, bucket walk, compare), and every
@@ -38,7 +39,7 @@ use lb_common::{AF_INET, FLOOR_FLOW_WAYS, FLOOR_WAY_CLAIMED, FloorKeyV4, FlowEnt
 
 use crate::{
     atomic::fetch_or_u64,
-    maps::FLOWS,
+    flow::{insert, lookup_on_stack},
     packet,
     wire::{ETH_LEN, ETH_P_IPV4, ETH_TYPE_OFF, IPV4_MIN_LEN, IPV4_PROTO_OFF, IPV4_SADDR_OFF},
 };
@@ -114,13 +115,13 @@ pub fn xdp_floor_one_entry_way(ctx: XdpContext) -> u32 {
 }
 
 /// The least an established packet's flow lookup costs with `lb_xdp`'s
-/// hash table: the frame's entry found in `FLOWS` (a miss does not send).
+/// hash table: the frame's entry found in `FLOWS4` (a miss does not send).
 #[xdp]
 pub fn xdp_floor_established_hash(ctx: XdpContext) -> u32 {
     let Some(key) = ipv4_key(&ctx) else {
         return xdp_action::XDP_PASS;
     };
-    if FLOWS.get_ptr(&key).is_none() {
+    if lookup_on_stack::<false>(&key).is_none() {
         return xdp_action::XDP_PASS;
     }
     swap_and_send(&ctx)
@@ -302,23 +303,22 @@ fn new_flow_floor(ctx: &XdpContext, reply: Reply) -> u32 {
     let Some(key) = ipv4_key(ctx) else {
         return xdp_action::XDP_PASS;
     };
-    if FLOWS.get_ptr(&key).is_none() {
+    if lookup_on_stack::<false>(&key).is_none() {
         let entry = FlowEntry::default();
-        if FLOWS.insert(&key, &entry, 0).is_err() {
+        if insert::<false>(&key, &entry, 0).is_err() {
             return xdp_action::XDP_ABORTED;
         }
         let kept = match reply {
             Reply::Nothing => true,
             // The reply direction's key: another bucket, as in `lb_xdp`.
-            Reply::Entry => FLOWS
-                .insert(
-                    FlowKey::new(
-                        key.family, key.proto, key.dst, key.src, key.dport, key.sport,
-                    ),
-                    &entry,
-                    0,
-                )
-                .is_ok(),
+            Reply::Entry => insert::<false>(
+                &FlowKey::new(
+                    key.family, key.proto, key.dst, key.src, key.dport, key.sport,
+                ),
+                &entry,
+                0,
+            )
+            .is_ok(),
             Reply::Way => claim_way(client_word(&key)),
         };
         if !kept {

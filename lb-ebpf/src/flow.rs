@@ -18,7 +18,7 @@ use crate::{
     atomic::{Flags, add_u64},
     backend_hop,
     helpers::jiffies,
-    maps::{BACKEND_SNAT_USED, FLOWS, FLOWS4, SNAT_ADDRS, SNAT_CURSORS},
+    maps::{BACKEND_SNAT_USED, FLOW_KEY4, FLOWS, FLOWS4, SNAT_ADDRS, SNAT_CURSORS},
     packet::{Mac, Packet, load_addr, load_mac, store_mac},
     select::Chosen,
 };
@@ -127,14 +127,25 @@ pub fn translates_to(fwd: *const FlowEntry, pkt: &Packet) -> bool {
 }
 
 /// The entry under `key` in the flow table of the family `V6` says
-/// (IPv6: [`FLOWS`]; IPv4: [`FLOWS4`], under the key packed in 16 bytes).
-/// Every flow-table operation takes the family as a constant of the code:
-/// chosen by the key's family byte on the stack, which the verifier does
-/// not track, each operation was a branch it walked both ways, with the
-/// rest of the path after each (docs/history/dataplane.md, stop 28).
-/// `key` must be of that family.
+/// (IPv6: [`FLOWS`]; IPv4: [`FLOWS4`], under the key packed in 16 bytes,
+/// see [`packed`]). Every flow-table operation takes the family as a
+/// constant of the code: chosen by the key's family byte on the stack,
+/// which the verifier does not track, each operation was a branch it
+/// walked both ways, with the rest of the path after each
+/// (docs/history/dataplane.md, stop 28). `key` must be of that family.
 #[inline(always)]
 pub fn lookup<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
+    if V6 {
+        FLOWS.get_ptr_mut(key)
+    } else {
+        FLOWS4.get_ptr_mut(packed(key)?)
+    }
+}
+
+/// [`lookup`] with IPv4's packed key on the stack: the fast path's, whose
+/// frame has room for it (and which saves the slot's stores).
+#[inline(always)]
+pub fn lookup_on_stack<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
     if V6 {
         FLOWS.get_ptr_mut(key)
     } else {
@@ -142,22 +153,32 @@ pub fn lookup<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
     }
 }
 
-/// [`lookup`] as a BPF function of its own, for a caller whose stack frame
-/// cannot take IPv4's 16-byte key: `lb_general_v4`, whose frame is in a
-/// chain of calls (`lb_xdp`, it, `lb_new_flow`) at the 512-byte limit.
-/// (Inlined there, LLVM gave each of its three lookups a slot of its own.)
+/// The IPv4 `key` packed in this CPU's [`FLOW_KEY4`] slot, for a map
+/// helper to read from there: the general pipeline's frames are in call
+/// chains at the 512-byte stack limit (`lb_xdp`, a family's pipeline,
+/// `lb_new_flow`), and 16 more bytes of a packed key in each pushed one
+/// over it. Valid until the next call of this function on this CPU; each
+/// caller hands it to one helper call at once.
 #[inline(always)]
-pub fn lookup_apart<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
-    if V6 {
-        lookup::<true>(key)
-    } else {
-        lookup4_apart(key)
+fn packed(key: &FlowKey) -> Option<&'static FlowKeyV4> {
+    let slot = FLOW_KEY4.get_ptr_mut(0)?;
+    // Read through a pointer LLVM cannot see into: otherwise it keeps
+    // these loads for the caller's later uses of the same fields, spilled
+    // to the caller's frame (the very stack this slot is there to spare).
+    let key = core::hint::black_box(key);
+    // SAFETY: this CPU's own copy of a per-CPU map value (XDP runs with
+    // preemption off); written field by field (a copy of a whole key from
+    // the stack could become a `memcpy` call).
+    unsafe {
+        (&raw mut (*slot).src).write(key.src[0]);
+        (&raw mut (*slot).dst).write(key.dst[0]);
+        (&raw mut (*slot).sport).write(key.sport);
+        (&raw mut (*slot).dport).write(key.dport);
+        (&raw mut (*slot).proto).write(key.proto);
+        (&raw mut (*slot)._pad).write(0);
+        (&raw mut (*slot)._pad2).write(0);
+        Some(&*slot)
     }
-}
-
-#[inline(never)]
-fn lookup4_apart(key: &FlowKey) -> Option<*mut FlowEntry> {
-    lookup::<false>(key)
 }
 
 /// Inserts `entry` under `key` (`BPF_*` `flags`) in the family's table
@@ -171,7 +192,10 @@ pub fn insert<const V6: bool>(key: &FlowKey, entry: &FlowEntry, flags: u64) -> R
     if V6 {
         FLOWS.insert(key, entry, flags)
     } else {
-        FLOWS4.insert(&FlowKeyV4::of(key), entry, flags)
+        let Some(key) = packed(key) else {
+            return Err(-1);
+        };
+        FLOWS4.insert(key, entry, flags)
     }
 }
 
@@ -182,7 +206,7 @@ pub fn remove<const V6: bool>(key: &FlowKey) -> bool {
     if V6 {
         FLOWS.remove(key).is_ok()
     } else {
-        FLOWS4.remove(&FlowKeyV4::of(key)).is_ok()
+        packed(key).is_some_and(|key| FLOWS4.remove(key).is_ok())
     }
 }
 

@@ -181,7 +181,7 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     // packet's flow in the direction the error travels (see parse::icmp).
     let key = pkt.flow_key();
     if parsed == Parsed::IcmpError {
-        return Ok(match flow::lookup_apart::<V6>(key) {
+        return Ok(match flow::lookup::<V6>(key) {
             Some(entry) => Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)),
             None => not_ours,
         });
@@ -190,7 +190,7 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     let found = if known_no_flow {
         None
     } else {
-        flow::lookup_apart::<V6>(key)
+        flow::lookup::<V6>(key)
     };
     if let Some(entry) = found {
         // SAFETY: live map value; direction and flags are plain loads.
@@ -243,6 +243,11 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
         return Err(reason::DROP_SNAT_NO_FLOW);
     }
     let picked = Picked::from_payload(proceed!(select::pick_backend(pkt)));
+    // Read again from the stack from here on, not kept in registers across
+    // the pick: LLVM spilled eight of the packet's fields for the rest of
+    // this function, which pushed `lb_general_v4`'s frame, in the call
+    // chain `lb_xdp` → it → `lb_new_flow`, past the 512-byte stack.
+    let pkt = core::hint::black_box(pkt);
     match new_flow(&ctx(), pkt, cfg, picked).next() {
         ControlFlow::Continue(_) => {}
         // No free tuple: a SYN may take over one whose backend's TIME_WAIT
@@ -262,7 +267,7 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     // lookup. (Sent on here, not inside the global functions: there the
     // packet's header offsets, read back from the handover slot, would be
     // unknown to the verifier.)
-    let fwd = flow::lookup_apart::<V6>(key).ok_or(reason::DROP_FLOW_INSERT)?;
+    let fwd = flow::lookup::<V6>(key).ok_or(reason::DROP_FLOW_INSERT)?;
     Ok(Verdict::from_raw(to_backend::<V6>(ctx(), pkt, fwd, true)))
 }
 

@@ -32,6 +32,11 @@ pub static BACKEND_STATS: PerCpuArray<BackendStats> =
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, FlowEntry> =
     HashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+/// This CPU's packed IPv4 flow key on its way to a map helper (see
+/// `flow::packed`): not on the stack, which the general pipeline's call
+/// chains use up.
+#[map(name = "FLOW_KEY4")]
+pub static FLOW_KEY4: PerCpuArray<FlowKeyV4> = PerCpuArray::with_max_entries(1, 0);
 /// IPv4's flow table, under 16-byte keys; sized and kept like [`FLOWS`].
 #[map(name = "FLOWS4")]
 pub static FLOWS4: HashMap<FlowKeyV4, FlowEntry> =
