@@ -27,6 +27,7 @@ use lb_lab::{
         },
     },
 };
+use lb_user::kernel::flow_tables::move_ipv4_entries;
 
 // ---------------------------------------------------------------------------
 // Cases.
@@ -473,6 +474,63 @@ fn case_sweep_frees_orphans(lb: &mut Lb) {
     lb.sweep();
     assert!(reply_entry(lb, port_a).is_none(), "freed with its tuple");
     assert_eq!(lb.flow_count(), 0);
+}
+
+/// An in-place upgrade from a build that kept IPv4's flows in `FLOWS`
+/// under 40-byte keys (lb-user's `flow_tables::move_ipv4_entries`): the
+/// first pass, before the swap, copies them into `FLOWS4`, where the
+/// program finds them; the second, after it, moves what the old program
+/// opened meanwhile, leaves what `FLOWS4` has, and empties `FLOWS` of IPv4.
+fn case_older_ipv4_flows_move_to_their_own_table(lb: &mut Lb) {
+    let port = open_tcp(lb);
+    let fwd_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let rev_key = key(IPPROTO_TCP, (backend_addr(0), BACKEND_PORT), (SNAT, port));
+    let fwd = lb.flow(&fwd_key).expect("forward entry");
+    let rev = lb.flow(&rev_key).expect("reply entry");
+    // As an older program kept them.
+    for (k, e) in [(&fwd_key, fwd), (&rev_key, rev)] {
+        lb.remove_flow(k);
+        lb.set_legacy_flow(k, e);
+    }
+    assert_eq!(lb.flow_count(), 2);
+    assert!(lb.flow(&fwd_key).is_none(), "not in IPv4's table");
+    let pins = lb.pin_flow_tables();
+    assert_eq!(move_ipv4_entries(pins.path(), false).unwrap(), 2);
+    assert_eq!(lb.flow(&fwd_key), Some(fwd));
+    assert_eq!(lb.flow(&rev_key), Some(rev));
+    assert_eq!(
+        lb.legacy_ipv4_flow_count(),
+        2,
+        "the first pass leaves them where the old program looks"
+    );
+    // The program finds the connection: its packets keep their SNAT tuple,
+    // both ways.
+    let ack = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK);
+    lb.expect(
+        &ack,
+        XDP_TX,
+        &ack.rewritten(
+            (SNAT, port),
+            (backend_addr(0), BACKEND_PORT),
+            backend_mac(0),
+        ),
+    );
+    let back = from_backend(0, port, TCP_ACK);
+    assert_eq!(lb.run(&back.build()).0, XDP_TX, "{:?}", lb.reasons());
+    // The second pass: an entry the new program changed stays as it is,
+    // one only the old program wrote (after the first pass) moves over.
+    let changed = FlowEntry {
+        last_seen_ns: 12_345,
+        ..lb.flow(&fwd_key).unwrap()
+    };
+    lb.set_flow(&fwd_key, changed);
+    let late_key = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT + 9), (VIP, HTTP));
+    lb.set_legacy_flow(&late_key, fwd);
+    assert_eq!(move_ipv4_entries(pins.path(), true).unwrap(), 1);
+    assert_eq!(lb.flow(&fwd_key), Some(changed));
+    assert_eq!(lb.flow(&late_key), Some(fwd));
+    assert_eq!(lb.legacy_ipv4_flow_count(), 0);
+    assert_eq!(lb.flow_count(), 3);
 }
 
 fn case_reply_to_unknown_snat_tuple_dropped(lb: &mut Lb) {
@@ -2069,6 +2127,10 @@ const CASES: &[Case] = &[
         case_sweep_expires_idle_and_unanswered,
     ),
     ("sweep frees orphans", case_sweep_frees_orphans),
+    (
+        "older ipv4 flows move to their own table",
+        case_older_ipv4_flows_move_to_their_own_table,
+    ),
     (
         "reply to unknown snat tuple dropped",
         case_reply_to_unknown_snat_tuple_dropped,

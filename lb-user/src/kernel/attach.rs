@@ -31,7 +31,9 @@ use aya::{
         loaded_programs,
     },
 };
-use lb_common::{ALL_MAPS, BACKEND_HOPS_MAP, BACKEND_PENDING_MAP, FLOWS_MAP, XDP_PROGRAM};
+use lb_common::{
+    ALL_MAPS, BACKEND_HOPS_MAP, BACKEND_PENDING_MAP, FLOWS_MAP, FLOWS4_MAP, XDP_PROGRAM,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -49,7 +51,7 @@ use crate::{
 /// existed: a running program of an older build has no pin for them, and
 /// re-adopting it upgrades it (`upgrade::upgrade_if_needed` creates and
 /// pins maps new in this build, which the upgraded program then uses).
-const ADDED_MAPS: &[&str] = &[BACKEND_PENDING_MAP, BACKEND_HOPS_MAP];
+const ADDED_MAPS: &[&str] = &[BACKEND_PENDING_MAP, BACKEND_HOPS_MAP, FLOWS4_MAP];
 
 /// A program attached to an interface, with its pins.
 #[derive(Debug)]
@@ -109,6 +111,7 @@ fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result
     fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(FLOWS_MAP, config.flow_table_size)
+        .map_max_entries(FLOWS4_MAP, config.flow_table_size)
         .load(EBPF_OBJECT)
         .map_err(|e| anyhow!("loading the eBPF object: {e}"))?;
     for name in ALL_MAPS {

@@ -13,6 +13,7 @@ pub mod backend_hops;
 pub mod batch;
 pub mod bpffs;
 pub mod clock;
+pub mod flow_tables;
 pub mod iface;
 pub mod instance;
 pub mod mapped;

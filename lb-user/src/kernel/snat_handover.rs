@@ -47,13 +47,11 @@ use serde::{Deserialize, Serialize};
 use crate::{
     kernel::{
         clock::{Clock, MonotonicClock},
+        flow_tables::{BPF_NOEXIST, FlowTables},
         maps,
     },
     settings::ports::PortRange,
 };
-
-/// `BPF_NOEXIST`.
-const BPF_NOEXIST: u64 = 1;
 
 /// The file, next to the runtime state file of `instance`.
 pub fn path(state_dir: &Path, instance: &str) -> PathBuf {
@@ -298,10 +296,10 @@ pub fn save(
             cursors: values.iter().copied().collect(),
         });
     }
-    let flows = maps::flows(pin_dir)?;
+    let flows = FlowTables::open(pin_dir)?;
     let now_ns = MonotonicClock.now().0;
     // Entries that fail to read (removed during the walk) are skipped.
-    for (key, entry) in flows.iter().filter_map(Result::ok) {
+    for (key, entry) in flows.entries() {
         if !in_quarantine(&entry, now_ns, quarantine) {
             continue;
         }
@@ -352,7 +350,7 @@ pub fn restore(
             )
             .with_context(|| format!("writing SNAT_CURSORS[{id}]"))?;
     }
-    let mut flows = maps::flows(pin_dir)?;
+    let mut flows = FlowTables::open(pin_dir)?;
     let mut held: BTreeMap<u32, u64> = BTreeMap::new();
     for (tuple, backend) in saved.restorable_tuples(
         now,
@@ -364,7 +362,7 @@ pub fn restore(
     ) {
         let (key, entry) = tuple.entry(backend.id, backend.backend.vip_id);
         // NOEXIST: a tuple some flow holds already stays that flow's.
-        if flows.insert(key, entry, BPF_NOEXIST).is_ok() {
+        if flows.insert(&key, entry, BPF_NOEXIST).is_ok() {
             *held.entry(backend.id).or_default() += 1;
         }
     }

@@ -18,17 +18,20 @@ use aya::{
     maps::MapInfo,
     programs::{links::FdLink, loaded_programs, xdp::XdpLink},
 };
-use lb_common::{ALL_MAPS, EVENTS_MAP, FLOWS_MAP, XDP_PROGRAM};
+use lb_common::{ALL_MAPS, EVENTS_MAP, FLOWS_MAP, FLOWS4_MAP, XDP_PROGRAM};
 use tracing::info;
 
-use crate::kernel::object::{EBPF_OBJECT, MapLayout, load_program, map_layouts};
+use crate::kernel::{
+    flow_tables,
+    object::{EBPF_OBJECT, MapLayout, load_program, map_layouts},
+};
 
 /// Whether a pinned map can serve as the map `name` that this build's
 /// object declares as `wanted`: same key and value sizes, and the same
 /// length except for the flow table (sized by `--flow-table-size`) and the
 /// ring buffer (whose length is bytes, not entries).
 fn layout_fits(name: &str, pinned: MapLayout, wanted: MapLayout) -> bool {
-    let sized_elsewhere = name == FLOWS_MAP || name == EVENTS_MAP;
+    let sized_elsewhere = name == FLOWS_MAP || name == FLOWS4_MAP || name == EVENTS_MAP;
     pinned.map_type == wanted.map_type
         && pinned.key_size == wanted.key_size
         && pinned.value_size == wanted.value_size
@@ -93,6 +96,12 @@ pub fn upgrade_if_needed(
         // created and pinned.
         loader.map_pin_path(name, pin_dir.join(name));
     }
+    // IPv4's flow table, new to a program of an older build, is created as
+    // large as the pinned table that held both families.
+    let flow_entries = MapInfo::from_pin(pin_dir.join(FLOWS_MAP))
+        .context("opening the pinned flow table")?
+        .max_entries();
+    loader.map_max_entries(FLOWS4_MAP, flow_entries);
     check_layout(pin_dir)?;
     let mut ebpf = loader
         .load(EBPF_OBJECT)
@@ -103,10 +112,22 @@ pub fn upgrade_if_needed(
     if old_tag == Some(new_tag) && !force {
         return Ok((link, program_id));
     }
+    // The old program may keep IPv4 flows in FLOWS (a build before IPv4's
+    // own table): copied into FLOWS4 before the swap, so the new program
+    // finds them; after it, what the old one created meanwhile is moved
+    // too, and FLOWS keeps IPv6's entries only.
+    let copied = flow_tables::move_ipv4_entries(pin_dir, false)?;
     let xdp_link = XdpLink::try_from(link).context("the pinned link is not an XDP link")?;
     let link_id = program
         .attach_to_link(xdp_link)
         .map_err(|e| anyhow!("replacing the program on the pinned link: {e}"))?;
+    let moved_late = flow_tables::move_ipv4_entries(pin_dir, true)?;
+    if copied + moved_late > 0 {
+        info!(
+            copied,
+            moved_late, "moved the old program's IPv4 flow entries into IPv4's own table (FLOWS4)"
+        );
+    }
     let link: FdLink = program
         .take_link(link_id)?
         .try_into()

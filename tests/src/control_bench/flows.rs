@@ -1,5 +1,6 @@
 //! A full flow table without traffic: established TCP connections written
-//! straight into the running instance's pinned `FLOWS` map, both entries of
+//! straight into the running instance's pinned flow table (`FLOWS4` for
+//! IPv4), both entries of
 //! each connection, laid out exactly as the data path writes them (see
 //! lb-ebpf's `flow.rs`: the reply entry's key is the forward entry's
 //! rewrite reversed, and it rewrites back to the client). The kernel sweep
@@ -121,22 +122,22 @@ pub fn fill(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<u64> {
             plan.backends.len()
         );
     }
-    let info = aya::maps::MapInfo::from_pin(pin_dir.join(lb_common::FLOWS_MAP))
-        .context("opening the pinned flow table")?;
-    let capacity = u64::from(info.max_entries());
+    // IPv4's table or IPv6's, by the VIP's family.
+    let (v6, v4) = lb_user::kernel::flow_tables::capacities(pin_dir)?;
+    let capacity = u64::from(if plan.vip.is_ipv4() { v4 } else { v6 });
     if capacity < 2 * connections {
         bail!(
             "the flow table holds {capacity} entries, fewer than {}",
             2 * connections
         );
     }
-    let mut flows = lb_user::kernel::maps::flows(pin_dir)?;
+    let mut flows = lb_user::kernel::flow_tables::FlowTables::open(pin_dir)?;
     let now = MonotonicClock.now().0;
     let mut write = |i: u64| -> Result<()> {
         let [forward, reply] = plan.connection(i, now);
         for (key, entry) in [reply, forward] {
             flows
-                .insert(key, entry, 0)
+                .insert(&key, entry, 0)
                 .with_context(|| format!("writing connection {i}"))?;
         }
         Ok(())
@@ -167,11 +168,11 @@ pub fn fill(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<u64> {
 /// Connections (of the first `connections` of `plan`) whose forward or
 /// reply entry is missing or closed now: `(i, [forward ok, reply ok])`.
 pub fn broken(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<Vec<(u64, [bool; 2])>> {
-    let flows = lb_user::kernel::maps::flows(pin_dir)?;
+    let flows = lb_user::kernel::flow_tables::FlowTables::open(pin_dir)?;
     let open = |key: &FlowKey| {
         flows
-            .get(key, 0)
-            .is_ok_and(|e| e.flags & lb_common::FLOW_F_CLOSED == 0)
+            .get(key)
+            .is_some_and(|e| e.flags & lb_common::FLOW_F_CLOSED == 0)
     };
     let mut found = Vec::new();
     for i in 0..connections {

@@ -9,7 +9,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{Xdp, XdpMode},
 };
-use lb_common::FLOWS_MAP;
+use lb_common::{FLOWS_MAP, FLOWS4_MAP};
 
 use super::netns::in_netns;
 
@@ -31,6 +31,7 @@ pub fn attach_pass_stub(ns: &str, iface: &str) -> Result<XdpStub> {
     in_netns(ns, || {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(FLOWS_MAP, STUB_FLOW_ENTRIES)
+            .map_max_entries(FLOWS4_MAP, STUB_FLOW_ENTRIES)
             .load(crate::production::EBPF_OBJECT)
             .context("loading the embedded eBPF object")?;
         let program: &mut Xdp = ebpf

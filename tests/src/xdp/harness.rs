@@ -868,6 +868,46 @@ impl Lb {
         }
     }
 
+    /// Writes `entry` in `FLOWS` under the 40-byte `key`, whatever its
+    /// family: where a build before IPv4's own table (`FLOWS4`) kept it.
+    pub fn set_legacy_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
+        let mut flows: HashMap<_, FlowKey, FlowEntry> =
+            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
+                .expect("hash");
+        flows.insert(key, entry, 0).expect("set legacy flow entry");
+    }
+
+    /// IPv4 entries in `FLOWS` (see [`Lb::set_legacy_flow`]).
+    pub fn legacy_ipv4_flow_count(&self) -> usize {
+        self.flows()
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.family == AF_INET)
+            .count()
+    }
+
+    /// Pins both flow tables in a directory of their own under the BPF
+    /// file system, as a running instance's pin directory holds them
+    /// (removed when the returned value is dropped).
+    pub fn pin_flow_tables(&self) -> PinnedFlowTables {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/lb-tests-flows-{}-{n}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("create a pin directory");
+        let pinned = PinnedFlowTables { dir };
+        for name in [lb_common::FLOWS_MAP, lb_common::FLOWS4_MAP] {
+            self.ebpf
+                .map(name)
+                .expect("flow table")
+                .pin(pinned.dir.join(name))
+                .expect("pin a flow table");
+        }
+        pinned
+    }
+
     /// Every flow entry of both tables, with its key.
     pub fn all_flows(&self) -> Vec<(FlowKey, FlowEntry)> {
         let mut all: Vec<_> = self
@@ -919,4 +959,21 @@ impl Default for Lb {
 pub fn from_backend(id: u32, snat_port: u16, flags: u8) -> Pkt {
     Pkt::tcp((backend_addr(id), BACKEND_PORT), (SNAT, snat_port), flags)
         .macs(LB_MAC, backend_mac(id))
+}
+
+/// A pin directory holding both flow tables ([`Lb::pin_flow_tables`]).
+pub struct PinnedFlowTables {
+    dir: std::path::PathBuf,
+}
+
+impl PinnedFlowTables {
+    pub fn path(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Drop for PinnedFlowTables {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

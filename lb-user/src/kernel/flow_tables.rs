@@ -1,0 +1,110 @@
+//! The two pinned flow tables as the control plane sees them: IPv6's
+//! `FLOWS`, keyed by the 40-byte [`FlowKey`], and IPv4's `FLOWS4`, keyed by
+//! the same 5-tuple packed in 16 bytes ([`FlowKeyV4`]; the kernel hashes
+//! and compares the whole key on every lookup, so the shorter key makes
+//! every IPv4 packet cheaper). Every entry is read and written here by its
+//! [`FlowKey`]; the family picks the table.
+//!
+//! A program of a build before IPv4's table kept both families in `FLOWS`.
+//! Upgrading it in place moves its IPv4 entries over
+//! ([`move_ipv4_entries`]).
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use aya::maps::{HashMap, MapData, MapError};
+use lb_common::{AF_INET, FLOWS_MAP, FLOWS4_MAP, FlowEntry, FlowKey, FlowKeyV4};
+
+use crate::kernel::maps::{self, Flows};
+
+/// `BPF_NOEXIST`: write only where the table has no entry.
+pub const BPF_NOEXIST: u64 = 1;
+
+/// IPv4's pinned flow table.
+pub type Flows4 = HashMap<MapData, FlowKeyV4, FlowEntry>;
+
+/// Both pinned flow tables.
+pub struct FlowTables {
+    v6: Flows,
+    v4: Flows4,
+}
+
+impl FlowTables {
+    pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            v6: maps::flows(pin_dir)?,
+            v4: maps::open(pin_dir, FLOWS4_MAP)?,
+        })
+    }
+
+    /// Every entry of both tables with its key; entries that fail to read
+    /// (removed during the walk) are skipped.
+    pub fn entries(&self) -> impl Iterator<Item = (FlowKey, FlowEntry)> + '_ {
+        self.v6.iter().filter_map(Result::ok).chain(
+            self.v4
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(key, entry)| (key.widen(), entry)),
+        )
+    }
+
+    /// Writes `entry` under `key` in its family's table (`BPF_*` `flags`).
+    pub fn insert(&mut self, key: &FlowKey, entry: FlowEntry, flags: u64) -> Result<(), MapError> {
+        if key.family == AF_INET {
+            self.v4.insert(FlowKeyV4::of(key), entry, flags)
+        } else {
+            self.v6.insert(key, entry, flags)
+        }
+    }
+
+    /// The entry under `key`, from its family's table.
+    pub fn get(&self, key: &FlowKey) -> Option<FlowEntry> {
+        if key.family == AF_INET {
+            self.v4.get(&FlowKeyV4::of(key), 0).ok()
+        } else {
+            self.v6.get(key, 0).ok()
+        }
+    }
+}
+
+/// The entries each table can hold (`--flow-table-size` when they were
+/// created), IPv6's and IPv4's.
+pub fn capacities(pin_dir: &Path) -> anyhow::Result<(u32, u32)> {
+    let of = |name: &str| {
+        aya::maps::MapInfo::from_pin(pin_dir.join(name))
+            .map(|info| info.max_entries())
+            .with_context(|| format!("opening the pinned flow table {name}"))
+    };
+    Ok((of(FLOWS_MAP)?, of(FLOWS4_MAP)?))
+}
+
+/// Moves the IPv4 entries that a program of an older build kept in `FLOWS`
+/// into `FLOWS4`; returns how many were written there. `remove`: take them
+/// out of `FLOWS` too, and write only where `FLOWS4` has nothing (the
+/// second pass of an upgrade, after the swap, when the new program may
+/// already have changed the entries of the first pass); otherwise they are
+/// copied over whatever `FLOWS4` has (the first pass, before the swap,
+/// while the old program still owns them).
+pub fn move_ipv4_entries(pin_dir: &Path, remove: bool) -> anyhow::Result<u64> {
+    let mut v6: Flows = maps::flows(pin_dir)?;
+    let mut v4: Flows4 = maps::open(pin_dir, FLOWS4_MAP)?;
+    let ipv4: Vec<(FlowKey, FlowEntry)> = v6
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(key, _)| key.family == AF_INET)
+        .collect();
+    let flags = if remove { BPF_NOEXIST } else { 0 };
+    let mut written = 0;
+    for (key, entry) in &ipv4 {
+        // Refused: already there (the new program's), or the table is
+        // full; then the entry is lost to the new program.
+        if v4.insert(FlowKeyV4::of(key), *entry, flags).is_ok() {
+            written += 1;
+        }
+        if remove {
+            // Gone already (the sweep) is fine.
+            let _ = v6.remove(key);
+        }
+    }
+    Ok(written)
+}
