@@ -10,7 +10,7 @@
 //!   "snat_ip": "10.0.0.1",            // the IPv4 pool's first address
 //!   "snat_pool": ["10.0.0.1", "10.0.0.2"],   // every SNAT address, both families
 //!   "snat_ports": "20000-32767",
-//!   "flow_entries": 4,                 // FLOWS entries (two per connection) at the last kernel sweep
+//!   "flow_entries": 4,                 // entries of both flow tables (two per connection) at the last kernel sweep
 //!   "vips": [{
 //!     "id": 0,
 //!     "address": "10.0.0.100:80",
