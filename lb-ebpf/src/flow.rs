@@ -147,7 +147,7 @@ pub fn lookup<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
 #[inline(always)]
 pub fn lookup_on_stack<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
     if V6 {
-        FLOWS.get_ptr_mut(key)
+        lookup::<true>(key)
     } else {
         FLOWS4.get_ptr_mut(&FlowKeyV4::of(key))
     }

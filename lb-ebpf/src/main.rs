@@ -3,10 +3,11 @@
 //! First the fast path ([`fast_path`]): a bulk packet of an established flow
 //! in the common frame shape is looked up, rewritten and sent by its flow's
 //! cached hop in one function. Every other packet takes the general
-//! pipeline of its family ([`lb_general_v4`], [`lb_general_v6`]): parse → flow lookup → (new flow: select a backend, allocate a
-//! SNAT port, insert both flow entries) → NAT rewrite with incremental
-//! checksums → next-hop MACs → XDP_TX / XDP_REDIRECT. Connection state
-//! changes become ring-buffer events.
+//! pipeline of its family ([`lb_general_v4`], [`lb_general_v6`]): parse →
+//! flow lookup → (new flow: select a backend, allocate a SNAT port, insert
+//! both flow entries) → NAT rewrite with incremental checksums → next-hop
+//! MACs → XDP_TX / XDP_REDIRECT. Connection state changes become
+//! ring-buffer events.
 //!
 //! Every stage is a BPF function of its own (each one's locals then stay
 //! out of the others' stack frames) and returns one integer, a

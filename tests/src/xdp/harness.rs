@@ -834,47 +834,43 @@ impl Lb {
         }
     }
 
+    /// `FLOWS` (IPv6's table, and where older builds kept both families'),
+    /// writable.
+    fn flows_mut(&mut self) -> HashMap<&mut MapData, FlowKey, FlowEntry> {
+        HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS")).expect("hash")
+    }
+
+    /// `FLOWS4`, writable.
+    fn flows4_mut(&mut self) -> HashMap<&mut MapData, FlowKeyV4, FlowEntry> {
+        HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS4_MAP).expect("FLOWS4")).expect("hash")
+    }
+
     /// Overwrites one entry (to age it, say).
     pub fn set_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
-        if key.family == AF_INET {
-            let mut flows: HashMap<_, FlowKeyV4, FlowEntry> =
-                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS4_MAP).expect("FLOWS4"))
-                    .expect("hash");
-            flows
-                .insert(FlowKeyV4::of(key), entry, 0)
-                .expect("set flow entry");
+        let written = if key.family == AF_INET {
+            self.flows4_mut().insert(FlowKeyV4::of(key), entry, 0)
         } else {
-            let mut flows: HashMap<_, FlowKey, FlowEntry> =
-                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
-                    .expect("hash");
-            flows.insert(key, entry, 0).expect("set flow entry");
-        }
+            self.flows_mut().insert(key, entry, 0)
+        };
+        written.expect("set flow entry");
     }
 
     /// Removes one entry behind the program's back (to make an orphan).
     pub fn remove_flow(&mut self, key: &FlowKey) {
-        if key.family == AF_INET {
-            let mut flows: HashMap<_, FlowKeyV4, FlowEntry> =
-                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS4_MAP).expect("FLOWS4"))
-                    .expect("hash");
-            flows
-                .remove(&FlowKeyV4::of(key))
-                .expect("remove flow entry");
+        let removed = if key.family == AF_INET {
+            self.flows4_mut().remove(&FlowKeyV4::of(key))
         } else {
-            let mut flows: HashMap<_, FlowKey, FlowEntry> =
-                HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
-                    .expect("hash");
-            flows.remove(key).expect("remove flow entry");
-        }
+            self.flows_mut().remove(key)
+        };
+        removed.expect("remove flow entry");
     }
 
     /// Writes `entry` in `FLOWS` under the 40-byte `key`, whatever its
     /// family: where a build before IPv4's own table (`FLOWS4`) kept it.
     pub fn set_legacy_flow(&mut self, key: &FlowKey, entry: FlowEntry) {
-        let mut flows: HashMap<_, FlowKey, FlowEntry> =
-            HashMap::try_from(self.ebpf.map_mut(lb_common::FLOWS_MAP).expect("FLOWS"))
-                .expect("hash");
-        flows.insert(key, entry, 0).expect("set legacy flow entry");
+        self.flows_mut()
+            .insert(key, entry, 0)
+            .expect("set legacy flow entry");
     }
 
     /// IPv4 entries in `FLOWS` (see [`Lb::set_legacy_flow`]).
