@@ -1139,6 +1139,89 @@ fn full_flow_table_refuses_new_flows_and_evicts_no_live_one() {
     assert_eq!(lone, 0.0, "one direction of a connection vanished");
 }
 
+/// Each family's flow table takes its own size (`--flow-table-size` for
+/// IPv4's `FLOWS4`, `--flow-table-size-ipv6` for IPv6's `FLOWS`), the
+/// start says what they cost, and a restart that re-adopts the running
+/// program keeps the pinned sizes, warns about each, and balances on.
+#[test]
+fn each_familys_flow_table_has_its_own_size_which_a_restart_keeps() {
+    require_root!();
+    let lab = Fault::new("table-sizes", 1);
+    let pinned = |name: &str| {
+        aya::maps::MapInfo::from_pin(lab.pin_dir().join(name))
+            .unwrap()
+            .max_entries()
+    };
+    let capacity = |family: &str| {
+        metric(
+            &lab.scrape_metrics().unwrap(),
+            &format!("lb_flow_table_capacity{{family=\"{family}\"}}"),
+        )
+    };
+    let first = lab.start(
+        &[0],
+        &["--flow-table-size", "8192", "--flow-table-size-ipv6", "64"],
+    );
+    wait_until_configured(&lab, first);
+    assert_eq!((pinned("FLOWS4"), pinned("FLOWS")), (8192, 64));
+    assert_eq!((capacity("ipv4"), capacity("ipv6")), (8192.0, 64.0));
+    let log = lab.stderr(first);
+    let line = log
+        .lines()
+        .find(|l| l.contains("flow tables:"))
+        .unwrap_or_else(|| panic!("no flow-table line in:\n{log}"));
+    eprintln!("{line}");
+    assert!(
+        line.contains("ipv4_entries=8192") && line.contains("ipv6_entries=64"),
+        "{line}"
+    );
+    // 8192 entries of 160 bytes or more: at least 1 MiB.
+    let mib: u64 = line
+        .split("flow tables: ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in {line}"));
+    assert!((1..64).contains(&mib), "{line}");
+    // IPv6's table is the smaller one: no hint to shrink it.
+    assert!(!log.contains("--flow-table-size-ipv6 shrinks it"), "{log}");
+
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    let second = lab.start(&[0], &["--flow-table-size", "4096"]);
+    wait_until_configured(&lab, second);
+    let log = lab.stderr(second);
+    for kept in [
+        "keeping the pinned flow table FLOWS4 of 8192 entries; --flow-table-size 4096",
+        "keeping the pinned flow table FLOWS of 64 entries; --flow-table-size-ipv6 4096",
+    ] {
+        assert!(log.contains(kept), "{kept}:\n{log}");
+    }
+    assert_eq!((pinned("FLOWS4"), pinned("FLOWS")), (8192, 64));
+    assert_eq!((capacity("ipv4"), capacity("ipv6")), (8192.0, 64.0));
+    let run = lab.measure(lab.load(100.0, 1.0, 1_000));
+    lab.report(&run, "after a restart that kept the pinned sizes");
+    assert!(run.summary.completed > 0, "{:?}", run.summary);
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+
+    // A fresh start with IPv6's table as large as IPv4's and no IPv6 VIP
+    // says how to shrink it.
+    assert!(
+        lab.stop_balancer(second, Signal::SIGTERM)
+            .unwrap()
+            .success()
+    );
+    let third = lab.start(&[0], &["--flow-table-size", "4096"]);
+    wait_until_configured(&lab, third);
+    assert_eq!((pinned("FLOWS4"), pinned("FLOWS")), (4096, 4096));
+    let log = lab.stderr(third);
+    assert!(
+        log.contains(
+            "IPv6's flow table of 4096 entries stays empty; --flow-table-size-ipv6 shrinks it"
+        ),
+        "{log}"
+    );
+}
+
 /// Ids of the `lb_xdp` programs that use this lab's pinned flow table
 /// (netlink's view is not used: after a link update this kernel keeps
 /// reporting the replaced program's id).

@@ -1,10 +1,12 @@
 //! Loading, attaching and pinning the XDP program, re-adopting a pinned one
 //! after a crash, and taking it all down again.
 //!
-//! Fresh start: load [`crate::EBPF_OBJECT`] with FLOWS sized from the config,
-//! pin every map under the instance's pin directory, attach `lb_xdp` with a
-//! bpf_link and pin the link. From then on every user of the maps (runtime
-//! tasks, `status`) opens them from their pins.
+//! Fresh start: load [`crate::EBPF_OBJECT`] with the flow tables sized from
+//! the config (`FLOWS4` by `--flow-table-size`, `FLOWS` by
+//! `--flow-table-size-ipv6`), pin every map under the instance's pin
+//! directory, attach `lb_xdp` with a bpf_link and pin the link. From then
+//! on every user of the maps (runtime tasks, `status`) opens them from
+//! their pins.
 //!
 //! Re-adoption: if the pin directory already holds a link (the previous
 //! process died without cleaning up, e.g. SIGKILL) and that link's program
@@ -40,11 +42,12 @@ use crate::{
     kernel::iface,
     kernel::instance::{self, LINK_PIN},
     kernel::{
+        flow_tables::{self, Capacities},
         object::{EBPF_OBJECT, load_program},
         upgrade,
     },
     settings::cli::XdpMode,
-    settings::config::Config,
+    settings::config::{Config, MIN_FLOW_TABLE_SIZE},
 };
 
 /// Maps added to the program (or first pinned) after in-place upgrades
@@ -69,20 +72,26 @@ impl Attachment {
     /// Re-adopts the instance's pinned program, or loads and attaches a new one.
     pub fn start(config: &Config, ifindex: u32) -> anyhow::Result<Self> {
         let pin_dir = instance::pin_dir(&config.instance);
+        let attachment = Self::adopt_or_attach(&pin_dir, config, ifindex)?;
+        log_flow_tables(&pin_dir, config);
+        Ok(attachment)
+    }
+
+    fn adopt_or_attach(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result<Self> {
         if pin_dir.join(LINK_PIN).exists() {
-            match adopt(&pin_dir, config)? {
+            match adopt(pin_dir, config)? {
                 Some(attachment) => return Ok(attachment),
-                None => remove_pins(&pin_dir)?,
+                None => remove_pins(pin_dir)?,
             }
         } else if pin_dir.exists() {
             // A start that died between creating the directory and pinning
             // the link: nothing is attached, so leftovers are just removed.
-            remove_pins(&pin_dir)?;
+            remove_pins(pin_dir)?;
         }
-        attach_fresh(&pin_dir, config, ifindex).inspect_err(|_| {
+        attach_fresh(pin_dir, config, ifindex).inspect_err(|_| {
             // Dropping the partially built state already closed every fd (so
             // nothing stays attached); the pins are what remains.
-            let _ = remove_pins(&pin_dir);
+            let _ = remove_pins(pin_dir);
         })
     }
 
@@ -110,7 +119,7 @@ impl Attachment {
 fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result<Attachment> {
     fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let mut ebpf = EbpfLoader::new()
-        .map_max_entries(FLOWS_MAP, config.flow_table_size)
+        .map_max_entries(FLOWS_MAP, config.flow_table_size_ipv6)
         .map_max_entries(FLOWS4_MAP, config.flow_table_size)
         .load(EBPF_OBJECT)
         .map_err(|e| anyhow!("loading the eBPF object: {e}"))?;
@@ -154,6 +163,70 @@ fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result
     })
 }
 
+/// Logs the flow tables' sizes and the memory the kernel preallocated for
+/// them, with a hint when IPv6's is as large as IPv4's on a balancer with
+/// no IPv6 VIP (it holds nothing then; a reload can add an IPv6 VIP, which
+/// is why it is not shrunk on its own). Only a log: a failure to read them
+/// is a warning.
+fn log_flow_tables(pin_dir: &Path, config: &Config) {
+    let read = || -> anyhow::Result<(Capacities, u64)> {
+        Ok((
+            Capacities::of_pins(pin_dir)?,
+            flow_tables::preallocated_bytes(pin_dir)?,
+        ))
+    };
+    let (sizes, bytes) = match read() {
+        Ok(read) => read,
+        Err(e) => {
+            warn!("reading the flow tables' sizes: {e:#}");
+            return;
+        }
+    };
+    let mib = bytes.div_ceil(1 << 20);
+    info!(
+        ipv4_entries = sizes.ipv4,
+        ipv6_entries = sizes.ipv6,
+        "flow tables: {mib} MiB preallocated"
+    );
+    let ipv6_vips = config.vips.iter().any(|v| v.vip.addr.is_ipv6());
+    if !ipv6_vips && sizes.ipv6 >= sizes.ipv4 && sizes.ipv6 > MIN_FLOW_TABLE_SIZE {
+        info!(
+            "no VIP is IPv6: IPv6's flow table of {} entries stays empty; --flow-table-size-ipv6 shrinks it",
+            sizes.ipv6
+        );
+    }
+}
+
+/// Warns for each pinned flow table that an adoption keeps at another size
+/// than the configuration asks for: a map's size is fixed when it is
+/// created. IPv4's table is missing when the running program predates it
+/// (the upgrade creates it, as large as the pinned `FLOWS`).
+fn warn_kept_table_sizes(pin_dir: &Path, config: &Config) -> anyhow::Result<()> {
+    let tables = [
+        (FLOWS4_MAP, "--flow-table-size", config.flow_table_size),
+        (
+            FLOWS_MAP,
+            "--flow-table-size-ipv6",
+            config.flow_table_size_ipv6,
+        ),
+    ];
+    for (name, flag, wanted) in tables {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let pinned = MapInfo::from_pin(&path)
+            .with_context(|| format!("opening the pinned flow table {name}"))?
+            .max_entries();
+        if pinned != wanted {
+            warn!(
+                "keeping the pinned flow table {name} of {pinned} entries; {flag} {wanted} applies after a clean stop"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `Some` if the pinned link is the program attached to the interface here.
 fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> {
     let link: FdLink = PinnedLink::from_pin(pin_dir.join(LINK_PIN))
@@ -191,15 +264,7 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
             "the running program predates these maps: upgrading it in place, which creates them"
         );
     }
-    let flows =
-        MapInfo::from_pin(pin_dir.join(FLOWS_MAP)).context("opening the pinned flow table")?;
-    if flows.max_entries() != config.flow_table_size {
-        warn!(
-            "keeping the pinned flow table of {} entries; --flow-table-size {} applies after a clean stop",
-            flows.max_entries(),
-            config.flow_table_size
-        );
-    }
+    warn_kept_table_sizes(pin_dir, config)?;
     let (link, program_id) = upgrade::upgrade_if_needed(
         pin_dir,
         link,

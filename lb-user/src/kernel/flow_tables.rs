@@ -9,7 +9,10 @@
 //! Upgrading it in place moves its IPv4 entries over
 //! ([`move_ipv4_entries`]).
 
-use std::path::Path;
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::Path,
+};
 
 use anyhow::Context as _;
 use aya::maps::{HashMap, MapData, MapError};
@@ -67,15 +70,53 @@ impl FlowTables {
     }
 }
 
-/// The entries each table can hold (`--flow-table-size` when they were
-/// created), IPv6's and IPv4's.
-pub fn capacities(pin_dir: &Path) -> anyhow::Result<(u32, u32)> {
-    let of = |name: &str| {
-        aya::maps::MapInfo::from_pin(pin_dir.join(name))
-            .map(|info| info.max_entries())
-            .with_context(|| format!("opening the pinned flow table {name}"))
-    };
-    Ok((of(FLOWS_MAP)?, of(FLOWS4_MAP)?))
+/// The entries each family's table can hold: `--flow-table-size` and
+/// `--flow-table-size-ipv6` when they were created (a map's size is fixed
+/// then).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacities {
+    pub ipv4: u32,
+    pub ipv6: u32,
+}
+
+impl Capacities {
+    /// Of the pinned tables.
+    pub fn of_pins(pin_dir: &Path) -> anyhow::Result<Self> {
+        let of = |name: &str| {
+            aya::maps::MapInfo::from_pin(pin_dir.join(name))
+                .map(|info| info.max_entries())
+                .with_context(|| format!("opening the pinned flow table {name}"))
+        };
+        Ok(Self {
+            ipv4: of(FLOWS4_MAP)?,
+            ipv6: of(FLOWS_MAP)?,
+        })
+    }
+}
+
+/// The memory the kernel holds for both pinned tables, in bytes: their
+/// `memlock` as `/proc/self/fdinfo` gives it. A plain hash map allocates
+/// every entry when it is created, so this is what the sizes cost whether
+/// or not flows fill them.
+pub fn preallocated_bytes(pin_dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for name in [FLOWS4_MAP, FLOWS_MAP] {
+        let fd = aya::maps::MapInfo::from_pin(pin_dir.join(name))
+            .and_then(|info| info.fd())
+            .with_context(|| format!("opening the pinned flow table {name}"))?;
+        let path = format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd());
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        total += memlock_of(&text).with_context(|| format!("no memlock line in {path}"))?;
+    }
+    Ok(total)
+}
+
+/// The `memlock:` value of a map's fdinfo text.
+fn memlock_of(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("memlock:"))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// Moves the IPv4 entries that a program of an older build kept in `FLOWS`
@@ -107,4 +148,19 @@ pub fn move_ipv4_entries(pin_dir: &Path, remove: bool) -> anyhow::Result<u64> {
         }
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memlock_of;
+
+    #[test]
+    fn memlock_is_read_from_a_maps_fdinfo() {
+        let fdinfo = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t2053\nmap_type:\t1\n\
+                      key_size:\t16\nvalue_size:\t96\nmax_entries:\t1024\nmap_flags:\t0x0\n\
+                      map_extra:\t0x0\nmemlock:\t180544\nmap_id:\t42\nfrozen:\t0\n";
+        assert_eq!(memlock_of(fdinfo), Some(180_544));
+        assert_eq!(memlock_of("pos:\t0\nflags:\t02\n"), None);
+        assert_eq!(memlock_of("memlock:\tmany\n"), None);
+    }
 }

@@ -238,9 +238,15 @@ pub struct RunArgs {
     /// SNAT source-port range, MIN-MAX inclusive.
     #[arg(long, value_name = "MIN-MAX")]
     pub snat_ports: Option<PortRange>,
-    /// Flow-table entries (both directions of a flow use one each).
+    /// Entries of each family's flow table (both directions of a flow use
+    /// one each); IPv6's can be sized apart with --flow-table-size-ipv6.
     #[arg(long, value_name = "N")]
     pub flow_table_size: Option<u32>,
+    /// Entries of IPv6's flow table (default: --flow-table-size's value).
+    /// Both tables are preallocated, so a balancer with no IPv6 VIP can
+    /// keep IPv6's small.
+    #[arg(long, value_name = "N")]
+    pub flow_table_size_ipv6: Option<u32>,
     /// Time constant τ of the latency estimate's long memory (the mean
     /// latency that marks a persistently slow backend; e.g. 10s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]

@@ -12,7 +12,8 @@
 //!                                # interface's primary IPv4 address
 //! snat_ip6 = "2001:db8::1"       # or a pool; default: the interface's first global IPv6 address
 //! snat_ports = "20000-32767"
-//! flow_table_size = 262144
+//! flow_table_size = 262144       # each family's flow table
+//! flow_table_size_ipv6 = 262144  # IPv6's; default: flow_table_size
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
 //! inflight_bias = 2              # default for VIPs that do not set one
 //! p2c_full_scan = 16             # default for VIPs that do not set one (default 0: always two)
@@ -146,7 +147,10 @@ pub struct Config {
     /// (resolved at startup, needed only when a VIP is IPv6).
     pub snat_ip6: Vec<Ipv6Addr>,
     pub snat_ports: PortRange,
+    /// Entries of IPv4's flow table (`FLOWS4`).
     pub flow_table_size: u32,
+    /// Entries of IPv6's flow table (`FLOWS`).
+    pub flow_table_size_ipv6: u32,
     pub ewma_tau: Duration,
     pub ewma_peak_tau: Duration,
     pub ewma_refute_after: u64,
@@ -213,6 +217,7 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "de::from_str_opt")]
     snat_ports: Option<PortRange>,
     flow_table_size: Option<u32>,
+    flow_table_size_ipv6: Option<u32>,
     #[serde(default, deserialize_with = "de::algorithm_opt")]
     algorithm: Option<Algorithm>,
     inflight_bias: Option<u8>,
@@ -485,6 +490,13 @@ impl Config {
                 .flow_table_size
                 .or(file.flow_table_size)
                 .unwrap_or(DEFAULT_FLOW_TABLE_SIZE),
+            // Not given: as large as IPv4's (the resolved flow_table_size).
+            flow_table_size_ipv6: args
+                .flow_table_size_ipv6
+                .or(file.flow_table_size_ipv6)
+                .or(args.flow_table_size)
+                .or(file.flow_table_size)
+                .unwrap_or(DEFAULT_FLOW_TABLE_SIZE),
             ewma_tau: pick(args.ewma_tau, file.ewma_tau, DEFAULT_EWMA_TAU),
             // Not given: as long as the (resolved) ewma_tau.
             ewma_peak_tau: pick(
@@ -599,7 +611,13 @@ impl Config {
             )));
         }
         if self.flow_table_size < MIN_FLOW_TABLE_SIZE {
-            return Err(ConfigError::FlowTableSize(self.flow_table_size));
+            return Err(ConfigError::FlowTableSize("", self.flow_table_size));
+        }
+        if self.flow_table_size_ipv6 < MIN_FLOW_TABLE_SIZE {
+            return Err(ConfigError::FlowTableSize(
+                "ipv6 ",
+                self.flow_table_size_ipv6,
+            ));
         }
         self.validate_snat()?;
         self.validate_zones()?;
@@ -900,6 +918,7 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     global!(snat_ip6);
     global!(snat_ports);
     global!(flow_table_size);
+    global!(flow_table_size_ipv6);
     global!(ewma_tau);
     global!(ewma_peak_tau);
     global!(ewma_refute_after);

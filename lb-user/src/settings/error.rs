@@ -47,8 +47,9 @@ pub enum ConfigError {
         "ewma peak tau {peak} is longer than ewma tau {tau} (the peaks' memory is the short one)"
     )]
     PeakTauAboveTau { peak: String, tau: String },
-    #[error("flow table size {0} is too small (at least 2)")]
-    FlowTableSize(u32),
+    /// The table (`""` for the size of each, `"ipv6 "`) and its size.
+    #[error("{0}flow table size {1} is too small (at least 2)")]
+    FlowTableSize(&'static str, u32),
     #[error("too many {what}: {count} (at most {max})")]
     TooMany {
         what: &'static str,

@@ -97,7 +97,8 @@ pub struct Snapshot {
     pub flow_entries: u64,
     /// Time until the next reconciliation pass, as the last one's cost set it.
     pub reconcile_interval: std::time::Duration,
-    pub flow_table_size: u64,
+    /// Each family's flow-table size.
+    pub flow_table_capacity: crate::kernel::flow_tables::Capacities,
     /// etcd discovery, when a VIP uses it.
     pub discovery: Option<DiscoveryMetrics>,
     /// Errors the control plane survived, per stage.
@@ -764,10 +765,19 @@ fn render_pool_and_flows(out: &mut Exposition, s: &Snapshot) {
         ),
         s.flow_entries as f64,
     );
-    out.single(
-        ("lb_flow_table_capacity", "gauge", "Flow-table size."),
-        s.flow_table_size as f64,
+    out.family(
+        "lb_flow_table_capacity",
+        "gauge",
+        "Entries each family's flow table holds.",
     );
+    let capacity = s.flow_table_capacity;
+    for (family, entries) in [("ipv4", capacity.ipv4), ("ipv6", capacity.ipv6)] {
+        out.sample(
+            "lb_flow_table_capacity",
+            &[("family", family)],
+            f64::from(entries),
+        );
+    }
     out.family(
         "lb_control_errors_total",
         "counter",
@@ -897,6 +907,10 @@ mod tests {
                 spill: 1,
                 panics: 3,
             }],
+            flow_table_capacity: crate::kernel::flow_tables::Capacities {
+                ipv4: 1_048_576,
+                ipv6: 4096,
+            },
             ..Default::default()
         };
         s.publish_times.histogram.observe(0.003);
@@ -930,6 +944,8 @@ mod tests {
             )
         );
         assert!(text.contains("lb_zone_spill{vip=\"10.0.0.100:80/tcp\"} 1\n"));
+        assert!(text.contains("lb_flow_table_capacity{family=\"ipv4\"} 1048576\n"));
+        assert!(text.contains("lb_flow_table_capacity{family=\"ipv6\"} 4096\n"));
         assert!(text.contains("lb_zone_panics_total{vip=\"10.0.0.100:80/tcp\"} 3\n"));
         // OpenMetrics: counters typed by their name without `_total`, a
         // histogram per map-update kind and one of score ticks, and EOF.

@@ -123,8 +123,12 @@ pub fn fill(pin_dir: &Path, plan: &FlowPlan, connections: u64) -> Result<u64> {
         );
     }
     // IPv4's table or IPv6's, by the VIP's family.
-    let (v6, v4) = lb_user::kernel::flow_tables::capacities(pin_dir)?;
-    let capacity = u64::from(if plan.vip.is_ipv4() { v4 } else { v6 });
+    let tables = lb_user::kernel::flow_tables::Capacities::of_pins(pin_dir)?;
+    let capacity = u64::from(if plan.vip.is_ipv4() {
+        tables.ipv4
+    } else {
+        tables.ipv6
+    });
     if capacity < 2 * connections {
         bail!(
             "the flow table holds {capacity} entries, fewer than {}",

@@ -71,6 +71,7 @@ fn minimal_flags_get_the_documented_defaults() {
     assert!(c.snat_ip.is_empty());
     assert_eq!(c.snat_ports, PortRange::default());
     assert_eq!(c.flow_table_size, DEFAULT_FLOW_TABLE_SIZE);
+    assert_eq!(c.flow_table_size_ipv6, DEFAULT_FLOW_TABLE_SIZE);
     assert_eq!(c.ewma_tau, Duration::from_secs(10));
     // The peaks' memory follows --ewma-tau unless given.
     assert_eq!(c.ewma_peak_tau, Duration::from_secs(10));
@@ -114,6 +115,8 @@ fn flags_and_file_mean_the_same() {
         "1000-2000",
         "--flow-table-size",
         "1024",
+        "--flow-table-size-ipv6",
+        "64",
         "--ewma-tau",
         "5s",
         "--ewma-peak-tau",
@@ -145,6 +148,7 @@ fn flags_and_file_mean_the_same() {
         snat_ip = "10.0.0.1"
         snat_ports = "1000-2000"
         flow_table_size = 1024
+        flow_table_size_ipv6 = 64
         ewma_tau = "5s"
         ewma_peak_tau = "500ms"
         ewma_refute_after = 0
@@ -255,6 +259,15 @@ fn each_bad_input_has_its_message() {
             "ewma tau must be greater than zero",
         ),
         (
+            minimal_with(&["--flow-table-size", "1"]),
+            "flow table size 1 is too small (at least 2)",
+        ),
+        (
+            minimal_with(&["--flow-table-size-ipv6", "0"]),
+            "ipv6 flow table size 0 is too small (at least 2)",
+        ),
+        (
+            // IPv6's follows IPv4's when not given, and is checked as such.
             minimal_with(&["--flow-table-size", "1"]),
             "flow table size 1 is too small (at least 2)",
         ),
@@ -921,4 +934,46 @@ fn the_saturation_threshold_comes_from_the_vip_the_file_the_flag_or_the_default(
     );
     let e = err_file("iface = \"eth0\"\np2c_saturation = 70000\n");
     assert!(e.contains("u16"), "{e}");
+}
+
+#[test]
+fn ipv6_flow_table_follows_the_flow_table_size_unless_given() {
+    let both = from_flags(&minimal_with(&["--flow-table-size", "4096"])).unwrap();
+    assert_eq!(
+        (both.flow_table_size, both.flow_table_size_ipv6),
+        (4096, 4096)
+    );
+    let apart = from_flags(&minimal_with(&[
+        "--flow-table-size",
+        "4096",
+        "--flow-table-size-ipv6",
+        "128",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (apart.flow_table_size, apart.flow_table_size_ipv6),
+        (4096, 128)
+    );
+    // From the file, and a flag over the file's value of the other key.
+    const VIP: &str = "[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:8080\"]\n";
+    let file = from_file(
+        &format!("iface = \"eth0\"\nflow_table_size = 2048\n{VIP}"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        (file.flow_table_size, file.flow_table_size_ipv6),
+        (2048, 2048)
+    );
+    let mixed = from_file(
+        &format!("iface = \"eth0\"\nflow_table_size = 2048\nflow_table_size_ipv6 = 256\n{VIP}"),
+        &["--flow-table-size", "8192"],
+    )
+    .unwrap();
+    assert_eq!(
+        (mixed.flow_table_size, mixed.flow_table_size_ipv6),
+        (8192, 256)
+    );
+    // Each is fixed at attach: a reload that changes one needs a restart.
+    assert_needs_restart(&both, &apart, "flow_table_size_ipv6");
 }
