@@ -221,15 +221,6 @@ pub const FLOOR_FLOW_WAYS_MAP: &str = "FLOOR_FLOW_WAYS";
 /// of two: the floor masks its hash with it).
 pub const FLOOR_FLOW_WAYS: u32 = 1 << 18;
 const _: () = assert!(FLOOR_FLOW_WAYS.is_power_of_two());
-/// The compact-key floor's flow table (lb-ebpf's `floor.rs`): a hash map
-/// of flow entries keyed by an IPv4 5-tuple in 16 bytes
-/// ([`FloorKeyV4`]), where `FLOWS` keys every flow by 40 bytes. One entry
-/// unless the loader sizes it (the benchmark does, as it sizes `FLOWS`).
-pub const FLOOR_FLOWS_V4_MAP: &str = "FLOOR_FLOWS_V4";
-/// The key of [`FLOOR_FLOWS_V4_MAP`]: source and destination address,
-/// both ports as one word (source port in the low half), and the protocol,
-/// each as the frame carries it (network byte order).
-pub type FloorKeyV4 = [u32; 4];
 /// Calls of an empty BPF function that lb-ebpf's `xdp_calls_bench` makes
 /// before its MAC swap: the benchmark's measure of one call and return.
 pub const CALIBRATION_CALLS: u32 = 4;

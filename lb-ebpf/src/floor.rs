@@ -16,13 +16,10 @@
 //! claimed with an atomic OR at a per-CPU cursor that walks the array in
 //! order (as the SNAT claim's cursor walks a CPU's slice of tuples).
 //!
-//! Three more floors measure an established packet's flow lookup:
+//! Two more floors measure an established packet's flow lookup:
 //! `xdp_floor_established_hash` finds the frame's entry in `FLOWS4`, as
-//! `lb_xdp`'s fast path does, `xdp_floor_established_compact_hash` in a
-//! hash map of its own keyed by 16 bytes (which measured, before IPv4 had
-//! `FLOWS4`, what such keys would save against `FlowKey`'s 40: the kernel
-//! hashes and compares the whole key), and `xdp_floor_established_way` finds its key in a way
-//! of an array, at a slot the program hashes the key to itself. The array
+//! `lb_xdp`'s fast path does, and `xdp_floor_established_way` finds its key
+//! in a way of an array, at a slot the program hashes the key to itself. The array
 //! lookup is inlined by the verifier, where the hash map's is a call into
 //! the kernel that makes three more (hash, bucket walk, compare), and every
 //! return pays the machine's return mitigation (see `xdp_calls_bench`).
@@ -32,10 +29,10 @@
 use aya_ebpf::{
     bindings::xdp_action,
     macros::{map, xdp},
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
-use lb_common::{AF_INET, FLOOR_FLOW_WAYS, FLOOR_WAY_CLAIMED, FloorKeyV4, FlowEntry, FlowKey};
+use lb_common::{AF_INET, FLOOR_FLOW_WAYS, FLOOR_WAY_CLAIMED, FlowEntry, FlowKey};
 
 use crate::{
     atomic::fetch_or_u64,
@@ -68,11 +65,6 @@ const WAY_STATE_WORD: usize = KEY_WORDS;
 /// tuples that collide.
 const HASH_MULTIPLIER: u64 = 0xbf58_476d_1ce4_e5b9;
 const HASH_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// The flow table of `xdp_floor_established_compact_hash` (see
-/// `lb_common::FLOOR_FLOWS_V4_MAP`). One entry unless the loader sizes it.
-#[map(name = "FLOOR_FLOWS_V4")]
-pub static FLOOR_FLOWS_V4: HashMap<FloorKeyV4, FlowEntry> = HashMap::with_max_entries(1, 0);
 
 /// Per CPU: the next way the one-entry floor claims.
 #[map(name = "FLOOR_WAY_CURSOR")]
@@ -122,32 +114,6 @@ pub fn xdp_floor_established_hash(ctx: XdpContext) -> u32 {
         return xdp_action::XDP_PASS;
     };
     if lookup_on_stack::<false>(&key).is_none() {
-        return xdp_action::XDP_PASS;
-    }
-    swap_and_send(&ctx)
-}
-
-/// The same lookup in a hash map keyed by 16 bytes, an IPv4 5-tuple
-/// without `FlowKey`'s room for IPv6 addresses: what compact IPv4 keys
-/// would save `lb_xdp`'s established path. The first frame of a flow
-/// inserts its key (a table too full to take it passes the frame); every
-/// frame found is sent.
-#[xdp]
-pub fn xdp_floor_established_compact_hash(ctx: XdpContext) -> u32 {
-    let Some(key) = ipv4_key(&ctx) else {
-        return xdp_action::XDP_PASS;
-    };
-    let compact: FloorKeyV4 = [
-        key.src[0],
-        key.dst[0],
-        u32::from(key.sport) | (u32::from(key.dport) << 16),
-        u32::from(key.proto),
-    ];
-    if FLOOR_FLOWS_V4.get_ptr(&compact).is_none()
-        && FLOOR_FLOWS_V4
-            .insert(&compact, &FlowEntry::default(), 0)
-            .is_err()
-    {
         return xdp_action::XDP_PASS;
     }
     swap_and_send(&ctx)

@@ -143,6 +143,33 @@ impl Delta {
             .sum()
     }
 
+    /// Sum of the counters whose name (after the namespace and interface)
+    /// ends with `suffix`, e.g. `_xdp_tx_errors` for every queue's.
+    pub fn ending_with(&self, suffix: &str) -> u64 {
+        self.grew
+            .iter()
+            .filter(|(name, _)| name.rsplit(' ').next().is_some_and(|c| c.ends_with(suffix)))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// Frames lost in the lab's plumbing rather than by a program's verdict:
+    /// XDP_TX frames a veth could not queue on its peer (`xdp_tx_errors`,
+    /// the peer's ring full), and the host's softnet backlog drops. Empty
+    /// when none moved.
+    pub fn plumbing_losses(&self) -> String {
+        let mut lost = Vec::new();
+        let tx_errors = self.ending_with("_xdp_tx_errors");
+        if tx_errors > 0 {
+            lost.push(format!("{tx_errors} XDP_TX frames a veth could not queue"));
+        }
+        let backlog = self.grew.get("host softnet dropped").copied().unwrap_or(0);
+        if backlog > 0 {
+            lost.push(format!("{backlog} softnet backlog drops"));
+        }
+        lost.join(", ")
+    }
+
     /// One line: `name +n, ...`, or "nothing" when no counter moved.
     pub fn summary(&self) -> String {
         if self.grew.is_empty() {

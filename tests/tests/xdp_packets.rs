@@ -12,10 +12,10 @@ use lb_common::{
     AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED,
     BACKEND_HOP_JIFFIES, BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST,
     DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS,
-    FLOOR_FLOW_WAYS_MAP, FLOOR_FLOWS_V4_MAP, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED,
-    FLOW_ESTABLISHED, FLOW_F_CLOSED, FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING,
-    FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED,
-    FloorKeyV4, FlowEntry, IPPROTO_TCP, IPPROTO_UDP, reason,
+    FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED,
+    FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
+    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FlowEntry, IPPROTO_TCP, IPPROTO_UDP,
+    reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -2333,9 +2333,6 @@ fn case_new_flow_floor_with_a_way(lb: &mut Lb) {
 /// sizes it; the given `Lb` keeps one way, so each case loads its own):
 /// - `xdp_floor_established_hash` sends a frame whose flow is in `FLOWS`
 ///   and passes one whose flow is not;
-/// - `xdp_floor_established_compact_hash` inserts a frame's 16-byte key
-///   at its first frame and sends every frame of that flow, and passes a
-///   frame of another flow once its one-entry table is full;
 /// - `xdp_floor_established_way` fills its key's way at the first frame and
 ///   sends every frame, the way keeping the key;
 /// - `xdp_floor_two_ways` claims a forward way for a new client (no hash
@@ -2346,7 +2343,6 @@ fn case_array_way_floors(_: &mut Lb) {
     let lb = &mut lb;
     for program in [
         "xdp_floor_established_hash",
-        "xdp_floor_established_compact_hash",
         "xdp_floor_established_way",
         "xdp_floor_two_ways",
     ] {
@@ -2367,34 +2363,6 @@ fn case_array_way_floors(_: &mut Lb) {
         lb.run_program("xdp_floor_established_hash", &stranger, 1).0,
         XDP_PASS,
         "a frame of no flow is not sent"
-    );
-
-    for _ in 0..2 {
-        let (action, out, _) = lb.run_program("xdp_floor_established_compact_hash", &request, 1);
-        assert_eq!(action, XDP_TX, "the compact-key floor sends");
-        assert_eq!(&out[..6], &request[6..12], "MACs swapped");
-    }
-    let compact_keys: Vec<FloorKeyV4> = {
-        let map: aya::maps::HashMap<_, FloorKeyV4, FlowEntry> =
-            aya::maps::HashMap::try_from(lb.map_mut(FLOOR_FLOWS_V4_MAP)).expect("compact map");
-        map.keys().map(|key| key.expect("key")).collect()
-    };
-    let ports = u32::from(CLIENT_PORT.to_be()) | (u32::from(HTTP.to_be()) << 16);
-    assert_eq!(
-        compact_keys,
-        [[
-            u32::from_ne_bytes(CLIENT.octets()),
-            u32::from_ne_bytes(VIP.octets()),
-            ports,
-            u32::from(IPPROTO_TCP),
-        ]],
-        "one 16-byte key, of the frame's 5-tuple in the frame's byte order"
-    );
-    assert_eq!(
-        lb.run_program("xdp_floor_established_compact_hash", &stranger, 1)
-            .0,
-        XDP_PASS,
-        "a flow the full table cannot take is not sent"
     );
 
     let ways = |lb: &mut Lb| {

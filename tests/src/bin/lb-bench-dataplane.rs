@@ -21,7 +21,7 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, CALIBRATION_CALLS, FLOOR_FLOW_WAYS, FLOOR_FLOW_WAYS_MAP,
-    FLOOR_FLOWS_V4_MAP, FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP,
+    FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP,
 };
 use lb_lab::xdp::{
     harness::*,
@@ -56,20 +56,13 @@ const FLOORS: [(&str, &str); 4] = [
 ];
 /// Floors of an established packet (lb-ebpf/src/floor.rs): its flow
 /// lookup as `lb_xdp` does it (a hash-map hit in IPv4's table, `FLOWS4`,
-/// 16-byte keys packed from the parsed key), as a hit in a hash map of its
-/// own whose 16-byte key is built straight from the frame (before
-/// `FLOWS4`, the measure of what compact keys would save against
-/// `FLOWS`' 40 bytes), and as a way of an array at a slot the program
-/// hashes the key to, then a MAC swap. They run the established client ->
-/// backend frame.
-const ESTABLISHED_FLOORS: [(&str, &str); 3] = [
+/// 16-byte keys packed from the parsed key), and as a way of an array at a
+/// slot the program hashes the key to, then a MAC swap. They run the
+/// established client -> backend frame.
+const ESTABLISHED_FLOORS: [(&str, &str); 2] = [
     (
         "floor: established, hash-map hit",
         "xdp_floor_established_hash",
-    ),
-    (
-        "floor: established, 16-byte key hit",
-        "xdp_floor_established_compact_hash",
     ),
     (
         "floor: established, array way hit",
@@ -215,7 +208,6 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         &[
             (FLOOR_REPLY_WAYS_MAP, BENCH_REPLY_WAYS),
             (FLOOR_FLOW_WAYS_MAP, FLOOR_FLOW_WAYS),
-            (FLOOR_FLOWS_V4_MAP, BENCH_FLOW_TABLE),
         ],
     );
     lb.load_program(PASS_PROGRAM);
@@ -598,17 +590,14 @@ fn print_table(rows: &[Row]) {
     );
     // What the table alone costs, against what a new flow costs in all.
     let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
-    if let (Some(hash), Some(compact), Some(way)) = (
+    if let (Some(hash), Some(way)) = (
         median(ESTABLISHED_FLOORS[0].0),
         median(ESTABLISHED_FLOORS[1].0),
-        median(ESTABLISHED_FLOORS[2].0),
     ) {
         println!(
-            "an established packet's flow lookup: {} ns as a hash-map hit ({} ns with the \
-             16-byte key built from the frame), {} ns as an array way (above the MAC-swap \
-             baseline)",
+            "an established packet's flow lookup: {} ns as a hash-map hit, {} ns as an array \
+             way (above the MAC-swap baseline)",
             hash.saturating_sub(rows[1].median_ns),
-            compact.saturating_sub(rows[1].median_ns),
             way.saturating_sub(rows[1].median_ns),
         );
     }

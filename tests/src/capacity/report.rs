@@ -170,6 +170,12 @@ impl Step {
                 why.push(format!("{n} {reason}"));
             }
         }
+        // Where retransmitted SYNs were lost outside the balancer's
+        // program, say so: the lab's plumbing, not a verdict of ours.
+        let plumbing = self.kernel.plumbing_losses();
+        if !why.is_empty() && !plumbing.is_empty() {
+            why.push(format!("lab: {plumbing}"));
+        }
         why.join(", ")
     }
 }
@@ -683,12 +689,40 @@ mod tests {
                 drops: BTreeMap::from([("drop_snat_exhausted".to_string(), 9)]),
                 ..BalancerSide::default()
             }),
-            ..stray
+            ..stray.clone()
         };
         assert_eq!(
             exhausted.shortfall(),
             "9 SYN retransmits, 9 drop_snat_exhausted"
         );
+        // Frames the lab's veths or backlog lost are named with their count.
+        let plumbing = Step {
+            syn_retrans: 15,
+            kernel: Delta {
+                grew: BTreeMap::from([
+                    ("lb lbl1n1b rx_queue_1_xdp_tx_errors".to_string(), 50),
+                    ("lb lbl1n1b rx_queue_0_xdp_tx_errors".to_string(), 7),
+                    ("lb lbl1n1b tx_dropped".to_string(), 57),
+                    ("host softnet dropped".to_string(), 3),
+                    ("host softnet time_squeeze".to_string(), 4),
+                ]),
+            },
+            ..exhausted.clone()
+        };
+        assert!(!plumbing.sustained());
+        assert_eq!(
+            plumbing.shortfall(),
+            "15 SYN retransmits, 9 drop_snat_exhausted, lab: 57 XDP_TX frames a veth could \
+             not queue, 3 softnet backlog drops"
+        );
+        // A sustained run names nothing, whatever the plumbing counted.
+        let quiet = Step {
+            syn_retrans: 0,
+            kernel: plumbing.kernel.clone(),
+            ..stray.clone()
+        };
+        assert!(quiet.sustained());
+        assert_eq!(quiet.shortfall(), "");
     }
 
     #[test]
