@@ -17,6 +17,9 @@ pub struct Status {
     /// Pass/drop reason counters by name.
     #[serde(default)]
     pub reasons: BTreeMap<String, u64>,
+    /// Entries each family's flow table holds (`ipv4`, `ipv6`).
+    #[serde(default)]
+    pub flow_table_capacity: BTreeMap<String, u64>,
 }
 
 /// One VIP and its backends.

@@ -1165,6 +1165,12 @@ fn each_familys_flow_table_has_its_own_size_which_a_restart_keeps() {
     wait_until_configured(&lab, first);
     assert_eq!((pinned("FLOWS4"), pinned("FLOWS")), (8192, 64));
     assert_eq!((capacity("ipv4"), capacity("ipv6")), (8192.0, 64.0));
+    let status = lab.status().unwrap().flow_table_capacity;
+    assert_eq!(
+        status,
+        [("ipv4".to_string(), 8192), ("ipv6".to_string(), 64)].into(),
+        "lb-user status --json"
+    );
     let log = lab.stderr(first);
     let line = log
         .lines()

@@ -73,7 +73,7 @@ impl FlowTables {
 /// The entries each family's table can hold: `--flow-table-size` and
 /// `--flow-table-size-ipv6` when they were created (a map's size is fixed
 /// then).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Capacities {
     pub ipv4: u32,
     pub ipv6: u32,

@@ -11,6 +11,7 @@
 //!   "snat_pool": ["10.0.0.1", "10.0.0.2"],   // every SNAT address, both families
 //!   "snat_ports": "20000-32767",
 //!   "flow_entries": 4,                 // entries of both flow tables (two per connection) at the last kernel sweep
+//!   "flow_table_capacity": { "ipv4": 262144, "ipv6": 262144 },   // entries each family's table holds
 //!   "vips": [{
 //!     "id": 0,
 //!     "address": "10.0.0.100:80",
@@ -61,8 +62,8 @@ use lb_common::{
 use serde::Serialize;
 
 use crate::{
-    estimate::WEIGHT_UNITS, kernel::bpffs, kernel::instance, kernel::maps, kernel::wire,
-    settings::addr::Protocol,
+    estimate::WEIGHT_UNITS, kernel::bpffs, kernel::flow_tables::Capacities, kernel::instance,
+    kernel::maps, kernel::wire, settings::addr::Protocol,
 };
 
 #[derive(Debug, Serialize)]
@@ -74,6 +75,7 @@ pub struct Status {
     pub snat_pool: Vec<String>,
     pub snat_ports: String,
     pub flow_entries: u64,
+    pub flow_table_capacity: Capacities,
     pub vips: Vec<VipStatus>,
     pub reasons: serde_json::Map<String, serde_json::Value>,
 }
@@ -289,6 +291,7 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
         snat_pool,
         snat_ports: format!("{}-{}", config.snat_port_min, config.snat_port_max),
         flow_entries: sweep.entries,
+        flow_table_capacity: Capacities::of_pins(&dir)?,
         vips,
         reasons: read_reasons(&dir)?,
     })
@@ -481,13 +484,15 @@ fn read_reasons(dir: &Path) -> anyhow::Result<serde_json::Map<String, serde_json
 /// The human-readable form.
 pub fn render_table(s: &Status) -> String {
     let mut out = format!(
-        "instance {} (ifindex {}, {}), snat {} ports {}, {} flow entries\n",
+        "instance {} (ifindex {}, {}), snat {} ports {}, {} flow entries (tables: ipv4 {}, ipv6 {})\n",
         s.instance,
         s.ifindex,
         if s.ready { "ready" } else { "NOT READY" },
         s.snat_pool.join(","),
         s.snat_ports,
-        s.flow_entries
+        s.flow_entries,
+        s.flow_table_capacity.ipv4,
+        s.flow_table_capacity.ipv6,
     );
     for v in &s.vips {
         out += &format!(
@@ -716,6 +721,10 @@ mod tests {
             .to_vec(),
             snat_ports: "20000-20999".into(),
             flow_entries: 0,
+            flow_table_capacity: crate::kernel::flow_tables::Capacities {
+                ipv4: 4096,
+                ipv6: 64,
+            },
             vips: vec![
                 vip(
                     0,
@@ -760,6 +769,16 @@ mod tests {
             .collect();
         assert_eq!(from_json, want, "JSON");
         assert_eq!(json["vips"][0]["backends"][1]["snat_used"], 2_500);
+        assert_eq!(json["flow_table_capacity"]["ipv4"], 4096);
+        assert_eq!(json["flow_table_capacity"]["ipv6"], 64);
+        assert!(
+            render_table(&status).starts_with(
+                "instance lb-test (ifindex 1, ready), snat 10.0.0.1,10.0.0.2,2001:db8::1,2001:db8::2,2001:db8::3 \
+                 ports 20000-20999, 0 flow entries (tables: ipv4 4096, ipv6 64)\n"
+            ),
+            "{}",
+            render_table(&status)
+        );
         assert_eq!(snat_free_column(&render_table(&status)), want, "text");
     }
 }
