@@ -123,34 +123,32 @@ impl Snapshot {
 }
 
 impl Delta {
-    /// Sum of one counter over every namespace (e.g. `TcpExtTCPSynRetrans`).
-    pub fn total(&self, counter: &str) -> u64 {
+    /// Sum of the counters whose full name (`ns [ifname] counter`) and
+    /// counter name (the last word) `keep` takes.
+    fn sum_where(&self, keep: impl Fn(&str, &str) -> bool) -> u64 {
         self.grew
             .iter()
-            .filter(|(name, _)| name.rsplit(' ').next() == Some(counter))
+            .filter(|(name, _)| keep(name, name.rsplit(' ').next().unwrap_or(name)))
             .map(|(_, v)| v)
             .sum()
+    }
+
+    /// Sum of one counter over every namespace (e.g. `TcpExtTCPSynRetrans`).
+    pub fn total(&self, counter: &str) -> u64 {
+        self.sum_where(|_, c| c == counter)
     }
 
     /// Sum of one counter in the namespaces whose short name starts with
     /// `role` (`cl` the client, `lb` the balancer, `be` the backends, `sw`
     /// the switch), e.g. `("cl", "TcpExtTCPSynRetrans")`.
     pub fn in_role(&self, role: &str, counter: &str) -> u64 {
-        self.grew
-            .iter()
-            .filter(|(name, _)| name.starts_with(role) && name.rsplit(' ').next() == Some(counter))
-            .map(|(_, v)| v)
-            .sum()
+        self.sum_where(|name, c| name.starts_with(role) && c == counter)
     }
 
     /// Sum of the counters whose name (after the namespace and interface)
     /// ends with `suffix`, e.g. `_xdp_tx_errors` for every queue's.
     pub fn ending_with(&self, suffix: &str) -> u64 {
-        self.grew
-            .iter()
-            .filter(|(name, _)| name.rsplit(' ').next().is_some_and(|c| c.ends_with(suffix)))
-            .map(|(_, v)| v)
-            .sum()
+        self.sum_where(|_, c| c.ends_with(suffix))
     }
 
     /// Frames lost in the lab's plumbing rather than by a program's verdict:

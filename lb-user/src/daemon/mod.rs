@@ -45,7 +45,6 @@ use crate::{
         attach::Attachment,
         backend_hops::{BackendIds, PinnedHops},
         clock::{Clock, MonotonicClock, Nanos},
-        flow_tables::Capacities,
         maps, sysctl,
     },
     pool::health::CheckResult,
@@ -146,7 +145,6 @@ impl Started<'_> {
             errors.clone(),
             keeper,
         );
-        runtime.flow_table_capacity = Capacities::of_pins(pin_dir)?;
         runtime.drain_kept(&drains, clock.now());
         runtime.publish_backend_addrs();
         startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;

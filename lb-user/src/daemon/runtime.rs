@@ -74,8 +74,6 @@ pub struct Runtime {
     pub(super) flow_entries: u64,
     /// The pass interval the last reconciliation pass's cost set.
     pub(super) reconcile_interval: std::time::Duration,
-    /// Each family's flow-table size, as the pinned tables have it.
-    pub(super) flow_table_capacity: crate::kernel::flow_tables::Capacities,
     /// Overrides, zones and revisions of etcd discovery (`discovery.rs`).
     pub discovery: crate::discover::state::DiscoveryState,
     /// Errors the control plane survived, by stage.
@@ -138,12 +136,6 @@ impl Runtime {
             flows_evicted: 0,
             flow_entries: 0,
             reconcile_interval: crate::ingest::reconcile::MIN_PASS_INTERVAL,
-            // As configured; the pinned tables' own sizes replace it once
-            // read (an adopted table keeps the size it was created with).
-            flow_table_capacity: crate::kernel::flow_tables::Capacities {
-                ipv4: config.flow_table_size,
-                ipv6: config.flow_table_size_ipv6,
-            },
             discovery: crate::discover::state::DiscoveryState::new(
                 config.discovery.max_removal_percent,
             ),

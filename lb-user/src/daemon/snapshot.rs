@@ -60,7 +60,7 @@ impl Runtime {
             flows_evicted: self.flows_evicted,
             flow_entries: self.flow_entries,
             reconcile_interval: self.reconcile_interval,
-            flow_table_capacity: self.flow_table_capacity,
+            flow_table_capacity: self.kernel.flow_tables,
             discovery: self.discovery_metrics(),
             control_errors: self.errors.totals(),
             config_generation: self.config_generation,

@@ -21,6 +21,7 @@ use crate::{
     kernel::{
         attach::Attachment,
         clock::Clock,
+        flow_tables::Capacities,
         iface,
         maps::{self, ControlConnections, Counters},
         neighbours::{NeighbourSync, STARTUP_RESOLVE_WAIT},
@@ -119,6 +120,9 @@ pub struct KernelHandles {
     pub latency: LatencyReader,
     /// The health checks' own connections, added to in-flight counts.
     pub control_conns: ControlConnections,
+    /// Each family's flow-table size, as the pinned tables have it (an
+    /// adopted table keeps the size it was created with).
+    pub flow_tables: Capacities,
 }
 
 /// What a previous instance left in the pinned maps: its VIPs (with their
@@ -371,6 +375,7 @@ pub fn open_kernel_handles(
         neighbours,
         latency: LatencyReader::open(pin_dir, MAX_BACKENDS as usize)?,
         control_conns: ControlConnections::open(pin_dir)?,
+        flow_tables: Capacities::of_pins(pin_dir)?,
     })
 }
 
