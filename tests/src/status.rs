@@ -20,6 +20,9 @@ pub struct Status {
     /// Entries each family's flow table holds (`ipv4`, `ipv6`).
     #[serde(default)]
     pub flow_table_capacity: BTreeMap<String, u64>,
+    /// Both families in one table: the running program predates IPv4's own.
+    #[serde(default)]
+    pub flow_tables_shared: bool,
 }
 
 /// One VIP and its backends.

@@ -1226,6 +1226,33 @@ fn each_familys_flow_table_has_its_own_size_which_a_restart_keeps() {
         ),
         "{log}"
     );
+    let status = lab.status().unwrap();
+    assert!(!status.flow_tables_shared, "{status:?}");
+
+    // The pins of a running program of a build before IPv4's own table
+    // (both families in FLOWS), as this build's `status` meets them when
+    // it runs before the daemon is restarted on it: `status` still answers,
+    // with the one table's size, and says so.
+    std::fs::remove_file(lab.pin_dir().join("FLOWS4")).unwrap();
+    let status = lab.status().unwrap();
+    assert!(status.flow_tables_shared, "{status:?}");
+    assert_eq!(
+        status.flow_table_capacity,
+        [("ipv4".to_string(), 4096), ("ipv6".to_string(), 4096)].into()
+    );
+    let text = lab
+        .run_lb_user(&["status", "--instance", &lab.instance()])
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("(one table of 4096 for both families: the running program predates"),
+        "{text}"
+    );
+    assert!(
+        lab.stop_balancer(third, Signal::SIGTERM)
+            .unwrap()
+            .success()
+    );
 }
 
 /// Ids of the `lb_xdp` programs that use this lab's pinned flow table

@@ -92,6 +92,27 @@ impl Capacities {
             ipv6: of(FLOWS_MAP)?,
         })
     }
+
+    /// Of the pinned tables as `status` finds them: both, or only `FLOWS`
+    /// when the running program is of a build before IPv4's own table
+    /// (this build's `status` run before the daemon was restarted on it).
+    /// Such a program keeps both families in `FLOWS`, which is then both
+    /// capacities, and the second value is true.
+    pub fn of_pins_or_shared(pin_dir: &Path) -> anyhow::Result<(Self, bool)> {
+        if pin_dir.join(FLOWS4_MAP).exists() {
+            return Ok((Self::of_pins(pin_dir)?, false));
+        }
+        let shared = aya::maps::MapInfo::from_pin(pin_dir.join(FLOWS_MAP))
+            .map(|info| info.max_entries())
+            .with_context(|| format!("opening the pinned flow table {FLOWS_MAP}"))?;
+        Ok((
+            Self {
+                ipv4: shared,
+                ipv6: shared,
+            },
+            true,
+        ))
+    }
 }
 
 /// The memory the kernel holds for both pinned tables, in bytes: their

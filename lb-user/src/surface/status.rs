@@ -12,6 +12,7 @@
 //!   "snat_ports": "20000-32767",
 //!   "flow_entries": 4,                 // entries of both flow tables (two per connection) at the last kernel sweep
 //!   "flow_table_capacity": { "ipv4": 262144, "ipv6": 262144 },   // entries each family's table holds
+//!   "flow_tables_shared": true,        // only when true: the running program predates IPv4's own table (both families in one, whose size both capacities give)
 //!   "vips": [{
 //!     "id": 0,
 //!     "address": "10.0.0.100:80",
@@ -76,6 +77,11 @@ pub struct Status {
     pub snat_ports: String,
     pub flow_entries: u64,
     pub flow_table_capacity: Capacities,
+    /// Both families in one table (`FLOWS`): the running program is of a
+    /// build before IPv4's own table, and this build's `status` reads it
+    /// before the daemon was restarted on this build (which creates it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub flow_tables_shared: bool,
     pub vips: Vec<VipStatus>,
     pub reasons: serde_json::Map<String, serde_json::Value>,
 }
@@ -280,6 +286,7 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
     let sweep = maps::sweep_stats(&dir)?
         .get(&0, 0)
         .context("reading SWEEP_STATS")?;
+    let (flow_table_capacity, flow_tables_shared) = Capacities::of_pins_or_shared(&dir)?;
     let mut vips = read_vips(&dir, &config)?;
     apply_sources(instance, &mut vips);
     apply_zones(instance, &mut vips);
@@ -291,7 +298,8 @@ pub fn read(instance: &str) -> anyhow::Result<Status> {
         snat_pool,
         snat_ports: format!("{}-{}", config.snat_port_min, config.snat_port_max),
         flow_entries: sweep.entries,
-        flow_table_capacity: Capacities::of_pins(&dir)?,
+        flow_table_capacity,
+        flow_tables_shared,
         vips,
         reasons: read_reasons(&dir)?,
     })
@@ -483,16 +491,26 @@ fn read_reasons(dir: &Path) -> anyhow::Result<serde_json::Map<String, serde_json
 
 /// The human-readable form.
 pub fn render_table(s: &Status) -> String {
+    let tables = if s.flow_tables_shared {
+        format!(
+            "one table of {} for both families: the running program predates IPv4's own table, \
+             which a restart on this build creates",
+            s.flow_table_capacity.ipv6
+        )
+    } else {
+        format!(
+            "tables: ipv4 {}, ipv6 {}",
+            s.flow_table_capacity.ipv4, s.flow_table_capacity.ipv6
+        )
+    };
     let mut out = format!(
-        "instance {} (ifindex {}, {}), snat {} ports {}, {} flow entries (tables: ipv4 {}, ipv6 {})\n",
+        "instance {} (ifindex {}, {}), snat {} ports {}, {} flow entries ({tables})\n",
         s.instance,
         s.ifindex,
         if s.ready { "ready" } else { "NOT READY" },
         s.snat_pool.join(","),
         s.snat_ports,
         s.flow_entries,
-        s.flow_table_capacity.ipv4,
-        s.flow_table_capacity.ipv6,
     );
     for v in &s.vips {
         out += &format!(
@@ -725,6 +743,7 @@ mod tests {
                 ipv4: 4096,
                 ipv6: 64,
             },
+            flow_tables_shared: false,
             vips: vec![
                 vip(
                     0,
@@ -780,5 +799,28 @@ mod tests {
             render_table(&status)
         );
         assert_eq!(snat_free_column(&render_table(&status)), want, "text");
+        assert!(json.get("flow_tables_shared").is_none(), "{json}");
+
+        // A running program of a build before IPv4's own table: one table,
+        // said so in both forms.
+        let shared = Status {
+            flow_table_capacity: crate::kernel::flow_tables::Capacities {
+                ipv4: 8192,
+                ipv6: 8192,
+            },
+            flow_tables_shared: true,
+            ..status
+        };
+        let json = serde_json::to_value(&shared).unwrap();
+        assert_eq!(json["flow_tables_shared"], true);
+        assert_eq!(json["flow_table_capacity"]["ipv4"], 8192);
+        let table = render_table(&shared);
+        assert!(
+            table.contains(
+                "0 flow entries (one table of 8192 for both families: the running program \
+                 predates IPv4's own table, which a restart on this build creates)\n"
+            ),
+            "{table}"
+        );
     }
 }
