@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail};
 use clap::{Parser, error::ErrorKind};
 use lb_user::{
     daemon, discover,
-    kernel::{bpffs, iface, instance::InstanceLock},
+    kernel::{bpffs, iface, instance::InstanceLock, sysctl},
     settings::{
         cli::{
             BackendArgs, BackendCommand, Cli, Command, ControlCommand, RunArgs, StatusArgs,
@@ -124,6 +124,9 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
     let snat = daemon::startup::Snat::resolve(&config)?;
+    // Before anything is attached or adopted: a refused range leaves a
+    // running instance as it is.
+    sysctl::check_snat_ports(config.snat_ports, &config.instance)?;
     // Still single-threaded here, as joining a mount namespace requires.
     bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);

@@ -12,6 +12,7 @@
 use std::{
     net::{SocketAddr, TcpStream},
     ops::Deref,
+    path::Path,
     thread,
     time::{Duration, Instant},
 };
@@ -1137,6 +1138,64 @@ fn full_flow_table_refuses_new_flows_and_evicts_no_live_one() {
     assert!(entries <= 64.0, "{entries}");
     assert_eq!(idle_alive, 4, "a live connection lost its flow");
     assert_eq!(lone, 0.0, "one direction of a connection vanished");
+}
+
+/// A start that fails on a running instance (one whose process died, so
+/// the start re-adopts it) leaves it as it was: attached, pinned and
+/// balancing. A SNAT range that would leave the host too few ephemeral
+/// ports is refused before anything is adopted; a failure after the
+/// adoption (here the control socket's path taken by a directory) keeps
+/// the instance too, and says so. A good start then adopts it as usual.
+#[test]
+fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
+    require_root!();
+    let lab = Fault::new("failed-start", 1);
+    let still_balancing = |when: &str| {
+        assert!(lab.xdp_attached().unwrap(), "{when}: the program was detached");
+        assert!(lab.status().unwrap().ready, "{when}: not ready");
+        let run = lab.measure(lab.load(100.0, 1.0, 1_000));
+        lab.report(&run, when);
+        assert!(run.summary.completed > 0, "{when}: {:?}", run.summary);
+        assert_eq!(run.summary.error_count(), 0, "{when}: {:?}", run.summary);
+    };
+    let first = lab.start(&[0], &[]);
+    wait_until_configured(&lab, first);
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    still_balancing("after kill -9");
+
+    // The balancer namespace's ephemeral range is 32768-60999: this range
+    // leaves it 999 ports.
+    let (exit, stderr) = lab
+        .run_failing_balancer(&spec(&lab, &[0], &["--snat-ports", "20000-60000"]))
+        .unwrap();
+    eprintln!("{stderr}");
+    assert!(!exit.success(), "{stderr}");
+    assert!(stderr.contains("ephemeral ports"), "{stderr}");
+    assert!(!stderr.contains("re-adopted"), "refused after the adoption:\n{stderr}");
+    still_balancing("after a start refused for its SNAT range");
+
+    // The killed process's socket file is stale; a directory in its place
+    // fails the control socket's bind, a step after the adoption.
+    let socket = Path::new("/run/lb-user").join(format!("{}.sock", lab.instance()));
+    let _ = std::fs::remove_file(&socket);
+    std::fs::create_dir_all(&socket).unwrap();
+    let failed = lab.run_failing_balancer(&spec(&lab, &[0], &[]));
+    std::fs::remove_dir(&socket).unwrap();
+    let (exit, stderr) = failed.unwrap();
+    eprintln!("{stderr}");
+    assert!(!exit.success(), "{stderr}");
+    assert!(stderr.contains("re-adopted"), "{stderr}");
+    assert!(
+        stderr.contains("which is left attached and balancing its flows")
+            && stderr.contains("binding"),
+        "{stderr}"
+    );
+    still_balancing("after a start that failed on the adopted instance");
+
+    let third = lab.start(&[0], &[]);
+    wait_until_configured(&lab, third);
+    assert!(lab.stderr(third).contains("re-adopted"), "{}", lab.stderr(third));
+    still_balancing("after a good start");
 }
 
 /// Each family's flow table takes its own size (`--flow-table-size` for

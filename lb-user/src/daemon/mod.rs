@@ -85,7 +85,7 @@ pub async fn serve(
         ifindex,
         attachment: &attachment,
     };
-    let result = started
+    let result = match started
         .configure_and_run(
             MonotonicClock,
             snat_ip,
@@ -94,7 +94,22 @@ pub async fn serve(
             &mut shutdown,
             discovery,
         )
-        .await;
+        .await
+    {
+        Ok(ran) => ran,
+        // A failed start on a running instance (re-adopted after its
+        // process died) leaves it as it was: attached, pinned, balancing
+        // its flows on what the kernel has. Detaching would cut every one
+        // of them for an error this process made.
+        Err(e) if attachment.adopted => {
+            return Err(e.context(format!(
+                "starting on the running instance {}, which is left attached and \
+                 balancing its flows; fix this and start lb-user again",
+                config.instance
+            )));
+        }
+        Err(e) => Err(e),
+    };
     startup::save_snat_cursors(config, &attachment.pin_dir);
     let stopped = attachment.stop();
     if stopped.is_ok() {
@@ -115,7 +130,9 @@ struct Started<'a> {
 }
 
 impl Started<'_> {
-    /// The startup steps, the event loop, and the cleanup of what they started.
+    /// The startup steps, the event loop, and the cleanup of what they
+    /// started: the outer error is a startup step's (the event loop never
+    /// ran), the inner result the event loop's.
     async fn configure_and_run<C: Clock + Clone + Send + 'static>(
         &self,
         clock: C,
@@ -124,7 +141,7 @@ impl Started<'_> {
         (keeper, drains, saves): (StateKeeper, Vec<(VipAddr, SocketAddr)>, StateReceiver),
         shutdown: &mut Shutdown,
         discovery: Option<Watcher>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<anyhow::Result<()>> {
         let (config, pin_dir) = (self.config, &self.attachment.pin_dir);
         let errors = ControlErrors::default();
         let (plan, publisher) = startup::write_plan(config, pin_dir, &clock, &drains)?;
@@ -193,7 +210,7 @@ impl Started<'_> {
             .run(events, inputs, config.score_interval, shutdown)
             .await;
         self.stop(tasks, &event_loop.handlers);
-        result
+        Ok(result)
     }
 
     /// The metrics listener, if configured; a taken port must not stop the

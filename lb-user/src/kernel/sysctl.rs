@@ -75,6 +75,21 @@ pub fn reserve_snat_ports(range: PortRange, instance: &str) -> anyhow::Result<()
     )
 }
 
+/// Whether [`reserve_snat_ports`] would accept `range`, reading only: the
+/// start runs it before it attaches or adopts anything, so a range that
+/// leaves the host too few ephemeral ports is refused with the running
+/// instance (if any) untouched. The reservation itself checks again.
+pub fn check_snat_ports(range: PortRange, instance: &str) -> anyhow::Result<()> {
+    check_in(
+        Path::new(RESERVED_PORTS),
+        Path::new(EPHEMERAL_PORTS),
+        &record_path(instance),
+        &current_netns(),
+        range,
+    )
+    .map(|_| ())
+}
+
 /// Removes the ports this instance (or a predecessor of it that died in
 /// this network namespace) added to the reserved ports, and its record.
 /// Called once the program is detached; failures are logged, not fatal.
@@ -103,17 +118,11 @@ fn reserve_in(
     range: PortRange,
 ) -> anyhow::Result<()> {
     let _records = RecordsLock::take(record);
-    let text = fs::read_to_string(sysctl)
-        .with_context(|| format!("reading {} to reserve the SNAT ports", sysctl.display()))?;
-    let current = PortSet::parse(&text);
-    let mut wanted = PortSet::default();
-    wanted.insert_range(range.min, range.max);
-    // Judged against the reservations that are not ours: a predecessor's
-    // ports (it died without its clean stop) count as this range's.
-    let inherited = read_record(record, netns)
-        .map(|r| r.owned)
-        .unwrap_or_default();
-    check_ephemeral_left(ephemeral, &current.difference(&inherited), &wanted, range)?;
+    let Judged {
+        current,
+        wanted,
+        inherited,
+    } = check_in(sysctl, ephemeral, record, netns, range)?;
     let added = wanted.difference(&current);
     if added.is_empty() {
         info!(
@@ -148,6 +157,44 @@ fn reserve_in(
         );
     }
     Ok(())
+}
+
+/// What [`check_in`] read and accepted.
+struct Judged {
+    /// The reserved ports now.
+    current: PortSet,
+    /// The SNAT range's ports.
+    wanted: PortSet,
+    /// Those a predecessor of this instance (same namespace) added.
+    inherited: PortSet,
+}
+
+/// Reads the reserved ports and `record`, and refuses `range` if it leaves
+/// the host too few ephemeral ports ([`check_ephemeral_left`]). Writes
+/// nothing.
+fn check_in(
+    sysctl: &Path,
+    ephemeral: &Path,
+    record: &Path,
+    netns: &str,
+    range: PortRange,
+) -> anyhow::Result<Judged> {
+    let text = fs::read_to_string(sysctl)
+        .with_context(|| format!("reading {} to reserve the SNAT ports", sysctl.display()))?;
+    let current = PortSet::parse(&text);
+    let mut wanted = PortSet::default();
+    wanted.insert_range(range.min, range.max);
+    // Judged against the reservations that are not ours: a predecessor's
+    // ports (it died without its clean stop) count as this range's.
+    let inherited = read_record(record, netns)
+        .map(|r| r.owned)
+        .unwrap_or_default();
+    check_ephemeral_left(ephemeral, &current.difference(&inherited), &wanted, range)?;
+    Ok(Judged {
+        current,
+        wanted,
+        inherited,
+    })
 }
 
 /// The ports a record of this network namespace lists; `None` without a
@@ -773,6 +820,20 @@ mod tests {
             "40000-60999",
             "untouched"
         );
+        assert!(!record.exists());
+        // The start's check before it attaches reads only: the same
+        // verdicts, nothing written.
+        let err = check_in(&sysctl, &ephemeral(&dir), &record, NS, whole).err();
+        assert!(
+            format!("{err:?}").contains("would leave the host 0 of its 28232 ephemeral ports"),
+            "{err:?}"
+        );
+        let fits = PortRange {
+            min: 20000,
+            max: 38975,
+        };
+        check_in(&sysctl, &ephemeral(&dir), &record, NS, fits).unwrap();
+        assert_eq!(fs::read_to_string(&sysctl).unwrap(), "40000-60999");
         assert!(!record.exists());
         // 1,023 left (32768-33790 reserved with the operator's): refused;
         // 1,024 left: taken, with the overlap logged.

@@ -227,25 +227,7 @@ impl Lab {
         spec: &BalancerSpec,
         env: &[(&str, &str)],
     ) -> Result<ProcessId> {
-        let config = match spec.config_file() {
-            Some(toml) => {
-                let path = self.log_dir().join("lb-user.toml");
-                std::fs::write(&path, toml)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                Some(path)
-            }
-            None => None,
-        };
-        let mut args = spec.args(&self.balancer().iface, config.as_deref());
-        // Runtime state stays in the lab's folder, unless the test says where.
-        if !args.iter().any(|a| a == "--state-dir") {
-            args.extend([
-                "--state-dir".to_string(),
-                self.state_dir().display().to_string(),
-            ]);
-        }
-        let mut command = self.lb_user_command(&args)?;
-        command.envs(env.iter().copied());
+        let command = self.balancer_command(spec, env)?;
         let process = self.processes.spawn("lb-user", command)?;
         let deadline = Instant::now() + READY_TIMEOUT;
         let lists_every_vip = |status: &Status| {
@@ -279,6 +261,43 @@ impl Lab {
             }
             std::thread::sleep(POLL_INTERVAL * 5);
         }
+    }
+
+    /// The `lb-user` command line of `spec` (its config file written to
+    /// the lab's folder), with `env` set.
+    fn balancer_command(&self, spec: &BalancerSpec, env: &[(&str, &str)]) -> Result<Command> {
+        let config = match spec.config_file() {
+            Some(toml) => {
+                let path = self.log_dir().join("lb-user.toml");
+                std::fs::write(&path, toml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                Some(path)
+            }
+            None => None,
+        };
+        let mut args = spec.args(&self.balancer().iface, config.as_deref());
+        // Runtime state stays in the lab's folder, unless the test says where.
+        if !args.iter().any(|a| a == "--state-dir") {
+            args.extend([
+                "--state-dir".to_string(),
+                self.state_dir().display().to_string(),
+            ]);
+        }
+        let mut command = self.lb_user_command(&args)?;
+        command.envs(env.iter().copied());
+        Ok(command)
+    }
+
+    /// Runs `lb-user` with `spec` when it is expected to fail its start:
+    /// its exit status and stderr once it exits (within the start's timeout).
+    /// Readiness is not what it waits for, since a running instance that a
+    /// failed start leaves in place is ready all along.
+    pub fn run_failing_balancer(&self, spec: &BalancerSpec) -> Result<(ExitStatus, String)> {
+        let process = self
+            .processes
+            .spawn("lb-user", self.balancer_command(spec, &[])?)?;
+        let status = self.wait(process, READY_TIMEOUT)?;
+        Ok((status, self.stderr(process)))
     }
 
     /// Sends `signal` to lb-user and waits for it to exit.
