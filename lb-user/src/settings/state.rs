@@ -156,7 +156,24 @@ impl AddedVip {
                 b.parse::<BackendAddr>()
                     .map_err(|e| format!("backend '{b}': {e}"))
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<BackendAddr>, _>>()?;
+        // As `Config::validate_vips` checks a configured VIP (a state file
+        // edited by hand must not bring in what the file could not).
+        if backends.is_empty() {
+            return Err("no backends".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for b in &backends {
+            let backend = b.addr.to_string();
+            if b.addr.is_ipv6() != vip.addr.is_ipv6() {
+                let vip = vip.to_string();
+                return Err(ConfigError::MixedFamily { vip, backend }.to_string());
+            }
+            if !seen.insert(b.addr) {
+                let vip = vip.to_string();
+                return Err(ConfigError::DuplicateBackend { vip, backend }.to_string());
+            }
+        }
         Ok(VipConfig {
             vip,
             algorithm,
@@ -218,12 +235,28 @@ impl RuntimeState {
             }
         }
         for e in &state.backends {
-            e.vip
+            let vip = e
+                .vip
                 .parse::<VipAddr>()
                 .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
-            e.backend
+            let backend = e
+                .backend
                 .parse::<std::net::SocketAddr>()
                 .map_err(|err| unreadable(format!("backend '{}': {err}", e.backend)))?;
+            if backend.is_ipv6() != vip.addr.is_ipv6() {
+                return Err(unreadable(
+                    ConfigError::MixedFamily {
+                        vip: vip.to_string(),
+                        backend: backend.to_string(),
+                    }
+                    .to_string(),
+                ));
+            }
+            if let Some(w) = e.weight {
+                Weight::new(u64::from(w)).map_err(|err| {
+                    unreadable(format!("backend '{backend}' of vip '{vip}': {err}"))
+                })?;
+            }
         }
         Ok(Some(state))
     }
@@ -789,5 +822,44 @@ mod tests {
             assert!(err.contains(why), "{err}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_state_file_is_held_to_the_configurations_rules() {
+        let dir = std::env::temp_dir().join(format!("lb-state-rules-{}", std::process::id()));
+        let file = path(&dir, "lb-test");
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            RuntimeState::load(&file).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let backend = |vip: &str, backend: &str, weight: u32| {
+            format!(
+                r#"{{"version":{VERSION},"backends":[{{"vip":"{vip}","backend":"{backend}","admin":"active","weight":{weight},"config":null}}]}}"#
+            )
+        };
+        let added = |backends: &str| {
+            format!(
+                r#"{{"version":{VERSION},"backends":[],"vips":[{{"vip":"10.0.0.9:80/tcp","added":{{"algorithm":"random","backends":{backends}}},"config":null}}]}}"#
+            )
+        };
+        // The well-formed ones load.
+        load(&backend("10.0.0.100:80", "10.0.0.21:80", 5)).unwrap();
+        load(&added(r#"["10.0.0.31:80"]"#)).unwrap();
+        for (text, want) in [
+            (backend("10.0.0.100:80", "10.0.0.21:80", 0), "weight"),
+            (backend("10.0.0.100:80", "10.0.0.21:80", 4_000_000_000), "weight"),
+            (backend("10.0.0.100:80", "[::1]:80", 1), "[::1]:80"),
+            (added(r#"["[::1]:80"]"#), "[::1]:80"),
+            (added(r#"["10.0.0.31:80","10.0.0.31:80"]"#), "10.0.0.31:80"),
+            (added("[]"), "no backends"),
+        ] {
+            let err = load(&text).expect_err(&text);
+            assert!(
+                err.contains(want) && err.contains("move it away"),
+                "{text}: {err}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
