@@ -60,9 +60,9 @@ fn run() -> anyhow::Result<()> {
 /// clap's first line without its `error: ` prefix (the rest is usage help).
 fn clap_message(e: &clap::Error) -> String {
     let rendered = e.render().to_string();
-    // The message may span lines (a list of missing arguments); the usage
-    // help after it is dropped.
-    let message = rendered.split("\n\nUsage").next().unwrap_or_default();
+    // The message may span lines (a list of missing arguments); what
+    // follows its blank line (usage, "For more information") is dropped.
+    let message = rendered.split("\n\n").next().unwrap_or_default();
     let message = one_line(message);
     let message = message.trim_start_matches("error: ");
     if message.is_empty() {
@@ -189,11 +189,20 @@ fn show_status(args: StatusArgs) -> anyhow::Result<()> {
     let name = status::resolve_instance(args.instance)?;
     let status = status::read(&name)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        print_out(&format!("{}\n", serde_json::to_string_pretty(&status)?))
     } else {
-        print!("{}", status::render_table(&status));
+        print_out(&status::render_table(&status))
     }
-    Ok(())
+}
+
+/// Writes `text` to stdout. A reader that went away (`lb-user status |
+/// head -1`) is not an error; `print!` would panic there.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.map_err(|e| anyhow!("writing to stdout: {e}")),
+    }
 }
 
 /// Adds or removes a whole VIP through the control socket.
@@ -227,12 +236,11 @@ fn change_vip(args: VipArgs) -> anyhow::Result<()> {
                 VipCommand::Add => "added",
                 VipCommand::Remove => "removed (draining its flows)",
             };
-            println!(
-                "VIP {}: {what} (VIP id {})",
+            print_out(&format!(
+                "VIP {}: {what} (VIP id {})\n",
                 args.vip,
                 response.backend_id.unwrap_or_default()
-            );
-            Ok(())
+            ))
         }
         (false, error) => bail!("{}", error.unwrap_or_else(|| "refused".into())),
     }
@@ -240,10 +248,25 @@ fn change_vip(args: VipArgs) -> anyhow::Result<()> {
 
 /// Sends one command to the running instance's control socket.
 fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
-    require_root()?;
-    if args.action == BackendCommand::Weight && args.weight.is_none() {
-        bail!("backend weight needs --weight N");
+    match args.action {
+        BackendCommand::Weight if args.weight.is_none() => bail!("backend weight needs --weight N"),
+        BackendCommand::Weight => {}
+        _ if args.weight.is_some() => bail!(
+            "--weight goes with backend weight only (backend add takes the weight as --backend \
+             IP:PORT@WEIGHT)"
+        ),
+        _ => {}
     }
+    if args.action != BackendCommand::Add
+        && (args.backend.weight != lb_user::settings::addr::Weight::DEFAULT
+            || args.backend.zone.is_some())
+    {
+        bail!(
+            "backend {}: --backend takes IP:PORT only (@WEIGHT and zone= go with backend add)",
+            format!("{:?}", args.action).to_lowercase()
+        );
+    }
+    require_root()?;
     bpffs::join_host_mount_ns_if_hidden()?;
     let instance = status::resolve_instance(args.instance)?;
     let request = control::Request {
@@ -257,16 +280,13 @@ fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
     };
     let response = control::send(&instance, &request)?;
     match (response.ok, response.error) {
-        (true, _) => {
-            println!(
-                "{:?} {} in {}: done (backend id {})",
-                args.action,
-                args.backend.addr,
-                args.vip,
-                response.backend_id.unwrap_or_default()
-            );
-            Ok(())
-        }
+        (true, _) => print_out(&format!(
+            "{:?} {} in {}: done (backend id {})\n",
+            args.action,
+            args.backend.addr,
+            args.vip,
+            response.backend_id.unwrap_or_default()
+        )),
         (false, error) => bail!("{}", error.unwrap_or_else(|| "refused".into())),
     }
 }

@@ -156,7 +156,18 @@ fn bad_input_fails_with_one_line_and_leaves_nothing() {
             lo_vip_with(&["--backend", "10.0.0.22:80@0"]),
             "invalid weight '0'",
         ),
-        (lo_vip_with(&["--score-interval", "1s"]), "at most 100ms"),
+        (
+            lo_vip_with(&["--score-interval", "1s"]),
+            "out of range (1ms..=100ms)",
+        ),
+        (
+            lo_vip_with(&["--score-interval", "1ns"]),
+            "out of range (1ms..=100ms)",
+        ),
+        (
+            lo_vip_with(&["--backend", "10.0.0.100:80"]),
+            "VIP 10.0.0.100:80/tcp lists itself as a backend",
+        ),
         (
             lo_vip_with(&["--algorithm", "consistent"]),
             "unknown algorithm 'consistent'",
@@ -388,6 +399,28 @@ fn attaches_reports_status_and_cleans_up_on_sigterm() {
         assert_eq!(backends[1]["state"], "active");
         assert_eq!(status["snat_ip"], "10.77.0.1");
         assert!(status["reasons"]["tx_to_backend"].is_u64());
+        // A reader that went away (`status | head -1` once head has its
+        // line) is no error and no panic, in both forms.
+        for json in [true, false] {
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            let mut argv = vec!["status", "--instance", instance.as_str()];
+            if json {
+                argv.push("--json");
+            }
+            let out = ns
+                .exec(&argv)
+                .stdout(writer)
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && stderr.is_empty(),
+                "{mode}: status (json: {json}) into a closed pipe: {:?}: {stderr}",
+                out.status
+            );
+        }
 
         sigterm(&daemon.0);
         let out = std::mem::replace(&mut daemon.0, Command::new("true").spawn().unwrap())
@@ -508,6 +541,57 @@ fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
         &["vip", "rename", "--vip", "10.0.0.100:81"],
         "invalid value 'rename'",
     );
+    // An instance name is a path component: checked before it is used.
+    for command in [&add[..], &["status"]] {
+        assert_one_line_failure(
+            &run_as("../../tmp", command),
+            "invalid instance name '../../tmp'",
+        );
+    }
+    let backend = ["backend", "add", "--vip", "10.0.0.100:81", "--backend"];
+    run(
+        &[&backend[..], &["10.0.0.21:80", "--weight", "5"]].concat(),
+        "--weight goes with backend weight only",
+    );
+    run(
+        &[
+            "backend",
+            "drain",
+            "--vip",
+            "10.0.0.100:81",
+            "--backend",
+            "10.0.0.21:80@7",
+        ],
+        "backend drain: --backend takes IP:PORT only",
+    );
+    run(
+        &[
+            "backend",
+            "remove",
+            "--vip",
+            "10.0.0.100:81",
+            "--backend",
+            "10.0.0.21:80,zone=a",
+        ],
+        "backend remove: --backend takes IP:PORT only",
+    );
+    run(
+        &[
+            "backend",
+            "weight",
+            "--vip",
+            "10.0.0.100:81",
+            "--backend",
+            "10.0.0.21:80",
+        ],
+        "backend weight needs --weight N",
+    );
+    // clap's errors are one line, without its "For more information" tip.
+    let line = assert_one_line_failure(
+        &run_as(&instance, &lo_vip_with(&["--inflight-bias", "-1"])),
+        "invalid value '-1' for '--inflight-bias <B>'",
+    );
+    assert!(!line.contains("For more information"), "{line}");
     if is_root() {
         // Well-formed, but no such instance runs: nothing to change.
         run(&add, &instance);

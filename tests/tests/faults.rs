@@ -1151,7 +1151,10 @@ fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
     require_root!();
     let lab = Fault::new("failed-start", 1);
     let still_balancing = |when: &str| {
-        assert!(lab.xdp_attached().unwrap(), "{when}: the program was detached");
+        assert!(
+            lab.xdp_attached().unwrap(),
+            "{when}: the program was detached"
+        );
         assert!(lab.status().unwrap().ready, "{when}: not ready");
         let run = lab.measure(lab.load(100.0, 1.0, 1_000));
         lab.report(&run, when);
@@ -1171,7 +1174,10 @@ fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
     eprintln!("{stderr}");
     assert!(!exit.success(), "{stderr}");
     assert!(stderr.contains("ephemeral ports"), "{stderr}");
-    assert!(!stderr.contains("re-adopted"), "refused after the adoption:\n{stderr}");
+    assert!(
+        !stderr.contains("re-adopted"),
+        "refused after the adoption:\n{stderr}"
+    );
     still_balancing("after a start refused for its SNAT range");
 
     // The killed process's socket file is stale; a directory in its place
@@ -1194,7 +1200,11 @@ fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
 
     let third = lab.start(&[0], &[]);
     wait_until_configured(&lab, third);
-    assert!(lab.stderr(third).contains("re-adopted"), "{}", lab.stderr(third));
+    assert!(
+        lab.stderr(third).contains("re-adopted"),
+        "{}",
+        lab.stderr(third)
+    );
     still_balancing("after a good start");
 }
 
@@ -1307,11 +1317,7 @@ fn each_familys_flow_table_has_its_own_size_which_a_restart_keeps() {
         text.contains("(one table of 4096 for both families: the running program predates"),
         "{text}"
     );
-    assert!(
-        lab.stop_balancer(third, Signal::SIGTERM)
-            .unwrap()
-            .success()
-    );
+    assert!(lab.stop_balancer(third, Signal::SIGTERM).unwrap().success());
 }
 
 /// Ids of the `lb_xdp` programs that use this lab's pinned flow table

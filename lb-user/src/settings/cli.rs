@@ -122,7 +122,7 @@ pub struct BackendArgs {
     #[arg(long, value_name = "IP:PORT[@WEIGHT][,zone=NAME]")]
     pub backend: BackendAddr,
     /// New weight (weight only), 1..=65535.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65535), allow_negative_numbers = true)]
     pub weight: Option<u32>,
 }
 
@@ -189,18 +189,18 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", value_parser = parse_algorithm)]
     pub algorithm: Option<Algorithm>,
     /// Exponent b of the in-flight term (inflight+1)^b in P2C's cost, 1..=3 (default 2).
-    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(MIN_INFLIGHT_BIAS as i64..=MAX_INFLIGHT_BIAS as i64))]
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(MIN_INFLIGHT_BIAS as i64..=MAX_INFLIGHT_BIAS as i64), allow_negative_numbers = true)]
     pub inflight_bias: Option<u8>,
     /// While a VIP (or its zone) has at most N backends, P2C compares every
     /// one when a random pair's winner is busy or far above the pool;
     /// 0 = pairs only (default 16).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub p2c_full_scan: Option<u16>,
     /// P2C counts a backend with N or more flows in flight as saturated:
     /// it loses its precedence over backends far above the pool, and the
     /// two meet on score. Set it to about twice the backends' worker count
     /// (requests a backend serves at once); 0 = off (default 4).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub p2c_saturation: Option<u16>,
     /// With maglev: hash only the client address, so a client keeps its backend.
     #[arg(long)]
@@ -240,12 +240,12 @@ pub struct RunArgs {
     pub snat_ports: Option<PortRange>,
     /// Entries of each family's flow table (both directions of a flow use
     /// one each); IPv6's can be sized apart with --flow-table-size-ipv6.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub flow_table_size: Option<u32>,
     /// Entries of IPv6's flow table (default: --flow-table-size's value).
     /// Both tables are preallocated, so a balancer with no IPv6 VIP can
     /// keep IPv6's small.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub flow_table_size_ipv6: Option<u32>,
     /// Time constant τ of the latency estimate's long memory (the mean
     /// latency that marks a persistently slow backend; e.g. 10s).
@@ -265,7 +265,7 @@ pub struct RunArgs {
     /// Latency assumed for a backend with no samples, and the value an idle backend decays to.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub ewma_cold_start: Option<Duration>,
-    /// How often scores are rewritten (at most 100ms).
+    /// How often scores are rewritten (1ms..=100ms).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub score_interval: Option<Duration>,
     /// UDP flows idle this long are removed.

@@ -119,6 +119,8 @@ pub const DEFAULT_EWMA_REFUTE_AFTER: u64 = 16;
 pub const DEFAULT_SCORE_INTERVAL: Duration = Duration::from_millis(50);
 /// The kernel must see fresh scores at least this often (issue contract).
 pub const MAX_SCORE_INTERVAL: Duration = Duration::from_millis(100);
+/// Shorter would spend the control plane on rewriting the same scores.
+pub const MIN_SCORE_INTERVAL: Duration = Duration::from_millis(1);
 pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_SYN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -303,10 +305,22 @@ impl FileConfig {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Invalid {
-            path: path.display().to_string(),
-            // toml's messages span lines (with a caret excerpt); keep the gist.
-            reason: one_line(e.message()),
+        toml::from_str(text).map_err(|e| {
+            // toml's rendering spans lines (with a caret excerpt): the
+            // position and the gist, on one line.
+            let at = e
+                .span()
+                .and_then(|span| text.get(..span.start))
+                .map(|before| {
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                    format!("line {line}, column {column}: ")
+                })
+                .unwrap_or_default();
+            ConfigError::Invalid {
+                path: path.display().to_string(),
+                reason: format!("{at}{}", one_line(e.message())),
+            }
         })
     }
 
@@ -569,14 +583,11 @@ impl Config {
         {
             return Err(ConfigError::BadIface(self.iface.clone()));
         }
-        let instance_ok = (1..=MAX_INSTANCE_NAME).contains(&self.instance.len())
-            && self.instance != "."
-            && self.instance != ".."
-            && self
-                .instance
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-        if !instance_ok {
+        if !valid_instance_name(&self.instance) {
+            // Named after the interface (no --instance given): say so.
+            if self.instance == format!("lb-{}", self.iface) {
+                return Err(ConfigError::BadIfaceInstance(self.iface.clone()));
+            }
             return Err(ConfigError::BadInstance(self.instance.clone()));
         }
         if !LOG_LEVELS.contains(&self.log_level.as_str()) {
@@ -605,7 +616,7 @@ impl Config {
                 tau: format_duration(self.ewma_tau),
             });
         }
-        if self.score_interval > MAX_SCORE_INTERVAL {
+        if !(MIN_SCORE_INTERVAL..=MAX_SCORE_INTERVAL).contains(&self.score_interval) {
             return Err(ConfigError::ScoreInterval(format_duration(
                 self.score_interval,
             )));
@@ -673,6 +684,13 @@ impl Config {
         let v6 = self.snat_ip6.iter().map(|a| IpAddr::V6(*a));
         let mut seen = HashSet::new();
         for addr in v4.chain(v6) {
+            if let Some(what) = not_a_host(addr) {
+                return Err(ConfigError::NotAHost {
+                    role: "SNAT address",
+                    addr: addr.to_string(),
+                    what,
+                });
+            }
             if !seen.insert(addr) {
                 return Err(ConfigError::DuplicateSnatIp(addr.to_string()));
             }
@@ -696,6 +714,13 @@ impl Config {
         let mut seen_vips = HashSet::new();
         for v in &self.vips {
             let name = v.vip.to_string();
+            if let Some(what) = not_a_host(v.vip.addr.ip()) {
+                return Err(ConfigError::NotAHost {
+                    role: "VIP",
+                    addr: name,
+                    what,
+                });
+            }
             if !seen_vips.insert(v.vip) {
                 return Err(ConfigError::DuplicateVip(name));
             }
@@ -727,6 +752,16 @@ impl Config {
             }
             let mut seen_backends = HashSet::new();
             for b in &v.backends {
+                if let Some(what) = not_a_host(b.addr.ip()) {
+                    return Err(ConfigError::NotAHost {
+                        role: "backend",
+                        addr: b.addr.to_string(),
+                        what,
+                    });
+                }
+                if b.addr == v.vip.addr {
+                    return Err(ConfigError::BackendIsVip(name));
+                }
                 if b.addr.is_ipv6() != v.vip.addr.is_ipv6() {
                     return Err(ConfigError::MixedFamily {
                         vip: name,
@@ -742,6 +777,32 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `name` can name an instance: its pins' folder, its control
+/// socket and its state file are named after it.
+pub fn valid_instance_name(name: &str) -> bool {
+    (1..=MAX_INSTANCE_NAME).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// What makes `addr` no host's address, if anything does: a balancer
+/// cannot serve, reach or take the unspecified address, a multicast
+/// group or IPv4's broadcast address.
+fn not_a_host(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() {
+        Some("the unspecified address")
+    } else if addr.is_multicast() {
+        Some("a multicast address")
+    } else if addr == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
+        Some("the broadcast address")
+    } else {
+        None
     }
 }
 

@@ -41,7 +41,7 @@ pub enum ConfigError {
     InflightBias(u8),
     #[error("{name} must be greater than zero")]
     ZeroDuration { name: &'static str },
-    #[error("score interval {0} is too long (at most 100ms)")]
+    #[error("score interval {0} is out of range (1ms..=100ms)")]
     ScoreInterval(String),
     #[error(
         "ewma peak tau {peak} is longer than ewma tau {tau} (the peaks' memory is the short one)"
@@ -58,6 +58,18 @@ pub enum ConfigError {
     },
     #[error("invalid instance name '{0}' (use 1-64 letters, digits, '-', '_' or '.')")]
     BadInstance(String),
+    #[error(
+        "the interface name '{0}' cannot name the instance (lb-{0}): give --instance NAME (1-64 letters, digits, '-', '_' or '.')"
+    )]
+    BadIfaceInstance(String),
+    #[error("{role} {addr} is {what}, no host's address")]
+    NotAHost {
+        role: &'static str,
+        addr: String,
+        what: &'static str,
+    },
+    #[error("VIP {0} lists itself as a backend")]
+    BackendIsVip(String),
     #[error("invalid log level '{0}' (expected error, warn, info, debug or trace)")]
     LogLevel(String),
     #[error("{0}")]

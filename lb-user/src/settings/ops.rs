@@ -238,8 +238,38 @@ impl HealthSettings {
         }
     }
 
+    /// Refuses every value given that no check could use, whether or not
+    /// these settings select a check: `[operations.health]` values are
+    /// also the defaults of every VIP's own `[vip.health]`.
+    fn validate_given(&self) -> Result<(), ConfigError> {
+        if let Some(path) = &self.health_path {
+            check_health_path(path)?;
+        }
+        if let Some(status) = self.health_status
+            && !(100..=599).contains(&status)
+        {
+            return Err(ConfigError::Ops(format!(
+                "health status {status} is not an HTTP status (100..=599)"
+            )));
+        }
+        if self.health_interval.is_some_and(|d| d.is_zero())
+            || self.health_timeout.is_some_and(|d| d.is_zero())
+        {
+            return Err(ConfigError::Ops(
+                "health interval and timeout must be greater than zero".into(),
+            ));
+        }
+        if self.health_rise == Some(0) || self.health_fall == Some(0) {
+            return Err(ConfigError::Ops(
+                "health rise and fall must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The check these settings describe (`None`: no active checks).
     pub fn resolve(&self) -> Result<Option<HealthCheck>, ConfigError> {
+        self.validate_given()?;
         let kind = self.health_check.unwrap_or_default();
         let check = HealthCheck {
             http: match kind {
@@ -266,26 +296,19 @@ impl HealthSettings {
             }
             .every(),
         };
-        if let Some(http) = &check.http
-            && (!http.path.starts_with('/') || http.path.contains(char::is_whitespace))
-        {
-            return Err(ConfigError::Ops(format!(
-                "health path '{}' must start with / and contain no spaces",
-                http.path
-            )));
-        }
-        if check.interval.is_zero() || check.timeout.is_zero() {
-            return Err(ConfigError::Ops(
-                "health interval and timeout must be greater than zero".into(),
-            ));
-        }
-        if check.rise == 0 || check.fall == 0 {
-            return Err(ConfigError::Ops(
-                "health rise and fall must be at least 1".into(),
-            ));
-        }
+        // Every value is a given one (checked above) or a valid default.
         Ok(Some(check))
     }
+}
+
+/// An HTTP check's path: from the root, no spaces.
+fn check_health_path(path: &str) -> Result<(), ConfigError> {
+    if !path.starts_with('/') || path.contains(char::is_whitespace) {
+        return Err(ConfigError::Ops(format!(
+            "health path '{path}' must start with / and contain no spaces"
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -444,6 +467,7 @@ impl OpsSettings {
     /// Validated values with defaults filled in. Rise and fall of the
     /// lifecycle come from the VIP's health check (see [`Ops::lifecycle_for`]).
     pub fn resolve(&self) -> Result<Ops, ConfigError> {
+        self.health.validate_given()?;
         let lifecycle = self.lifecycle()?;
         let outlier = self.outlier()?;
         let max_ejection_percent = self
@@ -590,6 +614,25 @@ mod tests {
                 .health
                 .resolve()
                 .is_err()
+        );
+        // Given values are checked without a check too (they are every
+        // VIP's defaults), and an HTTP status is one.
+        for text in [
+            "[health]\npath = \"/x\"\nrise = 0",
+            "[health]\ncheck = \"tcp\"\npath = \"no-slash\"",
+            "[health]\nstatus = 0",
+            "[health]\ncheck = \"http\"\nstatus = 999",
+            "[health]\ninterval = \"0s\"",
+        ] {
+            let settings = parse(text);
+            assert!(settings.resolve().is_err(), "{text}");
+            assert!(settings.health.resolve().is_err(), "{text}");
+        }
+        assert!(
+            parse("[health]\ncheck = \"http\"\nstatus = 204")
+                .health
+                .resolve()
+                .is_ok()
         );
         assert!(toml::from_str::<OpsSettings>("bogus = 1").is_err());
     }

@@ -831,7 +831,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let load = |text: &str| {
             std::fs::write(&file, text).unwrap();
-            RuntimeState::load(&file).map(|_| ()).map_err(|e| e.to_string())
+            RuntimeState::load(&file)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         };
         let backend = |vip: &str, backend: &str, weight: u32| {
             format!(
@@ -848,7 +850,10 @@ mod tests {
         load(&added(r#"["10.0.0.31:80"]"#)).unwrap();
         for (text, want) in [
             (backend("10.0.0.100:80", "10.0.0.21:80", 0), "weight"),
-            (backend("10.0.0.100:80", "10.0.0.21:80", 4_000_000_000), "weight"),
+            (
+                backend("10.0.0.100:80", "10.0.0.21:80", 4_000_000_000),
+                "weight",
+            ),
             (backend("10.0.0.100:80", "[::1]:80", 1), "[::1]:80"),
             (added(r#"["[::1]:80"]"#), "[::1]:80"),
             (added(r#"["10.0.0.31:80","10.0.0.31:80"]"#), "10.0.0.31:80"),

@@ -228,6 +228,9 @@ pub struct BackendStatus {
 /// The instance to show: the one named, or the only one running.
 pub fn resolve_instance(requested: Option<String>) -> anyhow::Result<String> {
     if let Some(name) = requested {
+        if !crate::settings::config::valid_instance_name(&name) {
+            bail!("{}", crate::settings::ConfigError::BadInstance(name));
+        }
         return Ok(name);
     }
     let running = if bpffs::is_mounted() {
