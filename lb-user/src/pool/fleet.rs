@@ -11,7 +11,7 @@
 //! the id freed for reuse, so events and counters of old flows never land
 //! on a new backend.
 
-use std::net::SocketAddr;
+use std::{collections::BTreeSet, net::SocketAddr};
 
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
@@ -176,6 +176,10 @@ pub struct Fleet {
     pub vips: Vec<FleetVip>,
     /// Indexed by backend id.
     pub members: Vec<Option<Member>>,
+    /// Ids that no member has but flows still hold: backends of a VIP
+    /// that was gone when this process started ([`Plan::orphaned`]). Not
+    /// handed out until a scan finds them free.
+    reserved: BTreeSet<u32>,
     /// The balancer's zone and the zone-aware routing settings.
     pub zones: ZoneSettings,
     outlier: OutlierParams,
@@ -230,9 +234,16 @@ impl Fleet {
             vips[d.vip].members.push(d.id);
             info!(backend = d.id, address = %d.addr, vip = %vips[d.vip].addr, "backend no longer configured: draining until its flows end");
         }
+        for &id in &plan.orphaned {
+            info!(
+                backend = id,
+                "backend of a VIP no longer served: its flows go on, its id stays reserved until they end"
+            );
+        }
         Self {
             vips,
             members,
+            reserved: plan.orphaned.iter().copied().collect(),
             zones: config.zones.clone(),
             outlier: config.ops.outlier,
             max_ejection_percent: config.ops.max_ejection_percent,
@@ -328,7 +339,12 @@ impl Fleet {
         if self.vips[index].members.len() >= MAX_BACKENDS_PER_VIP as usize {
             return Err(FleetError::VipFull(vip.to_string()));
         }
-        let id = match self.members.iter().position(Option::is_none) {
+        let free = self
+            .members
+            .iter()
+            .enumerate()
+            .position(|(id, m)| m.is_none() && !self.reserved.contains(&(id as u32)));
+        let id = match free {
             Some(free) => free,
             None if self.members.len() < MAX_BACKENDS as usize => {
                 self.members.push(None);
@@ -592,8 +608,23 @@ impl Fleet {
         }
     }
 
-    /// Frees the ids of removed backends without live flows; returns them.
+    /// Frees the ids of removed backends, and the reserved ids of gone
+    /// VIPs' backends, without live flows; returns them.
     pub fn free_drained(&mut self, live: &[u64]) -> Vec<u32> {
+        let held = |id: u32| live.get(id as usize).copied().unwrap_or(0) > 0;
+        let released: Vec<u32> = self
+            .reserved
+            .iter()
+            .copied()
+            .filter(|&id| !held(id))
+            .collect();
+        for id in &released {
+            self.reserved.remove(id);
+            info!(
+                backend = id,
+                "backend of a VIP no longer served has no flows left; id freed"
+            );
+        }
         let freed: Vec<u32> = (0..self.members.len() as u32)
             .filter(|&id| {
                 self.member(id)
@@ -607,7 +638,7 @@ impl Fleet {
                 info!(backend = id, address = %m.addr, "removed backend has no flows left; id freed");
             }
         }
-        freed
+        released.into_iter().chain(freed).collect()
     }
 
     /// Feeds a kernel event to outlier detection (ejecting within the
@@ -918,6 +949,70 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// A restart after the VIP of backend id 1 was gone (removed at
+    /// runtime while its flows drained): the flows go on, so id 1 is not
+    /// handed to a new backend until a scan finds none left on it.
+    #[test]
+    fn a_gone_vips_backend_id_stays_reserved_until_its_flows_end() {
+        let (first, vip) = fleet(&[]);
+        let config = Config::merge(
+            Cli::try_parse_from([
+                "lb-user",
+                "--iface",
+                "eth0",
+                "--vip",
+                "10.0.0.100:80",
+                "--backend",
+                "10.0.0.21:80",
+            ])
+            .unwrap()
+            .run,
+            FileConfig::default(),
+        )
+        .unwrap();
+        // What the previous instance left: its VIP, backends 0 (.21, still
+        // configured) and 1 of another VIP (id 9), which VIPS no longer has.
+        let gone = crate::kernel::wire::backend_entry(
+            addr("10.0.0.99:80"),
+            9,
+            1,
+            lb_common::BACKEND_DRAINING,
+        );
+        let plan = crate::pool::plan::Plan::adopting(
+            &config,
+            &crate::pool::plan::Previous {
+                vips: vec![(
+                    crate::pool::plan::vip_key(&config.vips[0]),
+                    first.vips[0].meta.vip_id,
+                    None,
+                )],
+                backends: vec![
+                    (
+                        0,
+                        crate::kernel::wire::backend_entry(
+                            addr("10.0.0.21:80"),
+                            first.vips[0].meta.vip_id,
+                            1,
+                            lb_common::BACKEND_ACTIVE,
+                        ),
+                    ),
+                    (1, gone),
+                ],
+            },
+        );
+        assert_eq!(plan.orphaned, [1]);
+        let now = Nanos(SEC);
+        let mut f = Fleet::new(&config, &plan, now);
+        assert_eq!(f.id_limit(), 2, "the scans cover the reserved id");
+        let new = "10.0.0.22:80".parse::<BackendAddr>().unwrap();
+        assert_eq!(f.add(&vip, new, now), Ok(2), "id 1 still has flows");
+        // Its flows hold it in one scan, and are gone in the next.
+        assert_eq!(f.free_drained(&[1, 4, 1]), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[1, 0, 1]), [1]);
+        let newer = "10.0.0.23:80".parse::<BackendAddr>().unwrap();
+        assert_eq!(f.add(&vip, newer, now), Ok(1));
     }
 
     /// Four backends: .21 and .23 in zone b, .22 and .24 in zone a (the

@@ -60,6 +60,11 @@ pub struct Plan {
     pub weights: Vec<Weight>,
     /// Previous backends that drain until their flows end.
     pub draining: Vec<Leftover>,
+    /// Previous backend ids of VIPs that are gone (removed at runtime and
+    /// still draining when the previous process stopped, or deleted from
+    /// the file): their flows go on (an established flow is translated by
+    /// its entry alone), so the ids stay reserved until those end.
+    pub orphaned: Vec<u32>,
 }
 
 /// What a previous instance left in the pinned maps (nothing on a fresh
@@ -193,11 +198,18 @@ impl Plan {
                 })
             })
             .collect();
+        let orphaned: Vec<u32> = previous
+            .backends
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| !matched.contains(id) && !draining.iter().any(|d| d.id == *id))
+            .collect();
 
         let len = chosen
             .iter()
             .flatten()
             .chain(draining.iter().map(|d| &d.id))
+            .chain(&orphaned)
             .map(|&id| id as usize + 1)
             .max()
             .unwrap_or(0);
@@ -226,6 +238,7 @@ impl Plan {
             backends,
             weights,
             draining,
+            orphaned,
         }
     }
 }
