@@ -288,6 +288,11 @@ impl RuntimeState {
         let base = config.clone();
         let mut drains = Vec::new();
         let mut notes = Vec::new();
+        // Removals are applied after the additions of their kind, so that
+        // "never the last VIP, never a VIP's last backend" is judged on
+        // what the additions left, whatever the entries' order (a later
+        // command on a backend moves its entry to the end).
+        let mut vip_removals = Vec::new();
         self.vips.retain(|e| {
             let Ok(vip) = e.vip.parse::<VipAddr>() else {
                 return false;
@@ -312,13 +317,23 @@ impl RuntimeState {
                         return false;
                     }
                 },
-                (None, Some(i)) if config.vips.len() > 1 => {
-                    config.vips.remove(i);
-                }
-                (None, _) => {}
+                (None, Some(_)) => vip_removals.push(vip),
+                (None, None) => {}
             }
             true
         });
+        for vip in vip_removals {
+            match config.vips.iter().position(|v| v.vip == vip) {
+                Some(i) if config.vips.len() > 1 => {
+                    config.vips.remove(i);
+                }
+                Some(_) => notes.push(format!(
+                    "VIP {vip} was removed at runtime but is the configuration's last: kept"
+                )),
+                None => {}
+            }
+        }
+        let mut backend_removals = Vec::new();
         self.backends.retain(|e| {
             let (Ok(vip), Ok(addr)) = (
                 e.vip.parse::<VipAddr>(),
@@ -342,10 +357,8 @@ impl RuntimeState {
             let weight = e.weight.and_then(|w| Weight::new(u64::from(w)).ok());
             let at = v.backends.iter().position(|b| b.addr == addr);
             match (e.admin, at) {
-                (Admin::Removed, Some(i)) if v.backends.len() > 1 => {
-                    v.backends.remove(i);
-                }
-                (Admin::Removed, _) => {}
+                (Admin::Removed, Some(_)) => backend_removals.push((vip, addr)),
+                (Admin::Removed, None) => {}
                 (_, None) => v.backends.push(BackendAddr {
                     addr,
                     weight: weight.unwrap_or(Weight::DEFAULT),
@@ -365,6 +378,20 @@ impl RuntimeState {
             }
             true
         });
+        for (vip, addr) in backend_removals {
+            let Some(v) = config.vips.iter_mut().find(|v| v.vip == vip) else {
+                continue;
+            };
+            match v.backends.iter().position(|b| b.addr == addr) {
+                Some(i) if v.backends.len() > 1 => {
+                    v.backends.remove(i);
+                }
+                Some(_) => notes.push(format!(
+                    "backend {addr} of VIP {vip} was removed at runtime but is its last: kept"
+                )),
+                None => {}
+            }
+        }
         (drains, notes)
     }
 
@@ -866,5 +893,56 @@ mod tests {
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A removal is judged after the additions, whatever the order of the
+    /// entries: a later command on an added backend (or an added VIP)
+    /// moves its entry behind the removal's.
+    #[test]
+    fn a_runtime_removal_survives_a_restart_whatever_the_entry_order() {
+        let base = config(&["10.0.0.21:80"]);
+        let vip = base.vips[0].vip;
+        let mut state = RuntimeState::default();
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.22:80"),
+            Change::Add(Weight::DEFAULT, None),
+        );
+        state.record(&base, &vip, addr("10.0.0.21:80"), Change::Remove);
+        state.record(
+            &base,
+            &vip,
+            addr("10.0.0.22:80"),
+            Change::Weight(Weight::new(5).unwrap()),
+        );
+        let mut effective = base.clone();
+        let (_, notes) = state.clone().overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(backends(&effective), ["10.0.0.22:80@5"]);
+
+        // The configured VIP removed, then another one added: only the
+        // added one is served after a restart.
+        let mut state = RuntimeState::default();
+        state.record_vip_removed(&base, &vip);
+        let added = AddedVip {
+            algorithm: "random".into(),
+            backends: vec!["10.0.0.31:80@1".into()],
+        };
+        let new_vip: VipAddr = "10.0.0.101:80".parse().unwrap();
+        state.record_vip_added(&base, &added.config(new_vip, &base.zones).unwrap());
+        let mut effective = base.clone();
+        let (_, notes) = state.clone().overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        let served: Vec<String> = effective.vips.iter().map(|v| v.vip.to_string()).collect();
+        assert_eq!(served, ["10.0.0.101:80/tcp"]);
+
+        // The last backend, and the last VIP, are kept, and said so.
+        let mut state = RuntimeState::default();
+        state.record(&base, &vip, addr("10.0.0.21:80"), Change::Remove);
+        let mut effective = base.clone();
+        let (_, notes) = state.overlay(&mut effective);
+        assert_eq!(backends(&effective), ["10.0.0.21:80@1"]);
+        assert!(notes[0].contains("is its last: kept"), "{notes:?}");
     }
 }
