@@ -863,6 +863,69 @@ fn sighup_keeps_the_backends_etcd_gave() {
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
 }
 
+/// etcd's updates reach their VIP by its address, wherever the running
+/// fleet holds it: a static VIP before the discovered one is removed at
+/// runtime and freed, another is added, and a backend put in etcd then
+/// joins the discovered VIP, not the one that took its place in the list.
+#[test]
+fn updates_follow_their_vip_when_the_vips_before_it_change() {
+    require_root!();
+    let (lab, _etcd) = lab(3);
+    put(&lab, 0, 1);
+    let vip_at = |port: u16| SocketAddr::new(lab.tcp_vip().ip(), port);
+    let (before, added) = (vip_at(81), vip_at(82));
+    // The discovered VIP comes from the flags, so the config file's static
+    // one stands before it in the configuration.
+    let mut spec = spec(&lab, &lab.etcd_url(), Algorithm::P2cEwma, &[]);
+    spec.vips.push(VipSpec::new(
+        before,
+        VipProtocol::Tcp,
+        vec![(lab.backends()[1].addr(), 1)],
+    ));
+    let lb = lab.start_balancer(&spec).unwrap();
+    assert_active(&lab, &[0], "the backend put before the start");
+    let instance = lab.instance();
+    let vip_command = |args: &[&str]| {
+        let mut argv = vec!["vip"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--instance", &instance]);
+        let out = lab.run_lb_user(&argv).unwrap();
+        assert!(
+            out.status.success(),
+            "lb-user {argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    vip_command(&["remove", "--vip", &before.to_string()]);
+    let backend2 = addr(&lab, 2);
+    vip_command(&["add", "--vip", &added.to_string(), "--backend", &backend2]);
+    wait_for("the removed VIP freed", Duration::from_secs(10), || {
+        lab.stderr(lb)
+            .contains("removed VIP has no flows left; id freed")
+    });
+    put(&lab, 1, 1);
+    wait_active(
+        &lab,
+        "backend 1 put in etcd joins the discovered VIP",
+        Duration::from_secs(5),
+        &[0, 1],
+    );
+    let status = lab.status().unwrap();
+    let other: Vec<String> = status
+        .vip(&format!("{added}"))
+        .map(|v| v.backends.iter().map(|b| b.address.clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(other, [backend2], "the VIP added at runtime keeps its own");
+    let summary = run_load(
+        &lab,
+        100.0,
+        2.0,
+        "vip-moves",
+        "after the VIPs before it changed",
+    );
+    assert_nothing_lost(&summary);
+}
+
 /// Serves two backends put before the start under load, and follows a
 /// third put while the load runs: 0 errors. `put3` puts backend `i`.
 fn serves_and_follows(lab: &Lab, name: &str, what: &str, put3: impl Fn(usize)) {

@@ -50,10 +50,7 @@ impl Runtime {
         ) else {
             return;
         };
-        let Ok(index) = self.fleet.vip_index(&vip) else {
-            return;
-        };
-        let key = (index, addr.addr);
+        let key = (vip, addr.addr);
         match request.command {
             ControlCommand::Weight => {
                 self.discovery.weight_overrides.insert(key);
@@ -82,7 +79,7 @@ impl Runtime {
                 .map(|m| BackendAddr {
                     addr: m.addr,
                     weight: Weight::new(u64::from(m.life.weight())).unwrap_or(Weight::DEFAULT),
-                    zone: self.discovery.zones.get(&(index, m.addr)).copied(),
+                    zone: self.discovery.zones.get(&(vip.vip, m.addr)).copied(),
                 })
                 .collect();
         }
@@ -91,10 +88,17 @@ impl Runtime {
 
     /// Applies one VIP's wanted set; the kernel has it when this returns.
     pub fn on_discovery(&mut self, update: &Update, now: Nanos) -> anyhow::Result<()> {
-        let Some(fleet_vip) = self.fleet.vips.get(update.vip) else {
+        let vip = update.vip;
+        let Some(fleet_vip) = self
+            .fleet
+            .vip_index(&vip)
+            .ok()
+            .map(|index| &self.fleet.vips[index])
+            .filter(|v| !v.removed)
+        else {
+            warn!(vip = %vip, revision = update.revision, "discovery: update for a VIP not served (removed at runtime): ignored");
             return Ok(());
         };
-        let vip = fleet_vip.addr;
         let pool: Vec<Member> = fleet_vip
             .members
             .iter()

@@ -153,9 +153,7 @@ impl Runtime {
         };
         runtime.checker.sync(runtime.fleet.checks());
         for v in config.vips.iter().filter(|v| v.etcd_prefix.is_some()) {
-            if let Ok(index) = runtime.fleet.vip_index(&v.vip) {
-                runtime.discovery.seed_zones(index, &v.backends);
-            }
+            runtime.discovery.seed_zones(v.vip, &v.backends);
         }
         runtime
     }

@@ -35,7 +35,7 @@ use super::{
 };
 use crate::{
     kernel::neighbours::{self, STARTUP_RESOLVE_WAIT},
-    settings::{config::Config, discovery::EtcdSettings},
+    settings::{addr::VipAddr, config::Config, discovery::EtcdSettings},
     surface::status::{DiscoveredVip, DiscoveryFile, discovery_path},
 };
 
@@ -50,8 +50,10 @@ const BATCH_MAX: Duration = Duration::from_millis(200);
 /// The whole wanted set of one VIP after a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Update {
-    /// Index of the VIP in the configuration.
-    pub vip: usize,
+    /// The VIP, by its address: its index in the running fleet moves as
+    /// VIPs are added at runtime and removed ones are freed, and the
+    /// runtime state file can leave out a VIP before it at the start.
+    pub vip: VipAddr,
     pub revision: i64,
     pub wanted: Vec<Entry>,
 }
@@ -180,7 +182,9 @@ pub struct Watcher {
     views: Vec<(usize, PrefixView, bool)>,
     cache_path: PathBuf,
     cache: Arc<Mutex<Cache>>,
-    vip_names: Vec<String>,
+    /// Every configured VIP's address, by its index in the configuration
+    /// as read (what `views` index).
+    vip_addrs: Vec<VipAddr>,
     pub status: Arc<DiscoveryStatus>,
 }
 
@@ -296,7 +300,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
         views,
         cache_path,
         cache: Arc::new(Mutex::new(cache)),
-        vip_names: config.vips.iter().map(|v| v.vip.to_string()).collect(),
+        vip_addrs: config.vips.iter().map(|v| v.vip).collect(),
         status,
     }))
 }
@@ -327,7 +331,7 @@ impl Watcher {
             views,
             cache_path,
             cache,
-            vip_names,
+            vip_addrs,
             status,
         } = self;
         views
@@ -336,8 +340,8 @@ impl Watcher {
             .map(|(n, (vip, view, from_cache))| {
                 let task = VipWatch {
                     settings: settings.clone(),
-                    vip,
-                    name: vip_names[vip].clone(),
+                    vip: vip_addrs[vip],
+                    name: vip_addrs[vip].to_string(),
                     slot: n,
                     sent: view.wanted().iter().map(|e| e.addr).collect(),
                     view,
@@ -355,7 +359,7 @@ impl Watcher {
 
 struct VipWatch {
     settings: EtcdSettings,
-    vip: usize,
+    vip: VipAddr,
     name: String,
     /// Index in `status.vips`.
     slot: usize,
