@@ -496,12 +496,15 @@ impl Runtime {
     /// still hold laid over it (see [`Fleet::reload`]).
     /// The log says what was applied and what needs a restart.
     pub fn on_reload(&mut self, base: &Config, now: Nanos) -> anyhow::Result<()> {
-        let base = &self.with_discovered(base);
         let running = self.state.base().clone();
+        let restart = config::needs_restart(&running, base);
+        let mut base = base.clone();
+        config::keep_discovery(&running, &mut base);
+        let base = &self.with_discovered(&base);
         for change in config::backend_changes(&running, base) {
             info!("reload applies: {change}");
         }
-        for setting in config::needs_restart(&running, base) {
+        for setting in restart {
             warn!("reload: {setting} changed: needs a restart (not applied)");
         }
         let effective = self.state.reload(base);

@@ -999,10 +999,27 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     global!(ops.max_new_flows);
     global!(ops.metrics_addr);
     global!(ops.control_group);
+    global!(discovery.max_removal_percent);
+    if running.discovery.etcd != reloaded.discovery.etcd {
+        // Not the values: they may hold a password.
+        out.push("etcd settings (endpoints, TLS files or user)".into());
+    }
     for new in &reloaded.vips {
         let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
+            if let Some(prefix) = &new.etcd_prefix {
+                out.push(format!("VIP {} with etcd prefix {prefix} (new)", new.vip));
+            }
             continue;
         };
+        if old.etcd_prefix != new.etcd_prefix {
+            let prefix = |p: &Option<String>| p.clone().unwrap_or_else(|| "none".into());
+            out.push(format!(
+                "VIP {} etcd_prefix ({} → {})",
+                new.vip,
+                prefix(&old.etcd_prefix),
+                prefix(&new.etcd_prefix)
+            ));
+        }
         if old.algorithm != new.algorithm {
             out.push(format!(
                 "VIP {} algorithm ({} → {})",
@@ -1028,6 +1045,26 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
         }
     }
     out
+}
+
+/// What a reload leaves of discovery, which is set up at the start only
+/// (one watch per VIP with a prefix): each running VIP keeps its etcd
+/// prefix (a VIP that gains one keeps its backends, one that loses it
+/// keeps following etcd), and a new VIP with a prefix is not added.
+/// [`needs_restart`] reports each of these.
+pub fn keep_discovery(running: &Config, reloaded: &mut Config) {
+    reloaded
+        .vips
+        .retain(|v| v.etcd_prefix.is_none() || running.vips.iter().any(|r| r.vip == v.vip));
+    for v in &mut reloaded.vips {
+        let Some(r) = running.vips.iter().find(|r| r.vip == v.vip) else {
+            continue;
+        };
+        if r.etcd_prefix.is_none() && v.etcd_prefix.is_some() {
+            v.backends = r.backends.clone();
+        }
+        v.etcd_prefix = r.etcd_prefix.clone();
+    }
 }
 
 /// The backend changes a reload applies, one line per VIP that has any:

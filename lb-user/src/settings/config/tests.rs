@@ -1044,3 +1044,91 @@ fn ipv6_flow_table_follows_the_flow_table_size_unless_given() {
     // Each is fixed at attach: a reload that changes one needs a restart.
     assert_needs_restart(&both, &apart, "flow_table_size_ipv6");
 }
+
+/// Discovery is set up at the start: a reload keeps each running VIP's
+/// etcd prefix (and a VIP that gains one its backends), adds no new VIP
+/// with a prefix, and says so for each.
+#[test]
+fn a_reload_leaves_discovery_as_it_started() {
+    let file = |vips: &str| {
+        from_file(
+            &format!("iface = \"eth0\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n{vips}"),
+            &[],
+        )
+        .unwrap()
+    };
+    let etcd = |address: &str, prefix: &str| {
+        format!("[[vip]]\naddress = \"{address}\"\netcd_prefix = \"{prefix}\"\n")
+    };
+    let fixed = |address: &str, backend: &str| {
+        format!("[[vip]]\naddress = \"{address}\"\nbackends = [\"{backend}\"]\n")
+    };
+    let running = file(&format!(
+        "{}{}",
+        etcd("10.0.0.100:80", "/lb/a/"),
+        fixed("10.0.0.101:80", "10.0.0.31:80")
+    ));
+    let reloaded = file(&format!(
+        "{}{}{}",
+        fixed("10.0.0.100:80", "10.0.0.21:80"),
+        etcd("10.0.0.101:80", "/lb/b/"),
+        etcd("10.0.0.102:80", "/lb/c/")
+    ));
+    let restart = needs_restart(&running, &reloaded);
+    for expected in [
+        "VIP 10.0.0.100:80/tcp etcd_prefix (/lb/a/ → none)",
+        "VIP 10.0.0.101:80/tcp etcd_prefix (none → /lb/b/)",
+        "VIP 10.0.0.102:80/tcp with etcd prefix /lb/c/ (new)",
+    ] {
+        assert!(
+            restart.iter().any(|r| r == expected),
+            "{expected}: {restart:?}"
+        );
+    }
+    let mut kept = reloaded.clone();
+    keep_discovery(&running, &mut kept);
+    let summary: Vec<(String, Option<String>, Vec<String>)> = kept
+        .vips
+        .iter()
+        .map(|v| {
+            (
+                v.vip.to_string(),
+                v.etcd_prefix.clone(),
+                v.backends.iter().map(ToString::to_string).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "10.0.0.100:80/tcp".to_string(),
+                Some("/lb/a/".to_string()),
+                vec!["10.0.0.21:80@1".to_string()]
+            ),
+            (
+                "10.0.0.101:80/tcp".to_string(),
+                None,
+                vec!["10.0.0.31:80@1".to_string()]
+            ),
+        ]
+    );
+    // Other etcd settings are reported without their values.
+    let elsewhere = from_file(
+        &format!(
+            "iface = \"eth0\"\netcd_endpoints = [\"http://127.0.0.2:2379\"]\n{}",
+            etcd("10.0.0.100:80", "/lb/a/")
+        ),
+        &[],
+    )
+    .unwrap();
+    let restart = needs_restart(&running, &elsewhere);
+    assert!(
+        restart.contains(&"etcd settings (endpoints, TLS files or user)".to_string()),
+        "{restart:?}"
+    );
+    assert!(
+        !restart.iter().any(|r| r.contains("127.0.0.2")),
+        "{restart:?}"
+    );
+}
