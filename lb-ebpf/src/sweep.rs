@@ -52,8 +52,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN, FlowEntry,
-    FlowKey, FlowKeyV4, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
+    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN, FLOW_F_TW_SEEN,
+    FlowEntry, FlowKey, FlowKeyV4, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
 };
 
 use crate::{
@@ -197,7 +197,10 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
                     walk.stats.snat_freed += 1;
                 }
             }
-        } else if walk.check_pairs && !forward_points_back::<V6>(&key, entry) {
+        } else if walk.check_pairs
+            && !being_created(walk, entry, created)
+            && !forward_points_back::<V6>(&key, entry)
+        {
             stamp_closed(Some(entry), walk.now);
             walk.stats.orphans += 1;
         }
@@ -255,6 +258,25 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     }
     0
 }
+
+/// Whether the open reply entry `reply`, created at `created`, may belong
+/// to a connection another CPU is creating right now: `flow::create`
+/// inserts the reply entry (the SNAT claim) before the forward one, so
+/// between the two the reply entry stands alone. Judged lone then, it
+/// would be stamped closed under a live connection, its tuple later taken
+/// over or freed. Such entries wait for a later pass ([`LONE_REPLY_GRACE_NS`]).
+/// A reply entry's `created_ns` holds the backend's TIME_WAIT view once
+/// [`FLOW_F_TW_SEEN`] is set (after the client's FIN): never new then.
+#[inline(always)]
+fn being_created(walk: &Walk, reply: *mut FlowEntry, created: u64) -> bool {
+    Flags::of(reply).get() & FLOW_F_TW_SEEN == 0
+        && walk.now.saturating_sub(created) < LONE_REPLY_GRACE_NS
+}
+
+/// How old a reply entry must be before a full pass may judge it lone:
+/// far longer than the few hundred nanoseconds between a new connection's
+/// two inserts, shorter than a full pass's interval.
+const LONE_REPLY_GRACE_NS: u64 = 1_000_000_000;
 
 /// Whether the reply entry (`key`, `reply`) is still the one its forward
 /// entry translates to: the forward entry exists and its rewrite is this

@@ -68,8 +68,12 @@ pub fn client_packet<const V6: bool>(pkt: &Packet, fwd: *mut FlowEntry, clock: &
         // SAFETY: live map value.
         unsafe { (*fwd).request_ns = clock.now() };
         if flags.set(FLOW_F_REQUEST_PENDING) & FLOW_F_REQUEST_PENDING == 0 {
-            // SAFETY: live map value.
-            progress::requested(unsafe { (*fwd).backend_id }, clock.now());
+            // Late data of a closed connection waits for no answer: it
+            // must not start the backend's stall clock (`progress`).
+            if flags.get() & FLOW_F_CLOSED == 0 {
+                // SAFETY: live map value.
+                progress::requested(unsafe { (*fwd).backend_id }, clock.now());
+            }
             // Counted with the start as stored: the answer or the close
             // takes that same value out. (The flag only pairs the two.)
             if flags.set(FLOW_F_PENDING_COUNTED) & FLOW_F_PENDING_COUNTED == 0 {
@@ -332,9 +336,14 @@ pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
 #[inline(always)]
 pub fn stamp_closed(reply: Option<*mut FlowEntry>, now: u64) {
     let Some(reply) = reply else { return };
-    if Flags::of(reply).set(FLOW_F_CLOSED) & FLOW_F_CLOSED == 0 {
+    // The time before the flag: whoever sees the entry closed
+    // (`flow::may_take_over`, the sweep) then reads the close's time, not
+    // the open one's (the flag's atomic OR orders the two stores). Two
+    // racing closes both store a time of now.
+    if Flags::of(reply).get() & FLOW_F_CLOSED == 0 {
         // SAFETY: live map value.
         unsafe { (*reply).last_seen_ns = now };
+        Flags::of(reply).set(FLOW_F_CLOSED);
     }
 }
 

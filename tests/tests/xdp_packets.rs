@@ -231,6 +231,28 @@ fn case_pending_requests(lb: &mut Lb) {
     );
 }
 
+/// Late client data of a connection the backend reset waits for no
+/// answer: it must not start the backend's stall clock (`progress`),
+/// which P2C reads while the backend has other flows in flight.
+fn case_late_data_of_a_closed_connection_starts_no_stall_clock(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    lb.run(&from_backend(0, snat_port, TCP_SYN | TCP_ACK).build());
+    // Another client's connection keeps the backend in flight.
+    lb.syn(CLIENT_PORT + 1);
+    lb.run(&from_backend(0, snat_port, TCP_RST | TCP_ACK).build());
+    assert!(!lb.progress(0).awaiting(), "nothing asked yet");
+    // The client's request, already on its way when the reset came.
+    let request = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK | TCP_PSH)
+        .payload(b"GET / HTTP/1.1\r\n\r\n");
+    lb.run(&request.build());
+    assert_eq!(lb.pending(0), BackendPending::default());
+    assert!(
+        !lb.progress(0).awaiting(),
+        "no answer can come: {:?}",
+        lb.progress(0)
+    );
+}
+
 /// The reply entry of the IPv4 client's TCP connection on `snat_port`.
 fn reply_entry(lb: &Lb, snat_port: u16) -> Option<lb_common::FlowEntry> {
     lb.flow(&key(
@@ -456,8 +478,23 @@ fn case_sweep_frees_orphans(lb: &mut Lb) {
     assert_eq!(stats.orphans, 0);
     assert_eq!(lb.flow_count(), 2);
     assert_eq!(lb.conns(0).closed, 0);
+    // A reply entry younger than a second may be a connection another CPU
+    // is creating (the forward entry is inserted second): a full pass
+    // judges only the lone forward entry now.
     let stats = lb.sweep();
-    assert_eq!(stats.orphans, 2);
+    assert_eq!(stats.orphans, 1);
+    let young = reply_entry(lb, port_a).expect("still there");
+    assert_eq!(young.flags & FLOW_F_CLOSED, 0, "not judged while young");
+    let reply_a = key(IPPROTO_TCP, (backend_addr(0), BACKEND_PORT), (SNAT, port_a));
+    lb.set_flow(
+        &reply_a,
+        lb_common::FlowEntry {
+            created_ns: young.created_ns.saturating_sub(2_000_000_000),
+            ..young
+        },
+    );
+    let stats = lb.sweep();
+    assert_eq!(stats.orphans, 2, "the pass's counts add up: the reply now");
     let lone = reply_entry(lb, port_a).expect("the lone reply holds its tuple in quarantine");
     assert_ne!(lone.flags & FLOW_F_CLOSED, 0);
     assert!(
@@ -2104,10 +2141,51 @@ fn case_next_hop(lb: &mut Lb) {
     assert_eq!(lb.reason(reason::DROP_NO_NEIGHBOUR), 1);
 }
 
+/// A full sweep pass on another CPU may visit a new connection's reply
+/// entry before its forward entry is inserted (`flow::create` inserts the
+/// reply entry first). Staged by taking the forward entry out around the
+/// pass: the connection must stay open, and a quarantine later another
+/// client's SYN must not take over its tuple (its backend's packets would
+/// then go to that client).
+fn case_a_sweep_between_a_new_flows_two_inserts_leaves_it_open(lb: &mut Lb) {
+    lb.config(true, SNAT_PORT_MIN, SNAT_PORT_MIN);
+    lb.timeouts(Timeouts {
+        snat_quarantine_ns: 200_000_000,
+        ..Timeouts::default()
+    });
+    lb.syn(CLIENT_PORT);
+    let forward = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let entry = lb.flow(&forward).unwrap();
+    lb.remove_flow(&forward);
+    let stats = lb.sweep();
+    lb.set_flow(&forward, entry);
+    assert_eq!(stats.orphans, 0, "a reply entry being created is not lone");
+    let reply = reply_entry(lb, SNAT_PORT_MIN).unwrap();
+    assert_eq!(reply.flags & FLOW_F_CLOSED, 0);
+    let synack = from_backend(0, SNAT_PORT_MIN, TCP_SYN | TCP_ACK);
+    lb.expect(&synack, XDP_TX, &to_client_of(&synack));
+    let ack = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK);
+    assert_eq!(lb.run(&ack.build()).0, XDP_TX);
+    // Past a quarantine, another client's SYN finds the only tuple taken.
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    let other = Pkt::tcp((CLIENT, CLIENT_PORT + 1), (VIP, HTTP), TCP_SYN);
+    lb.run(&other.build());
+    let data = from_backend(0, SNAT_PORT_MIN, TCP_ACK | TCP_PSH).payload(b"for the first");
+    lb.expect(&data, XDP_TX, &to_client_of(&data));
+}
+
 /// A case by name; it runs on a fresh [`Lb::standard`].
 type Case = (&'static str, fn(&mut Lb));
 
 const CASES: &[Case] = &[
+    (
+        "late data of a closed connection starts no stall clock",
+        case_late_data_of_a_closed_connection_starts_no_stall_clock,
+    ),
+    (
+        "a sweep between a new flow's two inserts leaves it open",
+        case_a_sweep_between_a_new_flows_two_inserts_leaves_it_open,
+    ),
     ("tcp syn to vip", case_tcp_syn_to_vip),
     ("syn-ack translated back", case_syn_ack_translated_back),
     (
