@@ -236,7 +236,11 @@ impl Started<'_> {
         runtime: &Runtime,
     ) -> anyhow::Result<(JoinHandle<()>, mpsc::Receiver<Scan>)> {
         let (scan_tx, scan_rx) = mpsc::channel(1);
-        let reconciler = Reconciler::open(&self.attachment.pin_dir, runtime.id_limit.clone())?;
+        let reconciler = Reconciler::open(
+            &self.attachment.pin_dir,
+            runtime.id_limit.clone(),
+            runtime.passes_started.clone(),
+        )?;
         Ok((
             tasks::spawn_reconciler(reconciler, scan_tx, runtime.errors.clone()),
             scan_rx,

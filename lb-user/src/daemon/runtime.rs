@@ -62,6 +62,8 @@ pub struct Runtime {
     pub(super) probes: ProbeCounts,
     /// Shared with the reconciler: the length of the id space.
     pub id_limit: Arc<AtomicUsize>,
+    /// Shared with the reconciler: the passes it has started.
+    pub passes_started: Arc<std::sync::atomic::AtomicU64>,
     /// Records taken off the ring buffer (failures: refused, backend reset).
     pub(super) events_received: u64,
     /// Per-backend latency aggregates read at the score ticks (one per
@@ -131,6 +133,7 @@ impl Runtime {
             checks: HashMap::new(),
             probes: ProbeCounts::default(),
             id_limit: Arc::new(AtomicUsize::new(fleet.id_limit())),
+            passes_started: Arc::default(),
             events_received: 0,
             latency_reads: 0,
             flows_evicted: 0,
@@ -434,7 +437,11 @@ impl Runtime {
         }
         self.flow_entries = scan.entries;
         self.reconcile_interval = crate::ingest::reconcile::pass_interval(scan.cpu);
-        let freed = self.fleet.free_drained(&scan.live);
+        let freed = self.fleet.free_drained(
+            &scan.live,
+            scan.pass,
+            self.passes_started.load(Ordering::SeqCst),
+        );
         for &id in &freed {
             self.kernel.publisher.clear_backend(id)?;
             self.checks.remove(&id);

@@ -34,7 +34,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -81,6 +81,10 @@ fn thread_cpu_time() -> Duration {
 /// What one pass learnt from the kernel.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scan {
+    /// This pass's number among those the process started (from 1): it
+    /// read its counters after every removal the event loop had seen
+    /// when fewer passes had started (see `Fleet::free_drained`).
+    pub pass: u64,
     /// Per backend id: what still holds the id in the kernel, open flows
     /// (`opened - closed`) plus SNAT tuples held (open, lingering or in
     /// quarantine). A removed backend's id is free once this is 0.
@@ -132,14 +136,15 @@ pub struct Reconciler {
     backend_count: Arc<AtomicUsize>,
     /// Orphans counted by the previous pass (the kernel's count is cumulative).
     orphans_seen: Option<u64>,
-    /// Passes this process has run.
-    passes: u64,
+    /// Passes this process has started; shared with the event loop.
+    started: Arc<AtomicU64>,
 }
 
 impl Reconciler {
     pub fn open(
         pin_dir: &std::path::Path,
         backend_count: Arc<AtomicUsize>,
+        started: Arc<AtomicU64>,
     ) -> anyhow::Result<Self> {
         Ok(Self {
             sweeper: Sweeper::open(pin_dir)?,
@@ -147,7 +152,7 @@ impl Reconciler {
             snat_used: maps::snat_used(pin_dir)?,
             backend_count,
             orphans_seen: None,
-            passes: 0,
+            started,
         })
     }
 
@@ -155,8 +160,10 @@ impl Reconciler {
     pub fn pass(&mut self) -> anyhow::Result<Scan> {
         let started = std::time::Instant::now();
         let cpu_before = thread_cpu_time();
-        let light = !self.passes.is_multiple_of(FULL_PASS_EVERY);
-        self.passes += 1;
+        // Counted before anything is read (the event loop's removals
+        // compare with it).
+        let pass = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        let light = !(pass - 1).is_multiple_of(FULL_PASS_EVERY);
         let sweep = self.sweeper.run(light)?;
         let backend_count = self.backend_count.load(Ordering::Relaxed);
         let conns = read_all(&self.conns, backend_count).context("reading BACKEND_CONNS")?;
@@ -172,6 +179,7 @@ impl Reconciler {
             .saturating_sub(self.orphans_seen.unwrap_or(sweep.orphans));
         self.orphans_seen = Some(sweep.orphans);
         Ok(Scan {
+            pass,
             live,
             orphans,
             entries: sweep.entries,

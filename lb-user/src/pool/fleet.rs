@@ -11,7 +11,10 @@
 //! the id freed for reuse, so events and counters of old flows never land
 //! on a new backend.
 
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+};
 
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
@@ -180,6 +183,9 @@ pub struct Fleet {
     /// that was gone when this process started ([`Plan::orphaned`]). Not
     /// handed out until a scan finds them free.
     reserved: BTreeSet<u32>,
+    /// Removed members' marks: how many reconciliation passes had started
+    /// when this process first saw them removed (see [`Fleet::free_drained`]).
+    removal_marks: BTreeMap<u32, u64>,
     /// The balancer's zone and the zone-aware routing settings.
     pub zones: ZoneSettings,
     outlier: OutlierParams,
@@ -244,6 +250,7 @@ impl Fleet {
             vips,
             members,
             reserved: plan.orphaned.iter().copied().collect(),
+            removal_marks: BTreeMap::new(),
             zones: config.zones.clone(),
             outlier: config.ops.outlier,
             max_ejection_percent: config.ops.max_ejection_percent,
@@ -609,9 +616,25 @@ impl Fleet {
     }
 
     /// Frees the ids of removed backends, and the reserved ids of gone
-    /// VIPs' backends, without live flows; returns them.
-    pub fn free_drained(&mut self, live: &[u64]) -> Vec<u32> {
+    /// VIPs' backends, without live flows in `live` (scan number `pass`);
+    /// returns them. `started`: the passes started by now.
+    ///
+    /// A removed backend is freed only by a pass that started after this
+    /// process first saw it removed: an earlier pass may have read its
+    /// counters before flows the backend then took (it may even have been
+    /// added after that read), and would free an id flows still hold.
+    pub fn free_drained(&mut self, live: &[u64], pass: u64, started: u64) -> Vec<u32> {
         let held = |id: u32| live.get(id as usize).copied().unwrap_or(0) > 0;
+        let removed: Vec<u32> = (0..self.members.len() as u32)
+            .filter(|&id| {
+                self.member(id)
+                    .is_some_and(|m| m.life.admin() == Admin::Removed)
+            })
+            .collect();
+        self.removal_marks.retain(|id, _| removed.contains(id));
+        for &id in &removed {
+            self.removal_marks.entry(id).or_insert(started);
+        }
         let released: Vec<u32> = self
             .reserved
             .iter()
@@ -625,14 +648,12 @@ impl Fleet {
                 "backend of a VIP no longer served has no flows left; id freed"
             );
         }
-        let freed: Vec<u32> = (0..self.members.len() as u32)
-            .filter(|&id| {
-                self.member(id)
-                    .is_some_and(|m| m.life.admin() == Admin::Removed)
-                    && live.get(id as usize).copied().unwrap_or(0) == 0
-            })
+        let freed: Vec<u32> = removed
+            .into_iter()
+            .filter(|&id| !held(id) && self.removal_marks.get(&id).is_some_and(|&mark| pass > mark))
             .collect();
         for &id in &freed {
+            self.removal_marks.remove(&id);
             if let Some(m) = self.members[id as usize].take() {
                 self.vips[m.vip].members.retain(|&x| x != id);
                 info!(backend = id, address = %m.addr, "removed backend has no flows left; id freed");
@@ -1009,8 +1030,8 @@ mod tests {
         let new = "10.0.0.22:80".parse::<BackendAddr>().unwrap();
         assert_eq!(f.add(&vip, new, now), Ok(2), "id 1 still has flows");
         // Its flows hold it in one scan, and are gone in the next.
-        assert_eq!(f.free_drained(&[1, 4, 1]), Vec::<u32>::new());
-        assert_eq!(f.free_drained(&[1, 0, 1]), [1]);
+        assert_eq!(f.free_drained(&[1, 4, 1], 1, 0), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[1, 0, 1], 2, 0), [1]);
         let newer = "10.0.0.23:80".parse::<BackendAddr>().unwrap();
         assert_eq!(f.add(&vip, newer, now), Ok(1));
     }
@@ -1120,6 +1141,31 @@ mod tests {
         assert_eq!(f.selection(0, now).slots, [2]);
     }
 
+    /// A pass that started before the event loop saw a backend removed
+    /// may have read its counters before the backend took its flows (it
+    /// may have been added after that read): its zero frees nothing.
+    #[test]
+    fn only_a_pass_started_after_a_removal_frees_its_id() {
+        let (mut f, vip) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        let added = f.add(&vip, "10.0.0.25:80".parse().unwrap(), now).unwrap();
+        f.set_admin(&vip, addr("10.0.0.25:80"), Admin::Removed, now)
+            .unwrap();
+        // Passes 1..=7 had started when the removal was first seen; pass 7
+        // read its counters before the backend was even there.
+        assert_eq!(f.free_drained(&[0; 4], 7, 7), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[0; 5], 7, 8), Vec::<u32>::new());
+        // Pass 8 read them afterwards: its count decides.
+        assert_eq!(f.free_drained(&[0, 0, 0, 0, 2], 8, 8), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[0; 5], 9, 9), [added]);
+        // Brought back and removed again: a new mark.
+        let again = f.add(&vip, "10.0.0.25:80".parse().unwrap(), now).unwrap();
+        f.set_admin(&vip, addr("10.0.0.25:80"), Admin::Removed, now)
+            .unwrap();
+        assert_eq!(f.free_drained(&[0; 5], 12, 12), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[0; 5], 13, 13), [again]);
+    }
+
     #[test]
     fn removed_ids_are_kept_until_their_flows_end() {
         let (mut f, vip) = fleet(&[]);
@@ -1129,8 +1175,8 @@ mod tests {
         assert_eq!(f.selection(0, now).slots, [1, 2, 3]);
         let new = f.add(&vip, "10.0.0.25:80@2".parse().unwrap(), now).unwrap();
         assert_eq!(new, 4, "id 0 still has flows, so it is not reused");
-        assert_eq!(f.free_drained(&[3, 0, 0, 0, 0]), Vec::<u32>::new());
-        assert_eq!(f.free_drained(&[0, 0, 0, 0, 0]), [0]);
+        assert_eq!(f.free_drained(&[3, 0, 0, 0, 0], 1, 0), Vec::<u32>::new());
+        assert_eq!(f.free_drained(&[0, 0, 0, 0, 0], 2, 0), [0]);
         assert_eq!(
             f.add(&vip, "10.0.0.26:80".parse().unwrap(), now).unwrap(),
             0
@@ -1222,11 +1268,11 @@ mod tests {
         // Backend 1 of VIP 0 still has a flow: nothing of VIP 0 is freed.
         let mut live = vec![0u64; 8];
         live[1] = 1;
-        assert_eq!(f.free_drained(&live), vec![0, 2, 3]);
+        assert_eq!(f.free_drained(&live, 1, 0), vec![0, 2, 3]);
         assert!(f.free_drained_vips().is_empty());
         assert_eq!(f.free_vip_id(), Some(3));
         // Its last flow ends: the VIP is dropped, members renumbered.
-        assert_eq!(f.free_drained(&[0; 8]), vec![1]);
+        assert_eq!(f.free_drained(&[0; 8], 2, 0), vec![1]);
         assert_eq!(f.free_drained_vips(), vec![(0, 0)]);
         assert_eq!(f.free_vip_id(), Some(0));
         assert_eq!(f.member(4).unwrap().vip, 0);
