@@ -545,9 +545,11 @@ pub const FLOW_F_TW_SEEN: u32 = 32;
 pub const FLOW_F_TW_TS: u32 = 64;
 /// The client's FIN had options in a layout the data path does not know.
 pub const FLOW_F_TW_TS_UNKNOWN: u32 = 128;
-/// Reply entries of closed connections: one decider (a new SYN taking the
-/// tuple over, the data path or the sweep freeing it) has claimed the
-/// entry; set with an atomic OR, so only one acts on it.
+/// Entries of closed connections: one decider has claimed the entry; set
+/// with an atomic OR, so only one acts on it. Reply entries: a new SYN
+/// taking the tuple over, or the data path or the sweep freeing it.
+/// Forward entries: a new SYN of the same client tuple replacing it, or
+/// the sweep removing it.
 pub const FLOW_F_TAKEN: u32 = 256;
 /// Forward entries: the client's FIN came first (before the backend's):
 /// the backend goes through LAST_ACK and ends with no TIME_WAIT, unless

@@ -676,20 +676,51 @@ fn into_forward_entry(entry: &mut FlowEntry, addr: &[u32; 4], port: u16, backend
 /// Inserts the forward entry under the packet's own key; on failure, the
 /// reply entry (and its SNAT port) is released again, so no half of the
 /// connection survives alone.
+///
+/// Where the key has no entry, only this insert may write it (NOEXIST):
+/// two CPUs creating one client tuple at once (the same SYN on two
+/// queues) would otherwise both count a connection, the second entry
+/// overwriting the first. A closed connection's entry is replaced (ANY)
+/// only by whoever claims it first ([`FLOW_F_TAKEN`]), as the sweep claims
+/// it before removing it by key: neither then removes or overwrites the
+/// new connection's entry the other wrote. Losing that claim, the insert
+/// waits for no one: it fails, and the client's SYN comes again.
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
 fn insert_forward<const V6: bool>(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
-    // ANY: a closed connection's entry for the same client tuple is replaced.
-    if insert::<V6>(pkt.flow_key(), forward, u64::from(BPF_ANY)).is_err() {
+    let key = pkt.flow_key();
+    let inserted = insert::<V6>(key, forward, u64::from(BPF_NOEXIST)).is_ok()
+        || replace_closed::<V6>(key, forward);
+    if !inserted {
         if remove::<V6>(&Translation::of(forward).opposite_key(pkt)) {
             snat_used(forward.backend_id, u64::MAX);
         }
         return Err(reason::DROP_FLOW_INSERT);
     }
     Ok(())
+}
+
+/// Replaces the closed connection's forward entry under `key` with
+/// `forward`, if it claims it first; whether it did.
+#[inline(always)]
+fn replace_closed<const V6: bool>(key: &FlowKey, forward: &FlowEntry) -> bool {
+    let Some(old) = lookup::<V6>(key) else {
+        return false;
+    };
+    let flags = Flags::of(old);
+    if flags.get() & FLOW_F_CLOSED == 0 || flags.set(FLOW_F_TAKEN) & FLOW_F_TAKEN != 0 {
+        return false;
+    }
+    if insert::<V6>(key, forward, u64::from(BPF_ANY)).is_ok() {
+        return true;
+    }
+    // Not replaced (the table is full): the closed entry is the sweep's
+    // to remove again.
+    flags.clear(FLOW_F_TAKEN);
+    false
 }
 
 /// Whether a new connection whose first packet is `syn` may take over the

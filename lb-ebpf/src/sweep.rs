@@ -207,7 +207,10 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
         return 0;
     }
     if closed {
-        if age > walk.closed_linger_ns && remove::<V6>(&key) {
+        // Claimed first, as a SYN that replaces the entry claims it (see
+        // `flow::insert_forward`): removed by key, the new connection's
+        // entry written meanwhile would go instead.
+        if age > walk.closed_linger_ns && claim_forward(entry) && remove::<V6>(&key) {
             walk.stats.removed += 1;
         }
         return 0;
@@ -253,10 +256,19 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
             emit(kind, close_reason, backend_id, vip_id, walk.now, 0);
         }
     }
-    if remove::<V6>(&key) {
+    // Closed now, by this pass or by a SYN that may be replacing it:
+    // removed only by whoever claims it (as above).
+    if claim_forward(entry) && remove::<V6>(&key) {
         walk.stats.removed += 1;
     }
     0
+}
+
+/// Claims the closed forward entry `entry` for removal ([`FLOW_F_TAKEN`]);
+/// false if a SYN replacing it (or an earlier pass) has.
+#[inline(always)]
+fn claim_forward(entry: *mut FlowEntry) -> bool {
+    Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
 }
 
 /// Whether the open reply entry `reply`, created at `created`, may belong

@@ -13,9 +13,9 @@ use lb_common::{
     BACKEND_HOP_JIFFIES, BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST,
     DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS,
     FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED,
-    FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TW_SEEN,
-    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FlowEntry, IPPROTO_TCP, IPPROTO_UDP,
-    reason,
+    FLOW_F_PENDING_COUNTED, FLOW_F_REQUEST_PENDING, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN,
+    FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FlowEntry, IPPROTO_TCP,
+    IPPROTO_UDP, reason,
 };
 use lb_lab::{
     trials::{self, packet_case, slug},
@@ -308,6 +308,57 @@ fn case_fin_from_both_sides_closes_once(lb: &mut Lb) {
 
 fn to_client_of(p: &Pkt) -> Pkt {
     p.rewritten((VIP, HTTP), (CLIENT, CLIENT_PORT), CLIENT_MAC)
+}
+
+/// A closed connection's forward entry is replaced by a new SYN of its
+/// client tuple, or removed by the sweep, by whichever claims it first
+/// (`FLOW_F_TAKEN`; the sweep removes by key, and would otherwise take the
+/// new connection's entry with it). Each side staged as having lost the
+/// claim to the other.
+fn case_a_closed_forward_entry_is_replaced_or_removed_by_one_claimant(lb: &mut Lb) {
+    open_tcp(lb);
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    let forward = key(IPPROTO_TCP, (CLIENT, CLIENT_PORT), (VIP, HTTP));
+    let closed = lb.flow(&forward).unwrap();
+    assert_ne!(closed.flags & FLOW_F_CLOSED, 0);
+    let claimed = lb_common::FlowEntry {
+        flags: closed.flags | FLOW_F_TAKEN,
+        ..closed
+    };
+    // The sweep claimed it: a SYN of the tuple is refused (its client
+    // sends it again), nothing counted, its new SNAT tuple released.
+    lb.set_flow(&forward, claimed);
+    let used = lb.snat_used(0);
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_DROP);
+    assert_eq!(lb.reason(reason::DROP_FLOW_INSERT), 1);
+    assert_eq!(
+        lb.conns(0),
+        BackendConns {
+            opened: 1,
+            closed: 1
+        }
+    );
+    assert_eq!(lb.snat_used(0), used);
+    assert_eq!(lb.flow(&forward).unwrap().new_sport, closed.new_sport);
+    // A SYN claimed it: the sweep leaves it, past its linger too.
+    lb.timeouts(Timeouts::ZERO);
+    lb.sweep();
+    assert!(lb.flow(&forward).is_some(), "removed under a SYN's claim");
+    // Unclaimed, the sweep removes it; then a SYN creates the flow anew.
+    lb.set_flow(&forward, closed);
+    lb.sweep();
+    assert!(lb.flow(&forward).is_none());
+    lb.timeouts(Timeouts::default());
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    assert_eq!(
+        lb.conns(0),
+        BackendConns {
+            opened: 2,
+            closed: 1
+        }
+    );
 }
 
 fn case_syn_after_close_reselects(lb: &mut Lb) {
@@ -2178,6 +2229,10 @@ fn case_a_sweep_between_a_new_flows_two_inserts_leaves_it_open(lb: &mut Lb) {
 type Case = (&'static str, fn(&mut Lb));
 
 const CASES: &[Case] = &[
+    (
+        "a closed forward entry is replaced or removed by one claimant",
+        case_a_closed_forward_entry_is_replaced_or_removed_by_one_claimant,
+    ),
     (
         "late data of a closed connection starts no stall clock",
         case_late_data_of_a_closed_connection_starts_no_stall_clock,
