@@ -132,6 +132,9 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(&config.log_level);
     log_panics();
     warn_password_flag(password_flag);
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     snat.warn_unassigned();
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;

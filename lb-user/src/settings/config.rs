@@ -698,6 +698,42 @@ impl Config {
         Ok(())
     }
 
+    /// Settings that are valid but cannot do what they say, one line each
+    /// (logged at the start).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let life = &self.ops.lifecycle;
+        if life.ejection_base > life.ejection_max {
+            out.push(format!(
+                "ejection_base {} is longer than ejection_max {}: every ejection lasts {}",
+                format_duration(life.ejection_base),
+                format_duration(life.ejection_max),
+                format_duration(life.ejection_max)
+            ));
+        }
+        for v in &self.vips {
+            if v.maglev_source_affinity && v.algorithm != Algorithm::Maglev {
+                out.push(format!(
+                    "VIP {}: maglev_source_affinity does nothing with algorithm {}",
+                    v.vip,
+                    v.algorithm.name()
+                ));
+            }
+            if let Some(check) = &v.health
+                && check.timeout > check.interval
+            {
+                out.push(format!(
+                    "VIP {}: health timeout {} is longer than its interval {}: a check that \
+                     times out delays the next",
+                    v.vip,
+                    format_duration(check.timeout),
+                    format_duration(check.interval)
+                ));
+            }
+        }
+        out
+    }
+
     pub fn validate_vips(&self) -> Result<(), ConfigError> {
         if self.vips.is_empty() {
             return Err(ConfigError::NoVip);

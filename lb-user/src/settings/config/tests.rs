@@ -1132,3 +1132,32 @@ fn a_reload_leaves_discovery_as_it_started() {
         "{restart:?}"
     );
 }
+
+/// Settings that are valid but cannot do what they say are named.
+#[test]
+fn settings_that_do_nothing_are_warned_about() {
+    let quiet = from_flags(&minimal_with(&[])).unwrap();
+    assert!(quiet.warnings().is_empty(), "{:?}", quiet.warnings());
+    let noisy = from_flags(&minimal_with(&[
+        "--maglev-source-affinity",
+        "--ejection-base",
+        "10m",
+        "--ejection-max",
+        "1m",
+        "--health-check",
+        "tcp",
+        "--health-interval",
+        "1s",
+        "--health-timeout",
+        "2s",
+    ]))
+    .unwrap();
+    assert_eq!(
+        noisy.warnings(),
+        [
+            "ejection_base 10m is longer than ejection_max 1m: every ejection lasts 1m",
+            "VIP 10.0.0.100:80/tcp: maglev_source_affinity does nothing with algorithm p2c-ewma",
+            "VIP 10.0.0.100:80/tcp: health timeout 2s is longer than its interval 1s: a check that times out delays the next",
+        ]
+    );
+}
