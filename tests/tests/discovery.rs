@@ -884,21 +884,9 @@ fn updates_follow_their_vip_when_the_vips_before_it_change() {
     ));
     let lb = lab.start_balancer(&spec).unwrap();
     assert_active(&lab, &[0], "the backend put before the start");
-    let instance = lab.instance();
-    let vip_command = |args: &[&str]| {
-        let mut argv = vec!["vip"];
-        argv.extend_from_slice(args);
-        argv.extend_from_slice(&["--instance", &instance]);
-        let out = lab.run_lb_user(&argv).unwrap();
-        assert!(
-            out.status.success(),
-            "lb-user {argv:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    vip_command(&["remove", "--vip", &before.to_string()]);
+    lab.vip_command(&["remove", "--vip", &before.to_string()]);
     let backend2 = addr(&lab, 2);
-    vip_command(&["add", "--vip", &added.to_string(), "--backend", &backend2]);
+    lab.vip_command(&["add", "--vip", &added.to_string(), "--backend", &backend2]);
     wait_for("the removed VIP freed", Duration::from_secs(10), || {
         lab.stderr(lb)
             .contains("removed VIP has no flows left; id freed")

@@ -1714,22 +1714,6 @@ fn runtime_changes_survive_a_restart_until_the_file_changes_the_backend() {
     assert_eq!(b(2).weight, 2.0);
 }
 
-/// `lb-user vip ARGS...` against the lab's instance: its stdout; panics on
-/// failure.
-fn vip_command(lab: &Lab, args: &[&str]) -> String {
-    let instance = lab.instance();
-    let mut argv = vec!["vip"];
-    argv.extend_from_slice(args);
-    argv.extend_from_slice(&["--instance", &instance]);
-    let out = lab.run_lb_user(&argv).unwrap();
-    assert!(
-        out.status.success(),
-        "lb-user {argv:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The TCP VIP's address on another port.
 fn other_vip(lab: &Lab, port: u16) -> SocketAddr {
     SocketAddr::new(lab.tcp_vip().ip(), port)
@@ -1773,20 +1757,17 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     let vip_arg = format!("{vip}/tcp");
     let be = |i: usize| lab.backends()[i].addr().to_string();
     let name = |i: usize| lab.backends()[i].name.clone();
-    let added = vip_command(
-        &lab,
-        &[
-            "add",
-            "--vip",
-            &vip_arg,
-            "--backend",
-            &be(0),
-            "--backend",
-            &be(2),
-            "--algorithm",
-            "round-robin",
-        ],
-    );
+    let added = lab.vip_command(&[
+        "add",
+        "--vip",
+        &vip_arg,
+        "--backend",
+        &be(0),
+        "--backend",
+        &be(2),
+        "--algorithm",
+        "round-robin",
+    ]);
     assert!(added.contains("added (VIP id 1)"), "{added}");
     let listed = |lab: &Lab| {
         lab.status()
@@ -1841,7 +1822,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
 
     // Removed: new connections find no VIP, the established one finishes.
     let (mut kept, backend) = kept_connection(&lab, vip);
-    let removed = vip_command(&lab, &["remove", "--vip", &vip_arg]);
+    let removed = lab.vip_command(&["remove", "--vip", &vip_arg]);
     assert!(removed.contains("removed"), "{removed}");
     assert_eq!(listed(&lab), None, "the removed VIP is still in VIPS");
     thread::sleep(Duration::from_millis(300));
@@ -1901,7 +1882,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
         "FAULT runtime-vip: id freed {:.1} s after the last flow's close",
         closed.elapsed().as_secs_f64()
     );
-    let again = vip_command(&lab, &["add", "--vip", &vip_arg, "--backend", &be(1)]);
+    let again = lab.vip_command(&["add", "--vip", &vip_arg, "--backend", &be(1)]);
     assert!(again.contains("added (VIP id 1)"), "{again}");
     let run = lab.measure(load_to(vip, 100.0, 1.0));
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);

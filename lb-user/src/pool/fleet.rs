@@ -956,16 +956,21 @@ mod tests {
             "0s",
         ];
         argv.extend_from_slice(extra);
-        let config = Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap();
+        let config = config_of(&argv);
         let plan = Plan::new(&config);
         (
             Fleet::new(&config, &plan, Nanos(SEC)),
             "10.0.0.100:80".parse().unwrap(),
         )
+    }
+
+    /// The configuration of the command line `argv` (from `lb-user`).
+    fn config_of(argv: &[&str]) -> Config {
+        Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap()
     }
 
     fn addr(s: &str) -> SocketAddr {
@@ -978,21 +983,15 @@ mod tests {
     #[test]
     fn a_gone_vips_backend_id_stays_reserved_until_its_flows_end() {
         let (first, vip) = fleet(&[]);
-        let config = Config::merge(
-            Cli::try_parse_from([
-                "lb-user",
-                "--iface",
-                "eth0",
-                "--vip",
-                "10.0.0.100:80",
-                "--backend",
-                "10.0.0.21:80",
-            ])
-            .unwrap()
-            .run,
-            FileConfig::default(),
-        )
-        .unwrap();
+        let config = config_of(&[
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
         // What the previous instance left: its VIP, backends 0 (.21, still
         // configured) and 1 of another VIP (id 9), which VIPS no longer has.
         let gone = crate::kernel::wire::backend_entry(

@@ -379,8 +379,20 @@ impl Lab {
     /// `lb-user backend ARGS... --instance <this lab's>`; panics, with
     /// lb-user's stderr, if it fails.
     pub fn backend_command(&self, args: &[&str]) {
+        self.control_command("backend", args);
+    }
+
+    /// `lb-user vip ARGS... --instance <this lab's>`: its stdout; panics,
+    /// with lb-user's stderr, if it fails.
+    pub fn vip_command(&self, args: &[&str]) -> String {
+        self.control_command("vip", args)
+    }
+
+    /// `lb-user COMMAND ARGS... --instance <this lab's>`: its stdout;
+    /// panics, with lb-user's stderr, if it fails.
+    fn control_command(&self, command: &str, args: &[&str]) -> String {
         let instance = self.instance();
-        let mut argv = vec!["backend"];
+        let mut argv = vec![command];
         argv.extend_from_slice(args);
         argv.extend_from_slice(&["--instance", &instance]);
         let out = self.run_lb_user(&argv).unwrap();
@@ -389,6 +401,7 @@ impl Lab {
             "lb-user {argv:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
