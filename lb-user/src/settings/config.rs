@@ -786,34 +786,40 @@ impl Config {
             if !(MIN_INFLIGHT_BIAS..=MAX_INFLIGHT_BIAS).contains(&v.inflight_bias) {
                 return Err(ConfigError::InflightBias(v.inflight_bias));
             }
-            let mut seen_backends = HashSet::new();
-            for b in &v.backends {
-                if let Some(what) = not_a_host(b.addr.ip()) {
-                    return Err(ConfigError::NotAHost {
-                        role: "backend",
-                        addr: b.addr.to_string(),
-                        what,
-                    });
-                }
-                if b.addr == v.vip.addr {
-                    return Err(ConfigError::BackendIsVip(name));
-                }
-                if b.addr.is_ipv6() != v.vip.addr.is_ipv6() {
-                    return Err(ConfigError::MixedFamily {
-                        vip: name,
-                        backend: b.addr.to_string(),
-                    });
-                }
-                if !seen_backends.insert(b.addr) {
-                    return Err(ConfigError::DuplicateBackend {
-                        vip: name,
-                        backend: b.addr.to_string(),
-                    });
-                }
-            }
+            check_backends(&v.vip, &v.backends)?;
         }
         Ok(())
     }
+}
+
+/// The rules each backend of VIP `vip` must meet, wherever the VIP comes
+/// from (the configuration, or the runtime state file's VIPs added at
+/// runtime): a host's address, not the VIP itself, of the VIP's family,
+/// listed once.
+pub fn check_backends(vip: &VipAddr, backends: &[BackendAddr]) -> Result<(), ConfigError> {
+    let mut seen = HashSet::new();
+    for b in backends {
+        let backend = b.addr.to_string();
+        if let Some(what) = not_a_host(b.addr.ip()) {
+            return Err(ConfigError::NotAHost {
+                role: "backend",
+                addr: backend,
+                what,
+            });
+        }
+        if b.addr == vip.addr {
+            return Err(ConfigError::BackendIsVip(vip.to_string()));
+        }
+        if b.addr.is_ipv6() != vip.addr.is_ipv6() {
+            let vip = vip.to_string();
+            return Err(ConfigError::MixedFamily { vip, backend });
+        }
+        if !seen.insert(b.addr) {
+            let vip = vip.to_string();
+            return Err(ConfigError::DuplicateBackend { vip, backend });
+        }
+    }
+    Ok(())
 }
 
 /// Whether `name` can name an instance: its pins' folder, its control

@@ -35,7 +35,7 @@ use crate::settings::{
     ConfigError,
     addr::{BackendAddr, VipAddr, Weight},
     algorithm::parse_algorithm,
-    config::{Config, VipConfig},
+    config::{Config, VipConfig, check_backends},
     zone::{ZoneName, ZoneSettings},
 };
 
@@ -157,23 +157,12 @@ impl AddedVip {
                     .map_err(|e| format!("backend '{b}': {e}"))
             })
             .collect::<Result<Vec<BackendAddr>, _>>()?;
-        // As `Config::validate_vips` checks a configured VIP (a state file
-        // edited by hand must not bring in what the file could not).
+        // As a configured VIP's (a state file edited by hand must not
+        // bring in what the file could not).
         if backends.is_empty() {
             return Err("no backends".into());
         }
-        let mut seen = std::collections::HashSet::new();
-        for b in &backends {
-            let backend = b.addr.to_string();
-            if b.addr.is_ipv6() != vip.addr.is_ipv6() {
-                let vip = vip.to_string();
-                return Err(ConfigError::MixedFamily { vip, backend }.to_string());
-            }
-            if !seen.insert(b.addr) {
-                let vip = vip.to_string();
-                return Err(ConfigError::DuplicateBackend { vip, backend }.to_string());
-            }
-        }
+        check_backends(&vip, &backends).map_err(|e| e.to_string())?;
         Ok(VipConfig {
             vip,
             algorithm,
@@ -885,6 +874,8 @@ mod tests {
             (added(r#"["[::1]:80"]"#), "[::1]:80"),
             (added(r#"["10.0.0.31:80","10.0.0.31:80"]"#), "10.0.0.31:80"),
             (added("[]"), "no backends"),
+            (added(r#"["224.0.0.1:80"]"#), "is a multicast address"),
+            (added(r#"["10.0.0.9:80"]"#), "lists itself as a backend"),
         ] {
             let err = load(&text).expect_err(&text);
             assert!(
