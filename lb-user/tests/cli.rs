@@ -592,6 +592,13 @@ fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
         "invalid value '-1' for '--inflight-bias <B>'",
     );
     assert!(!line.contains("For more information"), "{line}");
+    assert_one_line_failure(
+        &run_as(
+            &instance,
+            &lo_vip_with(&["--snat-quarantine", "4294967295h"]),
+        ),
+        "duration '4294967295h' is too long (at most 720h)",
+    );
     if is_root() {
         // Well-formed, but no such instance runs: nothing to change.
         run(&add, &instance);

@@ -622,6 +622,22 @@ fn bad_input_fails_with_one_line_and_attaches_nothing() {
             ],
         ),
         (
+            // 2^28 entries a family: about 94 GiB, refused before the
+            // kernel is asked (the kernel's ENOMEM, or the host's memory
+            // gone, otherwise).
+            "flow tables larger than the host's memory",
+            vec![
+                "--iface".into(),
+                iface.clone(),
+                "--vip".into(),
+                vip.clone(),
+                "--backend".into(),
+                backend.clone(),
+                "--flow-table-size".into(),
+                "268435456".into(),
+            ],
+        ),
+        (
             "VIP without backends",
             vec!["--iface".into(), iface.clone(), "--vip".into(), vip.clone()],
         ),
@@ -647,6 +663,10 @@ fn bad_input_fails_with_one_line_and_attaches_nothing() {
     for (case, args) in cases {
         let output = lab.run_lb_user(&args).unwrap();
         assert_clean_failure(case, &output);
+        if case.starts_with("flow tables") {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(stderr.contains("lower --flow-table-size"), "{stderr}");
+        }
         assert!(
             !lab.xdp_attached().unwrap(),
             "{case}: an XDP program stayed attached"

@@ -10,7 +10,7 @@ use crate::{
     settings::{
         addr::{BackendAddr, VipAddr, Weight},
         cli::{BackendCommand, ControlCommand},
-        config::VipConfig,
+        config::{VipConfig, check_backend},
         state::AddedVip,
     },
     surface::control::{Request, Response},
@@ -71,6 +71,9 @@ impl Runtime {
         let fleet = &mut self.fleet;
         let id = match command {
             BackendCommand::Add => {
+                // A configured backend's rules (a host's address, not the
+                // VIP, of its family).
+                check_backend(&vip, backend.addr)?;
                 // The control socket resolved its MAC already.
                 let id = fleet.add(&vip, backend, now)?;
                 self.loads.reset(id, self.fresh_load.clone());

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{
-    addr::{BackendAddr, Weight},
+    addr::{BackendAddr, VipAddr, Weight},
+    config::check_backend,
     zone::{MAX_ZONE_NAME, ZoneName, ZoneNameError},
 };
 
@@ -50,20 +51,19 @@ struct Raw {
     zone: Option<String>,
 }
 
-/// Parses `value`; `ipv6` is the VIP's family, which the backend must share.
-pub fn parse(value: &[u8], ipv6: bool) -> Result<Entry, String> {
+/// Parses `value`, a backend of `vip`, which must meet a configured
+/// backend's rules (`config::check_backend`).
+pub fn parse(value: &[u8], vip: &VipAddr) -> Result<Entry, String> {
     let text = std::str::from_utf8(value).map_err(|_| "value is not UTF-8".to_string())?;
     let raw: Raw = serde_json::from_str(text).map_err(|e| format!("value is not valid: {e}"))?;
     let addr: SocketAddr = raw
         .addr
         .parse()
         .map_err(|_| format!("addr '{}' is not IP:PORT", raw.addr))?;
-    if addr.port() == 0 || addr.ip().is_unspecified() {
+    if addr.port() == 0 {
         return Err(format!("addr '{addr}' is not a usable backend"));
     }
-    if addr.is_ipv6() != ipv6 {
-        return Err(format!("addr '{addr}' is not of the VIP's address family"));
-    }
+    check_backend(vip, addr).map_err(|e| e.to_string())?;
     let weight = match raw.weight {
         None | Some(serde_json::Value::Null) => 1,
         Some(serde_json::Value::Number(n)) => match n.as_u64() {
@@ -89,8 +89,12 @@ pub fn parse(value: &[u8], ipv6: bool) -> Result<Entry, String> {
 mod tests {
     use super::*;
 
+    fn vip4() -> VipAddr {
+        "10.0.0.1:80".parse().unwrap()
+    }
+
     fn ok(text: &str) -> Entry {
-        parse(text.as_bytes(), false).unwrap()
+        parse(text.as_bytes(), &vip4()).unwrap()
     }
 
     #[test]
@@ -123,11 +127,11 @@ mod tests {
             (&"z".repeat(64), "zone is longer than 63 characters"),
         ] {
             let value = format!(r#"{{"addr":"10.0.0.21:8080","zone":"{zone}"}}"#);
-            let err = parse(value.as_bytes(), false).unwrap_err();
+            let err = parse(value.as_bytes(), &vip4()).unwrap_err();
             assert!(err.contains(why), "{zone:?}: {err}");
             assert!(!err.contains('\n'), "{err}");
         }
-        let err = parse(br#"{"addr":"10.0.0.21:80","zone":7}"#, false).unwrap_err();
+        let err = parse(br#"{"addr":"10.0.0.21:80","zone":7}"#, &vip4()).unwrap_err();
         assert!(err.starts_with("value is not valid"), "{err}");
     }
 
@@ -157,22 +161,34 @@ mod tests {
             r#"{"addr":"10.0.0.21:0"}"#,
             r#"{"addr":"0.0.0.0:80"}"#,
             r#"{"addr":"[fd00::1]:80"}"#,
+            r#"{"addr":"224.0.0.5:80"}"#,
+            r#"{"addr":"255.255.255.255:80"}"#,
+            r#"{"addr":"10.0.0.1:80"}"#,
             r#"{"addr":"10.0.0.21:80","weight":0}"#,
             r#"{"addr":"10.0.0.21:80","weight":65536}"#,
             r#"{"addr":"10.0.0.21:80","weight":-1}"#,
             r#"{"addr":"10.0.0.21:80","weight":1.5}"#,
             r#"{"addr":"10.0.0.21:80","weight":"2"}"#,
         ] {
-            let e = parse(bad.as_bytes(), false).unwrap_err();
+            let e = parse(bad.as_bytes(), &vip4()).unwrap_err();
             assert!(!e.contains('\n'), "{bad}: {e}");
         }
-        assert!(parse(&[0xff, 0xfe], false).is_err());
+        assert!(parse(&[0xff, 0xfe], &vip4()).is_err());
+        // The configuration's words for a backend no host has, and for the
+        // VIP itself (the VIP's port only: another port of its address is
+        // a backend like any other).
+        let e = parse(br#"{"addr":"224.0.0.5:80"}"#, &vip4()).unwrap_err();
+        assert!(e.contains("a multicast address"), "{e}");
+        let e = parse(br#"{"addr":"10.0.0.1:80"}"#, &vip4()).unwrap_err();
+        assert!(e.contains("lists itself as a backend"), "{e}");
+        assert!(parse(br#"{"addr":"10.0.0.1:81"}"#, &vip4()).is_ok());
     }
 
     #[test]
     fn ipv6_vips_take_ipv6_backends() {
-        let e = parse(br#"{"addr":"[fd00::21]:80"}"#, true).unwrap();
+        let vip6: VipAddr = "[fd00::1]:80".parse().unwrap();
+        let e = parse(br#"{"addr":"[fd00::21]:80"}"#, &vip6).unwrap();
         assert!(e.addr.is_ipv6());
-        assert!(parse(br#"{"addr":"10.0.0.1:80"}"#, true).is_err());
+        assert!(parse(br#"{"addr":"10.0.0.21:80"}"#, &vip6).is_err());
     }
 }

@@ -6,6 +6,7 @@
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use super::entry::{self, Entry};
+use crate::settings::addr::VipAddr;
 
 /// A key or value that was skipped, as one log line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,33 +15,35 @@ pub struct Skipped {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrefixView {
     pub prefix: String,
-    /// The VIP is IPv6 (its backends must be too).
-    pub ipv6: bool,
+    /// The VIP whose backends the keys name (they must meet a configured
+    /// backend's rules: `config::check_backend`).
+    pub vip: VipAddr,
     /// The etcd revision this view reflects.
     pub revision: i64,
     entries: BTreeMap<String, Entry>,
 }
 
 impl PrefixView {
-    pub fn new(prefix: &str, ipv6: bool) -> Self {
+    pub fn new(prefix: &str, vip: VipAddr) -> Self {
         Self {
             prefix: prefix.to_string(),
-            ipv6,
-            ..Self::default()
+            vip,
+            revision: 0,
+            entries: BTreeMap::new(),
         }
     }
 
     /// A view with these keys at `revision`; the bad ones are returned.
     pub fn snapshot(
         prefix: &str,
-        ipv6: bool,
+        vip: VipAddr,
         revision: i64,
         kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     ) -> (Self, Vec<Skipped>) {
-        let mut view = Self::new(prefix, ipv6);
+        let mut view = Self::new(prefix, vip);
         let mut skipped = Vec::new();
         for (key, value) in kvs {
             if let Err(s) = view.put(&key, &value) {
@@ -60,7 +63,7 @@ impl PrefixView {
                 reason: "key is not UTF-8 under the prefix".into(),
             });
         }
-        match entry::parse(value, self.ipv6) {
+        match entry::parse(value, &self.vip) {
             Ok(e) => {
                 self.entries.insert(name, e);
                 Ok(())
@@ -105,7 +108,7 @@ mod tests {
     fn a_snapshot_skips_bad_values_and_keeps_the_rest_in_address_order() {
         let (view, skipped) = PrefixView::snapshot(
             "/lb/web/",
-            false,
+            "10.0.0.1:80".parse().unwrap(),
             42,
             [
                 kv("/lb/web/b", r#"{"addr":"10.0.0.22:80","weight":2}"#),
@@ -125,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_bad_write_keeps_the_last_good_value_and_a_delete_removes() {
-        let mut view = PrefixView::new("/p/", false);
+        let mut view = PrefixView::new("/p/", "10.0.0.1:80".parse().unwrap());
         view.put(b"/p/x", br#"{"addr":"10.0.0.21:80","weight":3}"#)
             .unwrap();
         assert!(

@@ -155,7 +155,7 @@ fn log_skipped(status: &DiscoveryStatus, skipped: &[Skipped]) {
 async fn read_prefix(
     client: &mut Client,
     prefix: &str,
-    ipv6: bool,
+    vip: VipAddr,
     revision: i64,
 ) -> anyhow::Result<(PrefixView, Vec<Skipped>)> {
     let mut options = GetOptions::new().with_prefix();
@@ -173,7 +173,7 @@ async fn read_prefix(
         .kvs()
         .iter()
         .map(|kv| (kv.key().to_vec(), kv.value().to_vec()));
-    Ok(PrefixView::snapshot(prefix, ipv6, revision, kvs))
+    Ok(PrefixView::snapshot(prefix, vip, revision, kvs))
 }
 
 /// Everything the watch tasks need, from [`seed`].
@@ -251,7 +251,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
             for &i in &discovered {
                 let v = &config.vips[i];
                 let prefix = v.etcd_prefix.clone().unwrap_or_default();
-                let mut view = PrefixView::new(&prefix, v.vip.addr.is_ipv6());
+                let mut view = PrefixView::new(&prefix, v.vip);
                 if let Some(c) = cached
                     .vips
                     .get(&v.vip.to_string())
@@ -316,7 +316,7 @@ async fn read_all(
     for &i in discovered {
         let v = &config.vips[i];
         let prefix = v.etcd_prefix.as_deref().unwrap_or_default();
-        let read = read_prefix(&mut client, prefix, v.vip.addr.is_ipv6(), revision).await?;
+        let read = read_prefix(&mut client, prefix, v.vip, revision).await?;
         revision = read.0.revision;
         out.push(read);
     }
@@ -423,7 +423,7 @@ impl VipWatch {
         let mut client = etcd::connect(&self.settings).await?;
         if self.resync {
             let (view, skipped) =
-                read_prefix(&mut client, &self.view.prefix, self.view.ipv6, 0).await?;
+                read_prefix(&mut client, &self.view.prefix, self.view.vip, 0).await?;
             log_skipped(&self.status, &skipped);
             self.status.resyncs.fetch_add(1, Ordering::Relaxed);
             self.view = view;

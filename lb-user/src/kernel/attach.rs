@@ -117,6 +117,18 @@ impl Attachment {
 }
 
 fn attach_fresh(pin_dir: &Path, config: &Config, ifindex: u32) -> anyhow::Result<Attachment> {
+    // Before anything is created. A host whose meminfo cannot be read is
+    // left to the kernel's own refusal.
+    if let Some(available) = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| flow_tables::mem_available(&m))
+    {
+        flow_tables::check_memory(
+            config.flow_table_size,
+            config.flow_table_size_ipv6,
+            available,
+        )?;
+    }
     fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(FLOWS_MAP, config.flow_table_size_ipv6)

@@ -66,7 +66,7 @@
 
 use std::{
     collections::HashSet,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -129,6 +129,15 @@ pub const DEFAULT_SNAT_QUARANTINE: Duration =
     Duration::from_nanos(lb_common::DEFAULT_SNAT_QUARANTINE_NS);
 /// Each flow uses two entries (one per direction).
 pub const MIN_FLOW_TABLE_SIZE: u32 = 2;
+/// 2^28 entries: 134 million flows, about 44 GiB of kernel memory for an
+/// IPv4 table (the kernel preallocates every entry). The kernel itself
+/// refuses past 2^31; a host's memory long before (checked at the start,
+/// `kernel::attach`).
+pub const MAX_FLOW_TABLE_SIZE: u32 = 1 << 28;
+/// The longest SNAT quarantine: TIME_WAIT is 60 s on Linux and at most
+/// 4 minutes (2 MSL) elsewhere; a longer quarantine only holds tuples back
+/// (a backend's capacity is addresses × ports ÷ quarantine).
+pub const MAX_SNAT_QUARANTINE: Duration = Duration::from_secs(3600);
 /// Linux's IFNAMSIZ minus the terminating NUL.
 const MAX_IFACE_NAME: usize = 15;
 const MAX_INSTANCE_NAME: usize = 64;
@@ -621,10 +630,16 @@ impl Config {
                 self.score_interval,
             )));
         }
-        if self.flow_table_size < MIN_FLOW_TABLE_SIZE {
+        if self.snat_quarantine > MAX_SNAT_QUARANTINE {
+            return Err(ConfigError::SnatQuarantine(format_duration(
+                self.snat_quarantine,
+            )));
+        }
+        let sizes = MIN_FLOW_TABLE_SIZE..=MAX_FLOW_TABLE_SIZE;
+        if !sizes.contains(&self.flow_table_size) {
             return Err(ConfigError::FlowTableSize("", self.flow_table_size));
         }
-        if self.flow_table_size_ipv6 < MIN_FLOW_TABLE_SIZE {
+        if !sizes.contains(&self.flow_table_size_ipv6) {
             return Err(ConfigError::FlowTableSize(
                 "ipv6 ",
                 self.flow_table_size_ipv6,
@@ -792,32 +807,41 @@ impl Config {
     }
 }
 
-/// The rules each backend of VIP `vip` must meet, wherever the VIP comes
+/// The rules the backends of VIP `vip` must meet, wherever the VIP comes
 /// from (the configuration, or the runtime state file's VIPs added at
-/// runtime): a host's address, not the VIP itself, of the VIP's family,
-/// listed once.
+/// runtime): each meets [`check_backend`], and each is listed once.
 pub fn check_backends(vip: &VipAddr, backends: &[BackendAddr]) -> Result<(), ConfigError> {
     let mut seen = HashSet::new();
     for b in backends {
-        let backend = b.addr.to_string();
-        if let Some(what) = not_a_host(b.addr.ip()) {
-            return Err(ConfigError::NotAHost {
-                role: "backend",
-                addr: backend,
-                what,
-            });
-        }
-        if b.addr == vip.addr {
-            return Err(ConfigError::BackendIsVip(vip.to_string()));
-        }
-        if b.addr.is_ipv6() != vip.addr.is_ipv6() {
-            let vip = vip.to_string();
-            return Err(ConfigError::MixedFamily { vip, backend });
-        }
+        check_backend(vip, b.addr)?;
         if !seen.insert(b.addr) {
             let vip = vip.to_string();
+            let backend = b.addr.to_string();
             return Err(ConfigError::DuplicateBackend { vip, backend });
         }
+    }
+    Ok(())
+}
+
+/// The rules one backend of VIP `vip` must meet, wherever it comes from
+/// (the configuration, the state file, the control socket's `backend add`
+/// or an etcd key): a host's address, not the VIP itself, of the VIP's
+/// family.
+pub fn check_backend(vip: &VipAddr, backend: SocketAddr) -> Result<(), ConfigError> {
+    if let Some(what) = not_a_host(backend.ip()) {
+        return Err(ConfigError::NotAHost {
+            role: "backend",
+            addr: backend.to_string(),
+            what,
+        });
+    }
+    if backend == vip.addr {
+        return Err(ConfigError::BackendIsVip(vip.to_string()));
+    }
+    if backend.is_ipv6() != vip.addr.is_ipv6() {
+        let vip = vip.to_string();
+        let backend = backend.to_string();
+        return Err(ConfigError::MixedFamily { vip, backend });
     }
     Ok(())
 }
@@ -836,7 +860,7 @@ pub fn valid_instance_name(name: &str) -> bool {
 /// What makes `addr` no host's address, if anything does: a balancer
 /// cannot serve, reach or take the unspecified address, a multicast
 /// group or IPv4's broadcast address.
-fn not_a_host(addr: IpAddr) -> Option<&'static str> {
+pub fn not_a_host(addr: IpAddr) -> Option<&'static str> {
     if addr.is_unspecified() {
         Some("the unspecified address")
     } else if addr.is_multicast() {

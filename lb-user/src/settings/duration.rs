@@ -14,7 +14,14 @@ const UNITS: &[(&str, Duration)] = &[
     ("h", Duration::from_secs(3600)),
 ];
 
-/// Parses `<integer><unit>` with unit one of ns, us, ms, s, m, h.
+/// The longest duration any setting takes: 30 days, past every timeout a
+/// balancer has a use for (conntrack's established TCP timeout is 5 days),
+/// and far inside the kernel's 64-bit nanoseconds (584 years), so no value
+/// saturates on its way into a map.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Parses `<integer><unit>` with unit one of ns, us, ms, s, m, h; at most
+/// [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let digits_end = text
@@ -30,7 +37,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .iter()
         .find(|(name, _)| *name == unit)
         .ok_or_else(invalid)?;
-    scale.checked_mul(count).ok_or_else(invalid)
+    let d = scale.checked_mul(count).ok_or_else(invalid)?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "duration '{text}' is too long (at most {})",
+            format_duration(MAX_DURATION)
+        ));
+    }
+    Ok(d)
 }
 
 /// Formats a duration the way [`parse_duration`] reads it (used by `status`
@@ -75,6 +89,16 @@ mod tests {
     fn rejects_missing_or_unknown_units_and_fractions() {
         for bad in ["10", "s", "", "1.5s", "10x", "-1s", "10 s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn refuses_more_than_thirty_days() {
+        assert_eq!(parse_duration("720h"), Ok(MAX_DURATION));
+        assert_eq!(parse_duration("43200m"), Ok(MAX_DURATION));
+        for long in ["721h", "43201m", "4294967295h", "2592000001ms"] {
+            let e = parse_duration(long).unwrap_err();
+            assert!(e.contains("too long (at most 720h)"), "{long}: {e}");
         }
     }
 

@@ -44,11 +44,15 @@ pub enum ConfigError {
     #[error("score interval {0} is out of range (1ms..=100ms)")]
     ScoreInterval(String),
     #[error(
+        "snat quarantine {0} is too long (at most 1h: TIME_WAIT is 60s on Linux, at most 4m elsewhere)"
+    )]
+    SnatQuarantine(String),
+    #[error(
         "ewma peak tau {peak} is longer than ewma tau {tau} (the peaks' memory is the short one)"
     )]
     PeakTauAboveTau { peak: String, tau: String },
     /// The table (`""` for the size of each, `"ipv6 "`) and its size.
-    #[error("{0}flow table size {1} is too small (at least 2)")]
+    #[error("{0}flow table size {1} is out of range (2..=268435456)")]
     FlowTableSize(&'static str, u32),
     #[error("too many {what}: {count} (at most {max})")]
     TooMany {

@@ -35,7 +35,7 @@ use crate::settings::{
     ConfigError,
     addr::{BackendAddr, VipAddr, Weight},
     algorithm::parse_algorithm,
-    config::{Config, VipConfig, check_backends},
+    config::{Config, VipConfig, check_backend, check_backends},
     zone::{ZoneName, ZoneSettings},
 };
 
@@ -232,15 +232,7 @@ impl RuntimeState {
                 .backend
                 .parse::<std::net::SocketAddr>()
                 .map_err(|err| unreadable(format!("backend '{}': {err}", e.backend)))?;
-            if backend.is_ipv6() != vip.addr.is_ipv6() {
-                return Err(unreadable(
-                    ConfigError::MixedFamily {
-                        vip: vip.to_string(),
-                        backend: backend.to_string(),
-                    }
-                    .to_string(),
-                ));
-            }
+            check_backend(&vip, backend).map_err(|err| unreadable(err.to_string()))?;
             if let Some(w) = e.weight {
                 Weight::new(u64::from(w)).map_err(|err| {
                     unreadable(format!("backend '{backend}' of vip '{vip}': {err}"))

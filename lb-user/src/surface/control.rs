@@ -361,6 +361,8 @@ async fn resolve_first(ifindex: u32, backends: impl IntoIterator<Item = &String>
         .into_iter()
         .filter_map(|b| b.parse::<crate::settings::addr::BackendAddr>().ok())
         .map(|b| b.addr.ip())
+        // No host has these: the command is refused, with no wait.
+        .filter(|ip| crate::settings::config::not_a_host(*ip).is_none())
         .collect();
     if wanted.is_empty() {
         return;

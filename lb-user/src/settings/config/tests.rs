@@ -325,16 +325,24 @@ fn each_bad_input_has_its_message() {
         ),
         (
             minimal_with(&["--flow-table-size", "1"]),
-            "flow table size 1 is too small (at least 2)",
+            "flow table size 1 is out of range (2..=268435456)",
+        ),
+        (
+            minimal_with(&["--flow-table-size", "268435457"]),
+            "flow table size 268435457 is out of range (2..=268435456)",
+        ),
+        (
+            minimal_with(&["--snat-quarantine", "61m"]),
+            "snat quarantine 61m is too long (at most 1h: TIME_WAIT is 60s on Linux, at most 4m elsewhere)",
         ),
         (
             minimal_with(&["--flow-table-size-ipv6", "0"]),
-            "ipv6 flow table size 0 is too small (at least 2)",
+            "ipv6 flow table size 0 is out of range (2..=268435456)",
         ),
         (
             // IPv6's follows IPv4's when not given, and is checked as such.
             minimal_with(&["--flow-table-size", "1"]),
-            "flow table size 1 is too small (at least 2)",
+            "flow table size 1 is out of range (2..=268435456)",
         ),
         (
             vec![
@@ -430,6 +438,13 @@ fn bad_files_have_their_messages() {
     let duration = err_file("ewma_tau = \"10\"\n");
     assert!(duration.contains("invalid duration '10'"), "{duration}");
     assert!(!duration.contains('\n'));
+    // A duration past 30 days, which the kernel's nanoseconds would
+    // otherwise take saturated, is refused where it is written.
+    let long = err_file("tcp_idle_timeout = \"721h\"\n");
+    assert!(
+        long.contains("duration '721h' is too long (at most 720h)"),
+        "{long}"
+    );
 }
 
 #[test]
