@@ -1798,6 +1798,30 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("already exists"), "{err}");
+    // A backend added at runtime meets a configured backend's rules.
+    let itself = vip.to_string();
+    for (bad, why) in [
+        ("224.0.0.5:80", "a multicast address"),
+        (itself.as_str(), "lists itself as a backend"),
+    ] {
+        let out = lab
+            .run_lb_user(&[
+                "backend",
+                "add",
+                "--vip",
+                &vip_arg,
+                "--backend",
+                bad,
+                "--instance",
+                &instance,
+            ])
+            .unwrap();
+        assert!(!out.status.success(), "backend add {bad} was applied");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(why), "{bad}: {err}");
+    }
+    assert_eq!(listed(&lab), Some(2));
 
     let run = lab.measure(load_to(vip, 100.0, 1.5));
     lab.report(&run, &format!("runtime VIP: {:?}", run.summary.per_backend));
@@ -1825,6 +1849,25 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     assert_eq!(run.summary.per_backend.len(), 2, "{:?}", run.summary);
 
     // Removed: new connections find no VIP, the established one finishes.
+    let removed_ids: Vec<u32> = lab
+        .status()
+        .unwrap()
+        .vip(&vip.to_string())
+        .unwrap()
+        .backends
+        .iter()
+        .map(|b| b.id)
+        .collect();
+    assert!(
+        lab.status()
+            .unwrap()
+            .vip(&vip.to_string())
+            .unwrap()
+            .backends
+            .iter()
+            .all(|b| b.opened > 0),
+        "the VIP's backends carried no connections"
+    );
     let (mut kept, backend) = kept_connection(&lab, vip);
     let removed = lab.vip_command(&["remove", "--vip", &vip_arg]);
     assert!(removed.contains("removed"), "{removed}");
@@ -1886,12 +1929,44 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
         "FAULT runtime-vip: id freed {:.1} s after the last flow's close",
         closed.elapsed().as_secs_f64()
     );
+    let held: Vec<u32> = (0..2).map(|i| removed_ids[i]).collect();
     let again = lab.vip_command(&["add", "--vip", &vip_arg, "--backend", &be(1)]);
     assert!(again.contains("added (VIP id 1)"), "{again}");
+    // The new backend takes one of the freed ids, and none of the counters
+    // of the backend that held it before.
+    let fresh = lab.status().unwrap();
+    let fresh = &fresh.vip(&vip.to_string()).unwrap().backends[0];
+    assert!(
+        held.contains(&fresh.id),
+        "id {} not one of {held:?}",
+        fresh.id
+    );
+    assert_eq!(
+        (
+            fresh.opened,
+            fresh.closed,
+            fresh.bytes_to_backend,
+            fresh.bytes_from_backend
+        ),
+        (0, 0, 0, 0),
+        "a reused id shows its last backend's counters: {fresh:?}"
+    );
     let run = lab.measure(load_to(vip, 100.0, 1.0));
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     let names: Vec<&String> = run.summary.per_backend.keys().collect();
     assert_eq!(names, [&name(1)], "{:?}", run.summary);
+    let served = lab
+        .status()
+        .unwrap()
+        .vip(&vip.to_string())
+        .unwrap()
+        .backends[0]
+        .opened;
+    let answered = run.summary.per_backend[&name(1)];
+    assert!(
+        (1..=answered).contains(&served),
+        "{served} connections opened for {answered} answers"
+    );
 }
 
 #[test]

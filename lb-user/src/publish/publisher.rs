@@ -12,11 +12,14 @@
 use std::{collections::HashSet, path::Path, time::Instant};
 
 use anyhow::Context as _;
-use lb_common::{Backend, BackendScore, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey, VipMeta};
+use lb_common::{
+    Backend, BackendConns, BackendScore, BackendStats, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey,
+    VipMeta,
+};
 use tracing::debug;
 
 use crate::{
-    kernel::maps::{self, Backends, VipBackends, Vips},
+    kernel::maps::{self, Backends, Conns, Stats, VipBackends, Vips},
     pool::{
         fleet::{FleetVip, Selection},
         plan::Plan,
@@ -37,6 +40,11 @@ pub struct Publisher {
     vips: Vips,
     slots: VipBackends,
     backends: Backends,
+    /// Each backend id's connection and traffic counters, zeroed when the
+    /// id is freed ([`Publisher::clear_backend`]).
+    conns: Conns,
+    stats: Stats,
+    cpus: usize,
     tables: TableWriter,
     pub scores: ScoreWriter,
     /// What each VIP last got, so unchanged VIPs cost nothing.
@@ -53,6 +61,11 @@ impl Publisher {
             vips: maps::vips(pin_dir)?,
             slots: maps::vip_backends(pin_dir)?,
             backends: maps::backends(pin_dir)?,
+            conns: maps::conns(pin_dir)?,
+            stats: maps::stats(pin_dir)?,
+            cpus: aya::util::nr_cpus()
+                .map_err(|(_, e)| e)
+                .context("counting possible CPUs")?,
             tables: TableWriter::open(pin_dir)?,
             scores: ScoreWriter::open(pin_dir)?,
             last: Vec::new(),
@@ -283,6 +296,18 @@ impl Publisher {
     pub fn clear_backend(&mut self, id: u32) -> anyhow::Result<()> {
         self.backends
             .set(id, Backend::default(), 0)
-            .context("clearing BACKENDS")
+            .context("clearing BACKENDS")?;
+        // The id is freed only when no flow or SNAT tuple holds it, so no
+        // packet counts under it any more: the next backend to take it
+        // starts from zero instead of showing this one's history
+        // (`lb_backend_connections_opened_total`, bytes, `status`).
+        self.conns
+            .set(id, BackendConns::default(), 0)
+            .context("zeroing BACKEND_CONNS")?;
+        let zeroed = aya::maps::PerCpuValues::try_from(vec![BackendStats::default(); self.cpus])
+            .context("zeroed per-CPU counters")?;
+        self.stats
+            .set(id, zeroed, 0)
+            .context("zeroing BACKEND_STATS")
     }
 }
