@@ -292,11 +292,12 @@ impl Runtime {
             .map(|i| self.fleet.selection(i, now))
             .collect();
         for (index, selection) in selections.iter_mut().enumerate() {
-            let plan = self.fleet.zone_plan(index, selection, |id| {
+            let plan = self.fleet.zone_plan(index, selection, now, |id| {
                 loads.zone_latency_ns(id, now, self.zone_sample_age)
             });
             if let Some(p) = &plan {
-                selection.group_by_zone(p);
+                // Not covered: logged, and the VIP routes over all.
+                let _ = selection.group_by_zone(p);
             }
             self.fleet.note_zone_plan(index, plan);
         }

@@ -147,8 +147,14 @@ impl Selection {
     }
 
     /// Groups the slots by the blocks of `plan` (blocks without a
-    /// selectable backend are left out: they get no share).
-    pub fn group_by_zone(&mut self, plan: &ZonePlan) {
+    /// selectable backend are left out: they get no share). A zone panic
+    /// has no blocks: every backend serves, as the selection has them.
+    /// Returns false if the plan did not cover the selection (a planning
+    /// bug, logged), which is then left whole.
+    pub fn group_by_zone(&mut self, plan: &ZonePlan) -> bool {
+        if plan.spill == Spill::Panic {
+            return true;
+        }
         let index = self.slot_index();
         let mut slots = Vec::with_capacity(self.slots.len());
         let mut weights = Vec::with_capacity(self.weights.len());
@@ -166,11 +172,12 @@ impl Selection {
             // Every selectable backend is in exactly one block; anything
             // else is a planning bug, and the whole VIP is the safe answer.
             warn!("zone plan does not cover the selection: routing over all backends");
-            return;
+            return false;
         }
         self.slots = slots;
         self.weights = weights;
         self.zone_blocks = blocks;
+        true
     }
 }
 
@@ -678,6 +685,13 @@ impl Fleet {
         let Some(m) = self.member_mut(id) else {
             return false;
         };
+        if m.life.state(now) != State::Active {
+            // Out of service (ejected, down, draining): late evidence (SYN
+            // timeouts and resets of flows from before) is not held
+            // against it when it returns, which it does clean.
+            m.outlier.failures_total += u64::from(failed);
+            return false;
+        }
         if !failed {
             m.outlier.success(now, &p);
             return false;
@@ -707,20 +721,26 @@ impl Fleet {
                     .is_some_and(|m| m.life.admin() == Admin::Active)
             })
             .collect();
-        let ejected = pool
+        // Ejected and down alike are out of service: ejecting past the
+        // cap counting only the ejected could take the last backend the
+        // checks pass, and the panic that followed would serve the down.
+        let unavailable = pool
             .iter()
-            .filter(|&&i| self.member(i).is_some_and(|m| m.life.is_ejected(now)))
+            .filter(|&&i| {
+                self.member(i)
+                    .is_some_and(|m| m.life.state(now) != State::Active)
+            })
             .count();
         let cap = ejection_cap(pool.len(), self.max_ejection_percent);
         let params = self.vips[vip].params;
         let m = self.member_mut(id).expect("checked");
-        if ejected >= cap {
+        if unavailable >= cap {
             warn!(
                 backend = id,
                 why = finding.name(),
-                ejected,
+                unavailable,
                 cap,
-                "outlier not ejected: the VIP is at its ejection cap"
+                "outlier not ejected: the VIP is at its ejection cap (ejected and down backends)"
             );
             m.outlier.reset(now);
             return false;
@@ -765,8 +785,14 @@ impl Fleet {
             return false;
         };
         let params = self.vips[vip].params;
-        self.member_mut(id)
-            .is_some_and(|m| m.life.check_result(passed, now, &params))
+        self.member_mut(id).is_some_and(|m| {
+            let flipped = m.life.check_result(passed, now, &params);
+            if flipped && passed {
+                // Back up: it returns clean, as from an ejection.
+                m.outlier.reset(now);
+            }
+            flipped
+        })
     }
 
     /// What the kernel should see of VIP `index` now. With no backend
@@ -783,9 +809,12 @@ impl Fleet {
         let selectable = |m: &Member| m.life.state(now) == State::Active;
         let any = members.iter().any(|m| selectable(m));
         let panic = !any && members.iter().any(|m| m.life.admin() == Admin::Active);
+        // In a panic, backends the checks pass (ejected ones) before those
+        // they fail: all of them only when the checks fail everywhere.
+        let passing = members.iter().any(|m| m.life.state(now) == State::Ejected);
         let chosen = |m: &Member| {
             if panic {
-                m.life.admin() == Admin::Active
+                m.life.admin() == Admin::Active && (!passing || m.life.state(now) == State::Ejected)
             } else {
                 selectable(m)
             }
@@ -834,6 +863,7 @@ impl Fleet {
         &self,
         index: usize,
         selection: &Selection,
+        now: Nanos,
         ewma_ns: impl Fn(u32) -> Option<u64>,
     ) -> Option<ZonePlan> {
         let vip = &self.vips[index];
@@ -861,7 +891,10 @@ impl Fleet {
                     zone: m.zone,
                     selectable: slot.is_some(),
                     weight: slot.map_or(0, |i| selection.weights[i]),
-                    full_weight: m.life.weight() * WEIGHT_UNITS,
+                    // The configured weight as smoothing moves it, so that
+                    // only the slow-start ramp and being out of service make
+                    // a zone look less healthy, not a raised weight.
+                    full_weight: m.life.smoothed_weight(now, &vip.params),
                     ewma_ns: ewma_ns(id),
                 }
             })
@@ -1038,7 +1071,11 @@ mod tests {
     /// Four backends: .21 and .23 in zone b, .22 and .24 in zone a (the
     /// balancer's), so grouping by zone must reorder the slots.
     fn zoned_fleet() -> Fleet {
-        let argv = [
+        zoned_fleet_with(&[])
+    }
+
+    fn zoned_fleet_with(extra: &[&str]) -> Fleet {
+        let mut argv = vec![
             "lb-user",
             "--iface",
             "eth0",
@@ -1057,12 +1094,48 @@ mod tests {
             "--slow-start",
             "0s",
         ];
-        let config = Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap();
+        argv.extend_from_slice(extra);
+        let config = config_of(&argv);
         Fleet::new(&config, &Plan::new(&config), Nanos(SEC))
+    }
+
+    /// A zone-aware VIP whose backends all fail their checks is in the
+    /// zone panic every tick: that is no planning bug (no warning a tick),
+    /// and every backend serves.
+    #[test]
+    fn the_zone_panic_serves_every_backend_without_a_planning_warning() {
+        let mut f = zoned_fleet_with(&["--health-check", "tcp", "--health-fall", "1"]);
+        let now = Nanos(2 * SEC);
+        for id in 0..4 {
+            f.health_result(id, false, now);
+        }
+        let mut s = f.selection(0, now);
+        let plan = f.zone_plan(0, &s, now, |_| Some(1_000_000)).unwrap();
+        assert_eq!(plan.spill, Spill::Panic);
+        assert!(
+            s.group_by_zone(&plan),
+            "the panic read as an uncovered plan"
+        );
+        assert_eq!(s.slots, [0, 1, 2, 3]);
+        assert!(s.zone_blocks.is_empty());
+    }
+
+    /// Raising the local zone's weights under weight smoothing adds
+    /// capacity there: it must not read as a less healthy zone that
+    /// spills its traffic out while the weights move.
+    #[test]
+    fn a_raised_weight_under_smoothing_keeps_the_zone_local() {
+        let mut f = zoned_fleet_with(&["--weight-smoothing", "30s"]);
+        let vip: VipAddr = "10.0.0.100:80".parse().unwrap();
+        let now = Nanos(2 * SEC);
+        for b in ["10.0.0.22:80", "10.0.0.24:80"] {
+            f.set_weight(&vip, addr(b), 4, now).unwrap();
+        }
+        for t in [now, Nanos(12 * SEC), Nanos(40 * SEC)] {
+            let s = f.selection(0, t);
+            let plan = f.zone_plan(0, &s, t, |_| Some(1_000_000)).unwrap();
+            assert_eq!(plan.spill, Spill::Local, "at {t:?}: {plan:?}");
+        }
     }
 
     #[test]
@@ -1071,9 +1144,9 @@ mod tests {
         let now = Nanos(2 * SEC);
         let mut s = f.selection(0, now);
         assert_eq!(s.slots, [0, 1, 2, 3]);
-        let plan = f.zone_plan(0, &s, |_| Some(1_000_000)).unwrap();
+        let plan = f.zone_plan(0, &s, now, |_| Some(1_000_000)).unwrap();
         assert_eq!(plan.spill, Spill::Local);
-        s.group_by_zone(&plan);
+        assert!(s.group_by_zone(&plan));
         assert_eq!(s.slots, [1, 3, 0, 2]);
         assert_eq!(s.zone_blocks, [2, 2]);
         assert_eq!(s.weights.len(), 4);
@@ -1082,7 +1155,7 @@ mod tests {
         f.health_result(1, false, now);
         f.health_result(1, false, now);
         let s = f.selection(0, now);
-        let plan = f.zone_plan(0, &s, |_| Some(1_000_000)).unwrap();
+        let plan = f.zone_plan(0, &s, now, |_| Some(1_000_000)).unwrap();
         assert_eq!(plan.spill, Spill::Spilling, "{plan:?}");
         assert_eq!(plan.blocks[0].slots, [3]);
         // Not zone-aware without the balancer's zone.
@@ -1093,7 +1166,7 @@ mod tests {
             states: Vec::new(),
             zone_blocks: Vec::new(),
         };
-        assert!(plain.zone_plan(0, &s, |_| None).is_none());
+        assert!(plain.zone_plan(0, &s, Nanos(2 * SEC), |_| None).is_none());
     }
 
     fn refuse(f: &mut Fleet, id: u32, times: u32, now: Nanos) {
@@ -1138,6 +1211,76 @@ mod tests {
         f.health_result(2, true, now);
         f.health_result(2, true, now);
         assert_eq!(f.selection(0, now).slots, [2]);
+    }
+
+    /// Two backends down by their checks, and the two left overloaded into
+    /// refusals: the cap counts the down ones, so the last backend the
+    /// checks pass stays in, and no panic sends flows to the down ones.
+    #[test]
+    fn the_cap_counts_down_backends_and_keeps_the_last_passing_one() {
+        let (mut f, _) = fleet(&["--health-check", "tcp", "--health-fall", "1"]);
+        let now = Nanos(2 * SEC);
+        f.health_result(0, false, now);
+        f.health_result(1, false, now);
+        refuse(&mut f, 2, 3, now);
+        refuse(&mut f, 3, 3, now);
+        let s = f.selection(0, now);
+        assert_eq!(s.slots, [2, 3]);
+        assert!(!f.vips[0].panic);
+        // Were one of them ejected anyway (an older instance's state), the
+        // panic serves the ejected one, which passes its checks, not the
+        // down ones.
+        let params = f.vips[0].params;
+        f.member_mut(2).unwrap().life.eject(now, &params, "test");
+        f.member_mut(3).unwrap().life.eject(now, &params, "test");
+        let s = f.selection(0, now);
+        assert!(f.vips[0].panic);
+        assert_eq!(s.slots, [2, 3]);
+    }
+
+    /// Refusals that arrive while a backend is ejected (SYN timeouts of
+    /// flows sent before) are not held against it when it returns.
+    #[test]
+    fn failures_while_out_of_service_are_not_evidence_on_return() {
+        let (mut f, _) = fleet(&["--health-check", "tcp", "--health-fall", "1"]);
+        let t = Nanos(2 * SEC);
+        refuse(&mut f, 0, 3, t);
+        assert_eq!(f.selection(0, t).slots, [1, 2, 3]);
+        refuse(&mut f, 0, 5, Nanos(3 * SEC));
+        let back = Nanos(33 * SEC);
+        f.tick(back, |_| 0);
+        assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
+        assert!(!f.on_event(Event::Refused { backend: 0 }, back));
+        assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
+        // The same after failed checks: down, refused, up again.
+        f.health_result(1, false, back);
+        refuse(&mut f, 1, 5, back);
+        f.health_result(1, true, back);
+        f.health_result(1, true, back);
+        assert!(!f.on_event(Event::Refused { backend: 1 }, back));
+        assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
+        // Counted all the same.
+        assert_eq!(f.member(0).unwrap().outlier.failures_total, 9);
+    }
+
+    /// The ejection count falls per base time in service: time down does
+    /// not count, so a backend the checks also flap keeps its history.
+    #[test]
+    fn the_ejection_count_does_not_fall_while_down() {
+        let (mut f, _) = fleet(&["--health-check", "tcp", "--health-fall", "1"]);
+        let t = Nanos(2 * SEC);
+        refuse(&mut f, 0, 3, t);
+        let back = Nanos(33 * SEC);
+        f.tick(back, |_| 0);
+        f.health_result(0, false, back);
+        // 100 s down: three base times, none in service.
+        let up = Nanos(133 * SEC);
+        f.tick(up, |_| 0);
+        assert_eq!(f.member(0).unwrap().life.ejections(), 1);
+        f.health_result(0, true, up);
+        f.health_result(0, true, up);
+        f.tick(Nanos(164 * SEC), |_| 0);
+        assert_eq!(f.member(0).unwrap().life.ejections(), 0);
     }
 
     /// A pass that started before the event loop saw a backend removed

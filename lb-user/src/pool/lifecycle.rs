@@ -202,9 +202,11 @@ impl Lifecycle {
         }
         // Hysteresis: the count that lengthens the next ejection only falls
         // after a whole base time in service, so a flapping backend stays
-        // out longer each time instead of thrashing.
-        if self.ejected_until.is_none()
-            && self.ejections > 0
+        // out longer each time instead of thrashing. Time down or drained
+        // is not in service: the base time starts again on return.
+        if self.state(now) != State::Active {
+            self.last_decay = now;
+        } else if self.ejections > 0
             && !p.ejection_base.is_zero()
             && now.since(self.last_decay) >= p.ejection_base
         {
@@ -224,6 +226,12 @@ impl Lifecycle {
         let (from, to) = (f64::from(self.weight_from), f64::from(self.weight_to));
         let progress = fraction(now.since(self.weight_changed), p.weight_smoothing);
         from + (to - from) * progress
+    }
+
+    /// The configured weight as weight smoothing moves it, in weight
+    /// units (no slow-start ramp).
+    pub fn smoothed_weight(&self, now: Nanos, p: &LifecycleParams) -> u32 {
+        (self.target_weight(now, p) * f64::from(WEIGHT_UNITS)).round() as u32
     }
 
     /// Slow-start factor: `max(floor, elapsed / window)`, 1 when not ramping.
