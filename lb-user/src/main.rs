@@ -72,6 +72,25 @@ fn clap_message(e: &clap::Error) -> String {
     }
 }
 
+/// The instance a control command goes to. Root finds it as `status`
+/// does (joining the host's mount namespace to see its pins if needed).
+/// Anyone else may be a member of the socket's `--control-group`, whom the
+/// daemon lets in: it names the instance (listing instances reads the pins,
+/// which are root's), and the daemon's credential check decides.
+fn control_instance(requested: Option<String>) -> anyhow::Result<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        bpffs::join_host_mount_ns_if_hidden()?;
+        return status::resolve_instance(requested);
+    }
+    match requested {
+        Some(name) => status::resolve_instance(Some(name)),
+        None => bail!(
+            "not root: name the instance with --instance NAME (listing the running instances              needs root; a member of the control socket's --control-group may send commands)"
+        ),
+    }
+}
+
 fn require_root() -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -220,9 +239,7 @@ fn change_vip(args: VipArgs) -> anyhow::Result<()> {
         }
         VipCommand::Remove => ControlCommand::VipRemove,
     };
-    require_root()?;
-    bpffs::join_host_mount_ns_if_hidden()?;
-    let instance = status::resolve_instance(args.instance)?;
+    let instance = control_instance(args.instance)?;
     let request = control::Request {
         command,
         vip: args.vip.to_string(),
@@ -269,9 +286,7 @@ fn change_backend(args: BackendArgs) -> anyhow::Result<()> {
             format!("{:?}", args.action).to_lowercase()
         );
     }
-    require_root()?;
-    bpffs::join_host_mount_ns_if_hidden()?;
-    let instance = status::resolve_instance(args.instance)?;
+    let instance = control_instance(args.instance)?;
     let request = control::Request {
         command: args.action.into(),
         vip: args.vip.to_string(),

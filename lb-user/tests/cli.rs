@@ -669,6 +669,34 @@ fn connect_as(who: Identity, socket: &Path) -> String {
     if matches!(who, Identity::NobodyWithRootFiles) {
         cmd.env(PEER_ROOT_FILES_ENV, "1");
     }
+    become_(&mut cmd, who);
+    let out = cmd.output().expect("run the client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| {
+            let at = l.find("ANSWER ").or_else(|| l.find("CONNECT "))?;
+            Some(&l[at..])
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no answer from the client: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .to_string()
+}
+
+/// The real `lb-user ARGS...` run as `who`.
+fn lb_user_as(who: Identity, args: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    become_(&mut cmd, who);
+    cmd.output().expect("run lb-user")
+}
+
+/// Makes `cmd` run as `who` (its credentials set between fork and exec).
+fn become_(cmd: &mut Command, who: Identity) {
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -690,21 +718,6 @@ fn connect_as(who: Identity, socket: &Path) -> String {
             }
         });
     }
-    let out = cmd.output().expect("run the client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .find_map(|l| {
-            let at = l.find("ANSWER ").or_else(|| l.find("CONNECT "))?;
-            Some(&l[at..])
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no answer from the client: {stdout} {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-        .to_string()
 }
 
 /// The permission bits, owner and group of `path`.
@@ -751,6 +764,35 @@ fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
         } else {
             assert!(member.contains("Permission denied"), "{member}");
         }
+        // The same member through lb-user itself, which leaves the
+        // decision to the daemon: answered when in the group, refused by
+        // the socket's permissions otherwise; told to name the instance
+        // when it does not (listing instances needs root).
+        let drain = [
+            "backend",
+            "drain",
+            "--vip",
+            "10.77.0.100:80",
+            "--backend",
+            "10.77.0.99:8080",
+        ];
+        let named = [&drain[..], &["--instance", &instance]].concat();
+        let out = lb_user_as(Identity::NobodyInGroup(1), &named);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        let expected = if group.is_some() {
+            "has no backend 10.77.0.99:8080"
+        } else {
+            "Permission denied"
+        };
+        assert!(stderr.contains(expected), "{group:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        let out = lb_user_as(Identity::NobodyInGroup(1), &drain);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("not root: name the instance with --instance NAME"),
+            "{stderr}"
+        );
         // Refused peers, and a member's change, are logged with their
         // credentials.
         let last = if group.is_some() {

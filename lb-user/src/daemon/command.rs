@@ -62,6 +62,7 @@ impl Runtime {
                 return Ok(vip_id);
             }
             None => {
+                self.fleet.check_not_last_vip(&vip)?;
                 let vip_id = self.fleet.remove_vip(&vip, now)?;
                 self.state.record_vip_removed(&vip);
                 return Ok(vip_id);
@@ -79,7 +80,10 @@ impl Runtime {
                 self.loads.reset(id, self.fresh_load.clone());
                 id
             }
-            BackendCommand::Remove => fleet.set_admin(&vip, backend.addr, Admin::Removed, now)?,
+            BackendCommand::Remove => {
+                fleet.check_not_last(&vip, backend.addr)?;
+                fleet.set_admin(&vip, backend.addr, Admin::Removed, now)?
+            }
             BackendCommand::Drain => fleet.set_admin(&vip, backend.addr, Admin::Draining, now)?,
             BackendCommand::Undrain => fleet.set_admin(&vip, backend.addr, Admin::Active, now)?,
             BackendCommand::Weight => {

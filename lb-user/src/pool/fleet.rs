@@ -53,6 +53,12 @@ pub enum FleetError {
     VipFull(String),
     #[error("VIP {0} already exists")]
     VipExists(String),
+    #[error(
+        "backend {backend} is the last of VIP {vip}, which needs one: add another first, or remove the VIP"
+    )]
+    LastBackend { vip: String, backend: String },
+    #[error("VIP {0} is the last one served, and the balancer needs one: add another first")]
+    LastVip(String),
     #[error("VIP {0} was removed and still drains its flows; add it again once they ended")]
     VipDraining(String),
     #[error("no free VIP id (at most {MAX_VIPS}, including removed ones still draining)")]
@@ -506,6 +512,46 @@ impl Fleet {
         }
         m.life.set_admin(admin, now, &params);
         Ok(id)
+    }
+
+    /// Refuses to remove `backend` if it is the last backend `vip` has
+    /// (not counting removed ones): an operator's removal that the state
+    /// file's overlay would undo at the next restart or reload (a VIP
+    /// keeps its last backend there, as the configuration's rules say).
+    pub fn check_not_last(&self, vip: &VipAddr, backend: SocketAddr) -> Result<(), FleetError> {
+        let id = self.find(vip, backend)?;
+        let index = self.vip_index(vip)?;
+        let others = self.vips[index]
+            .members
+            .iter()
+            .filter(|&&i| i != id)
+            .filter_map(|&i| self.member(i))
+            .any(|m| m.life.admin() != Admin::Removed);
+        let removed = self
+            .member(id)
+            .is_some_and(|m| m.life.admin() == Admin::Removed);
+        if others || removed {
+            return Ok(());
+        }
+        Err(FleetError::LastBackend {
+            vip: vip.to_string(),
+            backend: backend.to_string(),
+        })
+    }
+
+    /// Refuses to remove `vip` if it is the last VIP served (see
+    /// [`Fleet::check_not_last`]).
+    pub fn check_not_last_vip(&self, vip: &VipAddr) -> Result<(), FleetError> {
+        let index = self.vip_index(vip)?;
+        let others = self
+            .vips
+            .iter()
+            .enumerate()
+            .any(|(i, v)| i != index && !v.removed);
+        if others || self.vips[index].removed {
+            return Ok(());
+        }
+        Err(FleetError::LastVip(vip.to_string()))
     }
 
     pub fn set_weight(
@@ -1281,6 +1327,30 @@ mod tests {
         f.health_result(0, true, up);
         f.tick(Nanos(164 * SEC), |_| 0);
         assert_eq!(f.member(0).unwrap().life.ejections(), 0);
+    }
+
+    /// The operator cannot remove a VIP's last backend or the last VIP:
+    /// the state file would bring them back at the next restart.
+    #[test]
+    fn the_last_backend_and_the_last_vip_are_not_removed() {
+        let (mut f, vip) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        for b in ["10.0.0.21:80", "10.0.0.22:80", "10.0.0.23:80"] {
+            f.check_not_last(&vip, addr(b)).unwrap();
+            f.set_admin(&vip, addr(b), Admin::Removed, now).unwrap();
+        }
+        // Drained, not removed: it still counts as the VIP's.
+        f.set_admin(&vip, addr("10.0.0.24:80"), Admin::Draining, now)
+            .unwrap();
+        let e = f.check_not_last(&vip, addr("10.0.0.24:80")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "backend 10.0.0.24:80 is the last of VIP 10.0.0.100:80/tcp, which needs one: add another first, or remove the VIP"
+        );
+        // One already removed may be removed again (a no-op).
+        f.check_not_last(&vip, addr("10.0.0.21:80")).unwrap();
+        let e = f.check_not_last_vip(&vip).unwrap_err();
+        assert!(e.to_string().contains("is the last one served"), "{e}");
     }
 
     /// A pass that started before the event loop saw a backend removed
