@@ -44,7 +44,7 @@ pub trait Handlers {
     fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()>;
     fn on_command(&mut self, request: &Request, now: Nanos) -> Response;
     fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()>;
-    fn snapshot(&self, now: Nanos) -> Snapshot;
+    fn snapshot(&mut self, now: Nanos) -> Snapshot;
     /// A discovered VIP's wanted backends changed (see `discovery.rs`).
     fn on_discovery(&mut self, _update: &Update, _now: Nanos) -> anyhow::Result<()> {
         Ok(())
@@ -256,7 +256,7 @@ mod tests {
             self.calls.push(("reload", now.0));
             self.outcome()
         }
-        fn snapshot(&self, _: Nanos) -> Snapshot {
+        fn snapshot(&mut self, _: Nanos) -> Snapshot {
             Snapshot {
                 events_received: self.calls.len() as u64,
                 ..Snapshot::default()

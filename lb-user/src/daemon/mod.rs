@@ -281,7 +281,7 @@ impl Handlers for Runtime {
     fn on_reload(&mut self, config: &Config, now: Nanos) -> anyhow::Result<()> {
         Runtime::on_reload(self, config, now)
     }
-    fn snapshot(&self, now: Nanos) -> Snapshot {
+    fn snapshot(&mut self, now: Nanos) -> Snapshot {
         Runtime::snapshot(self, now)
     }
     fn on_discovery(&mut self, update: &Update, now: Nanos) -> anyhow::Result<()> {

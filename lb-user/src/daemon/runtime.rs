@@ -51,6 +51,8 @@ use crate::{
 
 pub struct Runtime {
     pub(super) fleet: Fleet,
+    /// Each zone's connections as a counter that only grows (metrics).
+    pub(super) zone_opened: super::snapshot::ZoneOpened,
     pub(super) loads: LoadTable,
     /// What a backend that joins at runtime starts with.
     pub(super) fresh_load: BackendLoad,
@@ -137,6 +139,7 @@ impl Runtime {
             events_received: 0,
             latency_reads: 0,
             flows_evicted: 0,
+            zone_opened: Default::default(),
             flow_entries: 0,
             reconcile_interval: crate::ingest::reconcile::MIN_PASS_INTERVAL,
             discovery: crate::discover::state::DiscoveryState::new(

@@ -34,6 +34,11 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// A client that has not sent its whole request head in this time (all of
 /// it, not each read: a slow trickle is dropped too) is dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// A client that has not taken the whole answer in this time is dropped:
+/// one that sends its request and never reads would otherwise hold its
+/// slot for good once the answer outgrows the socket buffers (thousands of
+/// backends), and sixteen such clients would lock every scrape out.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most scrapes served at once; more connections are closed unanswered.
 const MAX_CONNECTIONS: usize = 16;
 /// Pause after a failed accept (e.g. out of file descriptors).
@@ -851,7 +856,10 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(stream: &mut R) -> anyhow::R
     Ok(head)
 }
 
-async fn answer(mut stream: TcpStream, scrapes: mpsc::Sender<Scrape>) -> anyhow::Result<()> {
+async fn answer<S>(mut stream: S, scrapes: mpsc::Sender<Scrape>) -> anyhow::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let head = read_head(&mut stream).await?;
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
@@ -868,7 +876,9 @@ async fn answer(mut stream: TcpStream, scrapes: mpsc::Sender<Scrape>) -> anyhow:
         "HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(response.as_bytes()).await?;
+    timeout(WRITE_TIMEOUT, stream.write_all(response.as_bytes()))
+        .await
+        .context("the answer was not taken in time")??;
     Ok(())
 }
 
@@ -1042,6 +1052,41 @@ mod tests {
                 .unwrap()
                 .starts_with(b"GET /metrics")
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_reads_its_answer_is_dropped_at_the_deadline() {
+        let (tx, mut rx) = mpsc::channel::<Scrape>(1);
+        tokio::spawn(async move {
+            while let Some(reply) = rx.recv().await {
+                // Far more than the pipe's 64 bytes.
+                let _ = reply.send("lb_x 1\n".repeat(10_000));
+            }
+        });
+        let (mut client, server) = tokio::io::duplex(64);
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let answered = answer(server, tx.clone()).await;
+        let e = answered.expect_err("a client that never reads held its slot");
+        assert!(e.to_string().contains("not taken in time"), "{e:#}");
+        assert_eq!(started.elapsed().as_secs(), WRITE_TIMEOUT.as_secs());
+        drop(client);
+        // One that reads gets all of it.
+        let (mut client, server) = tokio::io::duplex(64);
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let reader = tokio::spawn(async move {
+            let mut text = String::new();
+            client.read_to_string(&mut text).await.unwrap();
+            text
+        });
+        answer(server, tx).await.unwrap();
+        assert!(reader.await.unwrap().ends_with(&"lb_x 1\n".repeat(10_000)));
     }
 
     #[test]
