@@ -253,8 +253,13 @@ assert_size!(VipState, 8);
 pub const BACKEND_ACTIVE: u8 = 0;
 /// Keeps its established flows, gets no new ones.
 pub const BACKEND_DRAINING: u8 = 1;
-/// Removed from selection by outlier detection or health checks.
+/// Removed from selection by outlier detection.
 pub const BACKEND_EJECTED: u8 = 2;
+/// Removed from selection by its failed health checks. (Before it had a
+/// value of its own, such a backend was written as [`BACKEND_EJECTED`];
+/// the data path selects only [`BACKEND_ACTIVE`] backends, so both read
+/// alike there.)
+pub const BACKEND_DOWN: u8 = 3;
 
 /// Value of [`crate::BACKENDS_MAP`] (array indexed by backend id).
 #[repr(C)]
@@ -264,7 +269,8 @@ pub struct Backend {
     /// Port in network byte order.
     pub port: u16,
     pub family: u8,
-    /// [`BACKEND_ACTIVE`], [`BACKEND_DRAINING`] or [`BACKEND_EJECTED`].
+    /// [`BACKEND_ACTIVE`], [`BACKEND_DRAINING`], [`BACKEND_EJECTED`] or
+    /// [`BACKEND_DOWN`].
     pub state: u8,
     pub vip_id: u32,
     /// Configured weight (the effective weight used for scoring is in

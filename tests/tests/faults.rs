@@ -197,7 +197,11 @@ fn killed_backend_loses_only_its_in_flight_requests() {
         thread::sleep(Duration::from_millis(1_500));
         let status = lab.status().unwrap();
         let dead = backend_status(&status, lab, 2).unwrap();
-        assert_eq!(dead.state, "ejected", "{dead:?}");
+        // Out of selection: by its checks (down) or by its refusals (ejected).
+        assert!(
+            ["down", "ejected"].contains(&dead.state.as_str()),
+            "{dead:?}"
+        );
         dead.opened
     });
     let (summary, opened_at_detection) = (&run.summary, run.during);

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use lb_common::{BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED};
+use lb_common::{BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, BACKEND_EJECTED};
 use tracing::info;
 
 use crate::{estimate::WEIGHT_UNITS, kernel::clock::Nanos, settings::ops::LifecycleParams};
@@ -126,7 +126,8 @@ impl Lifecycle {
         match self.state(now) {
             State::Active => BACKEND_ACTIVE,
             State::Draining => BACKEND_DRAINING,
-            State::Ejected | State::Down => BACKEND_EJECTED,
+            State::Ejected => BACKEND_EJECTED,
+            State::Down => BACKEND_DOWN,
         }
     }
 
@@ -312,7 +313,7 @@ mod tests {
         assert!(!b.check_result(false, at(5), &P));
         assert!(b.check_result(false, at(6), &P));
         assert_eq!(b.state(at(6)), State::Down);
-        assert_eq!(b.kernel_state(at(6)), BACKEND_EJECTED);
+        assert_eq!(b.kernel_state(at(6)), BACKEND_DOWN);
         assert!(!b.check_result(true, at(7), &P));
         assert_eq!(b.state(at(7)), State::Down);
         assert!(b.check_result(true, at(8), &P));

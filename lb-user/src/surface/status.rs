@@ -37,7 +37,7 @@
 //!       "address": "10.0.0.21:8080",
 //!       "zone": "a",                   // absent: no zone (or not zone-aware)
 //!       "weight": 0.5,                 // effective weight (slow start, smoothing)
-//!       "state": "active",             // "active" | "draining" | "ejected"
+//!       "state": "active",             // "active" | "draining" | "ejected" | "down"
 //!       "inflight": 3,                 // opened - closed + correction
 //!       "ewma_ms": 1.2,                // Peak-EWMA latency, milliseconds
 //!       "cost": 1200000,               // ewma_ns * 100 / (weight * 100)
@@ -57,7 +57,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow, bail};
 use lb_common::{
-    BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
+    BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
     MAX_SNAT_ADDRS, VIP_F_P2C_RELIEF, reason,
 };
 use serde::Serialize;
@@ -256,6 +256,7 @@ fn state_name(state: u8) -> String {
         BACKEND_ACTIVE => "active",
         BACKEND_DRAINING => "draining",
         BACKEND_EJECTED => "ejected",
+        BACKEND_DOWN => "down",
         _ => "unknown",
     }
     .to_string()
@@ -610,11 +611,11 @@ pub fn render_table(s: &Status) -> String {
 
 #[cfg(test)]
 mod tests {
-    use lb_common::{BACKEND_ACTIVE, LbConfig};
+    use lb_common::{BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, BACKEND_EJECTED, LbConfig};
 
     use super::{
         BackendStatus, SnatCount, Status, VipStatus, backend_status, p2c_bound_ms, render_table,
-        snat_held_by_address, snat_tuples,
+        snat_held_by_address, snat_tuples, state_name,
     };
     use crate::kernel::wire;
 
@@ -825,5 +826,22 @@ mod tests {
             ),
             "{table}"
         );
+    }
+
+    /// A backend down by its checks reads "down", not "ejected" (outlier
+    /// detection's), so an operator looks at the right cause.
+    #[test]
+    fn each_kernel_state_has_its_own_name() {
+        let names: Vec<String> = [
+            BACKEND_ACTIVE,
+            BACKEND_DRAINING,
+            BACKEND_EJECTED,
+            BACKEND_DOWN,
+            9,
+        ]
+        .into_iter()
+        .map(state_name)
+        .collect();
+        assert_eq!(names, ["active", "draining", "ejected", "down", "unknown"]);
     }
 }
