@@ -20,7 +20,8 @@
 //!   see `flow::may_take_over`);
 //! - reply entry, open, whose forward entry is gone or now belongs to
 //!   another connection (a new SYN on the same client tuple): an orphan,
-//!   stamped closed now, so its tuple is freed after a quarantine.
+//!   counted closed and stamped closed now, so its tuple is freed after a
+//!   quarantine.
 //!
 //! Idle expiry reads only the forward entry's `last_seen_ns`. The reply
 //! path refreshes it at most once a second per flow, when the reply
@@ -62,7 +63,7 @@ use crate::{
     flow::{Translation, lookup, remove, snat_used},
     helpers::now,
     maps::{CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
-    track::{close_counted, forward_key_of, stamp_closed},
+    track::{close_counted, count_closed, forward_key_of, stamp_closed},
 };
 
 /// The walk's inputs and tallies, shared with the callback.
@@ -201,6 +202,14 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
             && !being_created(walk, entry, created)
             && !forward_points_back::<V6>(&key, entry)
         {
+            // Every way a forward entry leaves the table counts its
+            // connection closed and stamps this entry first; an open one
+            // left alone lost its forward entry uncounted, and would hold
+            // its backend's in-flight count (and its id) up for good.
+            if Flags::of(entry).get() & FLOW_F_CLOSED == 0 {
+                // SAFETY: live map value.
+                count_closed(unsafe { (*entry).backend_id });
+            }
             stamp_closed(Some(entry), walk.now);
             walk.stats.orphans += 1;
         }

@@ -324,11 +324,18 @@ pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
         (*fwd).last_seen_ns = now;
         (*fwd).backend_id
     };
+    count_closed(backend_id);
+    true
+}
+
+/// Counts one connection of backend `backend_id` closed (its `closed`, of
+/// which `opened` less it is the backend's in-flight count).
+#[inline(always)]
+pub fn count_closed(backend_id: u32) {
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
         unsafe { add_u64(&raw mut (*conns).closed, 1) };
     }
-    true
 }
 
 /// Marks a reply entry closed at `now`, starting its SNAT tuple's

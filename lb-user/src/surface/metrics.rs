@@ -20,7 +20,7 @@ use prometheus_client::{
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::{Semaphore, mpsc, oneshot},
     task::JoinHandle,
     time::{sleep, timeout},
@@ -1011,7 +1011,7 @@ mod tests {
             }
         });
         for (path, want) in [("/metrics", "200 OK"), ("/", "404")] {
-            let mut s = TcpStream::connect(addr).await.unwrap();
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
                 .await
                 .unwrap();
