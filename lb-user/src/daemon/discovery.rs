@@ -114,7 +114,8 @@ impl Runtime {
                 zone: self.discovery.zones.get(&(update.vip, m.addr)).copied(),
             })
             .collect();
-        let changes = plan::plan(&pool, &update.wanted, self.discovery.max_removal_percent);
+        let live = pool.iter().filter(|m| !m.removed).count();
+        let mut changes = plan::plan(&pool, &update.wanted, self.discovery.max_removal_percent);
         for e in &update.wanted {
             match e.zone {
                 Some(z) => self.discovery.zones.insert((update.vip, e.addr), z),
@@ -122,23 +123,28 @@ impl Runtime {
             };
         }
         self.discovery.revisions.insert(update.vip, update.revision);
-        if changes.deferred > 0 {
-            warn!(vip = %vip, deferred = changes.deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap");
-        }
         if changes.is_empty() {
+            self.warn_deferred(update, changes.deferred);
             return Ok(());
         }
         let mut failed = 0;
+        let mut added = 0;
         for e in &changes.add {
             // The watch probed its next hop before reporting it.
             match self.fleet.add(&vip, e.backend(), now) {
-                Ok(id) => self.loads.reset(id, self.fresh_load.clone()),
+                Ok(id) => {
+                    added += 1;
+                    self.loads.reset(id, self.fresh_load.clone());
+                }
                 Err(err) => {
                     failed += 1;
                     warn!(vip = %vip, backend = %e.addr, "discovery: cannot add: {err}");
                 }
             }
         }
+        // The plan counted every add as a member that stays.
+        changes.keep_one(live, added);
+        self.warn_deferred(update, changes.deferred);
         for (addr, weight) in &changes.reweight {
             if let Err(err) = self.fleet.set_weight(&vip, *addr, *weight, now) {
                 failed += 1;
@@ -170,5 +176,11 @@ impl Runtime {
         );
         self.after_membership_change();
         self.on_tick(now)
+    }
+
+    fn warn_deferred(&self, update: &Update, deferred: usize) {
+        if deferred > 0 {
+            warn!(vip = %update.vip, deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap (or to keep a member)");
+        }
     }
 }
