@@ -8,10 +8,11 @@
 //! ([`Watcher::spawn`]) watches from R+1. A broken stream is reconnected
 //! with backoff and resumes from the last revision seen (changes read
 //! before the break are reported first: the resumed watch starts after
-//! them, so they would never come again); a compacted
-//! revision makes it read the prefix again and report the new whole set,
-//! which the daemon diffs against the pool. Losing etcd reports nothing:
-//! the pool stays as it is (fail static).
+//! them, so they would never come again). A compacted revision, or a
+//! store whose revision went back below the view's (etcd wiped or
+//! restored from a backup), makes it read the prefix again and report the
+//! new whole set, which the daemon diffs against the pool. Losing etcd
+//! reports nothing: the pool stays as it is (fail static).
 
 use std::{
     collections::HashSet,
@@ -383,6 +384,11 @@ enum Ended {
     Broken(String),
     /// The revision was compacted: read again.
     Compacted(i64),
+    /// etcd's store is at this revision, below the view's: its data was
+    /// wiped or restored from a backup. A watch from the view's revision
+    /// would wait, silent, for revisions the store reaches only with other
+    /// writes: read again.
+    Rewound(i64),
     /// The daemon is gone.
     Closed,
 }
@@ -391,14 +397,21 @@ fn stream_ended() -> Ended {
     Ended::Broken("the watch stream ended".into())
 }
 
-/// Whether `message` ends the watch, and how.
-fn ending(message: &Message) -> Option<Ended> {
+/// Whether `message` ends the watch of a view at `view_revision`, and how.
+fn ending(message: &Message, view_revision: i64) -> Option<Ended> {
     if message.compact_revision > 0 {
         return Some(Ended::Compacted(message.compact_revision));
     }
     if message.canceled {
         let reason = format!("watch canceled: {}", message.cancel_reason);
         return Some(Ended::Broken(reason));
+    }
+    // A new watch's first answer carries the store's current revision.
+    if let Some(revision) = message
+        .revision
+        .filter(|&r| message.created && r < view_revision)
+    {
+        return Some(Ended::Rewound(revision));
     }
     None
 }
@@ -495,6 +508,10 @@ impl VipWatch {
                     backoff = BACKOFF_FIRST;
                     continue;
                 }
+                Ended::Rewound(at) => {
+                    warn!(vip = %self.name, store = at, revision = self.view.revision, retry_in = ?backoff, "discovery: etcd's revision went back (its data wiped or restored), reading the prefix again");
+                    self.resync = true;
+                }
                 Ended::Broken(why) => {
                     warn!(vip = %self.name, revision = self.view.revision, retry_in = ?backoff, "discovery: etcd watch lost, keeping the last known backends: {why}");
                 }
@@ -559,7 +576,7 @@ impl VipWatch {
         let mut next = Some(first);
         let started = tokio::time::Instant::now();
         while let Some(message) = next.take() {
-            if let Some(ended) = ending(&message) {
+            if let Some(ended) = ending(&message, self.view.revision) {
                 return (changed, Some(ended));
             }
             changed |= self.apply(&message);
@@ -770,16 +787,50 @@ mod tests {
         let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
     }
 
+    fn created(revision: i64) -> Message {
+        Message {
+            revision: Some(revision),
+            created: true,
+            ..Message::default()
+        }
+    }
+
+    #[test]
+    fn a_new_watch_on_a_store_behind_the_view_reads_the_prefix_again() {
+        assert_eq!(ending(&created(5), 10), Some(Ended::Rewound(5)));
+        assert_eq!(ending(&created(10), 10), None, "nothing new since");
+        assert_eq!(ending(&created(12), 10), None);
+        // Only the creation says where the store is: a progress
+        // notification behind the view (a lagging member) is no rewind.
+        let progress = Message {
+            revision: Some(5),
+            ..Message::default()
+        };
+        assert_eq!(ending(&progress, 10), None);
+        let compacted = Message {
+            compact_revision: 7,
+            ..created(5)
+        };
+        assert_eq!(ending(&compacted, 10), Some(Ended::Compacted(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rewound_store_ends_the_watch_before_any_event() {
+        let (mut task, mut rx) = watch("rewound");
+        let mut stream = Script(VecDeque::from([
+            Ok(created(3)),
+            Ok(put("x", "127.0.0.22:80", 4)),
+        ]));
+        assert_eq!(task.follow(&mut stream).await, Ended::Rewound(3));
+        assert_eq!(task.view.revision, 10);
+        assert!(rx.try_recv().is_err());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn events_close_together_are_one_update() {
         let (mut task, mut rx) = watch("quiet");
-        let created = Message {
-            revision: Some(10),
-            created: true,
-            ..Message::default()
-        };
         let mut stream = Script(VecDeque::from([
-            Ok(created),
+            Ok(created(10)),
             Ok(put("x", "127.0.0.22:80", 11)),
             Ok(put("y", "127.0.0.23:80", 12)),
         ]));
