@@ -154,20 +154,23 @@ fn log_skipped(status: &DiscoveryStatus, skipped: &[Skipped]) {
     }
 }
 
-/// Reads `prefix` at `revision` (0: the current one).
+/// Reads `last`'s prefix at `revision` (0: the current one); a key whose
+/// value is now bad keeps its value in `last` (see [`PrefixView::reread`]).
 async fn read_prefix(
     client: &mut Client,
-    prefix: &str,
-    vip: VipAddr,
+    last: &PrefixView,
     revision: i64,
 ) -> anyhow::Result<(PrefixView, Vec<Skipped>)> {
     let mut options = GetOptions::new().with_prefix();
     if revision > 0 {
         options = options.with_revision(revision);
     }
-    let response = tokio::time::timeout(etcd::REQUEST_TIMEOUT, client.get(prefix, Some(options)))
-        .await
-        .context("reading the prefix timed out")??;
+    let response = tokio::time::timeout(
+        etcd::REQUEST_TIMEOUT,
+        client.get(last.prefix.as_str(), Some(options)),
+    )
+    .await
+    .context("reading the prefix timed out")??;
     let revision = response
         .header()
         .map(|h| h.revision())
@@ -176,7 +179,7 @@ async fn read_prefix(
         .kvs()
         .iter()
         .map(|kv| (kv.key().to_vec(), kv.value().to_vec()));
-    Ok(PrefixView::snapshot(prefix, vip, revision, kvs))
+    Ok(last.reread(revision, kvs))
 }
 
 /// Everything the watch tasks need, from [`seed`].
@@ -319,7 +322,7 @@ async fn read_all(
     for &i in discovered {
         let v = &config.vips[i];
         let prefix = v.etcd_prefix.as_deref().unwrap_or_default();
-        let read = read_prefix(&mut client, prefix, v.vip, revision).await?;
+        let read = read_prefix(&mut client, &PrefixView::new(prefix, v.vip), revision).await?;
         revision = read.0.revision;
         out.push(read);
     }
@@ -524,8 +527,7 @@ impl VipWatch {
     async fn connect_and_watch(&mut self) -> anyhow::Result<Ended> {
         let mut client = etcd::connect(&self.settings).await?;
         if self.resync {
-            let (view, skipped) =
-                read_prefix(&mut client, &self.view.prefix, self.view.vip, 0).await?;
+            let (view, skipped) = read_prefix(&mut client, &self.view, 0).await?;
             log_skipped(&self.status, &skipped);
             self.status.resyncs.fetch_add(1, Ordering::Relaxed);
             self.view = view;
