@@ -197,11 +197,11 @@ impl Runtime {
         }
         self.discovery
             .note_applied(update, changes.deferred == 0 && failed == 0, now);
-        let done = changes.add.len()
+        let planned = changes.add.len()
             + changes.reweight.len()
             + changes.rezone.len()
             + changes.remove.len();
-        if attempt == Attempt::Again && failed == done {
+        if attempt == Attempt::Again && failed == planned {
             // Nothing new: a retry that only failed again stays quiet.
             return false;
         }
