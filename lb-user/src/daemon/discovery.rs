@@ -5,14 +5,15 @@
 //! end, weights ramped over `--weight-smoothing`), within the removal cap,
 //! and never over an operator's override.
 
-use std::sync::atomic::Ordering;
+use std::{net::SocketAddr, sync::atomic::Ordering};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::runtime::Runtime;
 use crate::{
     discover::{
         plan::{self, Member},
+        state::REAPPLY_EVERY,
         watch::Update,
     },
     kernel::clock::Nanos,
@@ -88,6 +89,33 @@ impl Runtime {
 
     /// Applies one VIP's wanted set; the kernel has it when this returns.
     pub fn on_discovery(&mut self, update: &Update, now: Nanos) -> anyhow::Result<()> {
+        if !self.apply_wanted(update, now, Attempt::First) {
+            return Ok(());
+        }
+        self.after_membership_change();
+        self.on_tick(now)
+    }
+
+    /// Plans again, every [`REAPPLY_EVERY`], each VIP's last wanted set
+    /// whose application left work undone (removals the cap deferred,
+    /// adds a full VIP refused): that work would otherwise wait for the
+    /// next etcd event, which may never come. Called on the score tick,
+    /// before it publishes; true if the pool changed.
+    pub fn reapply_discovery(&mut self, now: Nanos) -> bool {
+        let mut changed = false;
+        for update in self.discovery.due_reapplies(now) {
+            changed |= self.apply_wanted(&update, now, Attempt::Again);
+        }
+        if changed {
+            self.after_membership_change();
+        }
+        changed
+    }
+
+    /// Moves VIP `update.vip`'s pool towards `update.wanted` and notes
+    /// whether that finished; true if anything was changed (the caller
+    /// then publishes).
+    fn apply_wanted(&mut self, update: &Update, now: Nanos, attempt: Attempt) -> bool {
         let vip = update.vip;
         let Some(fleet_vip) = self
             .fleet
@@ -97,7 +125,8 @@ impl Runtime {
             .filter(|v| !v.removed)
         else {
             warn!(vip = %vip, revision = update.revision, "discovery: update for a VIP not served (removed at runtime): ignored");
-            return Ok(());
+            self.discovery.forget(vip);
+            return false;
         };
         let pool: Vec<Member> = fleet_vip
             .members
@@ -114,7 +143,8 @@ impl Runtime {
                 zone: self.discovery.zones.get(&(update.vip, m.addr)).copied(),
             })
             .collect();
-        let changes = plan::plan(&pool, &update.wanted, self.discovery.max_removal_percent);
+        let live = pool.iter().filter(|m| !m.removed).count();
+        let mut changes = plan::plan(&pool, &update.wanted, self.discovery.max_removal_percent);
         for e in &update.wanted {
             match e.zone {
                 Some(z) => self.discovery.zones.insert((update.vip, e.addr), z),
@@ -122,53 +152,100 @@ impl Runtime {
             };
         }
         self.discovery.revisions.insert(update.vip, update.revision);
-        if changes.deferred > 0 {
-            warn!(vip = %vip, deferred = changes.deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap");
-        }
         if changes.is_empty() {
-            return Ok(());
+            self.note_deferred(update, changes.deferred, attempt);
+            self.discovery
+                .note_applied(update, changes.deferred == 0, now);
+            return false;
         }
         let mut failed = 0;
+        let mut added = 0;
         for e in &changes.add {
             // The watch probed its next hop before reporting it.
             match self.fleet.add(&vip, e.backend(), now) {
-                Ok(id) => self.loads.reset(id, self.fresh_load.clone()),
+                Ok(id) => {
+                    added += 1;
+                    self.loads.reset(id, self.fresh_load.clone());
+                }
                 Err(err) => {
                     failed += 1;
-                    warn!(vip = %vip, backend = %e.addr, "discovery: cannot add: {err}");
+                    attempt.failed(update, e.addr, "add", &err);
                 }
             }
         }
+        // The plan counted every add as a member that stays.
+        changes.keep_one(live, added);
+        self.note_deferred(update, changes.deferred, attempt);
         for (addr, weight) in &changes.reweight {
             if let Err(err) = self.fleet.set_weight(&vip, *addr, *weight, now) {
                 failed += 1;
-                warn!(vip = %vip, backend = %addr, "discovery: cannot re-weight: {err}");
+                attempt.failed(update, *addr, "re-weight", &err);
             }
         }
         for (addr, zone) in &changes.rezone {
             if let Err(err) = self.fleet.set_zone(&vip, *addr, *zone) {
                 failed += 1;
-                warn!(vip = %vip, backend = %addr, "discovery: cannot move to another zone: {err}");
+                attempt.failed(update, *addr, "move to another zone", &err);
             }
         }
         for addr in &changes.remove {
             if let Err(err) = self.fleet.set_admin(&vip, *addr, Admin::Removed, now) {
                 failed += 1;
-                warn!(vip = %vip, backend = %addr, "discovery: cannot remove: {err}");
+                attempt.failed(update, *addr, "remove", &err);
             }
             self.discovery.weight_overrides.remove(&(update.vip, *addr));
+        }
+        self.discovery
+            .note_applied(update, changes.deferred == 0 && failed == 0, now);
+        let planned = changes.add.len()
+            + changes.reweight.len()
+            + changes.rezone.len()
+            + changes.remove.len();
+        if attempt == Attempt::Again && failed == planned {
+            // Nothing new: a retry that only failed again stays quiet.
+            return false;
         }
         info!(
             vip = %vip,
             revision = update.revision,
+            again = attempt == Attempt::Again,
             added = changes.add.len(),
             reweighted = changes.reweight.len(),
             rezoned = changes.rezone.len(),
             removed = changes.remove.len(),
+            deferred = changes.deferred,
             failed,
             "discovery update applied"
         );
-        self.after_membership_change();
-        self.on_tick(now)
+        true
+    }
+
+    fn note_deferred(&self, update: &Update, deferred: usize, attempt: Attempt) {
+        if deferred > 0 && attempt == Attempt::First {
+            warn!(vip = %update.vip, deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap (or to keep a member); retried every {REAPPLY_EVERY:?}");
+        }
+    }
+}
+
+/// Whether an update is applied as it arrives or planned again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attempt {
+    First,
+    /// A re-apply: its failures were logged as warnings the first time,
+    /// so they are only debug lines now (a full VIP is retried every
+    /// [`REAPPLY_EVERY`]).
+    Again,
+}
+
+impl Attempt {
+    fn failed(self, update: &Update, backend: SocketAddr, what: &str, err: &dyn std::fmt::Display) {
+        match self {
+            Attempt::First => {
+                warn!(vip = %update.vip, backend = %backend, "discovery: cannot {what}: {err}");
+            }
+            Attempt::Again => {
+                debug!(vip = %update.vip, backend = %backend, "discovery: still cannot {what}: {err}");
+            }
+        }
     }
 }

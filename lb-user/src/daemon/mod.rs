@@ -267,6 +267,8 @@ impl Handlers for Runtime {
         Runtime::on_event(self, event, now)
     }
     fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
+        // Discovery work held back is retried here, and this tick publishes it.
+        self.reapply_discovery(now);
         Runtime::on_tick(self, now)
     }
     fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()> {

@@ -18,11 +18,18 @@ pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A unary request (get, put, grant) gives up after this long.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The connection's options. Every request requires a leader: a member
+/// cut off from the cluster's quorum then refuses requests and ends
+/// watches ("no leader") instead of keeping them open and silent, so a
+/// watch reconnects (to another endpoint when there are several) and a
+/// register sidecar's keep-alive fails over, rather than trusting a member
+/// that no longer hears of changes.
 pub fn options(settings: &EtcdSettings) -> anyhow::Result<ConnectOptions> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE_TIMEOUT)
-        .with_keep_alive_while_idle(true);
+        .with_keep_alive_while_idle(true)
+        .with_require_leader(true);
     if let Some((user, password)) = &settings.user {
         options = options.with_user(user.clone(), password.clone());
     }

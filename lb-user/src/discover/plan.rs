@@ -2,8 +2,10 @@
 //! to re-weight and to remove, with two guards.
 //!
 //! - **Removal cap.** At most `max_removal_percent` of the pool's current
-//!   members (rounded down) are removed by one update, and never the last
-//!   one: a deleted prefix, or a half-written one, cannot empty a pool.
+//!   members (rounded down, but at least one) are removed by one update,
+//!   and never the last one: a deleted prefix, or a half-written one,
+//!   cannot empty a pool. At least one, because a pool smaller than
+//!   100/P members would otherwise never lose one (3 members at 30%).
 //!   The rest is deferred; the next update (or the periodic re-apply)
 //!   removes the next share.
 //! - **Zones.** A backend is known by its address: a new zone for one in
@@ -80,13 +82,28 @@ pub fn plan(pool: &[Member], wanted: &[Entry], max_removal_percent: u32) -> Chan
         .filter(|a| !wanted_by.contains_key(a))
         .copied()
         .collect();
-    let by_share = live.len() * max_removal_percent.min(100) as usize / 100;
-    // Never the last member: what stays plus what joins must be at least one.
-    let keep_one = (live.len() + changes.add.len()).saturating_sub(1);
-    let allowed = by_share.min(keep_one).min(gone.len());
-    changes.remove = gone[..allowed].to_vec();
-    changes.deferred = gone.len() - allowed;
+    let by_share = (live.len() * max_removal_percent.min(100) as usize / 100).max(1);
+    changes.remove = gone;
+    changes.trim_removals(by_share);
+    changes.keep_one(live.len(), changes.add.len());
     changes
+}
+
+impl Changes {
+    /// Defers the removals beyond the first `allowed`.
+    fn trim_removals(&mut self, allowed: usize) {
+        let allowed = allowed.min(self.remove.len());
+        self.deferred += self.remove.len() - allowed;
+        self.remove.truncate(allowed);
+    }
+
+    /// Never the last member: of `live` members plus `added` new ones, at
+    /// least one stays. The plan counts every add; the daemon calls this
+    /// again with the adds that took, since a full VIP refuses some and
+    /// removing the old ones then would empty the pool.
+    pub fn keep_one(&mut self, live: usize, added: usize) {
+        self.trim_removals((live + added).saturating_sub(1));
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +185,42 @@ mod tests {
         assert_eq!(plan(&[member(1, 1)], &[entry(2, 1)], 100).remove, [addr(1)]);
         let c = plan(&pool, &[], 10);
         assert_eq!((c.remove.len(), c.deferred), (1, 9));
+    }
+
+    #[test]
+    fn a_small_pool_still_loses_one_member_per_update() {
+        // 3 × 30% rounds down to 0: the cap must not keep a dead backend
+        // in a pool smaller than 100/P forever.
+        let pool = [member(1, 1), member(2, 1), member(3, 1)];
+        let c = plan(&pool, &[entry(1, 1), entry(2, 1)], 30);
+        assert_eq!((c.remove, c.deferred), (vec![addr(3)], 0));
+        // Two gone at once: one now, the other deferred.
+        let c = plan(&pool, &[entry(1, 1)], 30);
+        assert_eq!((c.remove.len(), c.deferred), (1, 1));
+    }
+
+    #[test]
+    fn a_lone_backend_is_replaced_in_one_update_and_never_leaves_zero() {
+        let c = plan(&[member(1, 1)], &[entry(2, 1)], 50);
+        assert_eq!(c.add, [entry(2, 1)]);
+        assert_eq!(c.remove, [addr(1)], "the new one is added, the old removed");
+        assert_eq!(c.deferred, 0);
+        // With nothing to add, the last member stays whatever the cap.
+        let c = plan(&[member(1, 1)], &[], 30);
+        assert_eq!((c.remove.len(), c.deferred), (0, 1));
+        let c = plan(&[member(1, 1), member(2, 1)], &[], 30);
+        assert_eq!((c.remove.len(), c.deferred), (1, 1));
+    }
+
+    #[test]
+    fn a_replacement_whose_add_failed_keeps_the_old_member() {
+        let mut c = plan(&[member(1, 1)], &[entry(2, 1)], 50);
+        c.keep_one(1, 0);
+        assert_eq!((c.remove.len(), c.deferred), (0, 1));
+        let mut c = plan(&[member(1, 1), member(2, 1)], &[entry(3, 1)], 100);
+        assert_eq!(c.remove.len(), 2);
+        c.keep_one(2, 0);
+        assert_eq!((c.remove, c.deferred), (vec![addr(1)], 1));
     }
 
     #[test]

@@ -1,14 +1,17 @@
 //! `lb-user register`: the backend side. Grants a lease of `--ttl`, puts
 //! `<prefix><addr>` = `{"addr","weight","zone"}` under it and keeps the
 //! lease alive (every ttl/3). With `--check-http URL`, the key is deleted
-//! while the check fails and put again when it passes. SIGTERM or SIGINT
-//! revokes the lease, so the balancers drain the backend at once. If the
-//! lease is lost (etcd down longer than the ttl), a new one is granted.
+//! while the check fails and put again when it passes. Each period also
+//! checks that the key is still there under the lease, and puts it again
+//! if someone deleted it (or wrote it without the lease) while the lease
+//! lives. SIGTERM or SIGINT revokes the lease, so the balancers drain the
+//! backend at once. If the lease is lost (etcd down longer than the ttl),
+//! a new one is granted.
 
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context as _;
-use etcd_client::{Client, PutOptions};
+use etcd_client::{Client, GetOptions, PutOptions};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::TcpStream,
@@ -100,6 +103,37 @@ async fn put(client: &mut Client, r: &Registration, lease: i64) -> anyhow::Resul
     Ok(())
 }
 
+/// Whether the key is in etcd under lease `lease`.
+async fn key_is_ours(client: &mut Client, r: &Registration, lease: i64) -> anyhow::Result<bool> {
+    let options = GetOptions::new().with_keys_only();
+    let response = timeout(etcd::REQUEST_TIMEOUT, client.get(r.key(), Some(options)))
+        .await
+        .context("get timed out")??;
+    Ok(response.kvs().first().is_some_and(|kv| kv.lease() == lease))
+}
+
+/// What one period does with the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Put,
+    Delete,
+    Nothing,
+}
+
+/// The period's step: `healthy`, the check passes (or there is none);
+/// `registered`, this sidecar put the key under its lease; `ours`, the key
+/// is still in etcd under that lease (read only while registered and
+/// healthy). A key deleted by someone else while the lease lives would
+/// otherwise stay away for good, as would the backend.
+fn step(healthy: bool, registered: bool, ours: bool) -> Step {
+    match (healthy, registered) {
+        (true, false) => Step::Put,
+        (true, true) if !ours => Step::Put,
+        (false, true) => Step::Delete,
+        _ => Step::Nothing,
+    }
+}
+
 /// Runs until SIGTERM/SIGINT; the lease is revoked on the way out.
 pub async fn run(r: Registration) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
@@ -131,16 +165,24 @@ pub async fn run(r: Registration) -> anyhow::Result<()> {
                 None => true,
             };
             let id = l.id;
-            if healthy && !registered {
-                put(c, &r, id).await?;
-                info!(key = %r.key(), lease = id, "registered");
-                registered = true;
-            } else if !healthy && registered {
-                timeout(etcd::REQUEST_TIMEOUT, c.delete(r.key(), None))
-                    .await
-                    .context("delete timed out")??;
-                warn!(key = %r.key(), "check failed: deregistered");
-                registered = false;
+            let ours = healthy && registered && key_is_ours(c, &r, id).await?;
+            match step(healthy, registered, ours) {
+                Step::Put => {
+                    if registered {
+                        warn!(key = %r.key(), lease = id, "key gone (or rewritten without the lease) while the lease lives: putting it again");
+                    }
+                    put(c, &r, id).await?;
+                    info!(key = %r.key(), lease = id, "registered");
+                    registered = true;
+                }
+                Step::Delete => {
+                    timeout(etcd::REQUEST_TIMEOUT, c.delete(r.key(), None))
+                        .await
+                        .context("delete timed out")??;
+                    warn!(key = %r.key(), "check failed: deregistered");
+                    registered = false;
+                }
+                Step::Nothing => {}
             }
             Ok::<(), anyhow::Error>(())
         };
@@ -173,6 +215,15 @@ pub async fn run(r: Registration) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_deleted_behind_the_sidecars_back_is_put_again() {
+        assert_eq!(step(true, true, false), Step::Put);
+        assert_eq!(step(true, true, true), Step::Nothing);
+        assert_eq!(step(true, false, false), Step::Put);
+        assert_eq!(step(false, true, true), Step::Delete);
+        assert_eq!(step(false, false, false), Step::Nothing);
+    }
 
     #[test]
     fn check_urls_name_an_address_and_a_path() {

@@ -1,18 +1,35 @@
 //! What the running balancer keeps of discovery between updates: the
 //! operator's weight overrides, each backend's zone, the revision applied
-//! per VIP, and the watch tasks' shared status.
+//! per VIP, the wanted sets not yet fully applied, and the watch tasks'
+//! shared status.
 
 use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
     sync::Arc,
+    time::Duration,
 };
 
-use super::watch::DiscoveryStatus;
-use crate::settings::{
-    addr::{BackendAddr, VipAddr},
-    zone::ZoneName,
+use super::watch::{DiscoveryStatus, Update};
+use crate::{
+    kernel::clock::Nanos,
+    settings::{
+        addr::{BackendAddr, VipAddr},
+        zone::ZoneName,
+    },
 };
+
+/// How often a wanted set that was not fully applied is planned again.
+/// Each try removes at most another capped share, so this also paces a
+/// large removal.
+pub const REAPPLY_EVERY: Duration = Duration::from_secs(1);
+
+/// A VIP's last wanted set, while applying it left work undone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Unfinished {
+    update: Update,
+    last_try: Nanos,
+}
 
 /// What the runtime keeps of discovery.
 #[derive(Debug, Default)]
@@ -28,6 +45,12 @@ pub struct DiscoveryState {
     pub zones: HashMap<(VipAddr, SocketAddr), ZoneName>,
     /// Last revision applied per VIP.
     pub revisions: HashMap<VipAddr, i64>,
+    /// Per VIP whose last update left removals deferred (the cap) or
+    /// changes failed (a full VIP refusing an add): that update, to plan
+    /// again every [`REAPPLY_EVERY`]. Without it the work waits for the
+    /// next etcd event, which may never come, and two balancers that
+    /// applied the same events differently disagree for good.
+    unfinished: HashMap<VipAddr, Unfinished>,
     /// Shared with the watch tasks (metrics).
     pub status: Option<Arc<DiscoveryStatus>>,
 }
@@ -38,6 +61,43 @@ impl DiscoveryState {
             max_removal_percent,
             ..Self::default()
         }
+    }
+
+    /// Notes how applying `update` at `now` went: kept for another try
+    /// while it left work undone, forgotten once it finished (a newer
+    /// update replaces an older one either way).
+    pub fn note_applied(&mut self, update: &Update, finished: bool, now: Nanos) {
+        if finished {
+            self.unfinished.remove(&update.vip);
+        } else {
+            let unfinished = Unfinished {
+                update: update.clone(),
+                last_try: now,
+            };
+            self.unfinished.insert(update.vip, unfinished);
+        }
+    }
+
+    /// Forgets VIP `vip`'s unfinished update (the VIP is no longer served).
+    pub fn forget(&mut self, vip: VipAddr) {
+        self.unfinished.remove(&vip);
+    }
+
+    /// The unfinished updates due for another try at `now` (each
+    /// [`REAPPLY_EVERY`] after its last), in VIP order; each one's clock
+    /// restarts, and applying it notes the outcome again.
+    pub fn due_reapplies(&mut self, now: Nanos) -> Vec<Update> {
+        let mut due: Vec<Update> = self
+            .unfinished
+            .values_mut()
+            .filter(|u| now >= u.last_try.plus(REAPPLY_EVERY))
+            .map(|u| {
+                u.last_try = now;
+                u.update.clone()
+            })
+            .collect();
+        due.sort_by_key(|u| (u.vip.addr, u.vip.to_string()));
+        due
     }
 
     /// Takes the zones of VIP `vip`'s backends as discovery gave them at
@@ -56,6 +116,53 @@ impl DiscoveryState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn update(vip: &str, revision: i64) -> Update {
+        Update {
+            vip: vip.parse().unwrap(),
+            revision,
+            wanted: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_unfinished_update_is_due_again_every_period_until_it_finishes() {
+        let mut state = DiscoveryState::new(30);
+        let t0 = Nanos(1_000_000_000);
+        let second = |n: u64| t0.plus(REAPPLY_EVERY * n as u32);
+        state.note_applied(&update("10.0.0.100:80", 7), true, t0);
+        assert_eq!(
+            state.due_reapplies(second(5)),
+            [],
+            "finished: nothing to do"
+        );
+        state.note_applied(&update("10.0.0.100:80", 8), false, t0);
+        assert_eq!(state.due_reapplies(t0), []);
+        assert_eq!(state.due_reapplies(second(1)), [update("10.0.0.100:80", 8)]);
+        assert_eq!(state.due_reapplies(second(1)), [], "the clock restarted");
+        // Another try still left work: due a period after that try.
+        state.note_applied(&update("10.0.0.100:80", 8), false, second(1));
+        assert_eq!(state.due_reapplies(second(2)), [update("10.0.0.100:80", 8)]);
+        state.note_applied(&update("10.0.0.100:80", 8), true, second(2));
+        assert_eq!(state.due_reapplies(second(9)), []);
+    }
+
+    #[test]
+    fn a_newer_update_replaces_the_unfinished_one_and_vips_go_in_order() {
+        let mut state = DiscoveryState::new(30);
+        let t0 = Nanos(5);
+        state.note_applied(&update("10.0.0.101:80", 3), false, t0);
+        state.note_applied(&update("10.0.0.100:80", 8), false, t0);
+        state.note_applied(&update("10.0.0.100:80", 9), false, t0);
+        let later = t0.plus(REAPPLY_EVERY);
+        assert_eq!(
+            state.due_reapplies(later),
+            [update("10.0.0.100:80", 9), update("10.0.0.101:80", 3)]
+        );
+        state.forget("10.0.0.101:80".parse().unwrap());
+        state.note_applied(&update("10.0.0.100:80", 10), true, later);
+        assert_eq!(state.due_reapplies(later.plus(REAPPLY_EVERY * 3)), []);
+    }
 
     #[test]
     fn seeded_zones_replace_the_vips_own() {

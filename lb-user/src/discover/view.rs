@@ -1,7 +1,8 @@
 //! The keys under one VIP's prefix, as of a revision: built from a
 //! snapshot, changed by watch events, and turned into the wanted backends.
 //! A key whose value is bad is skipped (its last good value, if any, is
-//! kept), so a bad write never removes a backend.
+//! kept, through a re-read of the prefix too), so a bad write never
+//! removes a backend.
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
@@ -43,15 +44,39 @@ impl PrefixView {
         revision: i64,
         kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     ) -> (Self, Vec<Skipped>) {
-        let mut view = Self::new(prefix, vip);
+        Self::new(prefix, vip).reread(revision, kvs)
+    }
+
+    /// A new view of this prefix from a re-read of its keys at `revision`
+    /// (after a compaction or a rewound etcd); the bad ones are returned. A
+    /// key still there whose value is now bad keeps this view's good
+    /// value, as a watched bad write does: dropping it here would remove a
+    /// backend that the balancers still watching keep, for good.
+    pub fn reread(
+        &self,
+        revision: i64,
+        kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    ) -> (Self, Vec<Skipped>) {
+        let mut view = Self::new(&self.prefix, self.vip);
         let mut skipped = Vec::new();
         for (key, value) in kvs {
             if let Err(s) = view.put(&key, &value) {
+                view.keep_last_good(self, &key);
                 skipped.push(s);
             }
         }
         view.revision = revision;
         (view, skipped)
+    }
+
+    /// Takes `last`'s entry of `key`, if it had a good one.
+    fn keep_last_good(&mut self, last: &PrefixView, key: &[u8]) {
+        let Ok(name) = std::str::from_utf8(key) else {
+            return;
+        };
+        if let Some(e) = last.entries.get(name) {
+            self.entries.insert(name.to_string(), e.clone());
+        }
     }
 
     /// A key was written.
@@ -139,5 +164,36 @@ mod tests {
         assert!(view.put(b"/other/x", br#"{"addr":"10.0.0.9:80"}"#).is_err());
         view.delete(b"/p/x");
         assert!(view.is_empty());
+    }
+
+    #[test]
+    fn a_reread_keeps_the_last_good_value_of_a_key_now_bad() {
+        let vip: VipAddr = "10.0.0.1:80".parse().unwrap();
+        let (view, _) = PrefixView::snapshot(
+            "/p/",
+            vip,
+            5,
+            [
+                kv("/p/x", r#"{"addr":"10.0.0.21:80","weight":3}"#),
+                kv("/p/y", r#"{"addr":"10.0.0.22:80"}"#),
+            ],
+        );
+        let (again, skipped) = view.reread(
+            9,
+            [
+                kv("/p/x", r#"{"addr":"10.0.0.21:80","weight":0}"#),
+                kv("/p/y", r#"{"addr":"10.0.0.22:80"}"#),
+            ],
+        );
+        assert_eq!(skipped.len(), 1, "still reported as bad");
+        assert_eq!(again.revision, 9);
+        assert_eq!(again.wanted(), view.wanted());
+        // A key gone is gone; a new bad key has nothing to keep.
+        let (again, _) = view.reread(
+            10,
+            [kv("/p/y", r#"{"addr":"10.0.0.22:80"}"#), kv("/p/z", "bad")],
+        );
+        let addrs: Vec<String> = again.wanted().iter().map(|e| e.addr.to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.22:80"]);
     }
 }

@@ -6,10 +6,13 @@
 //! credentials at startup is a configuration error, not an outage: the
 //! start fails (see [`etcd::is_rejection`]). Then one task per VIP
 //! ([`Watcher::spawn`]) watches from R+1. A broken stream is reconnected
-//! with backoff and resumes from the last revision seen; a compacted
-//! revision makes it read the prefix again and report the new whole set,
-//! which the daemon diffs against the pool. Losing etcd reports nothing:
-//! the pool stays as it is (fail static).
+//! with backoff and resumes from the last revision seen (changes read
+//! before the break are reported first: the resumed watch starts after
+//! them, so they would never come again). A compacted revision, or a
+//! store whose revision went back below the view's (etcd wiped or
+//! restored from a backup), makes it read the prefix again and report the
+//! new whole set, which the daemon diffs against the pool. Losing etcd
+//! reports nothing: the pool stays as it is (fail static).
 
 use std::{
     collections::HashSet,
@@ -151,20 +154,23 @@ fn log_skipped(status: &DiscoveryStatus, skipped: &[Skipped]) {
     }
 }
 
-/// Reads `prefix` at `revision` (0: the current one).
+/// Reads `last`'s prefix at `revision` (0: the current one); a key whose
+/// value is now bad keeps its value in `last` (see [`PrefixView::reread`]).
 async fn read_prefix(
     client: &mut Client,
-    prefix: &str,
-    vip: VipAddr,
+    last: &PrefixView,
     revision: i64,
 ) -> anyhow::Result<(PrefixView, Vec<Skipped>)> {
     let mut options = GetOptions::new().with_prefix();
     if revision > 0 {
         options = options.with_revision(revision);
     }
-    let response = tokio::time::timeout(etcd::REQUEST_TIMEOUT, client.get(prefix, Some(options)))
-        .await
-        .context("reading the prefix timed out")??;
+    let response = tokio::time::timeout(
+        etcd::REQUEST_TIMEOUT,
+        client.get(last.prefix.as_str(), Some(options)),
+    )
+    .await
+    .context("reading the prefix timed out")??;
     let revision = response
         .header()
         .map(|h| h.revision())
@@ -173,7 +179,7 @@ async fn read_prefix(
         .kvs()
         .iter()
         .map(|kv| (kv.key().to_vec(), kv.value().to_vec()));
-    Ok(PrefixView::snapshot(prefix, vip, revision, kvs))
+    Ok(last.reread(revision, kvs))
 }
 
 /// Everything the watch tasks need, from [`seed`].
@@ -316,7 +322,7 @@ async fn read_all(
     for &i in discovered {
         let v = &config.vips[i];
         let prefix = v.etcd_prefix.as_deref().unwrap_or_default();
-        let read = read_prefix(&mut client, prefix, v.vip, revision).await?;
+        let read = read_prefix(&mut client, &PrefixView::new(prefix, v.vip), revision).await?;
         revision = read.0.revision;
         out.push(read);
     }
@@ -375,13 +381,108 @@ struct VipWatch {
     updates: mpsc::Sender<Update>,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Ended {
     /// The stream broke: reconnect and resume.
     Broken(String),
     /// The revision was compacted: read again.
     Compacted(i64),
+    /// etcd's store is at this revision, below the view's: its data was
+    /// wiped or restored from a backup. A watch from the view's revision
+    /// would wait, silent, for revisions the store reaches only with other
+    /// writes: read again.
+    Rewound(i64),
     /// The daemon is gone.
     Closed,
+}
+
+fn stream_ended() -> Ended {
+    Ended::Broken("the watch stream ended".into())
+}
+
+/// Whether `message` ends the watch of a view at `view_revision`, and how.
+fn ending(message: &Message, view_revision: i64) -> Option<Ended> {
+    if message.compact_revision > 0 {
+        return Some(Ended::Compacted(message.compact_revision));
+    }
+    if message.canceled {
+        let reason = format!("watch canceled: {}", message.cancel_reason);
+        return Some(Ended::Broken(reason));
+    }
+    // A new watch's first answer carries the store's current revision.
+    if let Some(revision) = message
+        .revision
+        .filter(|&r| message.created && r < view_revision)
+    {
+        return Some(Ended::Rewound(revision));
+    }
+    None
+}
+
+/// What the watch reads of one etcd watch response. Its own type, so that
+/// a test can feed the watch loop (etcd_client's responses cannot be made
+/// outside that crate).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Message {
+    /// The store's revision when etcd sent it (the header's).
+    revision: Option<i64>,
+    created: bool,
+    canceled: bool,
+    cancel_reason: String,
+    compact_revision: i64,
+    events: Vec<KeyEvent>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct KeyEvent {
+    key: Vec<u8>,
+    /// The value put; `None` for a delete (or an expired lease).
+    value: Option<Vec<u8>>,
+    mod_revision: i64,
+}
+
+impl From<&etcd_client::WatchResponse> for Message {
+    fn from(response: &etcd_client::WatchResponse) -> Self {
+        let events = response
+            .events()
+            .iter()
+            .filter_map(|event| {
+                let kv = event.kv()?;
+                let value = match event.event_type() {
+                    EventType::Put => Some(kv.value().to_vec()),
+                    EventType::Delete => None,
+                };
+                Some(KeyEvent {
+                    key: kv.key().to_vec(),
+                    value,
+                    mod_revision: kv.mod_revision(),
+                })
+            })
+            .collect();
+        Self {
+            revision: response.header().map(|h| h.revision()),
+            created: response.created(),
+            canceled: response.canceled(),
+            cancel_reason: response.cancel_reason().to_string(),
+            compact_revision: response.compact_revision(),
+            events,
+        }
+    }
+}
+
+/// Where the watch loop reads its messages: etcd's stream, or a test's.
+trait Messages {
+    /// The next message; `Ok(None)` once the stream ended.
+    async fn next_message(&mut self) -> Result<Option<Message>, String>;
+}
+
+impl Messages for etcd_client::WatchStream {
+    async fn next_message(&mut self) -> Result<Option<Message>, String> {
+        match self.message().await {
+            Ok(response) => Ok(response.as_ref().map(Message::from)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 impl VipWatch {
@@ -410,6 +511,10 @@ impl VipWatch {
                     backoff = BACKOFF_FIRST;
                     continue;
                 }
+                Ended::Rewound(at) => {
+                    warn!(vip = %self.name, store = at, revision = self.view.revision, retry_in = ?backoff, "discovery: etcd's revision went back (its data wiped or restored), reading the prefix again");
+                    self.resync = true;
+                }
                 Ended::Broken(why) => {
                     warn!(vip = %self.name, revision = self.view.revision, retry_in = ?backoff, "discovery: etcd watch lost, keeping the last known backends: {why}");
                 }
@@ -422,8 +527,7 @@ impl VipWatch {
     async fn connect_and_watch(&mut self) -> anyhow::Result<Ended> {
         let mut client = etcd::connect(&self.settings).await?;
         if self.resync {
-            let (view, skipped) =
-                read_prefix(&mut client, &self.view.prefix, self.view.vip, 0).await?;
+            let (view, skipped) = read_prefix(&mut client, &self.view, 0).await?;
             log_skipped(&self.status, &skipped);
             self.status.resyncs.fetch_add(1, Ordering::Relaxed);
             self.view = view;
@@ -442,67 +546,78 @@ impl VipWatch {
             .context("starting the watch")?;
         self.set_connected(true);
         info!(vip = %self.name, from = self.view.revision + 1, "discovery: watching");
+        Ok(self.follow(&mut stream).await)
+    }
+
+    /// Applies the stream's messages in batches, reporting the wanted set
+    /// after each batch that changed the view, until the stream ends; what
+    /// ended it. A batch cut short by the end is reported too: its events
+    /// advanced the view's revision, which the next watch starts after.
+    async fn follow(&mut self, stream: &mut impl Messages) -> Ended {
         loop {
-            let first = match stream.message().await {
-                Ok(Some(r)) => r,
-                Ok(None) => return Ok(Ended::Broken("the watch stream ended".into())),
-                Err(e) => return Ok(Ended::Broken(e.to_string())),
+            let first = match stream.next_message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => return stream_ended(),
+                Err(e) => return Ended::Broken(e),
             };
-            let mut changed = false;
-            let mut next = Some(first);
-            let started = tokio::time::Instant::now();
-            while let Some(response) = next.take() {
-                if response.compact_revision() > 0 {
-                    return Ok(Ended::Compacted(response.compact_revision()));
-                }
-                if response.canceled() {
-                    return Ok(Ended::Broken(format!(
-                        "watch canceled: {}",
-                        response.cancel_reason()
-                    )));
-                }
-                changed |= self.apply(&response);
-                if started.elapsed() < BATCH_MAX
-                    && let Ok(more) = tokio::time::timeout(BATCH_QUIET, stream.message()).await
-                {
-                    match more {
-                        Ok(Some(r)) => next = Some(r),
-                        Ok(None) => return Ok(Ended::Broken("the watch stream ended".into())),
-                        Err(e) => return Ok(Ended::Broken(e.to_string())),
-                    }
-                }
-            }
+            let (changed, ended) = self.batch(first, stream).await;
             if changed && !self.send().await {
-                return Ok(Ended::Closed);
+                return Ended::Closed;
+            }
+            if let Some(ended) = ended {
+                return ended;
             }
         }
     }
 
-    /// Applies one response's events; true if any changed the view.
-    fn apply(&mut self, response: &etcd_client::WatchResponse) -> bool {
-        let events = response.events();
-        if events.is_empty() {
-            // A progress notification: everything up to its revision is seen.
-            if !response.created()
-                && let Some(h) = response.header()
+    /// Applies `first` and the messages that follow it within the batch
+    /// window: whether the view changed, and what ended the stream if it
+    /// ended meanwhile.
+    async fn batch(&mut self, first: Message, stream: &mut impl Messages) -> (bool, Option<Ended>) {
+        let mut changed = false;
+        let mut next = Some(first);
+        let started = tokio::time::Instant::now();
+        while let Some(message) = next.take() {
+            if let Some(ended) = ending(&message, self.view.revision) {
+                return (changed, Some(ended));
+            }
+            changed |= self.apply(&message);
+            if started.elapsed() < BATCH_MAX
+                && let Ok(more) = tokio::time::timeout(BATCH_QUIET, stream.next_message()).await
             {
-                self.view.revision = self.view.revision.max(h.revision());
+                match more {
+                    Ok(Some(m)) => next = Some(m),
+                    Ok(None) => return (changed, Some(stream_ended())),
+                    Err(e) => return (changed, Some(Ended::Broken(e))),
+                }
+            }
+        }
+        (changed, None)
+    }
+
+    /// Applies one message's events; true if any changed the view.
+    fn apply(&mut self, message: &Message) -> bool {
+        if message.events.is_empty() {
+            // A progress notification: everything up to its revision is seen.
+            if !message.created
+                && let Some(revision) = message.revision
+            {
+                self.view.revision = self.view.revision.max(revision);
                 self.status.vips[self.slot]
                     .revision
                     .store(self.view.revision, Ordering::Relaxed);
             }
             return false;
         }
-        for event in events {
-            let Some(kv) = event.kv() else { continue };
-            self.view.revision = self.view.revision.max(kv.mod_revision());
-            match event.event_type() {
-                EventType::Put => {
-                    if let Err(s) = self.view.put(kv.key(), kv.value()) {
+        for event in &message.events {
+            self.view.revision = self.view.revision.max(event.mod_revision);
+            match &event.value {
+                Some(value) => {
+                    if let Err(s) = self.view.put(&event.key, value) {
                         log_skipped(&self.status, &[s]);
                     }
                 }
-                EventType::Delete => self.view.delete(kv.key()),
+                None => self.view.delete(&event.key),
             }
         }
         true
@@ -551,5 +666,180 @@ impl VipWatch {
             wanted,
         };
         self.updates.send(update).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    const PREFIX: &str = "/lb/test/";
+
+    /// Messages a test lists; the stream ends after the last.
+    struct Script(VecDeque<Result<Message, String>>);
+
+    impl Messages for Script {
+        async fn next_message(&mut self) -> Result<Option<Message>, String> {
+            self.0.pop_front().transpose()
+        }
+    }
+
+    fn value(addr: &str) -> Vec<u8> {
+        format!(r#"{{"addr":"{addr}"}}"#).into_bytes()
+    }
+
+    fn put(key: &str, addr: &str, revision: i64) -> Message {
+        Message {
+            revision: Some(revision),
+            events: vec![KeyEvent {
+                key: format!("{PREFIX}{key}").into_bytes(),
+                value: Some(value(addr)),
+                mod_revision: revision,
+            }],
+            ..Message::default()
+        }
+    }
+
+    /// A watch task of VIP 127.0.0.100:80 whose view (and last update) has
+    /// backend 127.0.0.21:80 at revision 10, reporting to the receiver.
+    /// Loopback backends: a new one's next-hop probe stays on the host.
+    fn watch(name: &str) -> (VipWatch, mpsc::Receiver<Update>) {
+        let vip: VipAddr = "127.0.0.100:80".parse().unwrap();
+        let (view, skipped) = PrefixView::snapshot(
+            PREFIX,
+            vip,
+            10,
+            [(b"/lb/test/a".to_vec(), value("127.0.0.21:80"))],
+        );
+        assert!(skipped.is_empty());
+        let dir = std::env::temp_dir().join(format!("lb-watch-{name}-{}", std::process::id()));
+        let (tx, rx) = mpsc::channel(8);
+        let task = VipWatch {
+            settings: EtcdSettings {
+                endpoints: Vec::new(),
+                ca: None,
+                identity: None,
+                user: None,
+            },
+            vip,
+            name: vip.to_string(),
+            slot: 0,
+            sent: view.wanted().iter().map(|e| e.addr).collect(),
+            view,
+            resync: false,
+            cache_path: cache::path(&dir, "test"),
+            cache: Arc::default(),
+            status: Arc::new(DiscoveryStatus {
+                vips: vec![VipStatus::default()],
+                ..DiscoveryStatus::default()
+            }),
+            updates: tx,
+        };
+        (task, rx)
+    }
+
+    fn addrs(update: &Update) -> Vec<String> {
+        update.wanted.iter().map(|e| e.addr.to_string()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_is_reported_when_the_stream_breaks_within_its_batch() {
+        let (mut task, mut rx) = watch("broken");
+        let mut stream = Script(VecDeque::from([
+            Ok(put("x", "127.0.0.22:80", 11)),
+            Err("connection reset".to_string()),
+        ]));
+        let ended = task.follow(&mut stream).await;
+        assert_eq!(ended, Ended::Broken("connection reset".into()));
+        // The reconnect resumes at revision 12: revision 11 must be out.
+        assert_eq!(task.view.revision, 11);
+        let update = rx.try_recv().expect("the change before the break is sent");
+        assert_eq!(update.revision, 11);
+        assert_eq!(addrs(&update), ["127.0.0.21:80", "127.0.0.22:80"]);
+        let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_is_reported_when_the_watch_is_canceled_or_ends_within_its_batch() {
+        let (mut task, mut rx) = watch("canceled");
+        let canceled = Message {
+            canceled: true,
+            cancel_reason: "etcdserver: no leader".into(),
+            ..Message::default()
+        };
+        let mut stream = Script(VecDeque::from([
+            Ok(put("x", "127.0.0.22:80", 11)),
+            Ok(canceled),
+        ]));
+        let ended = task.follow(&mut stream).await;
+        assert_eq!(
+            ended,
+            Ended::Broken("watch canceled: etcdserver: no leader".into())
+        );
+        assert_eq!(
+            addrs(&rx.try_recv().unwrap()),
+            ["127.0.0.21:80", "127.0.0.22:80"]
+        );
+        let mut stream = Script(VecDeque::from([Ok(put("y", "127.0.0.23:80", 12))]));
+        assert_eq!(task.follow(&mut stream).await, stream_ended());
+        assert_eq!(rx.try_recv().unwrap().revision, 12);
+        assert!(rx.try_recv().is_err(), "one update per batch");
+        let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
+    }
+
+    fn created(revision: i64) -> Message {
+        Message {
+            revision: Some(revision),
+            created: true,
+            ..Message::default()
+        }
+    }
+
+    #[test]
+    fn a_new_watch_on_a_store_behind_the_view_reads_the_prefix_again() {
+        assert_eq!(ending(&created(5), 10), Some(Ended::Rewound(5)));
+        assert_eq!(ending(&created(10), 10), None, "nothing new since");
+        assert_eq!(ending(&created(12), 10), None);
+        // Only the creation says where the store is: a progress
+        // notification behind the view (a lagging member) is no rewind.
+        let progress = Message {
+            revision: Some(5),
+            ..Message::default()
+        };
+        assert_eq!(ending(&progress, 10), None);
+        let compacted = Message {
+            compact_revision: 7,
+            ..created(5)
+        };
+        assert_eq!(ending(&compacted, 10), Some(Ended::Compacted(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rewound_store_ends_the_watch_before_any_event() {
+        let (mut task, mut rx) = watch("rewound");
+        let mut stream = Script(VecDeque::from([
+            Ok(created(3)),
+            Ok(put("x", "127.0.0.22:80", 4)),
+        ]));
+        assert_eq!(task.follow(&mut stream).await, Ended::Rewound(3));
+        assert_eq!(task.view.revision, 10);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_close_together_are_one_update() {
+        let (mut task, mut rx) = watch("quiet");
+        let mut stream = Script(VecDeque::from([
+            Ok(created(10)),
+            Ok(put("x", "127.0.0.22:80", 11)),
+            Ok(put("y", "127.0.0.23:80", 12)),
+        ]));
+        assert_eq!(task.follow(&mut stream).await, stream_ended());
+        let update = rx.try_recv().unwrap();
+        assert_eq!((update.revision, update.wanted.len()), (12, 3));
+        assert!(rx.try_recv().is_err());
+        let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
     }
 }
