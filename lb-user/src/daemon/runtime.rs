@@ -168,18 +168,22 @@ impl Runtime {
         &self.loads
     }
 
-    /// Returns true if the event ejected a backend (publish at once).
+    /// Takes in one ring-buffer event: its outcome is judged at the next
+    /// score tick (`Fleet::judge_outliers`), so it ejects nothing itself
+    /// (false: nothing to publish at once).
     pub fn on_event(&mut self, event: Event, now: Nanos) -> bool {
         self.events_received += 1;
         self.loads.apply(event, now);
-        self.fleet.on_event(event, now)
+        self.fleet.on_event(event, now);
+        false
     }
 
     /// Feeds the latency the kernel aggregated since the last tick: each
     /// backend's peak to the short-memory Peak-EWMA (a peak above it
     /// replaces it, as each sample above it would have) and its mean to the
-    /// long-memory EWMA (see [`crate::estimate::latency`]), and every
-    /// response to outlier detection as a success.
+    /// long-memory EWMA (see [`crate::estimate::latency`]), and the
+    /// tick's answers to outlier detection, which judges the failures
+    /// recorded since the last tick with them.
     fn take_latency(&mut self, now: Nanos) -> anyhow::Result<()> {
         let limit = self.fleet.id_limit();
         self.tick_answers.clear();
@@ -194,15 +198,9 @@ impl Runtime {
                 count: a.count,
             };
             self.loads.observe(a.backend, sample, now);
-            let event = Event::Responded {
-                backend: a.backend,
-                latency: a.peak,
-            };
             self.latency_reads += 1;
-            for _ in 0..a.count {
-                self.fleet.on_event(event, now);
-            }
         }
+        self.fleet.judge_outliers(&self.tick_answers, now);
         Ok(())
     }
 

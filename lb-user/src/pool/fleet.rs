@@ -715,37 +715,54 @@ impl Fleet {
         released.into_iter().chain(freed).collect()
     }
 
-    /// Feeds a kernel event to outlier detection (ejecting within the
-    /// cap); true if it ejected the backend.
-    pub fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+    /// Feeds a kernel event to outlier detection: a failure (a refused
+    /// connection, a backend's reset) is recorded, and judged with the
+    /// tick's answers by [`Fleet::judge_outliers`]; other events are not
+    /// outcomes.
+    pub fn on_event(&mut self, event: Event, now: Nanos) {
         let p = self.outlier;
-        let (id, failed) = match event {
-            Event::Responded { backend, .. } => (backend, false),
-            Event::Refused { backend } => (backend, true),
+        let id = match event {
+            Event::Refused { backend } => backend,
             Event::Closed {
                 backend,
                 reason: CloseReason::BackendRst,
-            } => (backend, true),
-            _ => return false,
+            } => backend,
+            _ => return,
         };
         let Some(m) = self.member_mut(id) else {
-            return false;
+            return;
         };
         if m.life.state(now) != State::Active {
             // Out of service (ejected, down, draining): late evidence (SYN
             // timeouts and resets of flows from before) is not held
             // against it when it returns, which it does clean.
-            m.outlier.failures_total += u64::from(failed);
-            return false;
+            m.outlier.failures_total += 1;
+            return;
         }
-        if !failed {
-            m.outlier.success(now, &p);
-            return false;
+        m.outlier.failure(now, &p);
+    }
+
+    /// The score tick's judgement of every backend in service: `answers`
+    /// (indexed by id) are its responses since the last tick, and the
+    /// failures recorded since are judged with them (see
+    /// [`crate::pool::outlier::Detector`]); outliers are ejected within
+    /// the cap. True if any was.
+    pub fn judge_outliers(&mut self, answers: &[u64], now: Nanos) -> bool {
+        let p = self.outlier;
+        let mut ejected = false;
+        for id in 0..self.members.len() as u32 {
+            let Some(m) = self.member_mut(id) else {
+                continue;
+            };
+            if m.life.state(now) != State::Active {
+                continue;
+            }
+            let answered = answers.get(id as usize).copied().unwrap_or(0);
+            if let Some(finding) = m.outlier.judge(answered, now, &p) {
+                ejected |= self.try_eject(id, finding, now);
+            }
         }
-        match m.outlier.failure(now, &p) {
-            Some(finding) => self.try_eject(id, finding, now),
-            None => false,
-        }
+        ejected
     }
 
     /// Ejects `id` unless that would pass the VIP's ejection cap; true if
@@ -1215,10 +1232,13 @@ mod tests {
         assert!(plain.zone_plan(0, &s, Nanos(2 * SEC), |_| None).is_none());
     }
 
+    /// `times` refusals by backend `id`, judged by a tick in which no
+    /// backend answered.
     fn refuse(f: &mut Fleet, id: u32, times: u32, now: Nanos) {
         for _ in 0..times {
             f.on_event(Event::Refused { backend: id }, now);
         }
+        f.judge_outliers(&[], now);
     }
 
     #[test]
@@ -1296,14 +1316,16 @@ mod tests {
         let back = Nanos(33 * SEC);
         f.tick(back, |_| 0);
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
-        assert!(!f.on_event(Event::Refused { backend: 0 }, back));
+        f.on_event(Event::Refused { backend: 0 }, back);
+        assert!(!f.judge_outliers(&[], back));
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         // The same after failed checks: down, refused, up again.
         f.health_result(1, false, back);
         refuse(&mut f, 1, 5, back);
         f.health_result(1, true, back);
         f.health_result(1, true, back);
-        assert!(!f.on_event(Event::Refused { backend: 1 }, back));
+        f.on_event(Event::Refused { backend: 1 }, back);
+        assert!(!f.judge_outliers(&[], back));
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         // Counted all the same.
         assert_eq!(f.member(0).unwrap().outlier.failures_total, 9);

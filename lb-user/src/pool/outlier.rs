@@ -3,8 +3,9 @@
 //! Failures are what a client would see go wrong: a refused connection (RST
 //! to the SYN), a SYN with no SYN-ACK in time (from the reconciler), and a
 //! reset by the backend in the middle of a connection. Successes are
-//! responses. A backend is an outlier after `consecutive` failures in a
-//! row, or when, within one `interval`, at least `min_volume` outcomes were
+//! responses, counted per score tick. A backend is an outlier after
+//! `consecutive` failures in a row (ticks without an answer, see
+//! [`Detector`]), or when, within one `interval`, at least `min_volume` outcomes were
 //! seen and the failure share exceeds `failure_rate`. Optionally a backend
 //! whose latency estimate is `latency_factor` times the pool's median is an
 //! outlier too. Ejection itself (and its cap) is the pool's business, see
@@ -31,36 +32,59 @@ impl Finding {
 }
 
 /// Per-backend outcome counters.
+///
+/// Failures arrive one by one from the ring buffer as they happen, but
+/// successes (responses) only as each score tick's count: the kernel
+/// aggregates them. So "in a row" cannot be judged per event (five
+/// failures within one tick of a backend that answered thousands in
+/// between would read as five in a row); it is judged at the tick
+/// ([`Detector::judge`]): a tick in which the backend answered ends the
+/// streak, and a tick in which it answered nothing adds its failures. A
+/// backend that stops answering is found at most one tick later than per
+/// event.
 #[derive(Clone, Debug, Default)]
 pub struct Detector {
     consecutive: u32,
+    /// Failures since the last tick, not judged yet.
+    unjudged: u32,
     window_start: Nanos,
     failures: u32,
-    successes: u32,
+    successes: u64,
     /// Failures ever seen (for metrics).
     pub failures_total: u64,
 }
 
 impl Detector {
-    pub fn success(&mut self, now: Nanos, p: &OutlierParams) {
+    /// Records a failure, judged at the next tick.
+    pub fn failure(&mut self, now: Nanos, p: &OutlierParams) {
         self.roll(now, p);
-        self.consecutive = 0;
-        self.successes += 1;
+        self.unjudged = self.unjudged.saturating_add(1);
+        self.failures = self.failures.saturating_add(1);
+        self.failures_total += 1;
     }
 
-    /// Records a failure; `Some` when it makes the backend an outlier.
-    pub fn failure(&mut self, now: Nanos, p: &OutlierParams) -> Option<Finding> {
+    /// The tick: `answers` responses since the last one, then the
+    /// failures recorded since; `Some` when they make the backend an
+    /// outlier.
+    pub fn judge(&mut self, answers: u64, now: Nanos, p: &OutlierParams) -> Option<Finding> {
         self.roll(now, p);
-        self.consecutive += 1;
-        self.failures += 1;
-        self.failures_total += 1;
+        self.successes = self.successes.saturating_add(answers);
+        self.consecutive = if answers > 0 {
+            0
+        } else {
+            self.consecutive.saturating_add(self.unjudged)
+        };
+        let fresh = std::mem::take(&mut self.unjudged) > 0;
+        if !fresh {
+            return None;
+        }
         if p.consecutive > 0 && self.consecutive >= p.consecutive {
             return Some(Finding::Consecutive);
         }
-        let volume = self.failures + self.successes;
+        let volume = u64::from(self.failures) + self.successes;
         if p.failure_rate > 0.0
-            && volume >= p.min_volume.max(1)
-            && f64::from(self.failures) / f64::from(volume) > p.failure_rate
+            && volume >= u64::from(p.min_volume.max(1))
+            && f64::from(self.failures) / volume as f64 > p.failure_rate
         {
             return Some(Finding::FailureRate);
         }
@@ -70,6 +94,7 @@ impl Detector {
     /// Forgets the evidence (after an ejection, so the backend returns clean).
     pub fn reset(&mut self, now: Nanos) {
         self.consecutive = 0;
+        self.unjudged = 0;
         self.failures = 0;
         self.successes = 0;
         self.window_start = now;
@@ -125,15 +150,37 @@ mod tests {
     };
 
     #[test]
-    fn consecutive_failures_make_an_outlier_and_a_success_resets_them() {
+    fn consecutive_failures_make_an_outlier_and_an_answer_resets_them() {
         let mut d = Detector::default();
-        assert_eq!(d.failure(Nanos(1), &P), None);
-        assert_eq!(d.failure(Nanos(2), &P), None);
-        d.success(Nanos(3), &P);
-        assert_eq!(d.failure(Nanos(4), &P), None);
-        assert_eq!(d.failure(Nanos(5), &P), None);
-        assert_eq!(d.failure(Nanos(6), &P), Some(Finding::Consecutive));
-        assert_eq!(d.failures_total, 5);
+        d.failure(Nanos(1), &P);
+        d.failure(Nanos(2), &P);
+        assert_eq!(d.judge(0, Nanos(3), &P), None);
+        // A tick with an answer ends the streak, its failures included.
+        d.failure(Nanos(4), &P);
+        assert_eq!(d.judge(1, Nanos(5), &P), None);
+        d.failure(Nanos(6), &P);
+        d.failure(Nanos(7), &P);
+        assert_eq!(d.judge(0, Nanos(8), &P), None);
+        d.failure(Nanos(9), &P);
+        assert_eq!(d.judge(0, Nanos(10), &P), Some(Finding::Consecutive));
+        assert_eq!(d.failures_total, 6);
+    }
+
+    /// A busy backend that fails now and then: five failures in one tick,
+    /// among hundreds of answers, are no streak (judged per event, they
+    /// were five in a row and ejected it).
+    #[test]
+    fn failures_among_answers_in_one_tick_are_no_streak() {
+        let mut d = Detector::default();
+        for tick in 1..=100u64 {
+            for i in 0..5 {
+                d.failure(Nanos(tick * 50_000_000 + i), &P);
+            }
+            let found = d.judge(500, Nanos(tick * 50_000_000 + 10), &P);
+            assert_eq!(found, None, "tick {tick}");
+        }
+        // A tick with no judgement due (no new failure) finds nothing.
+        assert_eq!(d.judge(0, Nanos(6 * SEC), &P), None);
     }
 
     #[test]
@@ -143,18 +190,18 @@ mod tests {
             ..P
         };
         let mut d = Detector::default();
-        // 4 successes, then failures alternating: 6 of 10 fail at the 10th.
-        for _ in 0..4 {
-            d.success(Nanos(SEC), &p);
+        // 4 answers, then 6 failures: 6 of 10 fail.
+        assert_eq!(d.judge(4, Nanos(SEC), &p), None);
+        for i in 0..5 {
+            d.failure(Nanos(SEC + i), &p);
         }
-        let mut found = None;
-        for i in 0..6 {
-            found = d.failure(Nanos(SEC + i), &p);
-        }
-        assert_eq!(found, Some(Finding::FailureRate));
+        assert_eq!(d.judge(0, Nanos(SEC + 10), &p), None, "5 of 9");
+        d.failure(Nanos(SEC + 11), &p);
+        assert_eq!(d.judge(0, Nanos(SEC + 12), &p), Some(Finding::FailureRate));
         // A new interval starts from zero.
         d.reset(Nanos(SEC));
-        assert_eq!(d.failure(Nanos(20 * SEC), &p), None);
+        d.failure(Nanos(20 * SEC), &p);
+        assert_eq!(d.judge(0, Nanos(20 * SEC), &p), None);
     }
 
     #[test]
