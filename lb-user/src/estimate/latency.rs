@@ -152,6 +152,12 @@ impl LatencyEstimate {
     pub fn observe(&mut self, sample: LatencySample, now: Nanos) {
         let estimate = self.estimate_ns(now);
         let refuted = self.refutation.record(sample, estimate, now);
+        if sample.count == 0 {
+            // A peak alone: its response, and so its mean, came with an
+            // earlier tick.
+            self.recent.observe(sample.peak, now);
+            return;
+        }
         match refuted {
             Some(run) => {
                 self.recent.reset(run.peak, now);
@@ -520,6 +526,35 @@ mod tests {
         };
         feed(&mut e, &clock, mixed, 10.0);
         assert!(e.estimate_ns(clock.now()) / MS > 90.0);
+    }
+
+    /// A tick whose 300 ms response was counted without its peak (it
+    /// raced the kernel's epoch change), then that peak alone: the peak
+    /// memory takes it, the means and the last user sample stay.
+    #[test]
+    fn a_peak_alone_feeds_the_peak_memory_only() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        feed(&mut e, &clock, ms(10).counted(4), 2.0);
+        let mean = Duration::from_millis(68);
+        let raced = LatencySample {
+            mean,
+            peak: mean,
+            count: 5,
+        };
+        clock.advance(TICK);
+        e.observe(raced, clock.now());
+        let counted = e.clone();
+        clock.advance(TICK);
+        let alone = LatencySample::single(Duration::from_millis(300)).counted(0);
+        e.observe(alone, clock.now());
+        assert!(e.estimate_ns(clock.now()) / MS >= 299.0);
+        assert_eq!(e.last_sample(), counted.last_sample());
+        assert_eq!(
+            e.held_ns_below(1e12, clock.now()),
+            counted.held_ns_below(1e12, clock.now())
+        );
+        assert_eq!(e.recent_mean_ns(), counted.recent_mean_ns());
     }
 
     /// The default: one memory τ for peaks and means.
