@@ -24,6 +24,33 @@ use crate::{
 /// away. [`lb_common::BackendScore::weight`] holds this unit.
 pub const WEIGHT_UNITS: u32 = 100;
 
+/// How far a published cost or latency may lag the fresh one before it is
+/// written again ([`moved`]): 1/2^7 of it.
+///
+/// An estimate with no samples drifts towards cold start for minutes:
+/// written to the nanosecond, a backend last measured at 5 ms (τ = 10 s,
+/// cold start 1 ms) was rewritten every 50 ms tick for 100 s, 2,000 writes,
+/// and every backend sampled in the last minute and a half made each tick
+/// write, when an idle balancer should write nothing. By the step it is
+/// about 170 writes in the first minute, and then none: within a step of
+/// cold start the published estimate is cold start
+/// ([`BackendScore::ewma_ns`] of [`BackendLoad::score`]), so the drift's
+/// last nanoseconds do not trickle out one write at a time.
+///
+/// Why a lag of 0.8 % is harmless: P2C compares `cost × (inflight+1)^b`
+/// of two backends, and the re-draw bound is 3× the median cost. A choice
+/// the lag could change is one between backends within 0.8 % of each
+/// other, a coin toss given how much one response moves an estimate (one
+/// in-flight connection more is a factor of 1.02 even at 100). A backend
+/// measured twice as slow moves by 100 %, and is written at once.
+pub const SCORE_STEP_SHIFT: u32 = 7;
+
+/// Whether `fresh` moved from the `written` figure (a cost or a latency)
+/// by more than [`SCORE_STEP_SHIFT`]'s step of the larger.
+pub fn moved(written: u64, fresh: u64) -> bool {
+    written.abs_diff(fresh) > written.max(fresh) >> SCORE_STEP_SHIFT
+}
+
 /// Latency-per-weight in the kernel's fixed point (see [`BackendScore::cost`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cost(pub u64);
@@ -54,6 +81,8 @@ pub struct BackendLoad {
     /// Effective weight in [`WEIGHT_UNITS`] (slow start, smoothing applied).
     weight_units: u32,
     latency: LatencyEstimate,
+    /// Where the estimate drifts to without samples, in nanoseconds.
+    cold_start_ns: u64,
     pub tally: Tally,
 }
 
@@ -62,6 +91,7 @@ impl BackendLoad {
         Self {
             weight_units: weight.get() * WEIGHT_UNITS,
             latency: LatencyEstimate::new(params, now),
+            cold_start_ns: u64::try_from(params.cold_start.as_nanos()).unwrap_or(u64::MAX),
             tally: Tally::default(),
         }
     }
@@ -80,6 +110,18 @@ impl BackendLoad {
                 }
             }
             Event::Refused { .. } => self.tally.refused += 1,
+        }
+    }
+
+    /// The estimate at `now` as published: cold start itself once the
+    /// idle drift has brought it within a step of it (see
+    /// [`SCORE_STEP_SHIFT`]), so that the drift ends.
+    fn published_ns(&self, now: Nanos) -> u64 {
+        let estimate = self.latency.estimate_ns(now).round() as u64;
+        if moved(self.cold_start_ns, estimate) {
+            estimate
+        } else {
+            self.cold_start_ns
         }
     }
 
@@ -104,7 +146,7 @@ impl BackendLoad {
     /// The score published for this backend: its estimate as `ewma_ns`
     /// and cost.
     pub fn score(&self, now: Nanos) -> BackendScore {
-        let ewma_ns = self.latency.estimate_ns(now).round() as u64;
+        let ewma_ns = self.published_ns(now);
         BackendScore {
             ewma_ns,
             cost: Cost::new(ewma_ns, self.weight_units).0,
@@ -304,6 +346,33 @@ mod tests {
         assert_eq!(scores[1].1.cost, 2_000_000);
         assert_eq!(scores[1].1.weight, 200);
         assert_eq!(scores[1].1.updated_ns, 5);
+    }
+
+    /// The idle drift's last nanoseconds are not published one write at a
+    /// time: within a step of cold start, the estimate is cold start.
+    #[test]
+    fn an_idle_estimate_within_a_step_of_cold_start_is_published_as_cold_start() {
+        let clock = ManualClock::starting_at(0);
+        let params = EstimateParams {
+            peak_tau: Duration::from_secs(10),
+            ..PARAMS
+        };
+        let mut table = LoadTable::new(&[weight(1)], params, clock.now());
+        table.observe(0, ms(5), clock.now());
+        let published = |table: &LoadTable, now| table.scores(now).next().unwrap().1;
+        // τ·ln(4 ms × 127 ÷ 1 ms) ≈ 62 s: still more than a step above.
+        clock.advance(Duration::from_secs(60));
+        let drifting = published(&table, clock.now());
+        assert!(drifting.ewma_ns > 1_007_000, "{drifting:?}");
+        assert_eq!(drifting.ewma_ns, table.ewma_ns(0, clock.now()));
+        clock.advance(Duration::from_secs(3));
+        let settled = published(&table, clock.now());
+        assert_eq!((settled.ewma_ns, settled.cost), (1_000_000, 1_000_000));
+        assert!(
+            table.ewma_ns(0, clock.now()) > 1_000_000,
+            "the estimate itself"
+        );
+        assert!(moved(1_000_000, 1_007_875) && !moved(1_000_000, 1_007_874));
     }
 
     #[test]

@@ -9,6 +9,15 @@
 //! * Between samples it drifts towards the cold-start value with the same
 //!   τ, so a backend nobody has used for a while is tried again instead of
 //!   being judged forever on its last measurement.
+//! * A sample stands for the whole time since the previous one, so it
+//!   takes the drift's place: `old·w + sample·(1-w)` blends into the value
+//!   as of the last sample, not into what it has drifted to. That keeps a
+//!   memory of means exact (a backend measured at 20 ms every tick reads
+//!   20 ms, not something pulled towards cold start by the drift between
+//!   ticks), but after an idle spell any sample above cold start gives
+//!   back what the drift had taken, even one far below the estimate. An
+//!   estimate that must never rise with a sample at or below it blends
+//!   with [`Ewma::blend_at_most`].
 
 use std::time::Duration;
 
@@ -42,8 +51,8 @@ impl Ewma {
         self.last_sample
     }
 
-    /// The value as of the last sample, without the idle drift (what a new
-    /// sample is compared with and blended into).
+    /// The value as of the last sample, without the idle drift (what
+    /// [`Ewma::blend`] blends a new sample into).
     pub fn stored_ns(&self) -> f64 {
         self.value_ns
     }
@@ -58,6 +67,20 @@ impl Ewma {
         let w = self.decay_weight(now);
         self.value_ns = self.value_ns * w + sample.as_nanos() as f64 * (1.0 - w);
         self.touch(now);
+    }
+
+    /// [`Ewma::blend`], but no higher than `ceiling_ns` (a value as of
+    /// `now`, at least the sample). With the estimate at `now` as the
+    /// ceiling, a sample at or below it lowers the estimate or leaves it
+    /// where the drift brought it, and the memory keeps decaying with
+    /// `w = exp(-Δt/τ)`: the blend is `old·w + min(sample, cold)·(1-w)`.
+    /// Folding the drift in and then blending the sample with `1-w` as
+    /// well would never raise it either, but under load it forgets twice
+    /// as fast as τ says (each tick's `w` applied twice: a 40 ms peak among
+    /// 6 ms answers falls below 18 ms after 4.7 s instead of 10.5 s).
+    pub fn blend_at_most(&mut self, sample: Duration, now: Nanos, ceiling_ns: f64) {
+        self.blend(sample, now);
+        self.value_ns = self.value_ns.min(ceiling_ns);
     }
 
     /// Replaces the value with a sample taken at `now`.
@@ -100,6 +123,31 @@ mod tests {
         e.blend(Duration::from_millis(9), clock.now());
         // w = 1/2 since creation: halfway between 1ms and 9ms.
         assert!(close(e.estimate_ns(clock.now()), 5.0 * MS));
+    }
+
+    #[test]
+    fn a_memory_of_means_stays_exact_and_a_ceiling_keeps_it_from_rising() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = Ewma::new(COLD, TAU, clock.now());
+        e.replace(Duration::from_millis(20), clock.now());
+        // A sample every tick: the drift between ticks is undone, the
+        // value stays what was measured.
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(50));
+            e.blend(Duration::from_millis(20), clock.now());
+        }
+        assert!(close(e.estimate_ns(clock.now()), 20.0 * MS));
+        // After half a life idle (10.5 ms), a 5 ms sample blended plainly
+        // stands for the idle time: 12.5 ms. Capped at the estimate, it
+        // leaves the value where the drift brought it.
+        clock.advance(half_life());
+        let before = e.estimate_ns(clock.now());
+        let mut plain = e.clone();
+        plain.blend(Duration::from_millis(5), clock.now());
+        assert!(close(plain.estimate_ns(clock.now()), 12.5 * MS));
+        e.blend_at_most(Duration::from_millis(5), clock.now(), before);
+        assert!(close(e.estimate_ns(clock.now()), before));
+        assert_eq!(e.last_sample(), Some(clock.now()));
     }
 
     #[test]

@@ -139,8 +139,25 @@ impl LatencyEstimate {
     /// One tick's user samples. A run of `refute_after` fast ones refutes
     /// both memories, unless the backend relapsed lately (see
     /// [`crate::estimate::refute`]).
+    ///
+    /// A tick never raises the estimate above both what it was and the
+    /// tick's peak: the peak memory sees to it for itself (see
+    /// [`PeakEwma`]); the long memory of means blends as a plain
+    /// time-weighted average (exact under load), capped there. After an
+    /// idle spell that blend gives back what the drift had taken (the
+    /// mean stands for the whole idle time), and a 10 ms tick took a
+    /// backend avoided for 20 s after 10 s at 300 ms from 27 to 34 ms.
+    /// Under load the cap does not bind as long as the peaks keep the
+    /// estimate above the means, so the mean stays unbiased.
     pub fn observe(&mut self, sample: LatencySample, now: Nanos) {
-        let refuted = self.refutation.record(sample, self.estimate_ns(now), now);
+        let estimate = self.estimate_ns(now);
+        let refuted = self.refutation.record(sample, estimate, now);
+        if sample.count == 0 {
+            // A peak alone: its response, and so its mean, came with an
+            // earlier tick.
+            self.recent.observe(sample.peak, now);
+            return;
+        }
         match refuted {
             Some(run) => {
                 self.recent.reset(run.peak, now);
@@ -149,7 +166,8 @@ impl LatencyEstimate {
             }
             None => {
                 self.recent.observe(sample.peak, now);
-                self.sustained.blend(sample.mean, now);
+                let ceiling = estimate.max(sample.peak.as_nanos() as f64);
+                self.sustained.blend_at_most(sample.mean, now, ceiling);
                 self.measured.blend(sample.mean, now);
             }
         }
@@ -400,6 +418,54 @@ mod tests {
         assert!(e.recent.estimate_ns(clock.now()) / MS < 10.0);
     }
 
+    /// The estimate never rises with a tick whose responses were all at
+    /// or below it: after an idle spell, a fast tick used to give the
+    /// decayed memories back what time had taken (both blended into the
+    /// value of their last sample, not into what they had decayed to).
+    #[test]
+    fn a_fast_tick_after_an_idle_spell_never_raises_the_estimate() {
+        // The defaults (one memory τ of 10 s): one 300 ms answer, then
+        // 20 s avoided; the peak memory said 49 ms after a 10 ms answer.
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        e.observe(ms(300), clock.now());
+        clock.advance(Duration::from_secs(20));
+        let before = e.estimate_ns(clock.now());
+        e.observe(ms(10), clock.now());
+        let after = e.estimate_ns(clock.now());
+        assert!(
+            after <= before,
+            "{} ms after, {} ms before",
+            after / MS,
+            before / MS
+        );
+        // A short peak memory (1 s): 10 s slow, then 20 s avoided. The
+        // long memory of means said 34 ms after a 10 ms tick, from 27.
+        let mut e = LatencyEstimate::new(PARAMS, clock.now());
+        feed(&mut e, &clock, ms(300), 10.0);
+        clock.advance(Duration::from_secs(20));
+        let before = e.estimate_ns(clock.now());
+        e.observe(ms(10), clock.now());
+        let after = e.estimate_ns(clock.now());
+        assert!(
+            after <= before,
+            "{} ms after, {} ms before",
+            after / MS,
+            before / MS
+        );
+        // A tick above the estimate raises it to the tick's peak, no further.
+        clock.advance(Duration::from_secs(20));
+        let peak = e.estimate_ns(clock.now()) / MS + 1.0;
+        let tick = LatencySample {
+            mean: Duration::from_secs_f64(peak * 0.8 / 1e3),
+            peak: Duration::from_secs_f64(peak / 1e3),
+            count: 4,
+        };
+        e.observe(tick, clock.now());
+        let after = e.estimate_ns(clock.now()) / MS;
+        assert!(after <= peak + 1e-6, "{after} ms, above the {peak} ms peak");
+    }
+
     #[test]
     fn a_recovered_backend_comes_down_with_its_samples() {
         let clock = ManualClock::starting_at(0);
@@ -460,6 +526,35 @@ mod tests {
         };
         feed(&mut e, &clock, mixed, 10.0);
         assert!(e.estimate_ns(clock.now()) / MS > 90.0);
+    }
+
+    /// A tick whose 300 ms response was counted without its peak (it
+    /// raced the kernel's epoch change), then that peak alone: the peak
+    /// memory takes it, the means and the last user sample stay.
+    #[test]
+    fn a_peak_alone_feeds_the_peak_memory_only() {
+        let clock = ManualClock::starting_at(0);
+        let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        feed(&mut e, &clock, ms(10).counted(4), 2.0);
+        let mean = Duration::from_millis(68);
+        let raced = LatencySample {
+            mean,
+            peak: mean,
+            count: 5,
+        };
+        clock.advance(TICK);
+        e.observe(raced, clock.now());
+        let counted = e.clone();
+        clock.advance(TICK);
+        let alone = LatencySample::single(Duration::from_millis(300)).counted(0);
+        e.observe(alone, clock.now());
+        assert!(e.estimate_ns(clock.now()) / MS >= 299.0);
+        assert_eq!(e.last_sample(), counted.last_sample());
+        assert_eq!(
+            e.held_ns_below(1e12, clock.now()),
+            counted.held_ns_below(1e12, clock.now())
+        );
+        assert_eq!(e.recent_mean_ns(), counted.recent_mean_ns());
     }
 
     /// The default: one memory τ for peaks and means.

@@ -115,6 +115,24 @@ mod tests {
         assert!((0.1..5.0).contains(&moved), "{moved}");
     }
 
+    /// Unlike [`crate::estimate::ewma::Ewma`], no idle drift: a sample
+    /// after a long silence is blended into the mean it would otherwise
+    /// still read, so one below it can only lower it.
+    #[test]
+    fn a_sample_below_the_mean_lowers_it_even_after_an_idle_spell() {
+        let clock = ManualClock::starting_at(0);
+        let mut m = MeasuredMean::new(TAU, clock.now());
+        for _ in 0..20 {
+            clock.advance(TICK);
+            m.blend(Duration::from_millis(300), clock.now());
+        }
+        clock.advance(Duration::from_secs(20));
+        let before = m.mean_ns().unwrap();
+        m.blend(Duration::from_millis(10), clock.now());
+        let after = m.mean_ns().unwrap();
+        assert!((10.0 * MS..before).contains(&after), "{after}");
+    }
+
     #[test]
     fn replace_forgets_and_a_clock_that_steps_back_is_harmless() {
         let clock = ManualClock::starting_at(1_000_000_000);

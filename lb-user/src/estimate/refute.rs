@@ -114,6 +114,11 @@ impl Refutation {
         now: Nanos,
     ) -> Option<LatencySample> {
         if sample.count == 0 {
+            // A peak alone (see `LatencySample::count`): its response was
+            // counted in the run as the mean of its tick; a slow one ends it.
+            if sample.peak.as_nanos() as f64 * REFUTE_RATIO > estimate_ns {
+                self.end_run();
+            }
             return None;
         }
         let peak_ns = sample.peak.as_nanos() as f64;
@@ -232,6 +237,19 @@ mod tests {
         assert_eq!(run.mean, Duration::from_micros(10_250));
         // The run starts over.
         assert_eq!(r.record(tick(15, 10, 10), 100.0 * MS, at_ms(250)), None);
+    }
+
+    /// A peak alone (its response counted by the tick before, as part of
+    /// its mean): a slow one ends the run, a fast one adds nothing.
+    #[test]
+    fn a_slow_peak_alone_ends_the_run() {
+        let mut r = Refutation::new(16, WATCH);
+        assert_eq!(r.record(tick(15, 10, 12), 100.0 * MS, at_ms(50)), None);
+        assert_eq!(r.record(tick(0, 12, 12), 100.0 * MS, at_ms(100)), None);
+        assert!(r.record(tick(1, 10, 10), 100.0 * MS, at_ms(150)).is_some());
+        assert_eq!(r.record(tick(15, 10, 12), 100.0 * MS, at_ms(200)), None);
+        assert_eq!(r.record(tick(0, 60, 60), 100.0 * MS, at_ms(250)), None);
+        assert_eq!(r.record(tick(1, 10, 10), 100.0 * MS, at_ms(300)), None);
     }
 
     #[test]

@@ -9,7 +9,10 @@ use std::time::Duration;
 pub struct LatencySample {
     pub mean: Duration,
     pub peak: Duration,
-    /// Responses measured (a tick's count; 1 for a single response).
+    /// Responses measured (a tick's count; 1 for a single response). 0: a
+    /// peak alone, whose response an earlier tick counted (a sample that
+    /// raced the kernel's epoch change, see [`crate::ingest::latency`]);
+    /// it feeds the peak memory only.
     pub count: u64,
 }
 

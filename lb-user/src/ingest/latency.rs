@@ -5,8 +5,14 @@
 //! A read first advances `LATENCY_EPOCH`, so samples from then on start
 //! the next peak, then sums the finished epoch's peaks and the counters
 //! over the CPUs. Nothing is written to the per-CPU values, so no sample is
-//! lost to a race with the data path; a sample that lands on a CPU after
-//! the epoch moved but before that CPU saw it counts towards the next tick.
+//! lost to a race with the data path. A sample that lands on a CPU after
+//! the epoch moved but before the lookup copied that CPU's value is split
+//! across two reads: its count and sum are in this one, its peak is
+//! stamped with the new epoch and belongs to the next one. That next read
+//! reports the peak even when it has no new samples of its own (a peak
+//! alone, `count` 0): otherwise a backend that answered once, 300 ms, and
+//! then nothing more, lost that peak, and Peak-EWMA only saw the tick's
+//! mean. Each peak is reported once: the read that finishes its epoch.
 
 use std::time::Duration;
 
@@ -20,16 +26,33 @@ use crate::kernel::maps::{self, LatencyAggs, LatencyEpoch};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Answered {
     pub backend: u32,
-    /// Responses (latency samples) since the previous read.
+    /// Responses (latency samples) since the previous read; 0 for a peak
+    /// alone, whose response the previous read counted (see the module's
+    /// docs).
     pub count: u64,
-    /// Their mean latency.
+    /// Their mean latency (for a peak alone, the peak: a reader that
+    /// overlooks the count sees the backend no faster than it was).
     pub mean: Duration,
     /// The largest sample of the finished epoch (Peak-EWMA's jump).
     pub peak: Duration,
 }
 
+impl Answered {
+    /// The peak of a sample the previous read counted.
+    fn peak_alone(backend: u32, peak_ns: u64) -> Self {
+        let peak = Duration::from_nanos(peak_ns);
+        Self {
+            backend,
+            count: 0,
+            mean: peak,
+            peak,
+        }
+    }
+}
+
 /// Folds the per-CPU aggregates of one backend against the totals of the
-/// previous read: `None` without new samples. `epoch` is the finished one.
+/// previous read: `None` without new samples and without a peak of the
+/// finished epoch `epoch`.
 pub fn fold(
     backend: u32,
     per_cpu: &[LatencyAgg],
@@ -40,14 +63,17 @@ pub fn fold(
     let count = per_cpu.iter().fold(0u64, |a, c| a.wrapping_add(c.count));
     let new_count = count.wrapping_sub(previous.1);
     let new_sum = sum.wrapping_sub(previous.0);
-    let peak = per_cpu
-        .iter()
-        .filter(|c| c.peak_epoch == epoch)
-        .map(|c| c.peak_ns)
-        .max()
-        .unwrap_or(0);
+    let peak = finished_peak(per_cpu, epoch);
     if new_count == 0 {
-        return (None, (sum, count));
+        // Every sample of the finished epoch was counted by the previous
+        // read (none since), which filtered their peak out as the next
+        // epoch's: it is reported now, and never again. A zero peak says
+        // nothing.
+        let alone = peak.filter(|&p| p > 0);
+        return (
+            alone.map(|p| Answered::peak_alone(backend, p)),
+            (sum, count),
+        );
     }
     let mean = new_sum / new_count;
     let answered = Answered {
@@ -55,10 +81,19 @@ pub fn fold(
         count: new_count,
         mean: Duration::from_nanos(mean),
         // A sample that raced the epoch change may be missing from the
-        // peaks; the mean then stands in for it.
-        peak: Duration::from_nanos(peak.max(mean)),
+        // peaks (the next read reports it); the mean stands in meanwhile.
+        peak: Duration::from_nanos(peak.unwrap_or(0).max(mean)),
     };
     (Some(answered), (sum, count))
+}
+
+/// The largest peak any CPU stamped with `epoch`, if one did.
+fn finished_peak(per_cpu: &[LatencyAgg], epoch: u64) -> Option<u64> {
+    per_cpu
+        .iter()
+        .filter(|c| c.peak_epoch == epoch)
+        .map(|c| c.peak_ns)
+        .max()
 }
 
 /// Reads the aggregates of every backend id at each tick.
@@ -189,10 +224,35 @@ mod tests {
         assert_eq!(a.peak, a.mean, "no peak of epoch 8 yet: the mean stands in");
     }
 
+    /// A 300 ms sample lands on CPU 1 after the read moved the epoch to 8
+    /// but before the batch lookup copied CPU 1's value: its count is in
+    /// epoch 7's read, its peak is stamped 8. The next read has no new
+    /// samples; the peak must still reach Peak-EWMA, exactly once.
+    #[test]
+    fn a_peak_that_raced_the_epoch_change_is_reported_once() {
+        let ms = |v: u64| v * 1_000_000;
+        let cpus = [agg(ms(50), 10, ms(5), 7), agg(ms(300), 1, ms(300), 8)];
+        let (first, totals) = fold(4, &cpus, (0, 0), 7);
+        let (second, totals) = fold(4, &cpus, totals, 8);
+        let (third, _) = fold(4, &cpus, totals, 9);
+        let peaks: Vec<Duration> = [first, second, third]
+            .iter()
+            .flatten()
+            .map(|a| a.peak)
+            .filter(|&p| p == Duration::from_millis(300))
+            .collect();
+        assert_eq!(peaks.len(), 1, "{first:?} {second:?} {third:?}");
+        // Counted once, in the first read; the second carries the peak only.
+        assert_eq!(first.unwrap().count, 11);
+        let second = second.unwrap();
+        assert_eq!(second.count, 0);
+        assert_eq!(third, None);
+    }
+
     #[test]
     fn no_new_samples_no_answer() {
         let cpus = [agg(3_000, 3, 2_000, 1)];
-        let (a, totals) = fold(0, &cpus, (3_000, 3), 1);
+        let (a, totals) = fold(0, &cpus, (3_000, 3), 2);
         assert_eq!(a, None);
         assert_eq!(totals, (3_000, 3));
     }

@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::kernel::batch;
 use crate::{
+    estimate::backend_load::moved,
     kernel::mapped::MappedU32Array,
     kernel::maps::{self, Maglev, Scores, VipSchedule, VipTablesMap, VipWeightPrefix, VipZonesMap},
     publish::{
@@ -480,7 +481,8 @@ pub fn write_block<V: aya::Pod>(
 
 /// Writes the backends' scores, and with them each VIP's
 /// `VipTables::reference_cost` (P2C's yardstick): each tick only what
-/// changed, the scores in one `BPF_MAP_UPDATE_BATCH` call.
+/// changed by more than a step ([`moved`]), the scores in one
+/// `BPF_MAP_UPDATE_BATCH` call.
 pub struct ScoreWriter {
     scores: Scores,
     references: VipTablesMap,
@@ -496,14 +498,19 @@ pub struct ScoreWriter {
     pub syscalls: u64,
 }
 
-/// The scores of `fresh` that differ from `last` (`updated_ns`, the time
-/// of the write, aside).
+/// The scores of `fresh` worth writing over `last`: a new weight or flag,
+/// or a cost or latency that [`moved`] (`updated_ns`, the time of the
+/// write, aside). What is not written keeps the last written score, so a
+/// slow drift is written once it adds up to a step.
 pub fn changed_scores(
     last: &[Option<BackendScore>],
     fresh: &[(u32, BackendScore)],
 ) -> Vec<(u32, BackendScore)> {
     let same = |a: &BackendScore, b: &BackendScore| {
-        a.ewma_ns == b.ewma_ns && a.cost == b.cost && a.weight == b.weight && a.flags == b.flags
+        a.weight == b.weight
+            && a.flags == b.flags
+            && !moved(a.cost, b.cost)
+            && !moved(a.ewma_ns, b.ewma_ns)
     };
     fresh
         .iter()
@@ -604,7 +611,7 @@ impl ScoreWriter {
     }
 
     /// Rewrites VIP `vip_id`'s reference cost from the `scores` (by
-    /// backend id) of its slot backends `slots`, if it changed.
+    /// backend id) of its slot backends `slots`, if it [`moved`].
     fn write_reference(
         &mut self,
         vip_id: u32,
@@ -613,7 +620,12 @@ impl ScoreWriter {
         index: &ScoreIndex,
     ) -> anyhow::Result<()> {
         let cost = median_cost(slots, scores, index);
-        if self.last_reference.get(&vip_id) == Some(&cost) {
+        // The median of drifting costs drifts too: written by the step.
+        if self
+            .last_reference
+            .get(&vip_id)
+            .is_some_and(|&written| !moved(written, cost))
+        {
             return Ok(());
         }
         self.syscalls += 2;
@@ -656,6 +668,89 @@ mod tests {
         let full: std::collections::HashMap<u32, u32> =
             (0..MAX_MAGLEV_TABLES).map(|t| (t + 10, t)).collect();
         assert_eq!(spare_table(&full), None);
+    }
+
+    /// The scores of `table` at `now` that [`changed_scores`] writes, with
+    /// `last` updated as the writer does.
+    fn tick(
+        table: &crate::estimate::backend_load::LoadTable,
+        last: &mut [Option<BackendScore>],
+        now: crate::kernel::clock::Nanos,
+    ) -> usize {
+        let fresh: Vec<_> = table.scores(now).collect();
+        let changed = changed_scores(last, &fresh);
+        for (id, score) in &changed {
+            last[*id as usize] = Some(*score);
+        }
+        changed.len()
+    }
+
+    /// 1,000 backends answer once each, 5 ms, in the first second, then
+    /// nothing: their estimates drift towards the 1 ms cold start for
+    /// minutes. A minute later a tick writes (close to) nothing, as the
+    /// README says of an idle balancer; it wrote every one of them each
+    /// tick (the drift moves `ewma_ns` by about 50 ns a tick still). A
+    /// real change is written at once.
+    #[test]
+    fn an_idle_drift_is_not_rewritten_every_tick_and_a_real_change_is_at_once() {
+        use crate::{
+            estimate::{backend_load::LoadTable, latency::LatencySample},
+            kernel::clock::{Clock, ManualClock},
+            settings::{addr::Weight, config::EstimateParams},
+        };
+        use std::time::Duration;
+        let params = EstimateParams {
+            cold_start: Duration::from_millis(1),
+            tau: Duration::from_secs(10),
+            peak_tau: Duration::from_secs(10),
+            refute_after: crate::settings::config::DEFAULT_EWMA_REFUTE_AFTER,
+        };
+        let tick_every = Duration::from_millis(50);
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[Weight::new(1).unwrap(); 1_000], params, clock.now());
+        let mut last = vec![None; 1_000];
+        let five_ms = LatencySample::single(Duration::from_millis(5));
+        for id in 0..1_000 {
+            clock.advance(Duration::from_millis(1));
+            table.observe(id, five_ms, clock.now());
+        }
+        let mut ticks = |count: u32| -> usize {
+            (0..count)
+                .map(|_| {
+                    clock.advance(tick_every);
+                    tick(&table, &mut last, clock.now())
+                })
+                .sum()
+        };
+        // About 170 each, in the first minute (2,000 each to the nanosecond).
+        let written = ticks(1_200);
+        assert!(written < 250 * 1_000, "{written} writes while idle");
+        // A minute after the last sample: the last steps of a few.
+        let late = ticks(2);
+        assert!(
+            late <= 20,
+            "{late} scores written a minute after the last sample"
+        );
+        // Within a step of cold start (after τ·ln(127 × 4) = 62 s), published
+        // as cold start: nothing more.
+        ticks(100);
+        assert_eq!(ticks(200), 0);
+        // Backend 7's next answer takes twice its estimate: written now.
+        clock.advance(tick_every);
+        let twice = Duration::from_nanos(2 * table.ewma_ns(7, clock.now()));
+        table.observe(7, LatencySample::single(twice), clock.now());
+        let fresh: Vec<_> = table.scores(clock.now()).collect();
+        let changed = changed_scores(&last, &fresh);
+        assert_eq!(changed.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [7]);
+        // And so is a new weight or flag, however little the cost moved.
+        let mut reweighted = fresh.clone();
+        reweighted[3].1.weight += 1;
+        reweighted[4].1.flags = lb_common::SCORE_FAR_ABOVE;
+        let ids: Vec<u32> = changed_scores(&last, &reweighted)
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(ids, [3, 4, 7]);
     }
 
     #[test]
