@@ -56,7 +56,7 @@ impl Runtime {
                 let params = self.state.base().ops.lifecycle_for(None);
                 let (vip_id, ids) = self.fleet.add_vip(&v, params, now)?;
                 for id in ids {
-                    self.loads.reset(id, self.fresh_load.clone());
+                    self.loads.reset(id, now);
                 }
                 self.state.record_vip_added(&v);
                 return Ok(vip_id);
@@ -77,7 +77,7 @@ impl Runtime {
                 check_backend(&vip, backend.addr)?;
                 // The control socket resolved its MAC already.
                 let id = fleet.add(&vip, backend, now)?;
-                self.loads.reset(id, self.fresh_load.clone());
+                self.loads.reset(id, now);
                 id
             }
             BackendCommand::Remove => {

@@ -165,7 +165,7 @@ impl Runtime {
             match self.fleet.add(&vip, e.backend(), now) {
                 Ok(id) => {
                     added += 1;
-                    self.loads.reset(id, self.fresh_load.clone());
+                    self.loads.reset(id, now);
                 }
                 Err(err) => {
                     failed += 1;

@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     estimate::{
-        backend_load::{BackendLoad, LoadTable},
+        backend_load::LoadTable,
         latency::{LatencySample, ProbeOutcome},
     },
     ingest::{events::Event, reconcile::Scan},
@@ -44,7 +44,7 @@ use crate::{
         writers::UpdateTimes,
     },
     settings::{
-        addr::{VipAddr, Weight},
+        addr::VipAddr,
         config::{self, Config},
     },
 };
@@ -54,8 +54,6 @@ pub struct Runtime {
     /// Each zone's connections as a counter that only grows (metrics).
     pub(super) zone_opened: super::snapshot::ZoneOpened,
     pub(super) loads: LoadTable,
-    /// What a backend that joins at runtime starts with.
-    pub(super) fresh_load: BackendLoad,
     pub(super) kernel: KernelHandles,
     pub(super) checker: HealthChecker,
     /// Regular health checks per backend id, by how they counted.
@@ -129,7 +127,6 @@ impl Runtime {
         });
         let mut runtime = Self {
             loads: LoadTable::new(&plan.weights, config.estimate_params(), now),
-            fresh_load: BackendLoad::new(Weight::DEFAULT, config.estimate_params(), now),
             kernel,
             checker: HealthChecker::new(check_results, on_panic, on_connection),
             checks: HashMap::new(),
@@ -304,7 +301,7 @@ impl Runtime {
         }
         for s in &selections {
             for (id, w) in s.slots.iter().zip(&s.weights) {
-                self.loads.set_weight(*id, *w, &self.fresh_load);
+                self.loads.set_weight(*id, *w, now);
             }
         }
         let started = Instant::now();
@@ -525,7 +522,7 @@ impl Runtime {
         }
         self.drain_kept(&effective.drains, now);
         for id in added {
-            self.loads.reset(id, self.fresh_load.clone());
+            self.loads.reset(id, now);
         }
         self.after_membership_change();
         info!(

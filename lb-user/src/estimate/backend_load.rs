@@ -161,6 +161,8 @@ impl BackendLoad {
 #[derive(Debug)]
 pub struct LoadTable {
     loads: Vec<BackendLoad>,
+    /// What a backend that joins later starts from (dated when it joins).
+    params: EstimateParams,
 }
 
 impl LoadTable {
@@ -170,7 +172,16 @@ impl LoadTable {
                 .iter()
                 .map(|w| BackendLoad::new(*w, params, now))
                 .collect(),
+            params,
         }
+    }
+
+    /// A backend's load as it joins at `now`: the cold-start estimate,
+    /// dated `now`. (A template made once at the start was dated then: an
+    /// hour later, its memories weighed the first tick's sample as if the
+    /// cold-start guess were an hour old, taking it whole.)
+    fn fresh(&self, now: Nanos) -> BackendLoad {
+        BackendLoad::new(Weight::DEFAULT, self.params, now)
     }
 
     /// Applies an event; events for unknown ids (a flow that outlived a
@@ -240,21 +251,24 @@ impl LoadTable {
 
     /// Sets the effective weight (in [`WEIGHT_UNITS`]) of backend `id`,
     /// growing the table for a backend added at runtime.
-    pub fn set_weight(&mut self, id: u32, weight_units: u32, template: &BackendLoad) {
-        let id = id as usize;
-        if self.loads.len() <= id {
-            self.loads.resize(id + 1, template.clone());
+    pub fn set_weight(&mut self, id: u32, weight_units: u32, now: Nanos) {
+        let index = id as usize;
+        if self.loads.len() <= index {
+            let fresh = self.fresh(now);
+            self.loads.resize(index + 1, fresh);
         }
-        self.loads[id].weight_units = weight_units;
+        self.loads[index].weight_units = weight_units;
     }
 
-    /// Starts backend `id` afresh (a new backend reusing a freed id).
-    pub fn reset(&mut self, id: u32, fresh: BackendLoad) {
-        let id = id as usize;
-        if self.loads.len() <= id {
-            self.loads.resize(id + 1, fresh.clone());
+    /// Starts backend `id` afresh at `now` (a backend added at runtime, or
+    /// a new backend reusing a freed id).
+    pub fn reset(&mut self, id: u32, now: Nanos) {
+        let index = id as usize;
+        let fresh = self.fresh(now);
+        if self.loads.len() <= index {
+            self.loads.resize(index + 1, fresh.clone());
         }
-        self.loads[id] = fresh;
+        self.loads[index] = fresh;
     }
 
     /// The Peak-EWMA estimate of backend `id` (0 if unknown).
@@ -418,6 +432,27 @@ mod tests {
 
     fn ms(v: u64) -> LatencySample {
         LatencySample::single(Duration::from_millis(v))
+    }
+
+    /// A backend added an hour after the start learns like one added at
+    /// the start: its memories are dated when it joins.
+    #[test]
+    fn a_backend_added_later_starts_from_a_guess_dated_when_it_joins() {
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[weight(1)], PARAMS, clock.now());
+        clock.advance(Duration::from_secs(3600));
+        table.reset(1, clock.now());
+        let mut twin = LoadTable::new(&[weight(1)], PARAMS, clock.now());
+        table.observe(1, ms(100), clock.now());
+        twin.observe(0, ms(100), clock.now());
+        clock.advance(Duration::from_millis(300));
+        table.observe(1, ms(10), clock.now());
+        twin.observe(0, ms(10), clock.now());
+        let (added, fresh) = (table.ewma_ns(1, clock.now()), twin.ewma_ns(0, clock.now()));
+        assert_eq!(
+            added, fresh,
+            "added an hour in: {added} ns, at the start: {fresh} ns"
+        );
     }
 
     #[test]
