@@ -1973,6 +1973,43 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     );
 }
 
+/// A SIGHUP that lands while the balancer starts (a supervisor's reload
+/// right after it) is answered once it runs. Its default action used to
+/// end the process between the attach and the ready mark, which left the
+/// program attached and every VIP packet passed to the host.
+#[test]
+fn a_sighup_during_the_start_is_answered_once_running() {
+    require_root!();
+    let lab = Fault::new("sighup-start", 1);
+    let lb = lab.spawn_balancer(&spec(&lab, &[0], &[])).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lab.stderr(lb).contains("attached lb_xdp") {
+        assert!(
+            lab.exit_status(lb).unwrap().is_none(),
+            "exited before attaching: {}",
+            lab.stderr(lb)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "not attached: {}",
+            lab.stderr(lb)
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    wait_for("the reload", Duration::from_secs(10), || {
+        assert!(
+            lab.exit_status(lb).unwrap().is_none(),
+            "a SIGHUP during the start ended lb-user: {}",
+            lab.stderr(lb)
+        );
+        lab.stderr(lb).contains("configuration reloaded")
+    });
+    wait_until_configured(&lab, lb);
+    let run = lab.measure(lab.load(100.0, 1.0, 2_000));
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+}
+
 #[test]
 fn sighup_adds_one_vip_and_removes_another_and_says_so() {
     require_root!();

@@ -55,6 +55,12 @@ pub trait Handlers {
 pub struct Shutdown {
     interrupt: Signal,
     terminate: Signal,
+    /// SIGHUP's handler, installed with the others before anything is
+    /// attached (its default action ends the process, which during the
+    /// start left the program attached and never marked ready: every VIP
+    /// packet passed to the host). The reloader takes it; a SIGHUP that
+    /// arrived meanwhile is kept and answered then.
+    hangup: Option<Signal>,
 }
 
 impl Shutdown {
@@ -62,7 +68,15 @@ impl Shutdown {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            hangup: Some(signal(SignalKind::hangup()).context("installing the SIGHUP handler")?),
         })
+    }
+
+    /// SIGHUP's handler, for the reloader (once).
+    pub fn take_hangup(&mut self) -> anyhow::Result<Signal> {
+        self.hangup
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the SIGHUP handler was already taken"))
     }
 
     async fn wait(&mut self) -> &'static str {

@@ -19,7 +19,6 @@ mod zones;
 
 use anyhow::Context as _;
 use tokio::{
-    signal::unix::{SignalKind, signal},
     sync::{mpsc, watch},
     task::JoinHandle,
 };
@@ -169,7 +168,7 @@ impl Started<'_> {
         let (control_tx, control_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (scrape_tx, scrape_rx) = mpsc::channel(CHANNEL_DEPTH);
         let (reload_tx, reload_rx) = mpsc::channel(1);
-        let hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let hangup = shutdown.take_hangup()?;
         let mut tasks = vec![
             state::spawn_writer(state_path, saves, errors.clone()),
             neighbours::spawn_neighbour_watch(

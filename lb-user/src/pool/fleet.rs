@@ -1119,6 +1119,29 @@ mod tests {
             },
         );
         assert_eq!(plan.orphaned, [1]);
+        // Written back draining and in use, so a second restart (reading
+        // what this one wrote) reserves it again.
+        assert_eq!(plan.backends[1].in_use, 1);
+        assert_eq!(plan.backends[1].state, lb_common::BACKEND_DRAINING);
+        let again = crate::pool::plan::Plan::adopting(
+            &config,
+            &crate::pool::plan::Previous {
+                vips: vec![(
+                    crate::pool::plan::vip_key(&config.vips[0]),
+                    plan.vips[0].meta.vip_id,
+                    None,
+                )],
+                backends: (0..plan.backends.len() as u32)
+                    .map(|id| (id, plan.backends[id as usize]))
+                    .filter(|(_, b)| b.in_use != 0)
+                    .collect(),
+            },
+        );
+        assert_eq!(
+            again.orphaned,
+            [1],
+            "the second restart lost the reservation"
+        );
         let now = Nanos(SEC);
         let mut f = Fleet::new(&config, &plan, now);
         assert_eq!(f.id_limit(), 2, "the scans cover the reserved id");

@@ -233,6 +233,18 @@ impl Plan {
             backends[d.id as usize] =
                 wire::backend_entry(d.addr, vip_id[d.vip], d.weight, BACKEND_DRAINING);
         }
+        // Written back as they were, draining (in no slot): the next start
+        // reads them from the pins as in use and reserves them again. As
+        // zeroes, the first restart kept them only in memory, and the
+        // second handed them to new backends under the old flows.
+        for &id in &orphaned {
+            if let Some((_, entry)) = previous.backends.iter().find(|(i, _)| *i == id) {
+                backends[id as usize] = Backend {
+                    state: BACKEND_DRAINING,
+                    ..*entry
+                };
+            }
+        }
         Self {
             vips,
             backends,

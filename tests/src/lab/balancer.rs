@@ -288,6 +288,13 @@ impl Lab {
         Ok(command)
     }
 
+    /// Starts `lb-user` with `spec` and returns at once, not waiting for
+    /// it to be ready (a test that acts during the start).
+    pub fn spawn_balancer(&self, spec: &BalancerSpec) -> Result<ProcessId> {
+        self.processes
+            .spawn("lb-user", self.balancer_command(spec, &[])?)
+    }
+
     /// Runs `lb-user` with `spec` when it is expected to fail its start:
     /// its exit status and stderr once it exits (within the start's timeout).
     /// Readiness is not what it waits for, since a running instance that a
