@@ -14,6 +14,7 @@ use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
 use crate::{
     fragment,
+    handover::MAX_L4_OFFSET,
     packet::{
         FRAG_FIRST, FRAG_LATER, FRAG_NONE, Packet, keep_ctx_pointer, load, load_words, ptr_at, word,
     },
@@ -24,7 +25,9 @@ use crate::{
 const MAX_VLAN_TAGS: usize = 2;
 /// Extension headers walked before giving up (hop-by-hop, routing,
 /// destination options, fragment: one of each is the common worst case).
-/// A longer chain is passed to the kernel, counted as `PASS_IPV6_EXT_LIMIT`.
+/// A longer chain is passed to the kernel, counted as `PASS_IPV6_EXT_LIMIT`,
+/// and so are headers that end past [`MAX_L4_OFFSET`] and a routing header
+/// with segments left (the VIP is not the final destination).
 pub const MAX_IPV6_EXT_HEADERS: usize = 4;
 
 /// What the parser wrote out: [`parse_into`]'s payload when it continues.
@@ -362,8 +365,19 @@ fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result
     // Unrolled by LLVM: a constant bound keeps the verifier's path count small.
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match next {
-            IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS => {
+            IPV6_HOP_BY_HOP | IPV6_DEST_OPTS => {
                 let h: [u8; 2] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
+                next = h[0];
+                l4 += IPV6_EXT_UNIT * (1 + usize::from(h[1]));
+            }
+            IPV6_ROUTING => {
+                let h: [u8; 4] = load(ctx, l4).ok_or(reason::DROP_TRUNCATED)?;
+                // Segments left: the VIP is not the final destination, which
+                // the transport checksum's pseudo-header names (RFC 8200
+                // section 8.1): not ours to translate.
+                if h[3] != 0 {
+                    return Ok(Upper::Pass(reason::PASS_IPV6_EXT_LIMIT));
+                }
                 next = h[0];
                 l4 += IPV6_EXT_UNIT * (1 + usize::from(h[1]));
             }
@@ -384,10 +398,14 @@ fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result
             _ => break,
         }
     }
+    // Headers that end past what a new flow's handover takes (up to about
+    // 1 KiB of options) are passed too: balanced, the flow's creation
+    // would refuse their offsets.
     if matches!(
         next,
         IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS | IPV6_FRAGMENT
-    ) {
+    ) || l4 >= MAX_L4_OFFSET
+    {
         return Ok(Upper::Pass(reason::PASS_IPV6_EXT_LIMIT));
     }
     Ok(Upper::Header(next, l4, frag))

@@ -70,6 +70,9 @@ pub enum ExtHdr {
     Options { kind: u8, len8: u8 },
     /// Fragment header.
     Fragment { offset: u16, more: bool, id: u32 },
+    /// A segment routing header (type 4) with `segments_left` and one
+    /// 16-byte segment.
+    SourceRoute { segments_left: u8 },
 }
 
 impl ExtHdr {
@@ -77,6 +80,7 @@ impl ExtHdr {
         match self {
             Self::Options { kind, .. } => *kind,
             Self::Fragment { .. } => IPV6_FRAGMENT,
+            Self::SourceRoute { .. } => IPV6_ROUTING,
         }
     }
 
@@ -90,10 +94,24 @@ impl ExtHdr {
                     h.extend_from_slice(&[4, 0]);
                     h.resize(len, 0);
                 } else {
-                    // One PadN option filling the rest.
-                    h.extend_from_slice(&[1, (len - 4) as u8]);
-                    h.resize(len, 0);
+                    // PadN options filling the rest (each at most 257 bytes).
+                    let mut left = len - 2;
+                    while left > 0 {
+                        let n = left.min(257);
+                        if n == 1 {
+                            h.push(0); // Pad1
+                        } else {
+                            h.extend_from_slice(&[1, (n - 2) as u8]);
+                            h.resize(h.len() + n - 2, 0);
+                        }
+                        left -= n;
+                    }
                 }
+                h
+            }
+            Self::SourceRoute { segments_left } => {
+                let mut h = vec![next, 2, 4, segments_left];
+                h.resize(24, 0);
                 h
             }
             Self::Fragment { offset, more, id } => {
