@@ -98,8 +98,28 @@ pub fn release_snat_ports(instance: &str) {
         Path::new(RESERVED_PORTS),
         &record_path(instance),
         &current_netns(),
-        |record| instance_of(record).is_some_and(crate::kernel::instance::is_running),
+        |record| {
+            instance_of(record).is_some_and(|name| {
+                holds_ports(
+                    name,
+                    &crate::kernel::instance::pin_root(),
+                    crate::kernel::instance::is_running,
+                )
+            })
+        },
     );
+}
+
+/// Whether instance `name` still uses its SNAT ports: its process runs, or
+/// its program does without it (killed, or left attached by a failed start
+/// on a running instance: its link is pinned under `pin_root`). Its ports
+/// are then handed to its record, not released under its live flows.
+fn holds_ports(name: &str, pin_root: &Path, running: impl Fn(&str) -> bool) -> bool {
+    running(name)
+        || pin_root
+            .join(name)
+            .join(crate::kernel::instance::LINK_PIN)
+            .exists()
 }
 
 /// The instance a record in [`LOCK_DIR`] belongs to.
@@ -533,6 +553,32 @@ mod tests {
 
     fn set(text: &str) -> PortSet {
         PortSet::parse(text)
+    }
+
+    /// A sibling whose process died but whose program still runs (its
+    /// link pinned) keeps its ports.
+    #[test]
+    fn an_instance_whose_program_runs_on_holds_its_ports() {
+        let root = std::env::temp_dir().join(format!("lb-pins-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("lb-eth1")).unwrap();
+        std::fs::write(
+            root.join("lb-eth1").join(crate::kernel::instance::LINK_PIN),
+            "",
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("lb-eth2")).unwrap();
+        let dead = |_: &str| false;
+        assert!(
+            holds_ports("lb-eth1", &root, dead),
+            "killed, still attached"
+        );
+        assert!(
+            !holds_ports("lb-eth2", &root, dead),
+            "stopped: pins without a link"
+        );
+        assert!(!holds_ports("lb-eth3", &root, dead), "gone");
+        assert!(holds_ports("lb-eth3", &root, |n| n == "lb-eth3"), "running");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
