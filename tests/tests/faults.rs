@@ -1206,6 +1206,40 @@ fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
     );
     still_balancing("after a start that failed on the adopted instance");
 
+    // The same instance name on another interface (a mistyped --iface
+    // after the kill): its pinned program runs elsewhere, so the start is
+    // refused, where it removed those pins and cut the flows.
+    let state_dir = lab.state_dir().display().to_string();
+    let (vip, backend) = (
+        lab.tcp_vip().to_string(),
+        lab.backends()[0].addr().to_string(),
+    );
+    let out = lab
+        .run_lb_user(&[
+            "--iface",
+            "lo",
+            "--xdp-mode",
+            "skb",
+            "--instance",
+            &lab.instance(),
+            "--vip",
+            &vip,
+            "--backend",
+            &backend,
+            "--state-dir",
+            &state_dir,
+            "--metrics-addr",
+            "off",
+        ])
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("is attached to another interface"),
+        "{stderr}"
+    );
+    still_balancing("after a start of its instance on another interface");
+
     let third = lab.start(&[0], &[]);
     wait_until_configured(&lab, third);
     assert!(

@@ -250,6 +250,19 @@ fn adopt(pin_dir: &Path, config: &Config) -> anyhow::Result<Option<Attachment>> 
         .program_id();
     let attached = iface::attached_xdp_program(&config.iface)?;
     if !is_our_link(attached, program_id) {
+        // Still attached to another interface (a changed --iface under the
+        // same --instance, or another network namespace sharing this
+        // bpffs): a running balancer, whose flows a removal would cut.
+        let elsewhere = iface::pinned_xdp_link_ifindex(&pin_dir.join(LINK_PIN))?;
+        if elsewhere != 0 {
+            bail!(
+                "instance {}'s program {program_id} is attached to another interface (index \
+                 {elsewhere}, here or in another network namespace), not {}: stop that \
+                 instance, or start this one with its own --instance",
+                config.instance,
+                config.iface
+            );
+        }
         warn!(
             pins = %pin_dir.display(), "removing stale pins: their program {program_id} is not the one \
              attached to {} ({attached:?})", config.iface

@@ -132,3 +132,84 @@ mod tests {
         );
     }
 }
+
+/// `bpf(2)` commands [`pinned_xdp_link_ifindex`] makes.
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// The `BPF_OBJ_GET` attribute: a pinned object's path.
+#[repr(C)]
+#[derive(Default)]
+struct ObjGetAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// The `BPF_OBJ_GET_INFO_BY_FD` attribute.
+#[repr(C)]
+#[derive(Default)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// Where `struct bpf_link_info` keeps an XDP link's `ifindex`: after
+/// `type`, `id` and `prog_id`, at the start of its 8-byte aligned union.
+const LINK_INFO_XDP_IFINDEX: usize = 16;
+
+/// The interface index the XDP link pinned at `path` is attached to, in
+/// whatever network namespace that interface is: 0 for a link whose
+/// interface is gone (defunct). aya's `LinkInfo` does not expose it.
+pub fn pinned_xdp_link_ifindex(path: &std::path::Path) -> anyhow::Result<u32> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| anyhow!("invalid pin path {}", path.display()))?;
+    let mut get = ObjGetAttr {
+        pathname: c_path.as_ptr() as u64,
+        ..ObjGetAttr::default()
+    };
+    // SAFETY: `get` points at a NUL-terminated path that outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &mut get as *mut ObjGetAttr,
+            size_of::<ObjGetAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("opening the pinned link {}", path.display()));
+    }
+    // SAFETY: a new fd that the kernel just handed to this process.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut info = [0u8; 64];
+    let mut attr = InfoAttr {
+        bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&fd) as u32,
+        info_len: info.len() as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    // SAFETY: `attr` points at a zeroed buffer of `info_len` bytes that
+    // outlives the call (the kernel writes at most that many).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr as *mut InfoAttr,
+            size_of::<InfoAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("reading the pinned link {}", path.display()));
+    }
+    let at = LINK_INFO_XDP_IFINDEX;
+    Ok(u32::from_ne_bytes([
+        info[at],
+        info[at + 1],
+        info[at + 2],
+        info[at + 3],
+    ]))
+}
