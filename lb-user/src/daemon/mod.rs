@@ -15,6 +15,7 @@ pub mod snapshot;
 pub mod startup;
 pub mod state;
 pub mod tasks;
+mod zone_opened;
 mod zones;
 
 use anyhow::Context as _;

@@ -52,7 +52,7 @@ use crate::{
 pub struct Runtime {
     pub(super) fleet: Fleet,
     /// Each zone's connections as a counter that only grows (metrics).
-    pub(super) zone_opened: super::snapshot::ZoneOpened,
+    pub(super) zone_opened: super::zone_opened::ZoneOpened,
     pub(super) loads: LoadTable,
     pub(super) kernel: KernelHandles,
     pub(super) checker: HealthChecker,
