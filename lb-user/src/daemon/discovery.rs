@@ -13,7 +13,6 @@ use super::runtime::Runtime;
 use crate::{
     discover::{
         plan::{self, Member},
-        state::REAPPLY_EVERY,
         watch::Update,
     },
     kernel::clock::Nanos,
@@ -96,11 +95,14 @@ impl Runtime {
         self.on_tick(now)
     }
 
-    /// Plans again, every [`REAPPLY_EVERY`], each VIP's last wanted set
-    /// whose application left work undone (removals the cap deferred,
-    /// adds a full VIP refused): that work would otherwise wait for the
-    /// next etcd event, which may never come. Called on the score tick,
-    /// before it publishes; true if the pool changed.
+    /// Plans again, every [`crate::discover::state::REAPPLY_EVERY`], each
+    /// VIP's last wanted set
+    /// whose application failed in part (an add a full VIP refused, and
+    /// the old member kept for it): that work would otherwise wait for the
+    /// next etcd event, which may never come. Removals the cap deferred
+    /// are not retried: a retry a second would make the cap a pace, and a
+    /// deleted prefix would still empty the pool in seconds. Called on the
+    /// score tick, before it publishes; true if the pool changed.
     pub fn reapply_discovery(&mut self, now: Nanos) -> bool {
         let mut changed = false;
         for update in self.discovery.due_reapplies(now) {
@@ -154,8 +156,7 @@ impl Runtime {
         self.discovery.revisions.insert(update.vip, update.revision);
         if changes.is_empty() {
             self.note_deferred(update, changes.deferred, attempt);
-            self.discovery
-                .note_applied(update, changes.deferred == 0, now);
+            self.discovery.note_applied(update, true, now);
             return false;
         }
         let mut failed = 0;
@@ -196,7 +197,7 @@ impl Runtime {
             self.discovery.weight_overrides.remove(&(update.vip, *addr));
         }
         self.discovery
-            .note_applied(update, changes.deferred == 0 && failed == 0, now);
+            .note_applied(update, !changes.retry(failed), now);
         let planned = changes.add.len()
             + changes.reweight.len()
             + changes.rezone.len()
@@ -222,7 +223,7 @@ impl Runtime {
 
     fn note_deferred(&self, update: &Update, deferred: usize, attempt: Attempt) {
         if deferred > 0 && attempt == Attempt::First {
-            warn!(vip = %update.vip, deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap (or to keep a member); retried every {REAPPLY_EVERY:?}");
+            warn!(vip = %update.vip, deferred, cap_percent = self.discovery.max_removal_percent, "discovery: removals held back by the cap (or to keep a member) until the next update");
         }
     }
 }

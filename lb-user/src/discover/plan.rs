@@ -6,8 +6,9 @@
 //!   and never the last one: a deleted prefix, or a half-written one,
 //!   cannot empty a pool. At least one, because a pool smaller than
 //!   100/P members would otherwise never lose one (3 members at 30%).
-//!   The rest is deferred; the next update (or the periodic re-apply)
-//!   removes the next share.
+//!   The rest is deferred; the next update removes the next share (not a
+//!   timer: retried every second, the cap would only pace a deleted
+//!   prefix's emptying of the pool).
 //! - **Zones.** A backend is known by its address: a new zone for one in
 //!   the pool is a change of it (`rezone`), like a new weight.
 //! - **Operator overrides.** A backend whose weight an operator set keeps
@@ -95,6 +96,15 @@ impl Changes {
         let allowed = allowed.min(self.remove.len());
         self.deferred += self.remove.len() - allowed;
         self.remove.truncate(allowed);
+    }
+
+    /// Whether the update these changes came from is to be planned again
+    /// (every second), `failed` of them having failed: only then. Removals
+    /// the cap deferred wait for the next update: retried on a timer, the
+    /// cap would only pace the emptying of a pool whose prefix was deleted
+    /// (20 backends at 50% down to 1 in four seconds).
+    pub fn retry(&self, failed: usize) -> bool {
+        failed > 0
     }
 
     /// Never the last member: of `live` members plus `added` new ones, at
@@ -245,5 +255,17 @@ mod tests {
         let b = [member(2, 1), member(3, 1), member(1, 1)];
         let wanted = [entry(4, 1)];
         assert_eq!(plan(&a, &wanted, 100), plan(&b, &wanted, 100));
+    }
+
+    /// A deleted prefix: the cap removes half, and what it deferred is not
+    /// retried on a timer (it would be a pace, not a cap); a failed add is.
+    #[test]
+    fn only_failed_changes_are_retried_not_the_caps_deferrals() {
+        let pool: Vec<Member> = (1..=20).map(|i| member(i, 1)).collect();
+        let c = plan(&pool, &[], 50);
+        assert_eq!((c.remove.len(), c.deferred), (10, 10));
+        assert!(!c.retry(0), "the cap's deferral was retried");
+        let c = plan(&pool[..1], &[entry(2, 1)], 50);
+        assert!(c.retry(1), "a failed add was not retried");
     }
 }

@@ -45,11 +45,11 @@ pub struct DiscoveryState {
     pub zones: HashMap<(VipAddr, SocketAddr), ZoneName>,
     /// Last revision applied per VIP.
     pub revisions: HashMap<VipAddr, i64>,
-    /// Per VIP whose last update left removals deferred (the cap) or
-    /// changes failed (a full VIP refusing an add): that update, to plan
-    /// again every [`REAPPLY_EVERY`]. Without it the work waits for the
-    /// next etcd event, which may never come, and two balancers that
-    /// applied the same events differently disagree for good.
+    /// Per VIP whose last update had changes fail (a full VIP refusing an
+    /// add): that update, to plan again every [`REAPPLY_EVERY`]. Without
+    /// it the work waits for the next etcd event, which may never come.
+    /// (Removals the cap deferred wait for the next update: retried, the
+    /// cap would only pace a deleted prefix's emptying of the pool.)
     unfinished: HashMap<VipAddr, Unfinished>,
     /// Shared with the watch tasks (metrics).
     pub status: Option<Arc<DiscoveryStatus>>,

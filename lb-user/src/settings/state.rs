@@ -208,22 +208,32 @@ impl RuntimeState {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(unreadable(e.to_string())),
         };
-        let state: Self = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
+        let mut state: Self = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
         if state.version != VERSION {
             return Err(unreadable(format!("unknown version {}", state.version)));
         }
-        for e in &state.vips {
+        // What cannot be read is an error; an entry that reads but breaks a
+        // rule (one an older build accepted: a multicast backend added at
+        // runtime, say) is dropped with a warning, so an upgrade does not
+        // refuse to start, nor lose the file's other entries.
+        let mut dropped = Vec::new();
+        let mut vips = Vec::with_capacity(state.vips.len());
+        for e in std::mem::take(&mut state.vips) {
             let vip = e
                 .vip
                 .parse::<VipAddr>()
                 .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
-            if let Some(added) = &e.added {
-                added
-                    .config(vip, &ZoneSettings::default())
-                    .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
+            match &e.added {
+                Some(added) => match added.config(vip, &ZoneSettings::default()) {
+                    Ok(_) => vips.push(e),
+                    Err(err) => dropped.push(format!("VIP {vip} added at runtime: {err}")),
+                },
+                None => vips.push(e),
             }
         }
-        for e in &state.backends {
+        state.vips = vips;
+        let mut backends = Vec::with_capacity(state.backends.len());
+        for e in std::mem::take(&mut state.backends) {
             let vip = e
                 .vip
                 .parse::<VipAddr>()
@@ -232,12 +242,18 @@ impl RuntimeState {
                 .backend
                 .parse::<std::net::SocketAddr>()
                 .map_err(|err| unreadable(format!("backend '{}': {err}", e.backend)))?;
-            check_backend(&vip, backend).map_err(|err| unreadable(err.to_string()))?;
-            if let Some(w) = e.weight {
-                Weight::new(u64::from(w)).map_err(|err| {
-                    unreadable(format!("backend '{backend}' of vip '{vip}': {err}"))
-                })?;
+            let weight = e.weight.map(|w| Weight::new(u64::from(w)));
+            match (check_backend(&vip, backend), weight) {
+                (Err(err), _) => dropped.push(format!("backend {backend} of VIP {vip}: {err}")),
+                (_, Some(Err(err))) => {
+                    dropped.push(format!("backend {backend} of VIP {vip}: {err}"));
+                }
+                _ => backends.push(e),
             }
+        }
+        state.backends = backends;
+        for what in dropped {
+            tracing::warn!(path = %path.display(), "runtime state: dropped an entry the configuration's rules refuse: {what}");
         }
         Ok(Some(state))
     }
@@ -625,11 +641,13 @@ mod tests {
         state.record_vip_added(&base, v);
         state.record_vip_removed(&base, &new_vip);
         assert!(state.vips.is_empty());
-        // A broken VIP entry refuses the file.
+        // A VIP entry this build cannot serve (an algorithm it does not
+        // know: a newer build's file) is dropped, the rest kept.
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(&file, r#"{"version":1,"backends":[],"vips":[{"vip":"10.0.0.9:80","added":{"algorithm":"nope","backends":[]},"config":null}]}"#).unwrap();
-        let err = RuntimeState::load(&file).unwrap_err().to_string();
-        assert!(err.contains("unknown algorithm 'nope'"), "{err}");
+        std::fs::write(&file, r#"{"version":1,"backends":[],"vips":[{"vip":"10.0.0.9:80","added":{"algorithm":"nope","backends":["10.0.0.31:80"]},"config":null},{"vip":"10.0.0.9:81","added":{"algorithm":"random","backends":["10.0.0.31:80"]},"config":null}]}"#).unwrap();
+        let loaded = RuntimeState::load(&file).unwrap().unwrap();
+        let kept: Vec<&str> = loaded.vips.iter().map(|v| v.vip.as_str()).collect();
+        assert_eq!(kept, ["10.0.0.9:81"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -832,6 +850,10 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// An entry that breaks the configuration's rules (one an older build
+    /// accepted) is dropped at load, with a warning; the file's other
+    /// entries stay, and the start goes on (an upgrade must not refuse to
+    /// start over it).
     #[test]
     fn a_state_file_is_held_to_the_configurations_rules() {
         let dir = std::env::temp_dir().join(format!("lb-state-rules-{}", std::process::id()));
@@ -839,13 +861,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let load = |text: &str| {
             std::fs::write(&file, text).unwrap();
-            RuntimeState::load(&file)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            RuntimeState::load(&file).unwrap().unwrap()
         };
         let backend = |vip: &str, backend: &str, weight: u32| {
             format!(
-                r#"{{"version":{VERSION},"backends":[{{"vip":"{vip}","backend":"{backend}","admin":"active","weight":{weight},"config":null}}]}}"#
+                r#"{{"vip":"{vip}","backend":"{backend}","admin":"active","weight":{weight},"config":null}}"#
+            )
+        };
+        let backends = |entries: &[String]| {
+            format!(
+                r#"{{"version":{VERSION},"backends":[{}]}}"#,
+                entries.join(",")
             )
         };
         let added = |backends: &str| {
@@ -853,28 +879,33 @@ mod tests {
                 r#"{{"version":{VERSION},"backends":[],"vips":[{{"vip":"10.0.0.9:80/tcp","added":{{"algorithm":"random","backends":{backends}}},"config":null}}]}}"#
             )
         };
-        // The well-formed ones load.
-        load(&backend("10.0.0.100:80", "10.0.0.21:80", 5)).unwrap();
-        load(&added(r#"["10.0.0.31:80"]"#)).unwrap();
-        for (text, want) in [
-            (backend("10.0.0.100:80", "10.0.0.21:80", 0), "weight"),
-            (
-                backend("10.0.0.100:80", "10.0.0.21:80", 4_000_000_000),
-                "weight",
-            ),
-            (backend("10.0.0.100:80", "[::1]:80", 1), "[::1]:80"),
-            (added(r#"["[::1]:80"]"#), "[::1]:80"),
-            (added(r#"["10.0.0.31:80","10.0.0.31:80"]"#), "10.0.0.31:80"),
-            (added("[]"), "no backends"),
-            (added(r#"["224.0.0.1:80"]"#), "is a multicast address"),
-            (added(r#"["10.0.0.9:80"]"#), "lists itself as a backend"),
+        let good = backend("10.0.0.100:80", "10.0.0.21:80", 5);
+        assert_eq!(load(&backends(&[good.clone()])).backends.len(), 1);
+        assert_eq!(load(&added(r#"["10.0.0.31:80"]"#)).vips.len(), 1);
+        for bad in [
+            backend("10.0.0.100:80", "10.0.0.22:80", 0),
+            backend("10.0.0.100:80", "10.0.0.22:80", 4_000_000_000),
+            backend("10.0.0.100:80", "[::1]:80", 1),
+            backend("10.0.0.100:80", "224.0.0.5:80", 1),
+            backend("10.0.0.100:80", "10.0.0.100:80", 1),
         ] {
-            let err = load(&text).expect_err(&text);
-            assert!(
-                err.contains(want) && err.contains("move it away"),
-                "{text}: {err}"
-            );
+            let state = load(&backends(&[good.clone(), bad.clone()]));
+            let kept: Vec<&str> = state.backends.iter().map(|e| e.backend.as_str()).collect();
+            assert_eq!(kept, ["10.0.0.21:80"], "{bad}");
         }
+        for bad in [
+            r#"["[::1]:80"]"#,
+            r#"["10.0.0.31:80","10.0.0.31:80"]"#,
+            "[]",
+            r#"["224.0.0.1:80"]"#,
+            r#"["10.0.0.9:80"]"#,
+        ] {
+            assert!(load(&added(bad)).vips.is_empty(), "{bad}");
+        }
+        // What cannot be read at all still refuses the start.
+        std::fs::write(&file, backends(&[backend("nonsense", "10.0.0.21:80", 1)])).unwrap();
+        let err = RuntimeState::load(&file).unwrap_err().to_string();
+        assert!(err.contains("move it away"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
