@@ -86,7 +86,8 @@ fn control_instance(requested: Option<String>) -> anyhow::Result<String> {
     match requested {
         Some(name) => status::resolve_instance(Some(name)),
         None => bail!(
-            "not root: name the instance with --instance NAME (listing the running instances              needs root; a member of the control socket's --control-group may send commands)"
+            "not root: name the instance with --instance NAME (listing the running instances \
+             needs root; a member of the control socket's --control-group may send commands)"
         ),
     }
 }

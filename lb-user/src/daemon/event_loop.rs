@@ -37,8 +37,8 @@ const EVENTS_RETRY: Duration = Duration::from_secs(1);
 /// leaves the state so that the next tick rewrites what did not reach
 /// the kernel).
 pub trait Handlers {
-    /// Returns true if the event ejected a backend (publish at once).
-    fn on_event(&mut self, event: Event, now: Nanos) -> bool;
+    /// One ring-buffer event; what it shows is judged at the next tick.
+    fn on_event(&mut self, event: Event, now: Nanos);
     fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()>;
     fn on_scan(&mut self, scan: &Scan, now: Nanos) -> anyhow::Result<()>;
     fn on_check(&mut self, result: CheckResult, now: Nanos) -> anyhow::Result<()>;
@@ -123,16 +123,12 @@ impl<C: Clock, H: Handlers> EventLoop<C, H> {
         }
     }
 
-    /// A batch of kernel events; an ejection publishes at once.
+    /// A batch of kernel events, all at one time (outlier detection
+    /// judges their failures at the next score tick, which publishes).
     pub fn on_events(&mut self, batch: &mut Vec<Event>) {
         let now = self.clock.now();
-        let mut ejected = false;
         for event in batch.drain(..) {
-            ejected |= self.handlers.on_event(event, now);
-        }
-        if ejected {
-            let outcome = self.handlers.on_tick(now);
-            self.errors.check(Stage::Tick, outcome);
+            self.handlers.on_event(event, now);
         }
     }
 
@@ -246,9 +242,8 @@ mod tests {
     }
 
     impl Handlers for Recorder {
-        fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+        fn on_event(&mut self, _: Event, now: Nanos) {
             self.calls.push(("event", now.0));
-            matches!(event, Event::Refused { backend: 9 })
         }
         fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {
             self.calls.push(("tick", now.0));
@@ -286,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_handled_at_one_time_and_an_ejection_ticks_at_once() {
+    fn a_batch_is_handled_at_one_time_and_the_tick_follows_its_clock() {
         let mut event_loop = EventLoop::new(
             ManualClock::starting_at(1_000),
             Recorder::default(),
@@ -308,7 +303,6 @@ mod tests {
                 ("tick", t),
                 ("event", t + 5),
                 ("event", t + 5),
-                ("tick", t + 5),
             ]
         );
     }
@@ -374,11 +368,11 @@ mod tests {
         event_loop.handlers.failing = false;
         event_loop.on_tick();
         let totals = errors.totals();
-        assert!(totals.contains(&("tick", 3)), "{totals:?}");
+        assert!(totals.contains(&("tick", 2)), "{totals:?}");
         assert!(totals.contains(&("scan", 1)), "{totals:?}");
         assert!(totals.contains(&("health", 1)), "{totals:?}");
         assert!(totals.contains(&("reload", 0)), "{totals:?}");
         let ticks = event_loop.handlers.calls.iter().filter(|c| c.0 == "tick");
-        assert_eq!(ticks.count(), 4);
+        assert_eq!(ticks.count(), 3);
     }
 }

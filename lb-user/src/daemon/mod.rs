@@ -162,6 +162,7 @@ impl Started<'_> {
             errors.clone(),
             keeper,
         );
+        runtime.zone_opened = zone_opened::ZoneOpened::new(self.attachment.adopted);
         runtime.drain_kept(&drains, clock.now());
         runtime.publish_backend_addrs();
         startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;
@@ -263,7 +264,7 @@ impl Started<'_> {
 }
 
 impl Handlers for Runtime {
-    fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+    fn on_event(&mut self, event: Event, now: Nanos) {
         Runtime::on_event(self, event, now)
     }
     fn on_tick(&mut self, now: Nanos) -> anyhow::Result<()> {

@@ -136,7 +136,7 @@ impl Runtime {
             events_received: 0,
             latency_reads: 0,
             flows_evicted: 0,
-            zone_opened: Default::default(),
+            zone_opened: super::zone_opened::ZoneOpened::new(false),
             flow_entries: 0,
             reconcile_interval: crate::ingest::reconcile::MIN_PASS_INTERVAL,
             discovery: crate::discover::state::DiscoveryState::new(
@@ -166,13 +166,11 @@ impl Runtime {
     }
 
     /// Takes in one ring-buffer event: its outcome is judged at the next
-    /// score tick (`Fleet::judge_outliers`), so it ejects nothing itself
-    /// (false: nothing to publish at once).
-    pub fn on_event(&mut self, event: Event, now: Nanos) -> bool {
+    /// score tick (`Fleet::judge_outliers`), which publishes.
+    pub fn on_event(&mut self, event: Event, now: Nanos) {
         self.events_received += 1;
         self.loads.apply(event, now);
         self.fleet.on_event(event, now);
-        false
     }
 
     /// Feeds the latency the kernel aggregated since the last tick: each

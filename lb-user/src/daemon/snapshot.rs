@@ -122,7 +122,7 @@ impl Runtime {
             }
         }
         let fleet = &self.fleet;
-        opened.forget(|id, addr| fleet.member(id).map(|m| m.addr) != addr);
+        opened.end_scrape(|id, addr| fleet.member(id).map(|m| m.addr) != addr);
         out
     }
 

@@ -11,10 +11,7 @@
 //! the id freed for reuse, so events and counters of old flows never land
 //! on a new backend.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
-};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, Backend, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, MAX_MAGLEV_TABLES,
@@ -193,9 +190,10 @@ pub struct Fleet {
     /// Indexed by backend id.
     pub members: Vec<Option<Member>>,
     /// Ids that no member has but flows still hold: backends of a VIP
-    /// that was gone when this process started ([`Plan::orphaned`]). Not
-    /// handed out until a scan finds them free.
-    reserved: BTreeSet<u32>,
+    /// that was gone when this process started ([`Plan::orphaned`]), with
+    /// that VIP's id (kept from new VIPs too: the entries still name it).
+    /// Not handed out until a scan finds them free.
+    reserved: BTreeMap<u32, u32>,
     /// Removed members' marks: how many reconciliation passes had started
     /// when this process first saw them removed (see [`Fleet::free_drained`]).
     removal_marks: BTreeMap<u32, u64>,
@@ -262,7 +260,11 @@ impl Fleet {
         Self {
             vips,
             members,
-            reserved: plan.orphaned.iter().copied().collect(),
+            reserved: plan
+                .orphaned
+                .iter()
+                .map(|&id| (id, plan.backends[id as usize].vip_id))
+                .collect(),
             removal_marks: BTreeMap::new(),
             zones: config.zones.clone(),
             outlier: config.ops.outlier,
@@ -363,7 +365,7 @@ impl Fleet {
             .members
             .iter()
             .enumerate()
-            .position(|(id, m)| m.is_none() && !self.reserved.contains(&(id as u32)));
+            .position(|(id, m)| m.is_none() && !self.reserved.contains_key(&(id as u32)));
         let id = match free {
             Some(free) => free,
             None if self.members.len() < MAX_BACKENDS as usize => {
@@ -387,7 +389,10 @@ impl Fleet {
     /// The lowest VIP id no VIP has; a removed VIP keeps its id until it
     /// is freed by [`Self::free_drained`].
     pub fn free_vip_id(&self) -> Option<u32> {
-        (0..MAX_VIPS).find(|id| !self.vips.iter().any(|v| v.meta.vip_id == *id))
+        (0..MAX_VIPS).find(|id| {
+            !self.vips.iter().any(|v| v.meta.vip_id == *id)
+                && !self.reserved.values().any(|v| v == id)
+        })
     }
 
     /// Adds VIP `v` with its backends under the lowest free VIP id (and
@@ -690,7 +695,7 @@ impl Fleet {
         }
         let released: Vec<u32> = self
             .reserved
-            .iter()
+            .keys()
             .copied()
             .filter(|&id| !held(id))
             .collect();
@@ -1071,6 +1076,47 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    /// A gone VIP's id stays taken while its backends' flows go on: a new
+    /// VIP (configured or added at runtime) under that id would take the
+    /// gone VIP's backends for its own (status, metrics, a second restart's
+    /// plan).
+    #[test]
+    fn a_gone_vips_id_is_not_given_to_a_new_vip_while_its_flows_go_on() {
+        let config = config_of(&[
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        // The previous instance served only a VIP now gone, id 0, whose
+        // backend (id 0) still has flows.
+        let gone = crate::kernel::wire::backend_entry(
+            addr("10.0.0.31:80"),
+            0,
+            1,
+            lb_common::BACKEND_DRAINING,
+        );
+        let previous = crate::pool::plan::Previous {
+            vips: Vec::new(),
+            backends: vec![(0, gone)],
+        };
+        let plan = crate::pool::plan::Plan::adopting(&config, &previous);
+        assert_eq!(plan.orphaned, [0]);
+        assert_ne!(
+            plan.vips[0].meta.vip_id, 0,
+            "the new VIP took the gone VIP's id"
+        );
+        let now = Nanos(SEC);
+        let mut f = Fleet::new(&config, &plan, now);
+        assert_ne!(f.free_vip_id(), Some(0), "a runtime VIP would take it");
+        // Once a scan frees the backend, its VIP's id is free too.
+        assert_eq!(f.free_drained(&[0, 0], 1, 0), [0]);
+        assert_eq!(f.free_vip_id(), Some(0));
     }
 
     /// A restart after the VIP of backend id 1 was gone (removed at

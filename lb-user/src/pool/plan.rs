@@ -141,7 +141,16 @@ impl Plan {
             .iter()
             .map(|k| previous.vips.iter().find(|(key, ..)| key == k))
             .collect();
-        let mut vip_ids = Ids::new(old.iter().flatten().map(|(_, id, _)| *id));
+        // The ids of VIPs gone since stay taken while their backends' flows
+        // (written back under those ids) go on: a new VIP under one of them
+        // would take those backends for its own.
+        let kept: BTreeSet<u32> = old.iter().flatten().map(|(_, id, _)| *id).collect();
+        let gone = previous
+            .backends
+            .iter()
+            .map(|(_, entry)| entry.vip_id)
+            .filter(|id| !kept.contains(id));
+        let mut vip_ids = Ids::new(kept.iter().copied().chain(gone));
         let is_maglev = |i: usize| config.vips[i].algorithm == Algorithm::Maglev;
         let kept_table = |i: usize| old[i].and_then(|(_, _, t)| *t).filter(|_| is_maglev(i));
         let mut tables = Ids::new((0..keys.len()).filter_map(kept_table));

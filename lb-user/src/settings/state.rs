@@ -880,7 +880,10 @@ mod tests {
             )
         };
         let good = backend("10.0.0.100:80", "10.0.0.21:80", 5);
-        assert_eq!(load(&backends(&[good.clone()])).backends.len(), 1);
+        assert_eq!(
+            load(&backends(std::slice::from_ref(&good))).backends.len(),
+            1
+        );
         assert_eq!(load(&added(r#"["10.0.0.31:80"]"#)).vips.len(), 1);
         for bad in [
             backend("10.0.0.100:80", "10.0.0.22:80", 0),
