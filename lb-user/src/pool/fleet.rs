@@ -1078,13 +1078,9 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// A gone VIP's id stays taken while its backends' flows go on: a new
-    /// VIP (configured or added at runtime) under that id would take the
-    /// gone VIP's backends for its own (status, metrics, a second restart's
-    /// plan).
-    #[test]
-    fn a_gone_vips_id_is_not_given_to_a_new_vip_while_its_flows_go_on() {
-        let config = config_of(&[
+    /// VIP 10.0.0.100:80 with the one backend 10.0.0.21:80.
+    fn one_backend_config() -> Config {
+        config_of(&[
             "lb-user",
             "--iface",
             "eth0",
@@ -1092,7 +1088,16 @@ mod tests {
             "10.0.0.100:80",
             "--backend",
             "10.0.0.21:80",
-        ]);
+        ])
+    }
+
+    /// A gone VIP's id stays taken while its backends' flows go on: a new
+    /// VIP (configured or added at runtime) under that id would take the
+    /// gone VIP's backends for its own (status, metrics, a second restart's
+    /// plan).
+    #[test]
+    fn a_gone_vips_id_is_not_given_to_a_new_vip_while_its_flows_go_on() {
+        let config = one_backend_config();
         // The previous instance served only a VIP now gone, id 0, whose
         // backend (id 0) still has flows.
         let gone = crate::kernel::wire::backend_entry(
@@ -1125,15 +1130,7 @@ mod tests {
     #[test]
     fn a_gone_vips_backend_id_stays_reserved_until_its_flows_end() {
         let (first, vip) = fleet(&[]);
-        let config = config_of(&[
-            "lb-user",
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
+        let config = one_backend_config();
         // What the previous instance left: its VIP, backends 0 (.21, still
         // configured) and 1 of another VIP (id 9), which VIPS no longer has.
         let gone = crate::kernel::wire::backend_entry(
