@@ -427,32 +427,27 @@ mod tests {
         // The defaults (one memory τ of 10 s): one 300 ms answer, then
         // 20 s avoided; the peak memory said 49 ms after a 10 ms answer.
         let clock = ManualClock::starting_at(0);
+        // 20 s avoided, then a 10 ms answer: the estimate does not rise.
+        let avoided_then_fast = |e: &mut LatencyEstimate| {
+            clock.advance(Duration::from_secs(20));
+            let before = e.estimate_ns(clock.now());
+            e.observe(ms(10), clock.now());
+            let after = e.estimate_ns(clock.now());
+            assert!(
+                after <= before,
+                "{} ms after, {} ms before",
+                after / MS,
+                before / MS
+            );
+        };
         let mut e = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
         e.observe(ms(300), clock.now());
-        clock.advance(Duration::from_secs(20));
-        let before = e.estimate_ns(clock.now());
-        e.observe(ms(10), clock.now());
-        let after = e.estimate_ns(clock.now());
-        assert!(
-            after <= before,
-            "{} ms after, {} ms before",
-            after / MS,
-            before / MS
-        );
+        avoided_then_fast(&mut e);
         // A short peak memory (1 s): 10 s slow, then 20 s avoided. The
         // long memory of means said 34 ms after a 10 ms tick, from 27.
         let mut e = LatencyEstimate::new(PARAMS, clock.now());
         feed(&mut e, &clock, ms(300), 10.0);
-        clock.advance(Duration::from_secs(20));
-        let before = e.estimate_ns(clock.now());
-        e.observe(ms(10), clock.now());
-        let after = e.estimate_ns(clock.now());
-        assert!(
-            after <= before,
-            "{} ms after, {} ms before",
-            after / MS,
-            before / MS
-        );
+        avoided_then_fast(&mut e);
         // A tick above the estimate raises it to the tick's peak, no further.
         clock.advance(Duration::from_secs(20));
         let peak = e.estimate_ns(clock.now()) / MS + 1.0;

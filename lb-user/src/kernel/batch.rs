@@ -25,6 +25,22 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// `bpf(2)` command `cmd` with the attribute `attr` (a prefix of `union
+/// bpf_attr` for that command): its non-negative result, or the error.
+///
+/// # Safety
+/// Every pointer in `attr` must point at memory that outlives the call,
+/// as large as the command reads or writes there.
+pub unsafe fn sys_bpf<A>(cmd: libc::c_long, attr: &mut A) -> std::io::Result<i64> {
+    // SAFETY: `attr` is a live, writable attribute of its own size; what
+    // it points at is the caller's promise.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, size_of::<A>()) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ret)
+}
+
 /// Writes `values[i]` at `keys[i]` of the array map `fd`, all in one call.
 pub fn update<V>(fd: RawFd, keys: &[u32], values: &[V]) -> std::io::Result<()> {
     debug_assert_eq!(keys.len(), values.len());
@@ -37,17 +53,7 @@ pub fn update<V>(fd: RawFd, keys: &[u32], values: &[V]) -> std::io::Result<()> {
     };
     // SAFETY: attr points at keys and values that outlive the call, each
     // `count` elements long, of the map's key and value sizes.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_BATCH,
-            &mut attr as *mut BatchAttr,
-            size_of::<BatchAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    unsafe { sys_bpf(BPF_MAP_UPDATE_BATCH, &mut attr) }?;
     if attr.count as usize != keys.len() {
         return Err(std::io::Error::other(format!(
             "batch update wrote {} of {} entries",
@@ -96,20 +102,10 @@ fn lookup_first<V: Copy + Default>(
     // keys of 4 bytes, `count × per_key` values of the map's value size
     // (per-CPU ones padded to 8, which callers check), and one 4-byte key
     // for the position after.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_BATCH,
-            &mut attr as *mut BatchAttr,
-            size_of::<BatchAttr>(),
-        )
-    };
-    // ENOENT: the walk reached the map's end (`count` is every key).
-    if ret < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            return Err(e);
-        }
+    match unsafe { sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+        // ENOENT: the walk reached the map's end (`count` is every key).
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+        _ => {}
     }
     if attr.count as usize != count || keys.iter().enumerate().any(|(i, &k)| k as usize != i) {
         return Err(std::io::Error::other(format!(

@@ -9,6 +9,8 @@ use std::{
 use anyhow::{Context as _, anyhow, bail};
 use nix::ifaddrs::getifaddrs;
 
+use crate::kernel::batch::sys_bpf;
+
 /// The interface's index, or a one-line error naming it.
 pub fn ifindex(name: &str) -> anyhow::Result<u32> {
     let c_name = CString::new(name).map_err(|_| anyhow!("invalid interface name '{name}'"))?;
@@ -171,18 +173,8 @@ pub fn pinned_xdp_link_ifindex(path: &std::path::Path) -> anyhow::Result<u32> {
         ..ObjGetAttr::default()
     };
     // SAFETY: `get` points at a NUL-terminated path that outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &mut get as *mut ObjGetAttr,
-            size_of::<ObjGetAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("opening the pinned link {}", path.display()));
-    }
+    let fd = unsafe { sys_bpf(BPF_OBJ_GET, &mut get) }
+        .with_context(|| format!("opening the pinned link {}", path.display()))?;
     // SAFETY: a new fd that the kernel just handed to this process.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     let mut info = [0u8; 64];
@@ -193,18 +185,8 @@ pub fn pinned_xdp_link_ifindex(path: &std::path::Path) -> anyhow::Result<u32> {
     };
     // SAFETY: `attr` points at a zeroed buffer of `info_len` bytes that
     // outlives the call (the kernel writes at most that many).
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &mut attr as *mut InfoAttr,
-            size_of::<InfoAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("reading the pinned link {}", path.display()));
-    }
+    unsafe { sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }
+        .with_context(|| format!("reading the pinned link {}", path.display()))?;
     let at = LINK_INFO_XDP_IFINDEX;
     Ok(u32::from_ne_bytes([
         info[at],

@@ -242,13 +242,13 @@ impl RuntimeState {
                 .backend
                 .parse::<std::net::SocketAddr>()
                 .map_err(|err| unreadable(format!("backend '{}': {err}", e.backend)))?;
-            let weight = e.weight.map(|w| Weight::new(u64::from(w)));
-            match (check_backend(&vip, backend), weight) {
-                (Err(err), _) => dropped.push(format!("backend {backend} of VIP {vip}: {err}")),
-                (_, Some(Err(err))) => {
-                    dropped.push(format!("backend {backend} of VIP {vip}: {err}"));
-                }
-                _ => backends.push(e),
+            let rules = check_backend(&vip, backend).map_err(|err| err.to_string());
+            let weight = e
+                .weight
+                .map(|w| Weight::new(u64::from(w)).map_err(|err| err.to_string()));
+            match rules.and(weight.transpose()) {
+                Ok(_) => backends.push(e),
+                Err(err) => dropped.push(format!("backend {backend} of VIP {vip}: {err}")),
             }
         }
         state.backends = backends;
