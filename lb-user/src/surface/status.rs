@@ -379,6 +379,19 @@ pub fn snat_held_by_address<A: Eq + std::hash::Hash>(
     held
 }
 
+/// The SNAT tuples an address holds, for one of its ids that holds `used`:
+/// `own`, the sum over the ids of its VIP's protocol, plus `gone`, the sum
+/// over ids of VIPs gone from `VIPS`, whose protocol is unknown (`of_gone`:
+/// the id is one of those, and `own` is that sum already).
+fn held_with_gone_vips(own: Option<u64>, gone: Option<u64>, of_gone: bool, used: u64) -> u64 {
+    let own = own.unwrap_or(used);
+    if of_gone {
+        own
+    } else {
+        own.saturating_add(gone.unwrap_or(0))
+    }
+}
+
 /// SNAT tuples towards one backend of `family`: pool addresses × ports.
 pub fn snat_tuples(config: &lb_common::LbConfig, family: u8) -> u64 {
     let addrs = if family == lb_common::AF_INET6 {
@@ -422,6 +435,16 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
         (proto, b.family, b.addr, b.port)
     };
     let held = snat_held_by_address(in_use.iter().map(|(_, b, used)| (address(b), *used)));
+    // The ids of a VIP no longer in `VIPS` (removed, its flows draining)
+    // still hold tuples, under a protocol the pins no longer name: they are
+    // counted against the address under either protocol, so `snat_free`
+    // errs low, never high.
+    let held_by = |b: &lb_common::Backend, used: u64| {
+        let (proto, family, addr, port) = address(b);
+        let gone = held.get(&(None, family, addr, port)).copied();
+        let own = held.get(&(proto, family, addr, port)).copied();
+        held_with_gone_vips(own, gone, proto.is_none(), used)
+    };
     let mut vips = Vec::new();
     for (key, meta) in vip_entries {
         let address_of_vip = wire::socket_addr(key.addr, key.family, key.port)
@@ -438,7 +461,7 @@ fn read_vips(dir: &Path, config: &lb_common::LbConfig) -> anyhow::Result<Vec<Vip
             let snat = SnatCount {
                 tuples: snat_tuples(config, b.family),
                 used: *used,
-                held_by_address: held.get(&address(b)).copied().unwrap_or(*used),
+                held_by_address: held_by(b, *used),
             };
             list.push(backend_status(id, b, score, c, correction, snat, &per_cpu));
         }
@@ -614,8 +637,8 @@ mod tests {
     use lb_common::{BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, BACKEND_EJECTED, LbConfig};
 
     use super::{
-        BackendStatus, SnatCount, Status, VipStatus, backend_status, p2c_bound_ms, render_table,
-        snat_held_by_address, snat_tuples, state_name,
+        BackendStatus, SnatCount, Status, VipStatus, backend_status, held_with_gone_vips,
+        p2c_bound_ms, render_table, snat_held_by_address, snat_tuples, state_name,
     };
     use crate::kernel::wire;
 
@@ -679,6 +702,19 @@ mod tests {
             backend_sharing(&config, 0, "10.0.0.21:8080", 700, 1_200).snat_free,
             0
         );
+    }
+
+    #[test]
+    fn a_gone_vips_tuples_count_against_its_backends_address() {
+        // A VIP removed while its flows drain is gone from VIPS, so its
+        // ids' protocol is unknown: their 300 tuples count against the
+        // address's live ids (200 of their own), which see 500 held.
+        assert_eq!(held_with_gone_vips(Some(200), Some(300), false, 120), 500);
+        // The gone VIP's own ids: their sum, once.
+        assert_eq!(held_with_gone_vips(Some(300), Some(300), true, 100), 300);
+        // Nothing gone: the address's own sum; nothing summed: the id's own.
+        assert_eq!(held_with_gone_vips(Some(200), None, false, 120), 200);
+        assert_eq!(held_with_gone_vips(None, None, false, 120), 120);
     }
 
     fn vip(id: u32, address: &str, backends: Vec<BackendStatus>) -> VipStatus {
