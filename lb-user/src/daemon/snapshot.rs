@@ -7,7 +7,7 @@ use lb_common::{BackendStats, reason};
 use super::runtime::Runtime;
 use crate::{
     estimate::WEIGHT_UNITS,
-    kernel::clock::Nanos,
+    kernel::{clock::Nanos, maps::BackendCounters},
     pool::zones::zone_label,
     settings::zone::ZoneName,
     surface::{
@@ -28,8 +28,17 @@ impl Runtime {
             })
             .collect();
         let events_lost = reasons[reason::EVENT_LOST as usize].1;
+        // Every member's counters, read once per id: a backend in several
+        // VIPs, and the zone metrics' members, use the same read.
+        let counters: HashMap<u32, BackendCounters> = self
+            .fleet
+            .vips
+            .iter()
+            .flat_map(|vip| vip.members.iter())
+            .map(|&id| (id, self.kernel.counters.backend(id)))
+            .collect();
         Snapshot {
-            backends: self.backend_metrics(now),
+            backends: self.backend_metrics(now, &counters),
             reasons,
             events_lost,
             events_received: self.events_received,
@@ -45,7 +54,7 @@ impl Runtime {
             tick_times: self.tick_times.clone(),
             reconcile_times: self.reconcile_times.clone(),
             vips_in_panic: self.fleet.vips.iter().filter(|v| v.panic).count() as u64,
-            zones: self.zone_metrics(),
+            zones: self.zone_metrics(&counters),
             zone_vips: self
                 .fleet
                 .vips
@@ -71,7 +80,7 @@ impl Runtime {
 
     /// Every zone of every zone-aware VIP: its members, the selectable
     /// ones, its planned share and the connections its backends opened.
-    fn zone_metrics(&mut self) -> Vec<ZoneMetrics> {
+    fn zone_metrics(&mut self, counters: &HashMap<u32, BackendCounters>) -> Vec<ZoneMetrics> {
         let mut out = Vec::new();
         let opened = &mut self.zone_opened;
         for vip in self
@@ -112,7 +121,7 @@ impl Runtime {
                     new_connections: {
                         let key = (vip.addr.to_string(), zone);
                         for &id in &ids {
-                            let count = self.kernel.counters.backend(id).conns.opened;
+                            let count = counters.get(&id).map_or(0, |c| c.conns.opened);
                             let addr = self.fleet.member(id).map(|m| m.addr);
                             opened.observe((id, addr), &key, count);
                         }
@@ -126,20 +135,16 @@ impl Runtime {
         out
     }
 
-    fn backend_metrics(&self, now: Nanos) -> Vec<BackendMetrics> {
+    /// Each member's metrics, from `counters` (read for this scrape).
+    fn backend_metrics(
+        &self,
+        now: Nanos,
+        counters: &HashMap<u32, BackendCounters>,
+    ) -> Vec<BackendMetrics> {
         let mut backends = Vec::new();
         let tallies: HashMap<u32, _> = self.loads.tallies().collect();
         let scores: HashMap<u32, _> = self.loads.scores(now).collect();
         let config = self.kernel.counters.config().unwrap_or_default();
-        // Read once per id: the tuples an address holds are summed over
-        // every VIP's id of it.
-        let counters: HashMap<u32, _> = self
-            .fleet
-            .vips
-            .iter()
-            .flat_map(|vip| vip.members.iter())
-            .map(|&id| (id, self.kernel.counters.backend(id)))
-            .collect();
         // A reply key holds the protocol too: TCP and UDP tuples are apart.
         let held = snat_held_by_address(self.fleet.vips.iter().flat_map(|vip| {
             vip.members.iter().filter_map(|id| {
