@@ -398,6 +398,34 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
 }
 
+#[test]
+fn a_restart_while_etcd_holds_a_bad_value_keeps_the_keys_cached_value() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put_weights(&lab, &[1, 2]);
+    let first = start(&lab, Algorithm::P2cEwma, &[]);
+    assert_active(&lab, &[0, 1], "both keys' backends");
+    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    // While no balancer runs, backend 1's key gets a value that breaks the
+    // rules. A balancer that watched the write would keep the last good
+    // value; one that starts now has it only from its cache.
+    let b1 = addr(&lab, 1);
+    let bad = format!(r#"{{"addr":"{b1}","weight":70000}}"#);
+    lab.etcdctl(&["put", &key(&lab, 1), &bad]).unwrap();
+    start(&lab, Algorithm::P2cEwma, &[]);
+    assert_active(&lab, &[0, 1], "backend 1 keeps its cached value");
+    let weight1 = configured_weight(&lab, 1);
+    assert!(
+        (weight1 - 2.0).abs() < 0.01,
+        "backend 1 keeps its cached weight: {weight1}"
+    );
+    let metrics = lab.scrape_metrics().unwrap();
+    assert!(
+        updates(&metrics, "invalid") >= 1.0,
+        "the bad value is counted"
+    );
+}
+
 /// Starts `lb-user register` for backend `index` in its namespace, with
 /// lease `ttl` and, if `check`, an HTTP check of the backend itself.
 fn spawn_sidecar(lab: &Lab, index: usize, ttl: &str, check: bool) -> ProcessId {

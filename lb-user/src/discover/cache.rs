@@ -21,6 +21,12 @@ pub struct CachedVip {
     pub prefix: String,
     pub revision: i64,
     pub backends: Vec<Entry>,
+    /// The keys they came from, each with its last good value: a restart
+    /// that finds a key's value bad in etcd keeps the value cached here, as
+    /// a balancer that watched the bad write keeps its own (empty in a
+    /// cache written before keys were kept).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, Entry>,
 }
 
 /// Keyed by the VIP's text form (`IP:PORT/proto`).
@@ -76,20 +82,32 @@ mod tests {
         let p = path(&dir, "lb-x");
         assert_eq!(Cache::load(&p).unwrap(), None);
         let mut cache = Cache::default();
+        let entry = Entry {
+            addr: "10.0.0.21:80".parse().unwrap(),
+            weight: 2,
+            zone: Some("a".parse().unwrap()),
+        };
         cache.vips.insert(
             "10.0.0.100:80/tcp".into(),
             CachedVip {
                 prefix: "/lb/web/".into(),
                 revision: 7,
-                backends: vec![Entry {
-                    addr: "10.0.0.21:80".parse().unwrap(),
-                    weight: 2,
-                    zone: Some("a".parse().unwrap()),
-                }],
+                backends: vec![entry.clone()],
+                keys: BTreeMap::from([("/lb/web/a".to_string(), entry)]),
             },
         );
         cache.store(&p).unwrap();
         assert_eq!(Cache::load(&p).unwrap(), Some(cache.clone()));
+        // A cache written before keys were kept loads with none.
+        fs::write(
+            &p,
+            r#"{"vips":{"10.0.0.100:80/tcp":{"prefix":"/lb/web/","revision":7,
+               "backends":[{"addr":"10.0.0.21:80","weight":2}]}}}"#,
+        )
+        .unwrap();
+        let old = Cache::load(&p).unwrap().unwrap();
+        assert!(old.vips["10.0.0.100:80/tcp"].keys.is_empty());
+        assert_eq!(old.vips["10.0.0.100:80/tcp"].backends.len(), 1);
         cache.vips.clear();
         cache.store(&p).unwrap();
         assert_eq!(Cache::load(&p).unwrap(), Some(cache));

@@ -37,6 +37,30 @@ impl PrefixView {
         }
     }
 
+    /// The view a cache kept: `keys` and their last good values at
+    /// `revision`. A value that no longer meets the rules (a cache written
+    /// by an older build, or edited) is left out.
+    pub fn cached(
+        prefix: &str,
+        vip: VipAddr,
+        revision: i64,
+        keys: &BTreeMap<String, Entry>,
+    ) -> Self {
+        let mut view = Self::new(prefix, vip);
+        for (key, e) in keys {
+            if let Ok(value) = serde_json::to_vec(e) {
+                let _ = view.put(key.as_bytes(), &value);
+            }
+        }
+        view.revision = revision;
+        view
+    }
+
+    /// Every key with its good value.
+    pub fn keys(&self) -> &BTreeMap<String, Entry> {
+        &self.entries
+    }
+
     /// A view with these keys at `revision`; the bad ones are returned.
     pub fn snapshot(
         prefix: &str,
@@ -195,5 +219,42 @@ mod tests {
         );
         let addrs: Vec<String> = again.wanted().iter().map(|e| e.addr.to_string()).collect();
         assert_eq!(addrs, ["10.0.0.22:80"]);
+    }
+
+    #[test]
+    fn a_cached_view_keeps_its_keys_good_values_through_a_read_of_bad_ones() {
+        let vip: VipAddr = "10.0.0.1:80".parse().unwrap();
+        let (view, _) = PrefixView::snapshot(
+            "/p/",
+            vip,
+            5,
+            [
+                kv("/p/x", r#"{"addr":"10.0.0.21:80","weight":3}"#),
+                kv("/p/y", r#"{"addr":"10.0.0.22:80"}"#),
+            ],
+        );
+        // What a restart has of it: the cache's keys; one cached value
+        // broke a rule of this build (a multicast address) and is dropped.
+        let mut keys = view.keys().clone();
+        keys.insert(
+            "/p/m".into(),
+            Entry {
+                addr: "224.0.0.9:80".parse().unwrap(),
+                weight: 1,
+                zone: None,
+            },
+        );
+        let cached = PrefixView::cached("/p/", vip, 5, &keys);
+        assert_eq!(cached.keys(), view.keys());
+        // etcd now holds a bad value for x: the restart keeps x's cached one.
+        let (read, skipped) = cached.reread(
+            9,
+            [
+                kv("/p/x", "{not json"),
+                kv("/p/y", r#"{"addr":"10.0.0.22:80"}"#),
+            ],
+        );
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(read.wanted(), view.wanted());
     }
 }

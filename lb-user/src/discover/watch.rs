@@ -214,7 +214,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
             Cache::default()
         }
     };
-    let read = read_all(&settings, config, &discovered).await;
+    let read = read_all(&settings, config, &discovered, &cached).await;
     let mut views = Vec::new();
     let mut cache = Cache::default();
     let status_vips = discovered
@@ -263,10 +263,17 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
                     .get(&v.vip.to_string())
                     .filter(|c| c.prefix == prefix)
                 {
-                    view.revision = c.revision;
-                    for e in &c.backends {
-                        let value = serde_json::to_vec(e)?;
-                        let _ = view.put(format!("{prefix}cache/{}", e.addr).as_bytes(), &value);
+                    if c.keys.is_empty() {
+                        // A cache from before keys were kept: its backends
+                        // under keys of their own.
+                        view.revision = c.revision;
+                        for e in &c.backends {
+                            let value = serde_json::to_vec(e)?;
+                            let _ =
+                                view.put(format!("{prefix}cache/{}", e.addr).as_bytes(), &value);
+                        }
+                    } else {
+                        view = PrefixView::cached(&prefix, v.vip, c.revision, &c.keys);
                     }
                 }
                 views.push((i, view, true));
@@ -290,6 +297,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
                 prefix: view.prefix.clone(),
                 revision: view.revision,
                 backends: wanted,
+                keys: view.keys().clone(),
             },
         );
         info!(vip = %v.vip, prefix = %view.prefix, revision = view.revision, backends = v.backends.len(), "discovered backends");
@@ -311,10 +319,14 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
     }))
 }
 
+/// Reads every discovered VIP's prefix at one revision. A key whose value
+/// is bad keeps its value in `cached`, the last run's keys, if it has one
+/// there for the same prefix.
 async fn read_all(
     settings: &EtcdSettings,
     config: &Config,
     discovered: &[usize],
+    cached: &Cache,
 ) -> anyhow::Result<Vec<(PrefixView, Vec<Skipped>)>> {
     let mut client = etcd::connect(settings).await?;
     let mut revision = 0;
@@ -322,7 +334,15 @@ async fn read_all(
     for &i in discovered {
         let v = &config.vips[i];
         let prefix = v.etcd_prefix.as_deref().unwrap_or_default();
-        let read = read_prefix(&mut client, &PrefixView::new(prefix, v.vip), revision).await?;
+        let last = cached
+            .vips
+            .get(&v.vip.to_string())
+            .filter(|c| c.prefix == prefix)
+            .map_or_else(
+                || PrefixView::new(prefix, v.vip),
+                |c| PrefixView::cached(prefix, v.vip, c.revision, &c.keys),
+            );
+        let read = read_prefix(&mut client, &last, revision).await?;
         revision = read.0.revision;
         out.push(read);
     }
@@ -653,6 +673,7 @@ impl VipWatch {
                     prefix: self.view.prefix.clone(),
                     revision: self.view.revision,
                     backends: wanted.clone(),
+                    keys: self.view.keys().clone(),
                 },
             );
             if let Err(e) = cache.store(&self.cache_path) {
