@@ -465,9 +465,19 @@ fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
             .unwrap()
             .weight;
         let start = opened(lab, 2);
+        let publishes = || {
+            metric(
+                &lab.scrape_metrics().unwrap(),
+                "lb_map_update_seconds_count{kind=\"publish\"}",
+            )
+        };
+        let publishes_early = publishes();
         thread::sleep(Duration::from_secs(2));
         let early = opened(lab, 2) - start;
         thread::sleep(Duration::from_secs(4));
+        // The ramp moves the backend's weight every score tick (50 ms),
+        // which P2C reads from its score: its slots and tables stay.
+        let ramp_publishes = publishes() - publishes_early;
         let late_start = opened(lab, 2);
         thread::sleep(Duration::from_secs(2));
         let late = opened(lab, 2) - late_start;
@@ -484,14 +494,25 @@ fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
                 )
             })
             .collect();
-        (early_weight, early, late_weight, late, scores.join("; "))
+        (
+            early_weight,
+            early,
+            late_weight,
+            late,
+            scores.join("; "),
+            ramp_publishes,
+        )
     });
-    let (early_weight, early, late_weight, late, scores) = run.during.clone();
+    let (early_weight, early, late_weight, late, scores, ramp_publishes) = run.during.clone();
     lab.report(
         &run,
         &format!(
-            "weight {early_weight:.2} → {late_weight:.2}; new connections in its first 2 s {early}, in 6-8 s {late}; at the end: {scores}"
+            "weight {early_weight:.2} → {late_weight:.2}; new connections in its first 2 s {early}, in 6-8 s {late}; VIP rewrites in 6 s of ramp {ramp_publishes}; at the end: {scores}"
         ),
+    );
+    assert!(
+        ramp_publishes <= 3.0,
+        "the ramp rewrote the VIP's slots and tables {ramp_publishes} times in 6 s"
     );
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     assert!((0.05..=0.5).contains(&early_weight), "{early_weight}");

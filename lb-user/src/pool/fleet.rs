@@ -21,7 +21,6 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::{
-    estimate::WEIGHT_UNITS,
     ingest::events::{CloseReason, Event},
     kernel::clock::Nanos,
     kernel::wire,
@@ -110,7 +109,7 @@ pub const TABLE_RAMP_STEPS: u32 = 10;
 
 /// Whether VIP algorithm `algorithm` (a `VipMeta::algorithm`) reads a
 /// table built from the weights (WRR schedule, weighted-random sums, Maglev).
-fn table_based(algorithm: u8) -> bool {
+pub fn table_based(algorithm: u8) -> bool {
     matches!(
         Algorithm::from_u8(algorithm),
         Some(Algorithm::WeightedRoundRobin | Algorithm::Random | Algorithm::Maglev)
@@ -118,7 +117,8 @@ fn table_based(algorithm: u8) -> bool {
 }
 
 /// `weight` (in weight units) rounded to a step of `full / TABLE_RAMP_STEPS`
-/// (`full`: the backend's configured weight in units), never below one step.
+/// (`full`: the largest weight of the ramp in units, `Lifecycle::ramp_span`),
+/// never below one step.
 pub fn coarse_weight(weight: u32, full: u32) -> u32 {
     let step = (full / TABLE_RAMP_STEPS).max(1);
     ((weight + step / 2) / step * step).max(step)
@@ -140,6 +140,19 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// Whether `self` gives the kernel what `last` gave it, for a VIP whose
+    /// algorithm is `algorithm`: the weights count only where the
+    /// algorithm reads a table built from them ([`table_based`]). P2C reads
+    /// its weights from the scores, written apart, and round-robin and
+    /// least connections read none, so a slow-start ramp on such a VIP
+    /// rewrites none of its slots or tables.
+    pub fn same_in_kernel(&self, last: &Selection, algorithm: u8) -> bool {
+        self.slots == last.slots
+            && self.states == last.states
+            && self.zone_blocks == last.zone_blocks
+            && (!table_based(algorithm) || self.weights == last.weights)
+    }
+
     /// Backend id → its slot, so per-tick work stays linear in the VIP's size.
     fn slot_index(&self) -> std::collections::HashMap<u32, usize> {
         self.slots
@@ -903,7 +916,7 @@ impl Fleet {
                 out.slots.push(id);
                 let weight = m.life.effective_weight(now, &vip.params);
                 out.weights.push(if table_based(vip.meta.algorithm) {
-                    coarse_weight(weight, m.life.weight() * WEIGHT_UNITS)
+                    coarse_weight(weight, m.life.ramp_span(now, &vip.params))
                 } else {
                     weight
                 });
@@ -1032,7 +1045,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::{settings::cli::Cli, settings::config::FileConfig};
+    use crate::{estimate::WEIGHT_UNITS, settings::cli::Cli, settings::config::FileConfig};
 
     const SEC: u64 = 1_000_000_000;
 
@@ -1637,5 +1650,77 @@ mod tests {
         assert_eq!(coarse_weight(1, 1), 1);
         assert!(table_based(Algorithm::Maglev as u8));
         assert!(!table_based(Algorithm::P2cEwma as u8));
+    }
+
+    /// The distinct weights backend 0 (weight `from`, then set to `to`)
+    /// shows a VIP of `algorithm` over a 10 s smoothing, at 50 ms ticks.
+    fn weights_over_a_smoothing(algorithm: &str, from: u32, to: u32) -> Vec<u32> {
+        let (mut f, vip) = fleet(&["--algorithm", algorithm, "--weight-smoothing", "10s"]);
+        // The first change's smoothing is over by `start`.
+        let start = Nanos(12 * SEC);
+        if from != 1 {
+            f.set_weight(&vip, addr("10.0.0.21:80"), from, Nanos(SEC))
+                .unwrap();
+        }
+        f.set_weight(&vip, addr("10.0.0.21:80"), to, start).unwrap();
+        let mut seen: Vec<u32> = (0..=220)
+            .map(|tick| {
+                f.selection(0, start + Duration::from_millis(50 * tick))
+                    .weights[0]
+            })
+            .collect();
+        seen.dedup();
+        seen
+    }
+
+    #[test]
+    fn a_lowered_weight_moves_a_table_in_as_few_steps_as_a_raised_one() {
+        // Maglev rebuilds its 65,537-entry table for every distinct weight.
+        let down = weights_over_a_smoothing("maglev", 100, 1);
+        assert!(down.len() <= TABLE_RAMP_STEPS as usize + 2, "{down:?}");
+        assert_eq!(down.last(), Some(&WEIGHT_UNITS), "ends at weight 1");
+        let up = weights_over_a_smoothing("maglev", 1, 100);
+        assert!(up.len() <= TABLE_RAMP_STEPS as usize + 2, "{up:?}");
+        assert_eq!(up.last(), Some(&(100 * WEIGHT_UNITS)));
+        // P2C reads the exact weight, through its score.
+        let exact = weights_over_a_smoothing("p2c-ewma", 100, 1);
+        assert!(exact.len() > 100, "{}", exact.len());
+        assert_eq!(exact.last(), Some(&WEIGHT_UNITS));
+    }
+
+    #[test]
+    fn a_ramp_on_a_p2c_vip_leaves_its_kernel_selection_as_it_was() {
+        let config = config_of(&[
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--backend",
+            "10.0.0.22:80",
+            "--slow-start",
+            "10s",
+        ]);
+        let mut f = Fleet::new(&config, &Plan::new(&config), Nanos(SEC));
+        let vip: VipAddr = "10.0.0.100:80".parse().unwrap();
+        let now = Nanos(2 * SEC);
+        let id = f.add(&vip, "10.0.0.25:80".parse().unwrap(), now).unwrap();
+        let p2c = Algorithm::P2cEwma as u8;
+        let first = f.selection(0, now);
+        let later = f.selection(0, now + Duration::from_secs(8));
+        let slot = first.slots.iter().position(|&s| s == id).unwrap();
+        assert_ne!(first.weights[slot], later.weights[slot], "it ramps");
+        assert!(later.same_in_kernel(&first, p2c), "P2C's tables ignore it");
+        let maglev = Algorithm::Maglev as u8;
+        assert!(!later.same_in_kernel(&first, maglev));
+        // A change of slots or states is a change under every algorithm.
+        let mut fewer = later.clone();
+        fewer.slots.pop();
+        assert!(!fewer.same_in_kernel(&first, p2c));
+        let mut state = later.clone();
+        state.states[0].1 = lb_common::BACKEND_DRAINING;
+        assert!(!state.same_in_kernel(&first, p2c));
     }
 }

@@ -229,6 +229,20 @@ impl Lifecycle {
         from + (to - from) * progress
     }
 
+    /// The largest configured weight of the smoothing under way (the
+    /// configured weight once it is over), in weight units: a table-based
+    /// VIP's ramp is rounded to steps of this (`fleet::coarse_weight`), so a
+    /// lowered weight moves in as few steps as a raised one.
+    pub fn ramp_span(&self, now: Nanos, p: &LifecycleParams) -> u32 {
+        let smoothing = fraction(now.since(self.weight_changed), p.weight_smoothing) < 1.0;
+        let span = if smoothing {
+            self.weight_from.max(self.weight_to)
+        } else {
+            self.weight_to
+        };
+        span.saturating_mul(WEIGHT_UNITS)
+    }
+
     /// The configured weight as weight smoothing moves it, in weight
     /// units (no slow-start ramp).
     pub fn smoothed_weight(&self, now: Nanos, p: &LifecycleParams) -> u32 {

@@ -48,7 +48,7 @@ pub struct Publisher {
     tables: TableWriter,
     pub scores: ScoreWriter,
     /// What each VIP last got, so unchanged VIPs cost nothing.
-    last: Vec<Option<(Selection, Vec<Backend>)>>,
+    last: Vec<Option<(u8, Selection, Vec<Backend>)>>,
     /// Each VIP's least-connections relief as last written to VIPS (it can
     /// change while nothing else does: `relief`).
     last_relief: Vec<Option<bool>>,
@@ -150,8 +150,9 @@ impl Publisher {
 
     /// Writes VIP `index`'s backends (`entries`: the BACKENDS value of
     /// every member), slot block and count, if anything changed since the
-    /// last call (weights included: P2C reads them from the scores, the
-    /// per-VIP tables of other algorithms are rebuilt from them here).
+    /// last call (`Selection::same_in_kernel`: the weights only for the
+    /// algorithms whose tables are built from them here; P2C reads them
+    /// from the scores).
     /// `zone_shares`: for a VIP routing by zone (`selection.zone_blocks`),
     /// each block's share and reference cost, rewritten whenever they move
     /// (the slot layout and tables only when the selection changes).
@@ -174,8 +175,10 @@ impl Publisher {
             self.last_relief.resize(index + 1, None);
         }
         let values: Vec<Backend> = entries.iter().map(|(_, b)| *b).collect();
-        if let Some((s, b)) = &self.last[index]
-            && s == selection
+        let algorithm = vip.meta.algorithm;
+        if let Some((a, s, b)) = &self.last[index]
+            && *a == algorithm
+            && selection.same_in_kernel(s, algorithm)
             && *b == values
         {
             if vip.removed {
@@ -201,14 +204,13 @@ impl Publisher {
         let slot_keys: Vec<u32> = (first..first + selection.slots.len() as u32).collect();
         write_block(&mut self.slots, &slot_keys, &selection.slots)
             .context("writing VIP_BACKENDS")?;
+        let by_id: std::collections::HashMap<u32, &Backend> =
+            entries.iter().map(|(id, b)| (*id, b)).collect();
         let table_slots: Vec<SlotBackend> = selection
             .slots
             .iter()
             .zip(&selection.weights)
-            .filter_map(|(&id, &weight)| {
-                let (_, backend) = entries.iter().find(|(e, _)| *e == id)?;
-                Some(SlotBackend::new(id, backend, weight))
-            })
+            .filter_map(|(&id, &weight)| Some(SlotBackend::new(id, by_id.get(&id)?, weight)))
             .collect();
         if vip.removed {
             // Unknown to the kernel from now on: new connections are passed
@@ -222,7 +224,7 @@ impl Publisher {
                 Err(e) => return Err(e).context("removing a VIP from VIPS"),
             }
             self.times.record(started);
-            self.last[index] = Some((selection.clone(), values));
+            self.last[index] = Some((algorithm, selection.clone(), values));
             return Ok(());
         }
         if selection.zone_blocks.is_empty() || selection.zone_blocks.len() != zone_shares.len() {
@@ -254,7 +256,7 @@ impl Publisher {
         }
         self.write_meta(index, vip, selection, relieved)?;
         self.times.record(started);
-        self.last[index] = Some((selection.clone(), values));
+        self.last[index] = Some((algorithm, selection.clone(), values));
         Ok(())
     }
 
