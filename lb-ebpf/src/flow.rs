@@ -143,7 +143,8 @@ pub fn lookup<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
 }
 
 /// [`lookup`] with IPv4's packed key on the stack: the fast path's, whose
-/// frame has room for it (and which saves the slot's stores).
+/// frame has room for it (and which saves the slot's stores), and the
+/// sweep's, which must not use the slot at all (see [`remove_on_stack`]).
 #[inline(always)]
 pub fn lookup_on_stack<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> {
     if V6 {
@@ -153,12 +154,31 @@ pub fn lookup_on_stack<const V6: bool>(key: &FlowKey) -> Option<*mut FlowEntry> 
     }
 }
 
+/// [`remove`] with IPv4's packed key on the stack, for the sweep: it runs
+/// from user space (`BPF_PROG_TEST_RUN`) in process context with only
+/// migration disabled, so a NIC interrupt on its CPU can run `lb_xdp` in
+/// the softirq on the way out, between the sweep's write of the
+/// [`FLOW_KEY4`] slot and the helper's read of it. The key the helper
+/// then reads is the packet's: the sweep would remove (or find) another
+/// connection's entry, and leave the one it claimed in the table for good.
+#[inline(always)]
+pub fn remove_on_stack<const V6: bool>(key: &FlowKey) -> bool {
+    if V6 {
+        remove::<true>(key)
+    } else {
+        FLOWS4.remove(&FlowKeyV4::of(key)).is_ok()
+    }
+}
+
 /// The IPv4 `key` packed in this CPU's [`FLOW_KEY4`] slot, for a map
 /// helper to read from there: the general pipeline's frames are in call
 /// chains at the 512-byte stack limit (`lb_xdp`, a family's pipeline,
 /// `lb_new_flow`), and 16 more bytes of a packed key in each pushed one
 /// over it. Valid until the next call of this function on this CPU; each
-/// caller hands it to one helper call at once.
+/// caller hands it to one helper call at once. Only for programs that run
+/// in the softirq with the packet (XDP): the sweep, run from user space,
+/// can be interrupted by one and uses [`lookup_on_stack`] and
+/// [`remove_on_stack`].
 #[inline(always)]
 fn packed(key: &FlowKey) -> Option<&'static FlowKeyV4> {
     let slot = FLOW_KEY4.get_ptr_mut(0)?;

@@ -60,7 +60,7 @@ use lb_common::{
 use crate::{
     atomic::Flags,
     events::emit,
-    flow::{Translation, lookup, remove, snat_used},
+    flow::{Translation, lookup_on_stack, remove_on_stack, snat_used},
     helpers::now,
     maps::{CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
     track::{close_counted, count_closed, forward_key_of, stamp_closed},
@@ -170,15 +170,19 @@ extern "C" fn visit4(
 #[inline(always)]
 fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowEntry) -> i64 {
     let key = *key;
+    // The flags first: a close writes its time before the flag that
+    // publishes it (`track::stamp_closed`), so a closed entry read in this
+    // order never shows its open time as its close time (read the other
+    // way round, a stale open time could free a tuple without quarantine).
+    let closed = Flags::of(entry).get() & FLOW_F_CLOSED != 0;
     // SAFETY: live map value.
     let (direction, created, last_seen) = unsafe {
         (
             (*entry).direction,
             (*entry).created_ns,
-            (*entry).last_seen_ns,
+            (&raw const (*entry).last_seen_ns).read_volatile(),
         )
     };
-    let closed = Flags::of(entry).get() & FLOW_F_CLOSED != 0;
     let age = walk.now.saturating_sub(last_seen);
     if direction == DIR_TO_CLIENT {
         if closed {
@@ -192,7 +196,9 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
                 let backend_id = unsafe { (*entry).backend_id };
                 // Claimed first, like every free of a closed tuple (a
                 // SYN may be taking it over: `time_wait::may_take_over`).
-                if Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0 && remove::<V6>(&key) {
+                if Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
+                    && remove_on_stack::<V6>(&key)
+                {
                     snat_used(backend_id, u64::MAX);
                     walk.stats.removed += 1;
                     walk.stats.snat_freed += 1;
@@ -219,7 +225,7 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
         // Claimed first, as a SYN that replaces the entry claims it (see
         // `flow::insert_forward`): removed by key, the new connection's
         // entry written meanwhile would go instead.
-        if age > walk.closed_linger_ns && claim_forward(entry) && remove::<V6>(&key) {
+        if age > walk.closed_linger_ns && claim_forward(entry) && remove_on_stack::<V6>(&key) {
             walk.stats.removed += 1;
         }
         return 0;
@@ -240,7 +246,7 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
         return 0;
     }
     let reply_key = Translation::of(entry).opposite_key_of(&key);
-    let reply = lookup::<V6>(&reply_key);
+    let reply = lookup_on_stack::<V6>(&reply_key);
     // (event kind, close reason); kind 0: none. Plain integers rather than
     // an `Option` of a tuple: LLVM copied the `None` case's undefined
     // payload register, a read the verifier rejects (`R5 !read_ok`).
@@ -267,7 +273,7 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     }
     // Closed now, by this pass or by a SYN that may be replacing it:
     // removed only by whoever claims it (as above).
-    if claim_forward(entry) && remove::<V6>(&key) {
+    if claim_forward(entry) && remove_on_stack::<V6>(&key) {
         walk.stats.removed += 1;
     }
     0
@@ -304,7 +310,7 @@ const LONE_REPLY_GRACE_NS: u64 = 1_000_000_000;
 /// entry's key reversed (same SNAT tuple, same backend).
 #[inline(always)]
 fn forward_points_back<const V6: bool>(key: &FlowKey, reply: *const FlowEntry) -> bool {
-    let Some(fwd) = lookup::<V6>(&forward_key_of(key, reply)) else {
+    let Some(fwd) = lookup_on_stack::<V6>(&forward_key_of(key, reply)) else {
         return false;
     };
     let t = Translation::of(fwd);

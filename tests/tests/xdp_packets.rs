@@ -507,6 +507,39 @@ fn case_sweep_expires_idle_and_unanswered(lb: &mut Lb) {
     assert_eq!(lb.conns(0).closed, 2);
 }
 
+/// The sweep runs from user space, where a NIC interrupt on its CPU can
+/// run `lb_xdp` in the middle of it: it must not use the per-CPU slot the
+/// data path packs IPv4 keys in (`FLOW_KEY4`), which the packet would
+/// overwrite between the sweep's write and the helper's read (removing
+/// another connection's entry). So its IPv4 lookups and removals leave
+/// the slot as it was.
+fn case_sweep_leaves_the_packet_key_slot_alone(lb: &mut Lb) {
+    // An unanswered SYN: a pass past its timeout looks its reply entry up
+    // and removes the forward entry, both by IPv4 key.
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    lb.events();
+    lb.timeouts(Timeouts::ZERO);
+    let sentinel = lb_common::FlowKeyV4 {
+        src: 0x0a0b_0c0d,
+        dst: 0x0102_0304,
+        sport: 7,
+        dport: 9,
+        proto: IPPROTO_UDP,
+        ..Default::default()
+    };
+    lb.set_per_cpu_value("FLOW_KEY4", 0, sentinel);
+    let stats = lb.sweep();
+    assert_eq!(stats.expired_syn, 1);
+    assert!(stats.removed >= 1, "{stats:?}");
+    assert_eq!(
+        lb.per_cpu_value::<lb_common::FlowKeyV4>("FLOW_KEY4", 0),
+        sentinel,
+        "the sweep wrote the packet key slot"
+    );
+    lb.events();
+}
+
 fn case_sweep_frees_orphans(lb: &mut Lb) {
     // A reply entry whose forward entry vanished.
     let port_a = open_tcp(lb);
@@ -2261,6 +2294,10 @@ const CASES: &[Case] = &[
         case_sweep_expires_idle_and_unanswered,
     ),
     ("sweep frees orphans", case_sweep_frees_orphans),
+    (
+        "sweep leaves the packet key slot alone",
+        case_sweep_leaves_the_packet_key_slot_alone,
+    ),
     (
         "older ipv4 flows move to their own table",
         case_older_ipv4_flows_move_to_their_own_table,

@@ -704,6 +704,21 @@ impl Lb {
             .unwrap_or_else(|e| panic!("{name}[{index}]: {e}"))[super::isolate::TEST_CPU]
     }
 
+    /// Sets entry `index` of the per-CPU array map `name` to `value` on the
+    /// test CPU (the other CPUs' are cleared).
+    pub fn set_per_cpu_value<T: aya::Pod + Default>(&mut self, name: &str, index: u32, value: T) {
+        let mut values: Vec<T> = (0..nr_cpus().expect("CPU count"))
+            .map(|_| T::default())
+            .collect();
+        values[super::isolate::TEST_CPU] = value;
+        let values = PerCpuValues::try_from(values).expect("per-CPU values");
+        let mut map: PerCpuArray<_, T> =
+            PerCpuArray::try_from(self.ebpf.map_mut(name).expect("map exists"))
+                .expect("per-CPU array");
+        map.set(index, values, 0)
+            .unwrap_or_else(|e| panic!("set {name}[{index}]: {e}"));
+    }
+
     /// Entry `index` of the array map `name`.
     pub fn array_value<T: aya::Pod>(&self, name: &str, index: u32) -> T {
         let map: Array<_, T> =
