@@ -4,6 +4,8 @@
 //! (rust-src for nightly, bpf-linker built against nightly's own libLLVM) and,
 //! for the lab, the system tools (iproute2, ethtool). It installs what is
 //! missing and says what it does, so a fresh machine needs nothing by hand.
+//! Debian's packages need root: a normal user is told which are missing and
+//! how to install them, and the tasks that need root say so before building.
 
 mod prereqs;
 
@@ -100,15 +102,18 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Task::Test { args } => {
-            prereqs::ensure_ebpf_toolchain()?;
             let privileged = prereqs::is_root();
-            if privileged {
-                prereqs::ensure_lab_tools()?;
-            } else {
+            // Said first, so a normal user reads it even when the toolchain
+            // step stops on a missing Debian package it cannot install.
+            if !privileged {
                 eprintln!(
                     "xtask: WARNING: not root: the packet and lab tests will SKIP. Run as root \
                      (sudo cargo xtask test) to run them."
                 );
+            }
+            prereqs::ensure_ebpf_toolchain()?;
+            if privileged {
+                prereqs::ensure_lab_tools()?;
             }
             // Binaries the lab drives (lb-user, lb-backend, lb-loadgen) are built
             // first so the tests find them next to their own executables.
@@ -137,10 +142,12 @@ fn run(cli: Cli) -> Result<()> {
 
 /// Builds the release binaries and runs one of the lab's programs as root.
 fn run_lab_binary(root: &Path, name: &str, args: &[String]) -> Result<()> {
-    prereqs::ensure_ebpf_toolchain()?;
+    // Before the toolchain: a normal user would otherwise wait for bpf-linker's
+    // build (about a minute) only to be refused.
     if !prereqs::is_root() {
         bail!("{name} builds network namespaces and attaches XDP: run it as root");
     }
+    prereqs::ensure_ebpf_toolchain()?;
     prereqs::ensure_lab_tools()?;
     cargo(root, &["build", "--release", "--bins"])?;
     let release = target_dir(root).join("release");
