@@ -101,7 +101,9 @@ pub struct ScanBest {
     pub served: u64,
     /// The pair winner's `Candidate::weight`.
     pub pair_weight: u32,
-    pub _pad: u32,
+    /// Slots seen so far that tie with the best (its rank and service):
+    /// each replaces it with probability 1/ties (reservoir sampling).
+    pub ties: u32,
 }
 
 impl ScanBest {
@@ -114,7 +116,7 @@ impl ScanBest {
         pair_score: 0,
         served: 0,
         pair_weight: 0,
-        _pad: 0,
+        ties: 0,
     };
 }
 

@@ -8,8 +8,10 @@
 //! (`p2c::scans_all`), every backend is scored under `bpf_loop` (the
 //! verifier checks the body once): the winner of a random pair is taken if
 //! it is idle and within the bound (`p2c::settles_scan`), else the best
-//! `p2c::rank` of the block. The scan starts at a random slot, so equal
-//! ranks are shared out at random rather than always won by the first slot.
+//! `p2c::rank` of the block. Equal ranks are shared out uniformly at random
+//! (reservoir sampling over the tied slots): a random start alone gave each
+//! tied slot the gap before it, so of two idle backends side by side among
+//! eight, the first won seven times in eight.
 use core::{ffi::c_void, num::NonZeroU32};
 
 use aya_ebpf::helpers::generated::bpf_loop;
@@ -198,13 +200,22 @@ extern "C" fn visit(step: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: the per-CPU value `pair_or_best_of_all` looked up.
     let best = unsafe { &mut *s.best };
     // A tie goes to the backend whose pending requests are further along
-    // (it frees a worker first, see `progress`); a tie there too keeps the
-    // earlier slot of this scan, whose start was random.
+    // (it frees a worker first, see `progress`); a tie there too to one of
+    // the tied slots chosen uniformly: the k-th replaces the best with
+    // probability 1/k.
     let served = progress::served_ns(id, s.scoring.now);
     if rank < best.rank || (rank == best.rank && served > best.served) {
         best.rank = rank;
         best.id = id;
         best.served = served;
+        best.ties = 1;
+    } else if rank == best.rank && served == best.served {
+        best.ties = best.ties.saturating_add(1);
+        if let Some(ties) = NonZeroU32::new(best.ties)
+            && random() % ties == 0
+        {
+            best.id = id;
+        }
     }
     if offset == s.pair.0 || offset == s.pair.1 {
         let held = Candidate {
