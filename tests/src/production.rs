@@ -60,6 +60,30 @@ pub fn write_zone_tables(
     TableWriter::open(pin_dir)?.write_zoned(vip_id, algorithm, maglev_table, blocks)
 }
 
+/// Writes VIP `vip_id`'s tables as a restarted control plane's writer
+/// does: it claims the Maglev tables its plan names (`planned`: VIP id and
+/// table) and, when `live` is given, the tables the kernel still reads for
+/// those VIP ids (VIPs of the previous instance the plan does not name),
+/// then writes.
+pub fn write_tables_after_restart(
+    pin_dir: &Path,
+    planned: &[(u32, u32)],
+    live: Option<&[u32]>,
+    vip_id: u32,
+    algorithm: u8,
+    slots: &[SlotBackend],
+) -> anyhow::Result<()> {
+    let mut writer = TableWriter::open(pin_dir)?;
+    for &(id, table) in planned {
+        writer.claim(id, table);
+    }
+    if let Some(live) = live {
+        writer.claim_live(live)?;
+    }
+    let table = planned.iter().find(|(id, _)| *id == vip_id).map(|p| p.1);
+    writer.write(vip_id, algorithm, table, slots)
+}
+
 /// The first half of [`write_tables`]: VIP `vip_id`'s next tables written
 /// where the kernel does not read them (the spare half, a spare Maglev
 /// table), with the control plane's own writer. The kernel keeps the

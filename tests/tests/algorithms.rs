@@ -356,6 +356,65 @@ fn maglev_uses_the_control_planes_table() {
     }
 }
 
+/// A restart whose configuration dropped Maglev VIP 0 but kept VIP 1:
+/// until VIP 0 leaves VIPS (after the planned VIPs' tables are written),
+/// its SYNs still hash into the table its descriptor names. The restarted
+/// writer claims that table (`TableWriter::claim_live`), so VIP 1's new
+/// table goes elsewhere; without the claim it went into VIP 0's table, and
+/// VIP 0's new connections to VIP 1's backends.
+fn a_restart_keeps_a_dropped_maglev_vips_table_until_it_is_removed() {
+    let mut lb = setup(Algorithm::Maglev, &[1, 1, 1, 1], 0, 0);
+    let maglev = Algorithm::Maglev as u8;
+    let backends = lb.array::<Backend>(lb_common::BACKENDS_MAP);
+    let slot = |id: u32| SlotBackend::new(id, &backends.get(&id, 0).expect("backend"), 1);
+    let (first, second) = ([slot(2), slot(3)], [slot(1), slot(3)]);
+    drop(backends);
+    let table_of = |lb: &mut Lb, vip_id: u32| {
+        lb.array::<VipTables>(VIP_TABLES_MAP)
+            .get(&vip_id, 0)
+            .expect("VIP_TABLES")
+            .maglev_table
+    };
+    let read = |lb: &mut Lb, vip_id: u32| {
+        with_table_pins(lb, |dir| production::read_vip_maglev_table(dir, vip_id))
+            .expect("reading a VIP's table")
+    };
+    // The previous instance: VIP 0 (from `setup`) and VIP 1, each in a
+    // table of its own.
+    let dropped_table = table_of(&mut lb, 0);
+    let write = |lb: &mut Lb, planned: &[(u32, u32)], live: Option<&[u32]>, slots| {
+        with_table_pins(lb, |dir| {
+            production::write_tables_after_restart(dir, planned, live, 1, maglev, slots)
+        })
+        .expect("VIP 1's tables")
+    };
+    write(
+        &mut lb,
+        &[(0, dropped_table), (1, dropped_table)],
+        None,
+        &first,
+    );
+    let kept_table = table_of(&mut lb, 1);
+    assert_ne!(kept_table, dropped_table);
+    let dropped = read(&mut lb, 0);
+    // The restarted writer plans VIP 1 only, VIP 0 still in VIPS.
+    write(&mut lb, &[(1, kept_table)], Some(&[0]), &second);
+    assert_eq!(table_of(&mut lb, 0), dropped_table);
+    assert_eq!(read(&mut lb, 0), dropped, "VIP 0's table written over");
+    assert_ne!(table_of(&mut lb, 1), dropped_table);
+    let kept: std::collections::BTreeSet<u32> = read(&mut lb, 1).into_iter().collect();
+    assert_eq!(kept, [1, 3].into(), "VIP 1 on its new backends");
+    // The hazard the claim prevents: a writer that claims the planned
+    // tables only takes VIP 0's as its spare when it is the lowest free
+    // (the tables below it are planned for other VIPs here).
+    let kept_table = table_of(&mut lb, 1);
+    let mut planned = vec![(1, kept_table)];
+    planned.extend((0..dropped_table).map(|t| (100 + t, t)));
+    write(&mut lb, &planned, None, &first);
+    assert_eq!(table_of(&mut lb, 1), dropped_table, "without the claim");
+    assert_ne!(read(&mut lb, 0), dropped, "without the claim");
+}
+
 fn maglev_source_affinity_keeps_a_client_on_one_backend() {
     let lb = setup(Algorithm::Maglev, &[1, 1, 1, 1], VIP_F_SOURCE_AFFINITY, 0);
     let mut backends_used = std::collections::BTreeSet::new();
@@ -905,6 +964,10 @@ const CASES: &[(&str, fn())] = &[
     (
         "p2c_full_scan_keeps_the_pairs_spread_in_a_quiet_pool",
         p2c_full_scan_keeps_the_pairs_spread_in_a_quiet_pool,
+    ),
+    (
+        "a_restart_keeps_a_dropped_maglev_vips_table_until_it_is_removed",
+        a_restart_keeps_a_dropped_maglev_vips_table_until_it_is_removed,
     ),
     (
         "p2c_full_scan_shares_tied_ranks_out_evenly",

@@ -104,6 +104,17 @@ impl Publisher {
                 self.tables.claim(vip.meta.vip_id, table);
             }
         }
+        // VIPs a previous instance left in VIPS under ids the plan does not
+        // give them keep their Maglev tables until they are removed below.
+        let planned: HashSet<u32> = plan.vips.iter().map(|v| v.meta.vip_id).collect();
+        let live_unplanned: Vec<u32> = self
+            .vips
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, meta)| meta.vip_id)
+            .filter(|id| !planned.contains(id))
+            .collect();
+        self.tables.claim_live(&live_unplanned)?;
         for vip in &plan.vips {
             let slots = planned_slots(vip, &plan.backends, &weights);
             self.tables.write(
@@ -118,7 +129,11 @@ impl Publisher {
                 .insert(vip.key, vip.meta, 0)
                 .context("writing VIPS")?;
         }
-        self.remove_unplanned(plan)
+        self.remove_unplanned(plan)?;
+        for id in live_unplanned {
+            self.tables.release(id);
+        }
+        Ok(())
     }
 
     /// Removes the VIPs and clears the backends a previous instance wrote

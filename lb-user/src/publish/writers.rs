@@ -154,6 +154,27 @@ impl TableWriter {
         self.current.insert(vip_id, table);
     }
 
+    /// Claims the Maglev table each of `vip_ids` reads now (its pinned
+    /// descriptor's), for VIPs the kernel still selects for but the plan
+    /// does not name under that id (a previous instance's VIP that is no
+    /// longer configured, removed only after the planned VIPs' tables are
+    /// written): no planned VIP takes such a table as its spare and writes
+    /// its own backends into it while the old VIP's SYNs still hash into
+    /// it. [`TableWriter::release`] frees them once those VIPs are gone.
+    pub fn claim_live(&mut self, vip_ids: &[u32]) -> anyhow::Result<()> {
+        for &vip_id in vip_ids {
+            let live = match self.descriptors.get(&vip_id, 0) {
+                Ok(t) => t,
+                Err(aya::maps::MapError::KeyNotFound) => continue,
+                Err(e) => return Err(e).context("reading VIP_TABLES"),
+            };
+            if live.has_maglev != 0 && live.maglev_table < MAX_MAGLEV_TABLES {
+                self.current.entry(vip_id).or_insert(live.maglev_table);
+            }
+        }
+        Ok(())
+    }
+
     /// Builds and writes the tables of VIP `vip_id` (whose
     /// `VipMeta::algorithm` is `algorithm`) for `slots` in slot order: table
     /// contents first, then the descriptor that makes the kernel use them.
