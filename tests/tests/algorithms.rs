@@ -365,10 +365,11 @@ fn maglev_uses_the_control_planes_table() {
 fn a_restart_keeps_a_dropped_maglev_vips_table_until_it_is_removed() {
     let mut lb = setup(Algorithm::Maglev, &[1, 1, 1, 1], 0, 0);
     let maglev = Algorithm::Maglev as u8;
-    let backends = lb.array::<Backend>(lb_common::BACKENDS_MAP);
-    let slot = |id: u32| SlotBackend::new(id, &backends.get(&id, 0).expect("backend"), 1);
-    let (first, second) = ([slot(2), slot(3)], [slot(1), slot(3)]);
-    drop(backends);
+    let (first, second) = {
+        let backends = lb.array::<Backend>(lb_common::BACKENDS_MAP);
+        let slot = |id: u32| SlotBackend::new(id, &backends.get(&id, 0).expect("backend"), 1);
+        ([slot(2), slot(3)], [slot(1), slot(3)])
+    };
     let table_of = |lb: &mut Lb, vip_id: u32| {
         lb.array::<VipTables>(VIP_TABLES_MAP)
             .get(&vip_id, 0)
