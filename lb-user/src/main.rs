@@ -164,6 +164,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         .block_on(async {
             // Backends of etcd-discovered VIPs: etcd, else the cache.
             let discovery = discover::watch::seed(&mut config).await?;
+            snat.drop_discovered_on_snat(&mut config)?;
             daemon::serve(&config, runtime_state, reload, ifindex, snat, discovery).await
         })
 }

@@ -173,6 +173,47 @@ fn bad_input_fails_with_one_line_and_leaves_nothing() {
             "unknown algorithm 'consistent'",
         ),
         (lo_vip_with(&["--bogus"]), "unexpected argument '--bogus'"),
+        // Addresses that can never work.
+        (
+            vec![
+                "--iface",
+                "lo",
+                "--vip",
+                "10.0.0.100:25000/udp",
+                "--backend",
+                "10.0.0.21:80",
+                "--snat-ip",
+                "10.0.0.100",
+            ],
+            "VIP 10.0.0.100:25000/udp is on SNAT address 10.0.0.100 with its port in the SNAT \
+             port range 20000-32767: the balancer would drop every new connection to it as a \
+             reply to a SNAT connection that has ended (move the VIP's port out of \
+             --snat-ports, or use another --snat-ip)",
+        ),
+        (
+            lo_vip_with(&["--snat-ip", "10.0.0.21"]),
+            "backend 10.0.0.21:80 of VIP 10.0.0.100:80/tcp is at SNAT address 10.0.0.21",
+        ),
+        (
+            lo_vip_with(&["--backend", "127.0.0.1:80"]),
+            "backend 127.0.0.1:80 is a loopback address, which never crosses a wire",
+        ),
+        (
+            lo_vip_with(&["--snat-ip6", "::1"]),
+            "SNAT address ::1 is a loopback address, which never crosses a wire",
+        ),
+        (
+            vec![
+                "--iface",
+                "lo",
+                "--vip",
+                "[::ffff:10.0.0.100]:80",
+                "--backend",
+                "[2001:db8::21]:80",
+            ],
+            "VIP [::ffff:10.0.0.100]:80/tcp is an IPv4-mapped IPv6 address, which no IPv6 \
+             packet carries (write the IPv4 address itself)",
+        ),
     ];
     for (args, expected) in cases {
         assert_rejected(&args, expected);

@@ -1,16 +1,18 @@
 //! Operator commands from the control socket, applied to the running state.
 
+use std::net::SocketAddr;
+
 use anyhow::Context as _;
 use tracing::info;
 
-use super::{errors::Stage, runtime::Runtime};
+use super::{errors::Stage, runtime::Runtime, startup::Snat};
 use crate::{
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
     settings::{
         addr::{BackendAddr, VipAddr, Weight},
         cli::{BackendCommand, ControlCommand},
-        config::{VipConfig, check_backend},
+        config::{Config, VipConfig, check_backend, check_backend_snat},
         state::AddedVip,
     },
     surface::control::{Request, Response},
@@ -52,7 +54,7 @@ impl Runtime {
         let command = match request.command.backend() {
             Some(command) => command,
             None if request.command == ControlCommand::VipAdd => {
-                let v = self.vip_to_add(vip, request)?;
+                let v = vip_to_add(self.state.base(), &self.snat, vip, request)?;
                 let params = self.state.base().ops.lifecycle_for(None);
                 let (vip_id, ids) = self.fleet.add_vip(&v, params, now)?;
                 for id in ids {
@@ -72,9 +74,7 @@ impl Runtime {
         let fleet = &mut self.fleet;
         let id = match command {
             BackendCommand::Add => {
-                // A configured backend's rules (a host's address, not the
-                // VIP, of its family).
-                check_backend(&vip, backend.addr)?;
+                check_backend_to_add(&self.snat, &vip, backend.addr)?;
                 // The control socket resolved its MAC already.
                 let id = fleet.add(&vip, backend, now)?;
                 self.loads.reset(id, now);
@@ -96,23 +96,127 @@ impl Runtime {
         };
         Ok(id)
     }
+}
 
-    /// The VIP a `vip-add` request asks for, validated as a configured
-    /// one would be (no health check, the default in-flight bias).
-    fn vip_to_add(&self, vip: VipAddr, request: &Request) -> anyhow::Result<VipConfig> {
-        let added = AddedVip {
-            algorithm: request
-                .algorithm
-                .clone()
-                .unwrap_or_else(|| lb_common::Algorithm::P2cEwma.name().to_string()),
-            backends: request.backends.clone(),
+/// The VIP a `vip-add` request asks for, validated as a configured one
+/// would be (no health check, the default in-flight bias) against `base`,
+/// the configuration as read, and against `snat`, the pools and ports the
+/// kernel has (the interface's address too, which `base` does not list; a
+/// reload that changed them left them to a restart).
+fn vip_to_add(
+    base: &Config,
+    snat: &Snat,
+    vip: VipAddr,
+    request: &Request,
+) -> anyhow::Result<VipConfig> {
+    let added = AddedVip {
+        algorithm: request
+            .algorithm
+            .clone()
+            .unwrap_or_else(|| lb_common::Algorithm::P2cEwma.name().to_string()),
+        backends: request.backends.clone(),
+    };
+    let v = added.config(vip, &base.zones).map_err(anyhow::Error::msg)?;
+    let mut alone = base.clone();
+    alone.vips = vec![v.clone()];
+    alone.validate_vips()?;
+    snat.check(&v)?;
+    Ok(v)
+}
+
+/// A configured backend's rules for `backend add`'s backend (a usable
+/// host's address, not the VIP, of its family), and not at an address of
+/// `snat`, the pools the kernel has.
+fn check_backend_to_add(snat: &Snat, vip: &VipAddr, backend: SocketAddr) -> anyhow::Result<()> {
+    check_backend(vip, backend)?;
+    check_backend_snat(vip, backend, &snat.addrs())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::settings::{cli::Cli, config::FileConfig};
+
+    /// A balancer started with VIP 10.0.0.100:80 and no `--snat-ip`,
+    /// whose interface's address, 10.0.0.1, is its SNAT address.
+    fn running() -> (Config, Snat) {
+        let argv = [
+            "lb-user",
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ];
+        let base = Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap();
+        let snat = Snat {
+            v4: vec!["10.0.0.1".parse().unwrap()],
+            v6: Vec::new(),
+            ports: base.snat_ports,
         };
-        let v = added
-            .config(vip, &self.state.base().zones)
-            .map_err(anyhow::Error::msg)?;
-        let mut alone = self.state.base().clone();
-        alone.vips = vec![v.clone()];
-        alone.validate_vips()?;
-        Ok(v)
+        (base, snat)
+    }
+
+    fn vip_add(vip: &str, backends: &[&str]) -> Request {
+        Request {
+            command: ControlCommand::VipAdd,
+            vip: vip.into(),
+            backend: String::new(),
+            weight: None,
+            backends: backends.iter().map(|b| b.to_string()).collect(),
+            algorithm: None,
+            peer: None,
+        }
+    }
+
+    fn add_vip(vip: &str, backends: &[&str]) -> anyhow::Result<VipConfig> {
+        let (base, snat) = running();
+        vip_to_add(&base, &snat, vip.parse().unwrap(), &vip_add(vip, backends))
+    }
+
+    #[test]
+    fn vip_add_is_held_to_the_snat_rules_against_the_running_pools() {
+        let e = add_vip("10.0.0.1:20000", &["10.0.0.22:80"]).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "VIP 10.0.0.1:20000/tcp is on SNAT address 10.0.0.1 with its port in the SNAT port \
+             range 20000-32767: the balancer would drop every new connection to it as a reply to \
+             a SNAT connection that has ended (move the VIP's port out of --snat-ports, or use \
+             another --snat-ip)"
+        );
+        let e = add_vip("10.0.0.101:80", &["10.0.0.22:80", "10.0.0.1:80"]).unwrap_err();
+        assert!(
+            format!("{e:#}")
+                .starts_with("backend 10.0.0.1:80 of VIP 10.0.0.101:80/tcp is at SNAT address"),
+            "{e:#}"
+        );
+        let e = add_vip("10.0.0.101:80", &["127.0.0.1:80"]).unwrap_err();
+        assert!(format!("{e:#}").contains("is a loopback address"), "{e:#}");
+        assert!(add_vip("10.0.0.1:80", &["10.0.0.22:80"]).is_ok());
+    }
+
+    #[test]
+    fn backend_add_is_held_to_the_snat_rules_against_the_running_pools() {
+        let (_, snat) = running();
+        let vip: VipAddr = "10.0.0.100:80".parse().unwrap();
+        let add = |b: &str| check_backend_to_add(&snat, &vip, b.parse().unwrap());
+        let e = add("10.0.0.1:8080").unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "backend 10.0.0.1:8080 of VIP 10.0.0.100:80/tcp is at SNAT address 10.0.0.1: the \
+             balancer would send it its connections from its own address (use another \
+             --snat-ip, or another backend)"
+        );
+        let e = add("127.0.0.2:80").unwrap_err();
+        assert!(format!("{e:#}").contains("is a loopback address"), "{e:#}");
+        assert!(add("10.0.0.22:80").is_ok());
     }
 }

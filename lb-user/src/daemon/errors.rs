@@ -111,6 +111,14 @@ impl ControlErrors {
         true
     }
 
+    /// Counts an error of `stage` that the caller logged itself: one that
+    /// an operator's action caused and that must always say why (a
+    /// SIGHUP's configuration that does not read), so never rate-limited.
+    pub fn count(&self, stage: Stage) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.entry(stage).or_default().total += 1;
+    }
+
     /// Errors so far per stage, every stage listed.
     pub fn totals(&self) -> Vec<(&'static str, u64)> {
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());

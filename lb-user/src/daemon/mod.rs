@@ -163,6 +163,10 @@ impl Started<'_> {
             keeper,
         );
         runtime.zone_opened = zone_opened::ZoneOpened::new(self.attachment.adopted);
+        // What is added later is held to the SNAT rules against the pools
+        // the kernel gets (the interface's address included).
+        runtime.snat = snat_ip.clone();
+        let reload = snat_ip.checked_reload(reload);
         runtime.drain_kept(&drains, clock.now());
         runtime.publish_backend_addrs();
         startup::mark_ready(config, pin_dir, self.ifindex, snat_ip, self.attachment)?;

@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     errors::{ControlErrors, Stage},
-    startup::KernelHandles,
+    startup::{KernelHandles, Snat},
     state::StateKeeper,
 };
 use crate::{
@@ -82,6 +82,11 @@ pub struct Runtime {
     pub errors: ControlErrors,
     /// The runtime changes kept across restarts.
     pub(super) state: StateKeeper,
+    /// The SNAT pools the kernel has (the configured ones, or the
+    /// interface's address; set after [`Self::new`], which knows the
+    /// configured ones only): a VIP or backend added while running is
+    /// checked against them (`Snat::check`).
+    pub(super) snat: Snat,
     /// Configurations applied: 1 at start, one more per SIGHUP.
     pub(super) config_generation: u64,
     /// How long each score tick (scores and selections) takes.
@@ -144,6 +149,11 @@ impl Runtime {
             ),
             errors,
             state,
+            snat: Snat {
+                v4: config.snat_ip.clone(),
+                v6: config.snat_ip6.clone(),
+                ports: config.snat_ports,
+            },
             config_generation: 1,
             tick_times: UpdateTimes::default(),
             reconcile_times: UpdateTimes::default(),

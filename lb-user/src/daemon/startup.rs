@@ -2,7 +2,10 @@
 //! program can use: write the plan, learn the backends' MACs, mark the
 //! configuration ready; then open what the event loop needs.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::Arc,
+};
 
 use anyhow::Context as _;
 use lb_common::{
@@ -12,6 +15,7 @@ use tokio::time::sleep;
 use tracing::{info, warn};
 
 use super::{
+    Reload,
     errors::{ControlErrors, Stage},
     neighbours::BackendAddrs,
 };
@@ -30,20 +34,28 @@ use crate::{
     },
     pool::plan::{Plan, Previous},
     publish::publisher::Publisher,
-    settings::{addr::VipAddr, config::Config},
+    settings::{
+        addr::VipAddr,
+        config::{self, Config, VipConfig},
+        error::ConfigError,
+        ports::PortRange,
+    },
 };
 
-/// SNAT source address pools per family. A family without a VIP needs
-/// none (the data path then never uses it).
-#[derive(Clone, Debug)]
+/// SNAT source address pools per family, and their port range. A family
+/// without a VIP needs none (the data path then never uses it).
+#[derive(Clone, Debug, Default)]
 pub struct Snat {
     pub v4: Vec<Ipv4Addr>,
     pub v6: Vec<Ipv6Addr>,
+    /// The source ports (`--snat-ports`).
+    pub ports: PortRange,
 }
 
 impl Snat {
     /// The configured pools, or the interface's address for the families
-    /// of the VIPs.
+    /// of the VIPs, which must meet the rules the configuration's VIPs and
+    /// backends are held to against a configured pool ([`Self::check`]).
     pub fn resolve(config: &Config) -> anyhow::Result<Self> {
         let has = |v6: bool| config.vips.iter().any(|v| v.vip.addr.is_ipv6() == v6);
         let v4 = match config.snat_ip.as_slice() {
@@ -54,7 +66,104 @@ impl Snat {
             [] if has(true) => vec![iface::global_ipv6(&config.iface)?],
             pool => pool.to_vec(),
         };
-        Ok(Self { v4, v6 })
+        let snat = Self {
+            v4,
+            v6,
+            ports: config.snat_ports,
+        };
+        snat.check_defaults(config)?;
+        Ok(snat)
+    }
+
+    /// [`Self::check`] of `config`'s VIPs against the pools taken from the
+    /// interface (`Config::validate` checked the configured ones), said as
+    /// that address's, which the operator never wrote.
+    fn check_defaults(&self, config: &Config) -> anyhow::Result<()> {
+        let defaults = Self {
+            v4: if config.snat_ip.is_empty() {
+                self.v4.clone()
+            } else {
+                Vec::new()
+            },
+            v6: if config.snat_ip6.is_empty() {
+                self.v6.clone()
+            } else {
+                Vec::new()
+            },
+            ports: self.ports,
+        };
+        for v in &config.vips {
+            defaults.check(v).with_context(|| {
+                let (flag, ip) = match v.vip.addr {
+                    SocketAddr::V4(_) => ("--snat-ip", defaults.v4.first().map(|a| a.to_string())),
+                    SocketAddr::V6(_) => ("--snat-ip6", defaults.v6.first().map(|a| a.to_string())),
+                };
+                let iface = &config.iface;
+                format!(
+                    "no {flag} given, so SNAT uses {iface}'s address {}",
+                    ip.unwrap_or_default()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Both pools' addresses.
+    pub fn addrs(&self) -> Vec<IpAddr> {
+        let v4 = self.v4.iter().map(|&a| IpAddr::V4(a));
+        v4.chain(self.v6.iter().map(|&a| IpAddr::V6(a))).collect()
+    }
+
+    /// The rules VIP `v` and its backends must meet against these pools
+    /// and ports (`config::check_snat`): the configuration's at the start,
+    /// and what the running balancer takes in later (a VIP or backend added
+    /// on the control socket, a SIGHUP's configuration, a discovered
+    /// backend), since the kernel keeps these pools and ports until a
+    /// restart.
+    pub fn check(&self, v: &VipConfig) -> Result<(), ConfigError> {
+        config::check_snat(v, &self.addrs(), self.ports)
+    }
+
+    /// `reload`, refusing a configuration whose VIPs or backends break
+    /// [`Self::check`] against these pools and ports, those the kernel has
+    /// (a reload changes neither): such a SIGHUP is refused whole, before
+    /// any of it applies, like one whose file does not parse.
+    pub fn checked_reload(&self, reload: Reload) -> Reload {
+        let snat = self.clone();
+        Arc::new(move || {
+            let config = reload()?;
+            for v in &config.vips {
+                snat.check(v)?;
+            }
+            Ok(config)
+        })
+    }
+
+    /// Takes the backends at a SNAT address ([`config::check_backend_snat`])
+    /// out of each VIP of `config` whose backends came from etcd, with a
+    /// warning each: a bad etcd value is skipped, as `discover::entry`
+    /// skips one, not a reason not to start. A VIP left with none fails the
+    /// start, as one etcd gave none does.
+    pub fn drop_discovered_on_snat(&self, config: &mut Config) -> anyhow::Result<()> {
+        let snat = self.addrs();
+        for v in config.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
+            let vip = v.vip;
+            v.backends
+                .retain(|b| match config::check_backend_snat(&vip, b.addr, &snat) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        warn!("discovery: backend skipped: {e}");
+                        false
+                    }
+                });
+            if v.backends.is_empty() {
+                anyhow::bail!(
+                    "VIP {vip}: no valid backend under etcd prefix {} (each is at a SNAT address)",
+                    v.etcd_prefix.as_deref().unwrap_or_default()
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The pool addresses that are not in `local` (the addresses of this
@@ -405,7 +514,213 @@ fn log_ready(config: &Config, snat_ip: &Snat, attachment: &Attachment) {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser as _;
+
     use super::*;
+    use crate::settings::{addr::BackendAddr, cli::Cli, config::FileConfig};
+
+    /// The configuration of the flags `argv` (after the program name).
+    fn config(argv: &[&str]) -> Config {
+        let argv = [&["lb-user"][..], argv].concat();
+        Config::merge(
+            Cli::try_parse_from(argv).unwrap().run,
+            FileConfig::default(),
+        )
+        .unwrap()
+    }
+
+    /// The pools the interface gives by default: `v4` and `v6`.
+    fn from_iface(config: &Config, v4: &[&str], v6: &[&str]) -> Snat {
+        Snat {
+            v4: v4.iter().map(|a| a.parse().unwrap()).collect(),
+            v6: v6.iter().map(|a| a.parse().unwrap()).collect(),
+            ports: config.snat_ports,
+        }
+    }
+
+    #[test]
+    fn the_interfaces_address_taken_by_default_is_held_to_the_snat_rules() {
+        // Valid as configured: the SNAT address is not known yet.
+        let c = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.1:25000",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        let e = from_iface(&c, &["10.0.0.1"], &[])
+            .check_defaults(&c)
+            .unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "no --snat-ip given, so SNAT uses eth0's address 10.0.0.1: VIP 10.0.0.1:25000/tcp is \
+             on SNAT address 10.0.0.1 with its port in the SNAT port range 20000-32767: the \
+             balancer would drop every new connection to it as a reply to a SNAT connection that \
+             has ended (move the VIP's port out of --snat-ports, or use another --snat-ip)"
+        );
+        assert!(
+            from_iface(&c, &["10.0.0.2"], &[])
+                .check_defaults(&c)
+                .is_ok()
+        );
+        let c = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "[2001:db8::1]:30000/udp",
+            "--backend",
+            "[2001:db8::21]:80",
+        ]);
+        let e = from_iface(&c, &[], &["2001:db8::1"])
+            .check_defaults(&c)
+            .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.starts_with("no --snat-ip6 given, so SNAT uses eth0's address 2001:db8::1: VIP [2001:db8::1]:30000/udp is on SNAT address 2001:db8::1"), "{e}");
+        assert!(e.ends_with("or use another --snat-ip6)"), "{e}");
+        // A backend at the interface's address.
+        let c = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.1:80",
+        ]);
+        let e = from_iface(&c, &["10.0.0.1"], &[])
+            .check_defaults(&c)
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains(
+                "backend 10.0.0.1:80 of VIP 10.0.0.100:80/tcp is at SNAT address 10.0.0.1"
+            ),
+            "{e:#}"
+        );
+        // A configured pool was checked with the configuration: not again.
+        let c = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.1:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--snat-ip",
+            "10.0.0.1",
+        ]);
+        assert!(
+            from_iface(&c, &["10.0.0.1"], &[])
+                .check_defaults(&c)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_reload_is_refused_when_it_breaks_the_snat_rules_against_the_running_pools() {
+        let running = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        let snat = from_iface(&running, &["10.0.0.1"], &[]);
+        let reread =
+            |argv: &'static [&'static str]| -> Reload { Arc::new(move || Ok(config(argv))) };
+        // Valid as a file: its SNAT address is the interface's, known here only.
+        let on_snat_port = snat.checked_reload(reread(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.1:20000",
+            "--backend",
+            "10.0.0.21:80",
+        ]));
+        let e = on_snat_port().unwrap_err().to_string();
+        assert!(
+            e.starts_with("VIP 10.0.0.1:20000/tcp is on SNAT address 10.0.0.1"),
+            "{e}"
+        );
+        let backend_on_snat = snat.checked_reload(reread(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.1:8080",
+        ]));
+        let e = backend_on_snat().unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "backend 10.0.0.1:8080 of VIP 10.0.0.100:80/tcp is at SNAT address 10.0.0.1"
+            ),
+            "{e}"
+        );
+        // The running ports, not the file's (a change of them needs a restart).
+        let new_ports = snat.checked_reload(reread(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.1:20000",
+            "--backend",
+            "10.0.0.21:80",
+            "--snat-ports",
+            "40000-50000",
+        ]));
+        assert!(new_ports().is_err());
+        let fine = snat.checked_reload(reread(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.1:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]));
+        assert_eq!(fine().unwrap().vips[0].vip.to_string(), "10.0.0.1:80/tcp");
+        let unreadable: Reload = Arc::new(|| anyhow::bail!("cannot read config file x.toml"));
+        let e = snat.checked_reload(unreadable)().unwrap_err().to_string();
+        assert_eq!(e, "cannot read config file x.toml");
+    }
+
+    #[test]
+    fn discovered_backends_at_a_snat_address_are_skipped_at_the_start() {
+        let mut c = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        let backend = |a: &str| BackendAddr::new(a.parse().unwrap());
+        c.vips[0].etcd_prefix = Some("/lb/web/".into());
+        c.vips[0].backends = vec![backend("10.0.0.1:80"), backend("10.0.0.22:80")];
+        let snat = from_iface(&c, &["10.0.0.1"], &[]);
+        snat.drop_discovered_on_snat(&mut c).unwrap();
+        assert_eq!(c.vips[0].backends, [backend("10.0.0.22:80")]);
+        c.vips[0].backends = vec![backend("10.0.0.1:80")];
+        let e = snat
+            .drop_discovered_on_snat(&mut c)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "VIP 10.0.0.100:80/tcp: no valid backend under etcd prefix /lb/web/ (each is at a SNAT \
+             address)"
+        );
+        // Configured backends are the configuration's to refuse, not skipped.
+        let mut c = config(&[
+            "--iface",
+            "eth0",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        c.vips[0].backends = vec![backend("10.0.0.1:80")];
+        snat.drop_discovered_on_snat(&mut c).unwrap();
+        assert_eq!(c.vips[0].backends.len(), 1);
+    }
 
     #[test]
     fn unassigned_lists_the_pool_addresses_of_both_families_no_interface_holds() {
@@ -415,6 +730,7 @@ mod tests {
                 "2001:db8::5".parse().unwrap(),
                 "2001:db8::6".parse().unwrap(),
             ],
+            ..Snat::default()
         };
         let local: Vec<IpAddr> = ["127.0.0.1", "10.0.0.5", "2001:db8::6", "fe80::1"]
             .iter()
@@ -430,7 +746,7 @@ mod tests {
         assert!(
             Snat {
                 v4: vec![Ipv4Addr::new(10, 0, 0, 5)],
-                v6: vec![]
+                ..Snat::default()
             }
             .unassigned(&local)
             .is_empty()

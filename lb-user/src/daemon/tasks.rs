@@ -56,10 +56,9 @@ pub fn spawn_reconciler(
     })
 }
 
-/// On every SIGHUP: re-reads the configuration on a blocking thread,
-/// probes its backends and gives the kernel time to resolve them, then
-/// hands it to the event loop. A configuration that does not parse is
-/// logged and the running one kept.
+/// On every SIGHUP: re-reads the configuration ([`reread`]), probes its
+/// backends and gives the kernel time to resolve them, then hands it to
+/// the event loop.
 pub fn spawn_reloader(
     reload: Reload,
     mut hangup: Signal,
@@ -69,18 +68,8 @@ pub fn spawn_reloader(
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
             info!("SIGHUP received: re-reading the configuration");
-            let reload = reload.clone();
-            let config = match tokio::task::spawn_blocking(move || reload()).await {
-                Ok(Ok(config)) => config,
-                Ok(Err(e)) => {
-                    warn!("SIGHUP: keeping the running configuration: {e:#}");
-                    continue;
-                }
-                Err(e) => {
-                    let e = anyhow::anyhow!("reading the configuration failed: {e}");
-                    errors.record(Stage::Reload, &e);
-                    continue;
-                }
+            let Some(config) = reread(&reload, &errors).await else {
+                continue;
             };
             for v in &config.vips {
                 for b in &v.backends {
@@ -93,6 +82,27 @@ pub fn spawn_reloader(
             }
         }
     })
+}
+
+/// Re-reads the configuration on a blocking thread. One that cannot be
+/// read, parsed or validated is a `reload` control error: counted, logged
+/// (every time: each is an operator's SIGHUP, and the one line that says
+/// why it did nothing) and `None`, so the running one is kept.
+async fn reread(reload: &Reload, errors: &ControlErrors) -> Option<Config> {
+    let reload = reload.clone();
+    match tokio::task::spawn_blocking(move || reload()).await {
+        Ok(Ok(config)) => Some(config),
+        Ok(Err(e)) => {
+            warn!("SIGHUP: keeping the running configuration: {e:#}");
+            errors.count(Stage::Reload);
+            None
+        }
+        Err(e) => {
+            let e = anyhow::anyhow!("reading the configuration failed: {e}");
+            errors.record(Stage::Reload, &e);
+            None
+        }
+    }
 }
 
 /// Forwards the program's aya-log records (if it has any) to tracing.
@@ -120,4 +130,29 @@ pub fn spawn_ebpf_log_drain(program_id: u32) -> Option<JoinHandle<()>> {
             guard.clear_ready();
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reload_count(errors: &ControlErrors) -> u64 {
+        errors
+            .totals()
+            .into_iter()
+            .find(|(stage, _)| *stage == "reload")
+            .map_or(0, |(_, n)| n)
+    }
+
+    #[tokio::test]
+    async fn a_configuration_that_does_not_read_is_a_counted_reload_error() {
+        let errors = ControlErrors::default();
+        let failing: Reload = Arc::new(|| anyhow::bail!("invalid config file lb.toml: line 3"));
+        assert_eq!(reread(&failing, &errors).await, None);
+        assert_eq!(reread(&failing, &errors).await, None);
+        assert_eq!(reload_count(&errors), 2, "each SIGHUP counts");
+        let panicking: Reload = Arc::new(|| panic!("reader panicked"));
+        assert_eq!(reread(&panicking, &errors).await, None);
+        assert_eq!(reload_count(&errors), 3);
+    }
 }

@@ -16,7 +16,7 @@
 
 use std::{
     collections::HashSet,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{
         Arc, Mutex,
@@ -370,6 +370,7 @@ impl Watcher {
                     name: vip_addrs[vip].to_string(),
                     slot: n,
                     sent: view.wanted().iter().map(|e| e.addr).collect(),
+                    probe: neighbours::probe,
                     view,
                     resync: from_cache,
                     cache_path: cache_path.clone(),
@@ -392,6 +393,9 @@ struct VipWatch {
     view: PrefixView,
     /// Addresses in the last update sent (new ones are probed first).
     sent: HashSet<SocketAddr>,
+    /// How a new backend's next hop is probed: `neighbours::probe` (tests:
+    /// not at all, so their backends send nothing to the network).
+    probe: fn(IpAddr),
     /// Read the whole prefix again before watching (after a compaction,
     /// or when the view came from the cache).
     resync: bool,
@@ -654,7 +658,7 @@ impl VipWatch {
             .collect();
         if !fresh.is_empty() {
             for a in &fresh {
-                neighbours::probe(a.ip());
+                (self.probe)(a.ip());
             }
             sleep(STARTUP_RESOLVE_WAIT).await;
         }
@@ -723,16 +727,16 @@ mod tests {
         }
     }
 
-    /// A watch task of VIP 127.0.0.100:80 whose view (and last update) has
-    /// backend 127.0.0.21:80 at revision 10, reporting to the receiver.
-    /// Loopback backends: a new one's next-hop probe stays on the host.
+    /// A watch task of VIP 10.0.0.100:80 whose view (and last update) has
+    /// backend 10.0.0.21:80 at revision 10, reporting to the receiver. It
+    /// probes no new backend's next hop (nothing goes to the network).
     fn watch(name: &str) -> (VipWatch, mpsc::Receiver<Update>) {
-        let vip: VipAddr = "127.0.0.100:80".parse().unwrap();
+        let vip: VipAddr = "10.0.0.100:80".parse().unwrap();
         let (view, skipped) = PrefixView::snapshot(
             PREFIX,
             vip,
             10,
-            [(b"/lb/test/a".to_vec(), value("127.0.0.21:80"))],
+            [(b"/lb/test/a".to_vec(), value("10.0.0.21:80"))],
         );
         assert!(skipped.is_empty());
         let dir = std::env::temp_dir().join(format!("lb-watch-{name}-{}", std::process::id()));
@@ -748,6 +752,7 @@ mod tests {
             name: vip.to_string(),
             slot: 0,
             sent: view.wanted().iter().map(|e| e.addr).collect(),
+            probe: |_| {},
             view,
             resync: false,
             cache_path: cache::path(&dir, "test"),
@@ -769,7 +774,7 @@ mod tests {
     async fn a_change_is_reported_when_the_stream_breaks_within_its_batch() {
         let (mut task, mut rx) = watch("broken");
         let mut stream = Script(VecDeque::from([
-            Ok(put("x", "127.0.0.22:80", 11)),
+            Ok(put("x", "10.0.0.22:80", 11)),
             Err("connection reset".to_string()),
         ]));
         let ended = task.follow(&mut stream).await;
@@ -778,7 +783,7 @@ mod tests {
         assert_eq!(task.view.revision, 11);
         let update = rx.try_recv().expect("the change before the break is sent");
         assert_eq!(update.revision, 11);
-        assert_eq!(addrs(&update), ["127.0.0.21:80", "127.0.0.22:80"]);
+        assert_eq!(addrs(&update), ["10.0.0.21:80", "10.0.0.22:80"]);
         let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
     }
 
@@ -791,7 +796,7 @@ mod tests {
             ..Message::default()
         };
         let mut stream = Script(VecDeque::from([
-            Ok(put("x", "127.0.0.22:80", 11)),
+            Ok(put("x", "10.0.0.22:80", 11)),
             Ok(canceled),
         ]));
         let ended = task.follow(&mut stream).await;
@@ -801,9 +806,9 @@ mod tests {
         );
         assert_eq!(
             addrs(&rx.try_recv().unwrap()),
-            ["127.0.0.21:80", "127.0.0.22:80"]
+            ["10.0.0.21:80", "10.0.0.22:80"]
         );
-        let mut stream = Script(VecDeque::from([Ok(put("y", "127.0.0.23:80", 12))]));
+        let mut stream = Script(VecDeque::from([Ok(put("y", "10.0.0.23:80", 12))]));
         assert_eq!(task.follow(&mut stream).await, stream_ended());
         assert_eq!(rx.try_recv().unwrap().revision, 12);
         assert!(rx.try_recv().is_err(), "one update per batch");
@@ -842,7 +847,7 @@ mod tests {
         let (mut task, mut rx) = watch("rewound");
         let mut stream = Script(VecDeque::from([
             Ok(created(3)),
-            Ok(put("x", "127.0.0.22:80", 4)),
+            Ok(put("x", "10.0.0.22:80", 4)),
         ]));
         assert_eq!(task.follow(&mut stream).await, Ended::Rewound(3));
         assert_eq!(task.view.revision, 10);
@@ -854,8 +859,8 @@ mod tests {
         let (mut task, mut rx) = watch("quiet");
         let mut stream = Script(VecDeque::from([
             Ok(created(10)),
-            Ok(put("x", "127.0.0.22:80", 11)),
-            Ok(put("y", "127.0.0.23:80", 12)),
+            Ok(put("x", "10.0.0.22:80", 11)),
+            Ok(put("y", "10.0.0.23:80", 12)),
         ]));
         assert_eq!(task.follow(&mut stream).await, stream_ended());
         let update = rx.try_recv().unwrap();

@@ -681,7 +681,6 @@ impl Config {
         Ok(())
     }
 
-    /// Each SNAT pool: at most `MAX_SNAT_ADDRS` addresses, none twice.
     /// The latency estimators' settings.
     pub fn estimate_params(&self) -> EstimateParams {
         EstimateParams {
@@ -692,13 +691,14 @@ impl Config {
         }
     }
 
+    /// Each SNAT pool: at most `MAX_SNAT_ADDRS` addresses, each usable
+    /// ([`not_a_host`]), none twice. (What a VIP or a backend must not do
+    /// with them: [`check_snat`], in [`Self::validate_vips`].)
     fn validate_snat(&self) -> Result<(), ConfigError> {
         check_count("IPv4 SNAT addresses", self.snat_ip.len(), MAX_SNAT_ADDRS)?;
         check_count("IPv6 SNAT addresses", self.snat_ip6.len(), MAX_SNAT_ADDRS)?;
-        let v4 = self.snat_ip.iter().map(|a| IpAddr::V4(*a));
-        let v6 = self.snat_ip6.iter().map(|a| IpAddr::V6(*a));
         let mut seen = HashSet::new();
-        for addr in v4.chain(v6) {
+        for addr in self.snat_addrs() {
             if let Some(what) = not_a_host(addr) {
                 return Err(ConfigError::NotAHost {
                     role: "SNAT address",
@@ -762,6 +762,7 @@ impl Config {
             .filter(|v| v.algorithm == Algorithm::Maglev)
             .count();
         check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)?;
+        let snat = self.snat_addrs();
         let mut seen_vips = HashSet::new();
         for v in &self.vips {
             let name = v.vip.to_string();
@@ -802,8 +803,78 @@ impl Config {
                 return Err(ConfigError::InflightBias(v.inflight_bias));
             }
             check_backends(&v.vip, &v.backends)?;
+            check_snat(v, &snat, self.snat_ports)?;
         }
         Ok(())
+    }
+
+    /// The configured SNAT pools' addresses, both families (none for a
+    /// family that takes the interface's address: `daemon::startup::Snat`
+    /// checks that one once it is known).
+    pub fn snat_addrs(&self) -> Vec<IpAddr> {
+        let v4 = self.snat_ip.iter().map(|&a| IpAddr::V4(a));
+        v4.chain(self.snat_ip6.iter().map(|&a| IpAddr::V6(a)))
+            .collect()
+    }
+}
+
+/// The rules VIP `v` and its backends must meet against the SNAT
+/// addresses `snat` (both families) and port range `ports`, the
+/// configured pools or the interface's address the balancer takes when
+/// none is given: [`check_vip_snat`] and [`check_backend_snat`].
+pub fn check_snat(v: &VipConfig, snat: &[IpAddr], ports: PortRange) -> Result<(), ConfigError> {
+    check_vip_snat(&v.vip, snat, ports)?;
+    v.backends
+        .iter()
+        .try_for_each(|b| check_backend_snat(&v.vip, b.addr, snat))
+}
+
+/// A VIP on a SNAT address must keep its port out of the SNAT port range
+/// `ports`, whatever its protocol: the data path takes a packet of no flow
+/// to a SNAT address and a port in that range for a late reply to one of
+/// its SNAT connections and drops it (`drop_snat_no_flow`, lb-ebpf's
+/// `is_snat_tuple`) before it looks for a VIP, so every new connection to
+/// such a VIP would be dropped.
+pub fn check_vip_snat(vip: &VipAddr, snat: &[IpAddr], ports: PortRange) -> Result<(), ConfigError> {
+    let ip = vip.addr.ip();
+    if snat.contains(&ip) && (ports.min..=ports.max).contains(&vip.addr.port()) {
+        return Err(ConfigError::VipOnSnatPorts {
+            vip: vip.to_string(),
+            snat: ip.to_string(),
+            ports: ports.to_string(),
+            flag: snat_flag(ip),
+        });
+    }
+    Ok(())
+}
+
+/// A backend must not be at a SNAT address (`snat`, both families): the
+/// balancer would send it its connections from that address, its own,
+/// which a host drops when it comes from the wire (and the balancer takes
+/// what is sent to a SNAT address for itself).
+pub fn check_backend_snat(
+    vip: &VipAddr,
+    backend: SocketAddr,
+    snat: &[IpAddr],
+) -> Result<(), ConfigError> {
+    let ip = backend.ip();
+    if snat.contains(&ip) {
+        return Err(ConfigError::BackendOnSnatAddr {
+            vip: vip.to_string(),
+            backend: backend.to_string(),
+            snat: ip.to_string(),
+            flag: snat_flag(ip),
+        });
+    }
+    Ok(())
+}
+
+/// The flag that sets the SNAT pool of `ip`'s family.
+fn snat_flag(ip: IpAddr) -> &'static str {
+    if ip.is_ipv6() {
+        "--snat-ip6"
+    } else {
+        "--snat-ip"
     }
 }
 
@@ -825,8 +896,10 @@ pub fn check_backends(vip: &VipAddr, backends: &[BackendAddr]) -> Result<(), Con
 
 /// The rules one backend of VIP `vip` must meet, wherever it comes from
 /// (the configuration, the state file, the control socket's `backend add`
-/// or an etcd key): a host's address, not the VIP itself, of the VIP's
-/// family.
+/// or an etcd key): a usable host's address ([`not_a_host`]: not
+/// loopback nor IPv4-mapped either), not the VIP itself, of the VIP's
+/// family. Not on a SNAT address either, which depends on the pools the
+/// balancer runs with: [`check_backend_snat`], where those are known.
 pub fn check_backend(vip: &VipAddr, backend: SocketAddr) -> Result<(), ConfigError> {
     if let Some(what) = not_a_host(backend.ip()) {
         return Err(ConfigError::NotAHost {
@@ -857,16 +930,31 @@ pub fn valid_instance_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-/// What makes `addr` no host's address, if anything does: a balancer
-/// cannot serve, reach or take the unspecified address, a multicast
-/// group or IPv4's broadcast address.
+/// What makes `addr` unusable as a VIP, a backend or a SNAT address, if
+/// anything does, said as the end of "`addr` is ...": a balancer cannot
+/// serve, reach or take the unspecified address, a multicast group or
+/// IPv4's broadcast address; nor a loopback address (127.0.0.0/8, `::1`),
+/// which never crosses a wire, so the program on the interface never sees
+/// a packet to one and a host drops one from or to it that arrives from
+/// outside (a martian); nor an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`), which only stands for an IPv4 address inside a
+/// host's sockets: no IPv6 packet on a wire carries one (the IPv4 address
+/// itself is what works).
 pub fn not_a_host(addr: IpAddr) -> Option<&'static str> {
     if addr.is_unspecified() {
-        Some("the unspecified address")
+        Some("the unspecified address, no host's address")
     } else if addr.is_multicast() {
-        Some("a multicast address")
+        Some("a multicast address, no host's address")
     } else if addr == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
-        Some("the broadcast address")
+        Some("the broadcast address, no host's address")
+    } else if addr.is_loopback() {
+        Some("a loopback address, which never crosses a wire")
+    } else if let IpAddr::V6(v6) = addr
+        && v6.to_ipv4_mapped().is_some()
+    {
+        Some(
+            "an IPv4-mapped IPv6 address, which no IPv6 packet carries (write the IPv4 address itself)",
+        )
     } else {
         None
     }

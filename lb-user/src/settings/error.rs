@@ -66,7 +66,8 @@ pub enum ConfigError {
         "the interface name '{0}' cannot name the instance (lb-{0}): give --instance NAME (1-64 letters, digits, '-', '_' or '.')"
     )]
     BadIfaceInstance(String),
-    #[error("{role} {addr} is {what}, no host's address")]
+    /// `what`: [`crate::settings::config::not_a_host`]'s reason.
+    #[error("{role} {addr} is {what}")]
     NotAHost {
         role: &'static str,
         addr: String,
@@ -74,6 +75,29 @@ pub enum ConfigError {
     },
     #[error("VIP {0} lists itself as a backend")]
     BackendIsVip(String),
+    /// `flag`: the SNAT flag of the VIP's family (`--snat-ip`, `--snat-ip6`).
+    #[error(
+        "VIP {vip} is on SNAT address {snat} with its port in the SNAT port range {ports}: the \
+         balancer would drop every new connection to it as a reply to a SNAT connection that \
+         has ended (move the VIP's port out of --snat-ports, or use another {flag})"
+    )]
+    VipOnSnatPorts {
+        vip: String,
+        snat: String,
+        ports: String,
+        flag: &'static str,
+    },
+    /// `flag`: as [`Self::VipOnSnatPorts`]'s.
+    #[error(
+        "backend {backend} of VIP {vip} is at SNAT address {snat}: the balancer would send it \
+         its connections from its own address (use another {flag}, or another backend)"
+    )]
+    BackendOnSnatAddr {
+        vip: String,
+        backend: String,
+        snat: String,
+        flag: &'static str,
+    },
     #[error("invalid log level '{0}' (expected error, warn, info, debug or trace)")]
     LogLevel(String),
     #[error("{0}")]

@@ -45,13 +45,54 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+use lb_common::{Algorithm, MAX_BACKENDS_PER_VIP};
+
 use crate::{
     kernel::instance::LOCK_DIR,
-    settings::{cli::ControlCommand, ops::ControlGroup},
+    settings::{cli::ControlCommand, ops::ControlGroup, zone::MAX_ZONE_NAME},
 };
 
-/// Longest request line accepted (each line, not the connection).
-pub const MAX_LINE: usize = 4096;
+/// Longest request line accepted (each line, not the connection): the
+/// longest our client sends, a `vip-add` of [`MAX_BACKENDS_PER_VIP`]
+/// backends of the longest text each, and a little more (143,670 bytes).
+/// Bounded so a client cannot make the daemon buffer without end: at most
+/// [`MAX_CONNECTIONS`] such lines at once (2.2 MiB).
+pub const MAX_LINE: usize = REQUEST_KEYS
+    + MAX_VIP_TEXT
+    + MAX_BACKEND_TEXT
+    + MAX_ALGORITHM_NAME
+    + MAX_BACKENDS_PER_VIP as usize * (MAX_BACKEND_TEXT + r#""","#.len())
+    + SLACK;
+/// Every key of a [`Request`] as serde_json writes it, with its
+/// punctuation, the longest command and weight, and the other values
+/// empty.
+const REQUEST_KEYS: usize = r#"{"command":"vip-remove","vip":"","backend":"","weight":4294967295,"backends":[],"algorithm":""}"#.len();
+/// The longest IPv6 address with a scope id and the longest port: what
+/// `SocketAddr` writes for the longest address it parses.
+const MAX_SOCKET_ADDR: usize = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%4294967295]:65535".len();
+/// The longest VIP as `VipAddr` writes it.
+const MAX_VIP_TEXT: usize = MAX_SOCKET_ADDR + "/tcp".len();
+/// The longest backend as `BackendAddr` writes it (weight and zone always
+/// fit in JSON as they are: digits, and a zone's `A-Z a-z 0-9 . _ -`).
+const MAX_BACKEND_TEXT: usize = MAX_SOCKET_ADDR + "@65535,zone=".len() + MAX_ZONE_NAME;
+/// The longest algorithm name.
+const MAX_ALGORITHM_NAME: usize = {
+    let mut longest = 0;
+    let mut i = 0;
+    while i < Algorithm::ALL.len() {
+        let len = Algorithm::ALL[i].name().len();
+        if len > longest {
+            longest = len;
+        }
+        i += 1;
+    }
+    longest
+};
+/// Room for what another client may add (spaces, escapes) to a request
+/// short of the longest.
+const SLACK: usize = 4096;
+// The bound: what the connections may hold at once stays a few MiB.
+const _: () = assert!(MAX_LINE * MAX_CONNECTIONS < 4 << 20);
 /// A connection that sends no complete line for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most control connections served at once; more are refused.
@@ -546,9 +587,95 @@ mod tests {
                 .all(|a| a == r#"{"ok":true,"backend_id":1}"#)
         );
         assert!(
-            answers[lines].contains("longer than 4096 bytes"),
+            answers[lines].contains(&format!("longer than {MAX_LINE} bytes")),
             "{}",
             answers[lines]
+        );
+    }
+
+    /// A `vip-add` of the most backends a VIP may have, each of the
+    /// longest text our client writes: IPv6 with a scope id, the highest
+    /// port and weight, a zone of the longest name.
+    fn longest_vip_add() -> Request {
+        use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+
+        use crate::settings::addr::{BackendAddr, VipAddr, Weight};
+
+        // Unique local addresses whose eight groups all have four digits.
+        const TOP: u128 = 0xfdff_ffff_ffff_ffff_ffff_ffff_ffff_ffff;
+        let zone = "z".repeat(MAX_ZONE_NAME).parse().unwrap();
+        let backends: Vec<String> = (0..MAX_BACKENDS_PER_VIP)
+            .map(|i| {
+                let ip = Ipv6Addr::from(TOP - u128::from(i));
+                let addr = SocketAddr::V6(SocketAddrV6::new(ip, u16::MAX, 0, u32::MAX));
+                let b = BackendAddr {
+                    addr,
+                    weight: Weight::new(u64::from(u16::MAX)).unwrap(),
+                    zone: Some(zone),
+                };
+                b.to_string()
+            })
+            .collect();
+        assert!(
+            backends.iter().all(|b| b.len() == MAX_BACKEND_TEXT),
+            "{}",
+            backends[0]
+        );
+        let vip = VipAddr {
+            addr: SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(TOP - 1024),
+                u16::MAX,
+                0,
+                u32::MAX,
+            )),
+            protocol: crate::settings::addr::Protocol::Tcp,
+        };
+        assert_eq!(vip.to_string().len(), MAX_VIP_TEXT);
+        Request {
+            command: ControlCommand::VipAdd,
+            vip: vip.to_string(),
+            backend: String::new(),
+            weight: None,
+            backends,
+            algorithm: Some(Algorithm::WeightedRoundRobin.name().to_string()),
+            peer: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vip_add_of_the_most_backends_of_the_longest_text_is_read_whole() {
+        let request = longest_vip_add();
+        let line = serde_json::to_string(&request).unwrap();
+        assert!(line.len() <= MAX_LINE, "{} > {MAX_LINE}", line.len());
+        assert_eq!(MAX_LINE, 143_670, "README's control socket limits say so");
+        // Not much more, either: the bound is the point.
+        assert!(
+            MAX_LINE - line.len() <= SLACK + 256,
+            "{MAX_LINE} for {}",
+            line.len()
+        );
+        // The reader takes it whole, and it parses back as sent.
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        client
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        drop(client);
+        let mut reader = TokioBufReader::new(server);
+        let Line::Text(read) = read_line(&mut reader).await else {
+            panic!("a {}-byte vip-add was not read as one line", line.len());
+        };
+        assert_eq!(serde_json::from_slice::<Request>(&read).unwrap(), request);
+        // And the connection answers it.
+        let mut client = serve_pipe();
+        client
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        client.shutdown().await.unwrap();
+        assert_eq!(
+            answer_lines(client).await,
+            [r#"{"ok":true,"backend_id":1}"#]
         );
     }
 

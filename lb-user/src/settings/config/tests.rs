@@ -349,11 +349,11 @@ fn each_bad_input_has_its_message() {
                 "--iface",
                 "eth0",
                 "--vip",
-                "[::1]:80",
+                "[2001:db8::1]:80",
                 "--backend",
                 "10.0.0.21:80",
             ],
-            "backend 10.0.0.21:80 of VIP [::1]:80/tcp: a VIP and its backends must be of one address family",
+            "backend 10.0.0.21:80 of VIP [2001:db8::1]:80/tcp: a VIP and its backends must be of one address family",
         ),
         (
             vec![
@@ -545,6 +545,158 @@ fn bad_snat_pools_are_refused() {
     assert!(err.contains("IPv4 SNAT addresses"), "{err}");
     let err = err_file_with_flags(r#"snat_ip = ["10.0.0.1", "nope"]"#, MINIMAL);
     assert!(err.contains("test.toml"), "{err}");
+}
+
+/// A start with VIP `vip` (its backend of its family) and `extra` flags.
+fn vip_start<'a>(vip: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let backend = if vip.starts_with('[') {
+        "[2001:db8::21]:8080"
+    } else {
+        "10.0.0.21:8080"
+    };
+    [
+        &["--iface", "eth0", "--vip", vip, "--backend", backend][..],
+        extra,
+    ]
+    .concat()
+}
+
+#[test]
+fn a_vip_on_a_snat_address_keeps_its_port_out_of_the_snat_range() {
+    // The data path drops a packet of no flow to a SNAT address and port
+    // before it looks for a VIP: such a VIP would take no connection.
+    assert_eq!(
+        err_flags(&vip_start("10.0.0.1:25000", &["--snat-ip", "10.0.0.1"])),
+        "VIP 10.0.0.1:25000/tcp is on SNAT address 10.0.0.1 with its port in the SNAT port range \
+         20000-32767: the balancer would drop every new connection to it as a reply to a SNAT \
+         connection that has ended (move the VIP's port out of --snat-ports, or use another \
+         --snat-ip)"
+    );
+    assert_eq!(
+        err_flags(&vip_start(
+            "[2001:db8::1]:20000/udp",
+            &["--snat-ip6", "2001:db8::9", "--snat-ip6", "2001:db8::1"]
+        )),
+        "VIP [2001:db8::1]:20000/udp is on SNAT address 2001:db8::1 with its port in the SNAT \
+         port range 20000-32767: the balancer would drop every new connection to it as a reply \
+         to a SNAT connection that has ended (move the VIP's port out of --snat-ports, or use \
+         another --snat-ip6)"
+    );
+    // The range's ends are in it.
+    let ends = ["--snat-ip", "10.0.0.1", "--snat-ports", "1000-2000"];
+    for port in ["1000", "2000"] {
+        let vip = format!("10.0.0.1:{port}");
+        let err = err_flags(&vip_start(&vip, &ends));
+        assert!(err.contains("SNAT port range 1000-2000"), "{err}");
+    }
+    // From the file's pool too.
+    let text = "snat_ip = [\"10.0.0.2\", \"10.0.0.1\"]\n[[vip]]\naddress = \"10.0.0.1:30000\"\n\
+                backends = [\"10.0.0.21:80\"]\n";
+    let err = err_file_with_flags(text, &["--iface", "eth0"]);
+    assert!(
+        err.starts_with("VIP 10.0.0.1:30000/tcp is on SNAT address 10.0.0.1"),
+        "{err}"
+    );
+    // A port out of the range, another address, or the other family is fine.
+    for (vip, extra) in [
+        ("10.0.0.1:80", &["--snat-ip", "10.0.0.1"][..]),
+        ("10.0.0.1:999", &ends[..]),
+        ("10.0.0.1:2001", &ends[..]),
+        ("10.0.0.2:25000", &["--snat-ip", "10.0.0.1"][..]),
+        ("[2001:db8::1]:25000", &["--snat-ip", "10.0.0.1"][..]),
+    ] {
+        assert!(
+            from_flags(&vip_start(vip, extra)).is_ok(),
+            "{vip} {extra:?}"
+        );
+    }
+}
+
+#[test]
+fn addresses_that_never_work_are_refused() {
+    let cases = [
+        (
+            vip_start("127.0.0.1:80", &[]),
+            "VIP 127.0.0.1:80/tcp is a loopback address, which never crosses a wire",
+        ),
+        (
+            eth0_vip(&["--backend", "127.1.2.3:80"]),
+            "backend 127.1.2.3:80 is a loopback address, which never crosses a wire",
+        ),
+        (
+            vec![
+                "--iface",
+                "eth0",
+                "--vip",
+                "[2001:db8::1]:80",
+                "--backend",
+                "[::1]:80",
+            ],
+            "backend [::1]:80 is a loopback address, which never crosses a wire",
+        ),
+        (
+            vip_start("[::ffff:10.0.0.100]:80", &[]),
+            "VIP [::ffff:10.0.0.100]:80/tcp is an IPv4-mapped IPv6 address, which no IPv6 packet \
+             carries (write the IPv4 address itself)",
+        ),
+        (
+            vec![
+                "--iface",
+                "eth0",
+                "--vip",
+                "[2001:db8::1]:80",
+                "--backend",
+                "[::ffff:10.0.0.21]:80",
+            ],
+            "backend [::ffff:10.0.0.21]:80 is an IPv4-mapped IPv6 address, which no IPv6 packet \
+             carries (write the IPv4 address itself)",
+        ),
+        (
+            minimal_with(&["--snat-ip", "127.0.0.1"]),
+            "SNAT address 127.0.0.1 is a loopback address, which never crosses a wire",
+        ),
+        (
+            minimal_with(&["--snat-ip6", "::1"]),
+            "SNAT address ::1 is a loopback address, which never crosses a wire",
+        ),
+        (
+            minimal_with(&["--snat-ip6", "::ffff:10.0.0.1"]),
+            "SNAT address ::ffff:10.0.0.1 is an IPv4-mapped IPv6 address, which no IPv6 packet \
+             carries (write the IPv4 address itself)",
+        ),
+        (
+            minimal_with(&["--snat-ip", "10.0.0.9", "--snat-ip", "10.0.0.21"]),
+            "backend 10.0.0.21:8080 of VIP 10.0.0.100:80/tcp is at SNAT address 10.0.0.21: the \
+             balancer would send it its connections from its own address (use another \
+             --snat-ip, or another backend)",
+        ),
+        (
+            vip_start("[2001:db8::1]:80", &["--snat-ip6", "2001:db8::21"]),
+            "backend [2001:db8::21]:8080 of VIP [2001:db8::1]:80/tcp is at SNAT address \
+             2001:db8::21: the balancer would send it its connections from its own address (use \
+             another --snat-ip6, or another backend)",
+        ),
+    ];
+    for (argv, message) in cases {
+        assert_eq!(err_flags(&argv), message, "{argv:?}");
+    }
+    // A SNAT address on the VIP's address (its port out of the range),
+    // an address next to 127/8, and an IPv6 one with ffff not in the
+    // mapped place are fine.
+    for argv in [
+        minimal_with(&["--snat-ip", "10.0.0.100"]),
+        eth0_vip(&["--backend", "128.0.0.1:80"]),
+        vec![
+            "--iface",
+            "eth0",
+            "--vip",
+            "[2001:db8::1]:80",
+            "--backend",
+            "[2001:db8::ffff:a00:15]:80",
+        ],
+    ] {
+        assert!(from_flags(&argv).is_ok(), "{argv:?}");
+    }
 }
 
 #[test]
