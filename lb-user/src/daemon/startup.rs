@@ -427,9 +427,9 @@ pub fn mark_ready(
     sysctl::reserve_snat_ports(config.snat_ports, &config.instance)?;
     let (snat_v4_count, snat_v6_count) = maps::write_snat_pools(pin_dir, &snat_ip.v4, &snat_ip.v6)?;
     let first = |ip: Option<IpAddr>| ip.map_or([0; 4], |ip| wire::ip_to_words(ip).0);
-    // Slices of the SNAT tuple space: one per possible CPU (a CPU id
-    // indexes them).
-    let slices = aya::util::nr_cpus().map(|n| n as u32).unwrap_or(cpus);
+    let slices = aya::util::online_cpus()
+        .map(|online| snat_slices(&online))
+        .unwrap_or(cpus);
     let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     maps::write_config(
         pin_dir,
@@ -512,12 +512,35 @@ fn log_ready(config: &Config, snat_ip: &Snat, attachment: &Attachment) {
     }
 }
 
+/// Slices of the SNAT tuple space (`LbConfig::cpus`): one per CPU id up to
+/// the highest online one, which the data path indexes by its CPU id. Not
+/// one per *possible* CPU: a VM that can hot-plug 64 vCPUs with 2 online
+/// would have its 2 cursors walk 2/64 of each backend's tuples, the rest
+/// reachable only by the few steal tries. A CPU brought online later above
+/// the highest shares a slice (`id % slices`), which its `BPF_NOEXIST`
+/// claims make safe.
+fn snat_slices(online: &[u32]) -> u32 {
+    online
+        .iter()
+        .max()
+        .map_or(1, |&highest| highest.saturating_add(1))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
 
     use super::*;
     use crate::settings::{addr::BackendAddr, cli::Cli, config::FileConfig};
+
+    #[test]
+    fn snat_slices_follow_the_online_cpus_not_the_possible_ones() {
+        // 2 online of 64 possible: 2 slices, each half the tuples.
+        assert_eq!(snat_slices(&[0, 1]), 2);
+        // A gap (CPU 1 offline): one slice per id up to the highest.
+        assert_eq!(snat_slices(&[0, 2, 3]), 4);
+        assert_eq!(snat_slices(&[]), 1);
+    }
 
     /// The configuration of the flags `argv` (after the program name).
     fn config(argv: &[&str]) -> Config {
