@@ -141,7 +141,7 @@ pub const MAX_SNAT_QUARANTINE: Duration = Duration::from_secs(3600);
 /// Linux's IFNAMSIZ minus the terminating NUL.
 const MAX_IFACE_NAME: usize = 15;
 const MAX_INSTANCE_NAME: usize = 64;
-const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
 /// Where runtime state files live unless `--state-dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";

@@ -296,7 +296,8 @@ pub struct RegisterArgs {
     #[arg(long, value_name = "URL")]
     pub check_http: Option<String>,
     /// Log level when RUST_LOG is unset.
-    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    #[arg(long, value_name = "LEVEL", default_value = "info",
+          value_parser = clap::builder::PossibleValuesParser::new(crate::settings::config::LOG_LEVELS))]
     pub log_level: String,
 }
 
@@ -369,6 +370,34 @@ mod tests {
             zone("eu 1").unwrap_err().to_string(),
             "invalid --zone: zone name \"eu 1\" may only use A-Z, a-z, 0-9, '.', '_' and '-'"
         );
+    }
+
+    #[test]
+    fn the_register_log_level_is_one_of_the_levels() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: RegisterArgs,
+        }
+        let level = |l: &str| {
+            Cmd::try_parse_from([
+                "register",
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
+                "--prefix",
+                "/lb/web/",
+                "--addr",
+                "10.0.0.21:80",
+                "--log-level",
+                l,
+            ])
+            .map(|c| c.args.log_level)
+        };
+        assert_eq!(level("debug").unwrap(), "debug");
+        // Taken as a target name by the log filter, it logged nothing.
+        let error = level("warning").err().expect("refused").to_string();
+        assert!(error.contains("invalid value 'warning'"), "{error}");
     }
 
     #[test]
