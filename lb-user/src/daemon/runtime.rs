@@ -511,8 +511,9 @@ impl Runtime {
     /// The log says what was applied and what needs a restart.
     pub fn on_reload(&mut self, base: &Config, now: Nanos) -> anyhow::Result<()> {
         let running = self.state.base().clone();
-        let restart = config::needs_restart(&running, base);
         let mut base = base.clone();
+        // Not applied, so not kept as the running configuration either.
+        let restart = config::hold_restart_settings(&running, &mut base);
         config::keep_discovery(&running, &mut base);
         let base = &self.with_discovered(&base);
         for change in config::backend_changes(&running, base) {

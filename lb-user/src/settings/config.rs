@@ -1114,6 +1114,20 @@ mod tests;
 /// present in both whose algorithm, bias, affinity or health check differs.
 /// (Backends, and VIPs added or removed, are the reload's to apply.)
 pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
+    restart_settings(running, &mut reloaded.clone(), false)
+}
+
+/// [`needs_restart`], and `reloaded` given `running`'s value of each of
+/// them: what the reload applies, and what the instance runs with after it.
+/// Kept as the running configuration, the file's values of these would
+/// reach what the reload does apply later (a VIP added by this reload or by
+/// `vip add` took the new slow start the log said was not applied), and a
+/// second SIGHUP of the same file would no longer warn of them.
+pub fn hold_restart_settings(running: &Config, reloaded: &mut Config) -> Vec<String> {
+    restart_settings(running, reloaded, true)
+}
+
+fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<String> {
     let mut out = Vec::new();
     macro_rules! global {
         ($($field:ident).+) => {
@@ -1124,6 +1138,9 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
                     running.$($field).+,
                     reloaded.$($field).+
                 ));
+                if hold {
+                    reloaded.$($field).+ = running.$($field).+.clone();
+                }
             }
         };
     }
@@ -1157,8 +1174,11 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
     if running.discovery.etcd != reloaded.discovery.etcd {
         // Not the values: they may hold a password.
         out.push("etcd settings (endpoints, TLS files or user)".into());
+        if hold {
+            reloaded.discovery.etcd = running.discovery.etcd.clone();
+        }
     }
-    for new in &reloaded.vips {
+    for new in &mut reloaded.vips {
         let Some(old) = running.vips.iter().find(|v| v.vip == new.vip) else {
             if let Some(prefix) = &new.etcd_prefix {
                 out.push(format!("VIP {} with etcd prefix {prefix} (new)", new.vip));
@@ -1182,20 +1202,26 @@ pub fn needs_restart(running: &Config, reloaded: &Config) -> Vec<String> {
                 new.algorithm.name()
             ));
         }
-        if old.inflight_bias != new.inflight_bias {
-            out.push(format!("VIP {} inflight_bias", new.vip));
+        macro_rules! per_vip {
+            ($field:ident, $name:literal) => {
+                if old.$field != new.$field {
+                    out.push(format!("VIP {} {}", new.vip, $name));
+                }
+            };
         }
-        if old.p2c_full_scan != new.p2c_full_scan {
-            out.push(format!("VIP {} p2c_full_scan", new.vip));
-        }
-        if old.p2c_saturation != new.p2c_saturation {
-            out.push(format!("VIP {} p2c_saturation", new.vip));
-        }
-        if old.maglev_source_affinity != new.maglev_source_affinity {
-            out.push(format!("VIP {} maglev_source_affinity", new.vip));
-        }
-        if old.health != new.health {
-            out.push(format!("VIP {} health check", new.vip));
+        per_vip!(inflight_bias, "inflight_bias");
+        per_vip!(p2c_full_scan, "p2c_full_scan");
+        per_vip!(p2c_saturation, "p2c_saturation");
+        per_vip!(maglev_source_affinity, "maglev_source_affinity");
+        per_vip!(health, "health check");
+        if hold {
+            // The etcd prefix is `keep_discovery`'s.
+            new.algorithm = old.algorithm;
+            new.inflight_bias = old.inflight_bias;
+            new.p2c_full_scan = old.p2c_full_scan;
+            new.p2c_saturation = old.p2c_saturation;
+            new.maglev_source_affinity = old.maglev_source_affinity;
+            new.health = old.health.clone();
         }
     }
     out

@@ -396,7 +396,7 @@ mod tests {
         };
         assert_eq!(level("debug").unwrap(), "debug");
         // Taken as a target name by the log filter, it logged nothing.
-        let error = level("warning").err().expect("refused").to_string();
+        let error = level("warning").expect_err("refused").to_string();
         assert!(error.contains("invalid value 'warning'"), "{error}");
     }
 

@@ -500,6 +500,16 @@ fn a_reload_says_what_it_applies_and_what_needs_a_restart() {
     );
     assert!(needs_restart(&running, &running).is_empty());
     assert!(backend_changes(&running, &running).is_empty());
+    // What the instance runs with after the reload: the backends change,
+    // the settings that need a restart keep their running values, so the
+    // same file read again is warned of again.
+    let mut held = reloaded.clone();
+    assert_eq!(hold_restart_settings(&running, &mut held), restart);
+    assert!(needs_restart(&running, &held).is_empty(), "all held");
+    assert_eq!(needs_restart(&held, &reloaded), restart, "warned again");
+    assert_eq!(held.ops.lifecycle, running.ops.lifecycle);
+    assert_eq!(held.vips[0].algorithm, running.vips[0].algorithm);
+    assert_eq!(held.vips[0].backends, reloaded.vips[0].backends);
 }
 
 #[test]
