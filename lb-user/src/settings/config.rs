@@ -16,7 +16,7 @@
 //! flow_table_size_ipv6 = 262144  # IPv6's; default: flow_table_size
 //! algorithm = "p2c-ewma"         # default for VIPs that do not name one
 //! inflight_bias = 2              # default for VIPs that do not set one
-//! p2c_full_scan = 16             # default for VIPs that do not set one (default 0: always two)
+//! p2c_full_scan = 16             # default for VIPs that do not set one (0: always two)
 //! maglev_source_affinity = false # default for VIPs that do not set one
 //! zone_aware = true              # default for VIPs that do not set one;
 //!                                # default: true exactly when `zone` is set

@@ -758,7 +758,7 @@ fn render_pool_and_flows(out: &mut Exposition, s: &Snapshot) {
         (
             "lb_flows_evicted_total",
             "counter",
-            "Open flows that left the full flow table without a close (LRU eviction), seen by this process.",
+            "Lone flow entries (one direction of a connection without the other) the kernel sweep found and cleaned up, seen by this process.",
         ),
         s.flows_evicted as f64,
     );
