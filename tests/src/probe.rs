@@ -5,7 +5,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
     os::fd::FromRawFd,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, ensure};
@@ -96,7 +96,7 @@ pub fn ping(ns: &str, addr: Ipv4Addr) -> Result<()> {
         // receive timeout work the same on a raw socket (the port is ignored).
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         let socket = unsafe { UdpSocket::from_raw_fd(fd) };
-        socket.set_read_timeout(Some(PROBE_TIMEOUT))?;
+        // wait_for_echo_reply sets the read timeout to the time it has left.
         let id = std::process::id() as u16;
         for seq in 1..=PING_COUNT {
             socket.send_to(&echo_request(id, seq), SocketAddr::from((addr, 0)))?;
@@ -118,10 +118,18 @@ fn echo_request(id: u16, seq: u16) -> Vec<u8> {
 }
 
 /// Reads ICMP packets (raw sockets see every one in the namespace) until the
-/// reply to `id`/`seq` from `addr` arrives or the timeout hits.
+/// reply to `id`/`seq` from `addr` arrives or [`PROBE_TIMEOUT`] has passed.
+/// The deadline is for the whole wait, not each read: other ICMP traffic in
+/// the namespace (another test's pings, errors) arriving more often than
+/// the timeout would otherwise restart it for ever.
 fn wait_for_echo_reply(socket: &UdpSocket, addr: Ipv4Addr, id: u16, seq: u16) -> Result<()> {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A zero read timeout would mean none at all.
+        ensure!(!left.is_zero(), "no echo reply within {PROBE_TIMEOUT:?}");
+        socket.set_read_timeout(Some(left))?;
         let (n, from) = socket.recv_from(&mut buf).context("no echo reply")?;
         let packet = &buf[..n];
         let header_len = usize::from(packet.first().copied().unwrap_or(0) & 0x0f) * 4;

@@ -8,23 +8,101 @@
 //!
 //! Run as root: `cargo test -p lb-tests --test benches -- --test-threads=1`.
 
-use std::process::Command;
+use std::{
+    io::Read,
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
 
 use lb_lab::require_root;
 
+/// How long one bench run may take: the runs here are sized to take
+/// seconds to minutes, so this only catches a hang (which `.output()`
+/// would wait on forever, holding its labs and the machine).
+const BENCH_DEADLINE: Duration = Duration::from_secs(15 * 60);
+/// How long a bench past its deadline gets after SIGTERM (it then removes
+/// its labs) before SIGKILL.
+const BENCH_STOP_GRACE: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(200);
+
+/// Reads a pipe to its end on a helper thread, so a chatty bench never
+/// blocks on a full pipe while it is waited for.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// What `drain` read, once the pipe is closed; waits at most
+/// [`BENCH_STOP_GRACE`] for that, since a process the bench left behind
+/// (after a SIGKILL) may hold the pipe open.
+fn drained(reader: thread::JoinHandle<String>) -> String {
+    let waited = Instant::now();
+    while !reader.is_finished() && waited.elapsed() < BENCH_STOP_GRACE {
+        thread::sleep(POLL);
+    }
+    if reader.is_finished() {
+        reader.join().unwrap_or_default()
+    } else {
+        "(not read: the pipe is still open)".into()
+    }
+}
+
+/// Waits for `child` until `deadline`; None if it still runs then.
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for a bench") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(POLL);
+    }
+}
+
 /// Runs a bench binary of this package with `args`; its standard output
-/// (the run must succeed).
+/// (the run must succeed within [`BENCH_DEADLINE`]; past it, the bench is
+/// stopped with SIGTERM, SIGKILL [`BENCH_STOP_GRACE`] later, and the test
+/// fails naming it).
 fn run_bench(exe: &str, args: &[&str]) -> String {
-    let out = Command::new(exe)
+    let name = Path::new(exe)
+        .file_name()
+        .map_or(exe.into(), |n| n.to_string_lossy());
+    let mut child = Command::new(exe)
         .args(args)
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap_or_else(|e| panic!("running {exe}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let Some(status) = wait_until(&mut child, Instant::now() + BENCH_DEADLINE) else {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if wait_until(&mut child, Instant::now() + BENCH_STOP_GRACE).is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!(
+            "{name} {args:?} still ran after {BENCH_DEADLINE:?}: stopped\n{}",
+            drained(stderr)
+        );
+    };
+    let stdout = drained(stdout);
     assert!(
-        out.status.success(),
-        "{exe} {args:?} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        status.success(),
+        "{name} {args:?} failed ({status}):\n{stdout}\n{}",
+        drained(stderr)
     );
     stdout
 }

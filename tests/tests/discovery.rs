@@ -10,6 +10,8 @@
 
 use std::{
     net::SocketAddr,
+    os::unix::process::CommandExt as _,
+    process::{Command, Output},
     thread,
     time::{Duration, Instant},
 };
@@ -814,25 +816,69 @@ fn register_args(endpoint: &'static str, extra: &[&'static str]) -> Vec<&'static
     args
 }
 
+/// How long one bad-input case may run: lb-user refuses it before it
+/// touches the network or the kernel, well within a second.
+const BAD_INPUT_DEADLINE: Duration = Duration::from_secs(15);
+
+/// `lb-user ARGS...`, killed at [`BAD_INPUT_DEADLINE`]. As root, it runs in
+/// a fresh network namespace of its own (empty: no eth0, no route): should
+/// lb-user ever act on input it ought to refuse, it finds nothing of the
+/// host's to attach to or connect from. Without root it stays in the
+/// host's namespace, where it may change nothing anyway.
+fn run_bad_input(lb_user: &std::path::Path, args: &[&str]) -> anyhow::Result<Output> {
+    let mut command = Command::new(lb_user);
+    command.args(args);
+    if lb_lab::root::is_root() {
+        // SAFETY: the closure only makes the async-signal-safe unshare(2)
+        // call, as pre_exec requires.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    lb_lab::lab::output_with_timeout(command, BAD_INPUT_DEADLINE)
+}
+
 /// Bad discovery input: one `lb-user: error:` line and a failure exit,
 /// before anything is touched (no root needed).
 #[test]
 fn bad_discovery_input_is_one_clear_error_line() {
     let lb_user = Binaries::for_tests().lb_user().unwrap().to_path_buf();
-    let endpoint = "http://h:2379";
-    let cases: Vec<(Vec<&str>, &str)> = vec![
+    // A literal address on the lab's subnet that nothing serves: no name to
+    // resolve, nothing to reach.
+    let endpoint = "http://10.213.255.1:2379";
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
         (
+            "register without endpoints",
             vec!["register", "--prefix", "/p/", "--addr", "10.0.0.1:80"],
             "--etcd-endpoints",
         ),
-        (register_args(endpoint, &["--ttl", "0s"]), "ttl"),
-        (register_args(endpoint, &["--weight", "0"]), "weight"),
         (
+            "register with a zero ttl",
+            register_args(endpoint, &["--ttl", "0s"]),
+            "ttl",
+        ),
+        (
+            "register with weight 0",
+            register_args(endpoint, &["--weight", "0"]),
+            "weight",
+        ),
+        (
+            "register with an https check",
             register_args(endpoint, &["--check-http", "https://10.0.0.1:80/"]),
             "http://",
         ),
-        (register_args("nope", &[]), "invalid etcd endpoint"),
         (
+            "register with a bad endpoint",
+            register_args("nope", &[]),
+            "invalid etcd endpoint",
+        ),
+        (
+            "etcd prefix and static backends",
             vec![
                 "--iface",
                 "eth0",
@@ -848,6 +894,7 @@ fn bad_discovery_input_is_one_clear_error_line() {
             "static backends as well are not allowed",
         ),
         (
+            "etcd prefix without endpoints",
             vec![
                 "--iface",
                 "eth0",
@@ -859,17 +906,14 @@ fn bad_discovery_input_is_one_clear_error_line() {
             "no --etcd-endpoints",
         ),
     ];
-    for (args, expect) in &cases {
-        let out = std::process::Command::new(&lb_user)
-            .args(args)
-            .output()
-            .unwrap();
+    for (case, args, expect) in &cases {
+        let out = run_bad_input(&lb_user, args).unwrap_or_else(|e| panic!("{case}: {e:#}"));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!out.status.success(), "{case}: {args:?} succeeded");
+        assert_eq!(stderr.lines().count(), 1, "{case}: {args:?}: {stderr}");
         assert!(
             stderr.starts_with("lb-user: error: ") && stderr.contains(expect),
-            "{args:?}: {stderr}"
+            "{case}: {args:?}: {stderr}"
         );
     }
 }
@@ -985,8 +1029,10 @@ fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
     let user = format!("--user={root}");
     put_with(&lab, &url, &[&user], 0, 1);
     put_with(&lab, &url, &[&user], 1, 1);
-    // The password files (the right one as `echo` writes it: a line end).
-    let secrets = std::env::temp_dir().join(format!("lb-etcd-secrets-{}", std::process::id()));
+    // The password files (the right one as `echo` writes it: a line end),
+    // in the lab's log folder: they go with the lab however the test ends
+    // (the folder kept by a failing test goes with the next lab's sweep).
+    let secrets = lab.log_dir().join("etcd-secrets");
     std::fs::create_dir_all(&secrets).unwrap();
     let (right, wrong) = (secrets.join("right"), secrets.join("wrong"));
     std::fs::write(&right, format!("{ROOT_PASSWORD}\n")).unwrap();
@@ -1031,7 +1077,6 @@ fn etcd_with_authentication_serves_and_a_wrong_password_fails_the_start() {
             "{case}: {text}"
         );
     }
-    std::fs::remove_dir_all(&secrets).unwrap();
 }
 
 /// etcd over https with a throwaway CA; the balancer trusts it with

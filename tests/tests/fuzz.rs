@@ -262,7 +262,6 @@ fn fuzz() {
         verdicts, frames,
         "every frame counted under exactly one reason"
     );
-    assert!(frames >= MIN_FRAMES);
     // The corpus reaches the main verdicts; a fuzz run that never balanced or
     // never dropped a truncated frame would have tested little.
     for r in [

@@ -16,7 +16,10 @@ use std::{
 
 use lb_lab::{
     Binaries, Lab,
-    lab::{Algorithm, BALANCER_ADDR, BackendSpec, BalancerSpec, CLIENT_ADDR, VIP_ADDR, XdpMode},
+    lab::{
+        Algorithm, BALANCER_ADDR, BackendSpec, BalancerSpec, CLIENT_ADDR, PIN_ROOT, VIP_ADDR,
+        XdpMode,
+    },
     loadgen::{LoadConfig, Protocol, Summary, payload_pattern},
     probe, require_root,
 };
@@ -671,11 +674,17 @@ fn bad_input_fails_with_one_line_and_attaches_nothing() {
             !lab.xdp_attached().unwrap(),
             "{case}: an XDP program stayed attached"
         );
-        assert!(
-            !lab.pin_dir().exists(),
-            "{case}: pins left in {}",
-            lab.pin_dir().display()
-        );
+        // No case names an instance, so lb-user's is `lb-<its --iface>`:
+        // the lab's own for every case but the unknown interface's.
+        let iface = args
+            .iter()
+            .position(|a| a == "--iface")
+            .and_then(|i| args.get(i + 1))
+            .expect("every case names its interface");
+        let pins = std::path::Path::new(PIN_ROOT).join(format!("lb-{iface}"));
+        for pins in [pins, lab.pin_dir()] {
+            assert!(!pins.exists(), "{case}: pins left in {}", pins.display());
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 
 use std::{
     io::Read,
-    os::unix::process::ExitStatusExt,
-    process::{Command, Stdio},
+    os::unix::{fs::DirBuilderExt as _, process::ExitStatusExt},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -121,32 +122,120 @@ fn cleanup_happens_when_a_test_panics() {
     );
 }
 
-/// Creates namespace `host` of lab 1 of a process that has exited, as a
-/// killed run leaves it; returns that pid and the namespace's name.
-fn dead_labs_namespace(host: &str) -> (u32, String) {
-    let mut child = Command::new("true").spawn().unwrap();
-    let dead_pid = child.id();
-    child.wait().unwrap();
-    let stale = format!("lbl{dead_pid}n1-{host}");
-    let status = Command::new("ip")
-        .args(["netns", "add", &stale])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    (dead_pid, stale)
+/// Namespace `host` of lab 1 of a process that has exited, as a killed
+/// run leaves it, with whatever the test starts inside it. Dropping it
+/// kills those processes and deletes the namespace if the sweep under test
+/// did not: a failed assert must not leave a `sleep 600` running in a
+/// namespace that only the next lab's sweep would remove.
+struct DeadLabsNamespace {
+    /// The exited process the namespace's name claims as its owner.
+    dead_pid: u32,
+    name: String,
+    orphans: Vec<Child>,
+    /// Files the test put in lb-user's run folder ([`Self::run_file`]).
+    run_files: Vec<PathBuf>,
 }
 
+impl DeadLabsNamespace {
+    fn create(host: &str) -> Self {
+        let mut child = Command::new("true").spawn().unwrap();
+        let dead_pid = child.id();
+        child.wait().unwrap();
+        let name = format!("lbl{dead_pid}n1-{host}");
+        let status = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        Self {
+            dead_pid,
+            name,
+            orphans: Vec::new(),
+            run_files: Vec::new(),
+        }
+    }
+
+    /// Puts an empty file called `name` in lb-user's run folder, as an
+    /// instance leaves its lock there; returns its path.
+    fn run_file(&mut self, name: &str) -> PathBuf {
+        // The mode lb-user gives the folder (it sets it again at each start).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(lb_lab::lab::RUN_DIR)
+            .unwrap();
+        let path = std::path::Path::new(lb_lab::lab::RUN_DIR).join(name);
+        std::fs::write(&path, "").unwrap();
+        self.run_files.push(path.clone());
+        path
+    }
+
+    /// Starts `argv` inside the namespace, as a killed lab's backends run
+    /// on in theirs.
+    fn spawn(&mut self, argv: &[&str]) -> &mut Child {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(argv)
+            .spawn()
+            .unwrap();
+        self.orphans.push(child);
+        self.orphans.last_mut().unwrap()
+    }
+}
+
+impl Drop for DeadLabsNamespace {
+    fn drop(&mut self) {
+        for path in &self.run_files {
+            let _ = std::fs::remove_file(path);
+        }
+        for orphan in &mut self.orphans {
+            // Only one not reaped yet: a reaped one's pid may be another's.
+            if let Ok(None) = orphan.try_wait() {
+                let _ = orphan.kill();
+                let _ = orphan.wait();
+            }
+        }
+        if std::path::Path::new("/run/netns").join(&self.name).exists() {
+            for pid in netns_pids(&self.name) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = Command::new("ip")
+                .args(["netns", "delete", &self.name])
+                .status();
+        }
+    }
+}
+
+/// The sweep also removes what the dead lab's lb-user left in its run
+/// folder (named after the lab's balancer interface, `<id>b`), and nothing
+/// there of an instance that is not a lab's.
 #[test]
 fn a_new_lab_sweeps_namespaces_of_dead_labs() {
     require_root!();
-    let (dead_pid, stale) = dead_labs_namespace("sw");
+    let mut stale = DeadLabsNamespace::create("sw");
+    let dead_pid = stale.dead_pid;
+    let lock = stale.run_file(&format!("lb-lbl{dead_pid}n1b.lock"));
+    let zones = stale.run_file(&format!("lb-lbl{dead_pid}n1b.zones.json"));
+    let not_a_lab = stale.run_file(&format!("lb-notalab{dead_pid}.lock"));
     let _lab = Lab::builder(Binaries::for_tests())
         .backends(1, BackendSpec::default())
         .build()
         .unwrap();
     assert!(
         namespaces_of(&format!("lbl{dead_pid}n1")).is_empty(),
-        "{stale} survived the sweep"
+        "{} survived the sweep",
+        stale.name
+    );
+    for left in [lock, zones] {
+        assert!(!left.exists(), "{} survived the sweep", left.display());
+    }
+    assert!(
+        not_a_lab.exists(),
+        "the sweep removed {}",
+        not_a_lab.display()
     );
 }
 
@@ -155,18 +244,17 @@ fn a_new_lab_sweeps_namespaces_of_dead_labs() {
 #[test]
 fn a_new_lab_stops_what_still_runs_in_a_dead_labs_namespace() {
     require_root!();
-    let (dead_pid, stale) = dead_labs_namespace("be1");
-    // Bounded: it ends by itself after 10 minutes if the sweep misses it.
-    let mut orphan = Command::new("ip")
-        .args(["netns", "exec", &stale, "sleep", "600"])
-        .spawn()
-        .unwrap();
+    let mut stale = DeadLabsNamespace::create("be1");
+    let (dead_pid, ns) = (stale.dead_pid, stale.name.clone());
+    // Bounded: it ends by itself after 10 minutes if the sweep and the
+    // guard both miss it.
+    let orphan = stale.spawn(&["sleep", "600"]);
     // Until `ip netns exec` has entered the namespace and run sleep.
     let entered = Instant::now();
-    while netns_pids(&stale).is_empty() && entered.elapsed() < Duration::from_secs(10) {
+    while netns_pids(&ns).is_empty() && entered.elapsed() < Duration::from_secs(10) {
         thread::sleep(Duration::from_millis(20));
     }
-    assert!(!netns_pids(&stale).is_empty(), "sleep never ran in {stale}");
+    assert!(!netns_pids(&ns).is_empty(), "sleep never ran in {ns}");
     let _lab = Lab::builder(Binaries::for_tests())
         .backends(1, BackendSpec::default())
         .build()
@@ -177,8 +265,6 @@ fn a_new_lab_stops_what_still_runs_in_a_dead_labs_namespace() {
             break Some(exit);
         }
         if swept.elapsed() > Duration::from_secs(10) {
-            let _ = orphan.kill();
-            let _ = orphan.wait();
             break None;
         }
         thread::sleep(Duration::from_millis(20));
@@ -200,6 +286,45 @@ fn netns_pids(ns: &str) -> Vec<u32> {
         .collect()
 }
 
+/// How long [`RunningBench`]'s drop lets the benchmark clean up after its
+/// SIGTERM before SIGKILL: removing its labs takes seconds. What a SIGKILL
+/// cuts short is a dead process's labs, which the next lab's sweep removes.
+const BENCH_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The benchmark under test, stopped however the test ends: a panic
+/// between its spawn and the test's own SIGTERM would otherwise leave it
+/// running rows (labs, backends, lb-user) for minutes, and its output
+/// folder behind. Dropping it sends SIGTERM (the benchmark then removes
+/// its labs), SIGKILL after [`BENCH_STOP_GRACE`], and removes the output
+/// folder.
+struct RunningBench {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Drop for RunningBench {
+    fn drop(&mut self) {
+        // Only one not reaped yet: a reaped one's pid may be another's.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let signalled = Instant::now();
+            while matches!(self.child.try_wait(), Ok(None))
+                && signalled.elapsed() < BENCH_STOP_GRACE
+            {
+                thread::sleep(Duration::from_millis(50));
+            }
+            if let Ok(None) = self.child.try_wait() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.out);
+    }
+}
+
 /// A benchmark stopped with SIGTERM mid-run (Ctrl-C in a terminal, a CI
 /// timeout) removes its lab: namespaces, every process in them (backends,
 /// load generator, lb-user), the balancer's pins and its log folder, and
@@ -214,15 +339,17 @@ fn a_benchmark_stopped_by_sigterm_removes_its_labs() {
     )
     .unwrap();
     let out = std::env::temp_dir().join(format!("lb-sigterm-bench-{}", std::process::id()));
-    let mut run = Command::new(bench)
+    // Our rows only: the benchmark installs no peer for them.
+    let child = Command::new(bench)
         .args(["--quick", "--scenario", "stall", "--row", "lb p2c", "--out"])
         .arg(&out)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut run = RunningBench { child, out };
     // Its labs are `lbl<pid>n<k>`, their namespaces `lbl<pid>n<k>-<host>`.
-    let id = format!("lbl{}n", run.id());
+    let id = format!("lbl{}n", run.child.id());
     let namespaces_of = |prefix: &str| -> Vec<String> {
         all_namespaces()
             .into_iter()
@@ -243,40 +370,37 @@ fn a_benchmark_stopped_by_sigterm_removes_its_labs() {
     };
     let started = Instant::now();
     while pins().is_empty() && started.elapsed() < Duration::from_secs(120) {
-        if let Some(exit) = run.try_wait().unwrap() {
+        if let Some(exit) = run.child.try_wait().unwrap() {
             panic!("the benchmark ended before its balancer started: {exit:?}");
         }
         thread::sleep(Duration::from_millis(50));
     }
     let namespaces = namespaces_of(&id);
     let processes: Vec<u32> = namespaces.iter().flat_map(|ns| netns_pids(ns)).collect();
-    if pins().is_empty() {
-        let _ = run.kill();
-        let _ = run.wait();
-        panic!("no balancer of the benchmark after 120 s");
-    }
+    assert!(
+        !pins().is_empty(),
+        "no balancer of the benchmark after 120 s"
+    );
     assert!(namespaces.len() > 10, "{namespaces:?}");
     assert!(processes.len() > 10, "{processes:?}");
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::unistd::Pid::from_raw(run.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
     let signalled = Instant::now();
     let exit = loop {
-        if let Some(exit) = run.try_wait().unwrap() {
+        if let Some(exit) = run.child.try_wait().unwrap() {
             break exit;
         }
-        if signalled.elapsed() > Duration::from_secs(60) {
-            let _ = run.kill();
-            let _ = run.wait();
-            panic!("the benchmark still ran 60 s after SIGTERM");
-        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(60),
+            "the benchmark still ran 60 s after SIGTERM"
+        );
         thread::sleep(Duration::from_millis(50));
     };
     let mut stderr = String::new();
-    let _ = run.stderr.take().unwrap().read_to_string(&mut stderr);
-    let _ = std::fs::remove_dir_all(&out);
+    let _ = run.child.stderr.take().unwrap().read_to_string(&mut stderr);
     assert_eq!(exit.code(), Some(143), "{exit:?}: {stderr}");
     assert!(stderr.contains("removing this run's labs"), "{stderr}");
     assert!(
@@ -285,6 +409,16 @@ fn a_benchmark_stopped_by_sigterm_removes_its_labs() {
         namespaces_of(&id)
     );
     assert!(pins().is_empty(), "pins left: {:?}", pins());
+    // Its lb-user instances' lock, socket and records in /run/lb-user.
+    let run_files: Vec<String> = std::fs::read_dir(lb_lab::lab::RUN_DIR)
+        .map(|dir| {
+            dir.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.contains(&id))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(run_files.is_empty(), "left in /run/lb-user: {run_files:?}");
     // Reparented to init once the benchmark exited, and reaped by it.
     let reaped = Instant::now();
     let alive = || -> Vec<u32> {

@@ -44,8 +44,9 @@ fn loads_in_release_and_debug() {
         None if std::env::var_os(lb_lab::root::REQUIRE_ROOT_ENV).is_some() => {
             panic!("{DEBUG_OBJECT_ENV} is not set: run the tests with cargo xtask test")
         }
-        None => eprintln!(
+        // Not eprintln!: libtest would show it only if the test failed.
+        None => lb_lab::root::write_uncaptured(&format!(
             "\n*** SKIPPED the debug object: {DEBUG_OBJECT_ENV} is not set (cargo xtask test sets it) ***\n"
-        ),
+        )),
     }
 }

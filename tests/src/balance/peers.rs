@@ -5,6 +5,7 @@ use std::{fmt::Write as _, net::SocketAddr, path::Path, process::Command, time::
 
 use anyhow::{Context, Result, bail};
 
+use super::scenario::Row;
 use crate::lab::{Lab, ProcessId};
 
 /// Where Debian's nginx keeps its dynamic stream module.
@@ -14,22 +15,36 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// nftables table the bench creates (and removes) in the balancer namespace.
 const NFT_TABLE: &str = "lbbench";
 
-/// Installs haproxy, nginx's stream module, nftables and a font for the
-/// plots from Debian's packages when they are missing.
-pub fn ensure_installed() -> Result<()> {
-    let mut missing = Vec::new();
-    if !Path::new("/usr/sbin/haproxy").exists() {
-        missing.push("haproxy");
+/// What running `rows` needs from Debian's packages, as (a file that
+/// shows it is there, the packages that bring it): haproxy for HAProxy
+/// rows, nginx's stream module for nginx rows, nftables for the nftables
+/// row, and always the plots' font (every run draws its CDFs). A run of
+/// our rows alone needs no peer, so it must not run apt-get for one (the
+/// lab tests run such a row, where the peers need not be installed).
+fn requirements(rows: &[Row]) -> Vec<(&'static str, &'static [&'static str])> {
+    let mut needs: Vec<(&'static str, &'static [&'static str])> = Vec::new();
+    if rows.iter().any(|r| matches!(r, Row::Haproxy(_))) {
+        needs.push(("/usr/sbin/haproxy", &["haproxy"]));
     }
-    if !Path::new(NGINX_STREAM_MODULE).exists() {
-        missing.extend(["nginx", "libnginx-mod-stream"]);
+    if rows.iter().any(|r| matches!(r, Row::Nginx(_))) {
+        needs.push((NGINX_STREAM_MODULE, &["nginx", "libnginx-mod-stream"]));
     }
-    if !Path::new("/usr/sbin/nft").exists() {
-        missing.push("nftables");
+    if rows.contains(&Row::Nftables) {
+        needs.push(("/usr/sbin/nft", &["nftables"]));
     }
-    if !Path::new(super::plot::FONT).exists() {
-        missing.push("fonts-dejavu-core");
-    }
+    needs.push((super::plot::FONT, &["fonts-dejavu-core"]));
+    needs
+}
+
+/// Installs what running `rows` needs ([`requirements`]) from Debian's
+/// packages when it is missing; nothing is installed, and apt-get is not
+/// run, when all of it is there.
+pub fn ensure_installed(rows: &[Row]) -> Result<()> {
+    let missing: Vec<&str> = requirements(rows)
+        .into_iter()
+        .filter(|(file, _)| !Path::new(file).exists())
+        .flat_map(|(_, packages)| packages.iter().copied())
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -189,5 +204,42 @@ fn wait_listening(lab: &Lab, process: ProcessId, vip: SocketAddr) -> Result<()> 
             bail!("not listening on {vip} after {LISTEN_TIMEOUT:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::Algorithm;
+
+    fn packages(rows: &[Row]) -> Vec<&'static str> {
+        requirements(rows)
+            .into_iter()
+            .flat_map(|(_, packages)| packages.iter().copied())
+            .collect()
+    }
+
+    #[test]
+    fn only_rows_of_a_peer_need_that_peer() {
+        let ours = [
+            Row::Ours(Algorithm::P2cEwma),
+            Row::OursZoneAware(Algorithm::P2cEwma),
+            Row::Oracle,
+        ];
+        assert_eq!(packages(&ours), ["fonts-dejavu-core"]);
+        assert_eq!(
+            packages(&[Row::Ours(Algorithm::LeastConn), Row::Haproxy("leastconn")]),
+            ["haproxy", "fonts-dejavu-core"]
+        );
+        assert_eq!(
+            packages(&Row::all()),
+            [
+                "haproxy",
+                "nginx",
+                "libnginx-mod-stream",
+                "nftables",
+                "fonts-dejavu-core"
+            ]
+        );
     }
 }

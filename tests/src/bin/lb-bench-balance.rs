@@ -99,6 +99,12 @@ fn run(args: Args) -> Result<()> {
         .iter()
         .map(|k| rows.iter().filter(|&&r| k.runs(r)).count())
         .sum();
+    // The rows some chosen scenario runs: only they need their peer.
+    let rows_run: Vec<Row> = rows
+        .iter()
+        .copied()
+        .filter(|&r| scenarios.iter().any(|k| k.runs(r)))
+        .collect();
     if runs == 0 {
         bail!("no row matches {:?} in the chosen scenarios", args.rows);
     }
@@ -107,7 +113,7 @@ fn run(args: Args) -> Result<()> {
     } else {
         FULL_DURATION_S
     });
-    balance::peers::ensure_installed()?;
+    balance::peers::ensure_installed(&rows_run)?;
     let binaries = Binaries::locate()?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;

@@ -38,7 +38,7 @@ use self::{
 };
 use crate::{
     Binaries, Lab,
-    balance::{cpu, peers},
+    balance::{cpu, peers, scenario::Row},
     lab::{Algorithm, BackendSpec, BalancerSpec, ProcessId, Protocol, VipSpec, XdpMode},
     loadgen::{self, LoadConfig},
     netcounters,
@@ -186,7 +186,8 @@ fn tcp_vip(addr: SocketAddr, backends: Vec<(SocketAddr, u32)>) -> VipSpec {
 
 /// Part 1: lb-user and then HAProxy under the same load.
 fn connections(lab: &Lab, plan: &Plan) -> Result<ConnectionCost> {
-    peers::ensure_installed()?;
+    // HAProxy is the one peer this part runs.
+    peers::ensure_installed(&[Row::Haproxy("roundrobin")])?;
     let vip = lab.tcp_vip();
     let backends: Vec<(SocketAddr, u32)> = lab.backends().iter().map(|b| (b.addr(), 1)).collect();
     let load = LoadConfig {

@@ -40,13 +40,13 @@ pub use balancer::{
 };
 pub use etcd::{ETCD_CLIENT_PORT, EtcdTls};
 pub use interrupt::{clean_up_on_signals, exit_with};
-pub use names::{PIN_ROOT, owner_pid, sweep_stale};
-pub use netns::in_netns;
+pub use names::{PIN_ROOT, RUN_DIR, owner_pid, sweep_stale};
+pub use netns::{in_netns, output_with_timeout};
 pub use process::ProcessId;
 pub use scale_out::{REMOTE_CLIENT_ADDR, SECOND_BALANCER_ADDR, ScaleOut};
 
 use self::{
-    netns::{netns_exec, output_with_timeout, run_ok},
+    netns::{netns_exec, run_ok},
     process::Processes,
     xdp_stub::{XdpStub, attach_pass_stub},
 };
@@ -261,7 +261,9 @@ impl LabBuilder {
             namespaces: Vec::new(),
             processes: Processes::new(log_dir),
             xdp_stub: None,
+            instances: Vec::new(),
         };
+        lab.instances.push(lab.instance());
         lab.create_switch()?;
         lab.connect_host(&lab.client.clone())?;
         lab.connect_host_with_queues(&lab.balancer.clone(), self.balancer_queues)?;
@@ -314,7 +316,8 @@ pub fn backend_addr6(index: usize) -> Ipv6Addr {
 }
 
 /// A running lab. Dropping it stops every process it started and deletes its
-/// namespaces (which removes the bridge and every veth with them).
+/// namespaces (which removes the bridge and every veth with them), its
+/// balancer's pins and its lb-user instances' files in [`RUN_DIR`].
 pub struct Lab {
     pub id: String,
     binaries: Binaries,
@@ -326,6 +329,10 @@ pub struct Lab {
     namespaces: Vec<String>,
     processes: Processes,
     xdp_stub: Option<XdpStub>,
+    /// lb-user instance names of this lab's balancers ([`Lab::instance`],
+    /// and the scale-out's second one once added), whose files in
+    /// [`RUN_DIR`] go on drop.
+    instances: Vec<String>,
 }
 
 impl Lab {
@@ -611,6 +618,13 @@ impl Drop for Lab {
             && let Err(error) = std::fs::remove_dir_all(&pins)
         {
             eprintln!("lab {}: cleanup of {}: {error}", self.id, pins.display());
+        }
+        // Its balancers are stopped: their locks, sockets and records
+        // (left in place by lb-user) are nobody's now.
+        for instance in &self.instances {
+            if let Err(error) = names::remove_run_files(instance) {
+                eprintln!("lab {}: cleanup of {instance}'s files: {error:#}", self.id);
+            }
         }
         let logs = self.processes.log_dir();
         if std::thread::panicking() {

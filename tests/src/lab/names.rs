@@ -1,10 +1,11 @@
 //! Unique names for each lab, and the sweep that removes what crashed labs
 //! left behind.
 //!
-//! Namespace names and bpffs pin paths are global to the machine, so every
-//! name starts with `lbl<pid>n<counter>`: the pid keeps concurrent test
-//! processes apart, the counter keeps labs of one process apart, and the pid
-//! lets a later run tell a dead lab's leftovers from a live lab's.
+//! Namespace names, bpffs pin paths and lb-user's files in [`RUN_DIR`] are
+//! global to the machine, so every name starts with `lbl<pid>n<counter>`:
+//! the pid keeps concurrent test processes apart, the counter keeps labs of
+//! one process apart, and the pid lets a later run tell a dead lab's
+//! leftovers from a live lab's.
 
 use std::{
     path::Path,
@@ -13,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
@@ -29,6 +30,25 @@ pub const MAX_IFNAME_LEN: usize = 15;
 pub const PIN_ROOT: &str = "/sys/fs/bpf/lb-user";
 /// lb-user's default instance name is this prefix plus the interface name.
 pub const INSTANCE_PREFIX: &str = "lb-";
+/// Where lb-user keeps each instance's lock, control socket and records,
+/// as `<instance><suffix>` ([`RUN_FILE_SUFFIXES`]). They outlive the
+/// instance (the lock file on purpose), so a lab removes its instances'.
+pub const RUN_DIR: &str = lb_user::kernel::instance::LOCK_DIR;
+/// The ends of the names of an instance's files in [`RUN_DIR`]: its lock,
+/// its control socket, its record of reserved SNAT ports, its zones and its
+/// discovery status (lb-user's `kernel::instance`, `surface::control`,
+/// `kernel::sysctl` and `surface::status`; a test below holds them to
+/// lb-user's own paths).
+const RUN_FILE_SUFFIXES: [&str; 5] = [
+    ".lock",
+    ".sock",
+    ".reserved-ports",
+    ".zones.json",
+    ".discovery.json",
+];
+/// What lb-user adds to a file's name while it replaces the file
+/// (`kernel::instance::write_private`): left behind by a kill mid-write.
+const RUN_FILE_TMP_SUFFIX: &str = ".tmp";
 /// Deadline for `ip` commands used while sweeping.
 const SWEEP_COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -63,9 +83,10 @@ fn is_stale(name: &str) -> bool {
     })
 }
 
-/// Deletes namespaces, log folders and lb-user pin directories left by labs whose process
-/// died (killed test runs skip `Drop`), and stops what still runs in those namespaces (a
-/// killed lab's backends and lb-user outlive it). Returns what it removed.
+/// Deletes namespaces, log folders, lb-user pin directories and lb-user's
+/// files in [`RUN_DIR`] left by labs whose process died (killed test runs
+/// skip `Drop`), and stops what still runs in those namespaces (a killed
+/// lab's backends and lb-user outlive it). Returns what it removed.
 pub fn sweep_stale() -> Result<Vec<String>> {
     sweep(is_stale)
 }
@@ -77,7 +98,8 @@ pub fn sweep_own() -> Result<Vec<String>> {
     sweep(|name| owner_pid(name) == Some(std::process::id()))
 }
 
-/// Removes every namespace, log folder and pin directory whose name
+/// Removes every namespace, log folder, pin directory and lb-user run file
+/// whose name (instance name, for the last two, less [`INSTANCE_PREFIX`])
 /// `matches`, after killing the processes in each such namespace.
 fn sweep(matches: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     let mut removed = Vec::new();
@@ -113,7 +135,61 @@ fn sweep(matches: impl Fn(&str) -> bool) -> Result<Vec<String>> {
             }
         }
     }
+    // After the kills above: no lb-user of these labs writes them any more.
+    if let Ok(entries) = std::fs::read_dir(RUN_DIR) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let lab_instance = run_file_instance(&name)
+                .and_then(|instance| instance.strip_prefix(INSTANCE_PREFIX))
+                .is_some_and(&matches);
+            if lab_instance && remove_if_there(&entry.path())? {
+                removed.push(entry.path().display().to_string());
+            }
+        }
+    }
     Ok(removed)
+}
+
+/// The instance whose file in [`RUN_DIR`] is called `name`, if lb-user
+/// named it ([`RUN_FILE_SUFFIXES`], maybe with [`RUN_FILE_TMP_SUFFIX`]).
+/// A hidden file is no instance's (`.reserved-ports.lock` is shared by all).
+fn run_file_instance(name: &str) -> Option<&str> {
+    if name.starts_with('.') {
+        return None;
+    }
+    let name = name.strip_suffix(RUN_FILE_TMP_SUFFIX).unwrap_or(name);
+    RUN_FILE_SUFFIXES
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .filter(|instance| !instance.is_empty())
+}
+
+/// Removes lb-user's files of `instance` in [`RUN_DIR`] (only those whose
+/// whole instance part is `instance`, so another instance whose name starts
+/// the same keeps its own); returns what it removed. For an instance that
+/// no longer runs: a running one would lose its lock and socket.
+pub fn remove_run_files(instance: &str) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(RUN_DIR) else {
+        return Ok(removed);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if run_file_instance(&name) == Some(instance) && remove_if_there(&entry.path())? {
+            removed.push(entry.path().display().to_string());
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes the file at `path`; false if it was gone already (another
+/// process's sweep may run at the same time).
+fn remove_if_there(path: &Path) -> Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
 }
 
 /// SIGKILL to every process in namespace `ns` (`ip netns pids`): a
@@ -144,5 +220,32 @@ mod tests {
         assert_eq!(owner_pid(&format!("{a}-be1")), Some(std::process::id()));
         assert_eq!(owner_pid("other-ns"), None);
         assert!(!is_stale(&a), "a lab of this process is never stale");
+    }
+
+    /// Every file lb-user names after an instance is known by its suffix,
+    /// so the lab and the sweep remove all of them.
+    #[test]
+    fn run_files_are_told_by_lb_users_own_paths() {
+        let instance = "lb-lbl42n1b";
+        let paths = [
+            std::path::PathBuf::from(RUN_DIR).join(format!("{instance}.lock")),
+            lb_user::surface::control::socket_path(instance),
+            lb_user::kernel::sysctl::record_path(instance),
+            lb_user::surface::status::zones_path(instance),
+            lb_user::surface::status::discovery_path(instance),
+        ];
+        for path in paths {
+            assert_eq!(path.parent(), Some(Path::new(RUN_DIR)), "{path:?}");
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(run_file_instance(name), Some(instance), "{name}");
+            let tmp = format!("{name}{RUN_FILE_TMP_SUFFIX}");
+            assert_eq!(run_file_instance(&tmp), Some(instance), "{tmp}");
+        }
+        // Not an instance's: the lock shared by the SNAT records, and
+        // whatever else may lie there.
+        assert_eq!(run_file_instance(".reserved-ports.lock"), None);
+        assert_eq!(run_file_instance(".lock"), None);
+        assert_eq!(run_file_instance("lb-lbl42n1b"), None);
+        assert_eq!(run_file_instance("notes.txt"), None);
     }
 }

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Dropping [`ScaleOut`] detaches the second stub and removes the second
-//! instance's pins; the namespaces go with the lab.
+//! instance's pins; the namespaces, and the second instance's files in
+//! /run/lb-user, go with the lab.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -94,6 +95,9 @@ impl Lab {
             addr6: SECOND_BALANCER_ADDR6,
         };
         super::names::check_ifname(&second.iface)?;
+        // Its files in /run/lb-user go with the lab.
+        self.instances
+            .push(format!("{INSTANCE_PREFIX}{}", second.iface));
         self.connect_host(&second)?;
         self.ip(
             &second.ns,
