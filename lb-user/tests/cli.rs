@@ -44,6 +44,31 @@ fn unique(prefix: &str) -> String {
     )
 }
 
+/// Removes what an instance named by a test leaves in `/run/lb-user` (its
+/// lock file, which lb-user keeps on purpose, and the socket, reserved
+/// ports and state files a killed one leaves) when the test ends, passed
+/// or not: the names are unique per run, so they would pile up.
+struct RunFiles(Vec<String>);
+
+impl Drop for RunFiles {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir("/run/lb-user") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let ours = self.0.iter().any(|instance| {
+                name.strip_prefix(instance.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            });
+            if ours {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
 /// Where `instance` pins its maps and link.
 fn pin_dir(instance: &str) -> std::path::PathBuf {
     Path::new("/sys/fs/bpf/lb-user").join(instance)
@@ -100,6 +125,7 @@ fn assert_one_line_failure(out: &Output, expected: &str) -> String {
 /// Runs a start that must fail and checks the failure contract.
 fn assert_rejected(args: &[&str], expected: &str) {
     let instance = unique("bad");
+    let _run_files = RunFiles(vec![instance.clone()]);
     assert_failed_cleanly(&run_as(&instance, args), expected, &instance);
 }
 
@@ -239,6 +265,7 @@ fn non_root_is_refused_after_input_validation() {
         return;
     }
     let instance = unique("nonroot");
+    let _run_files = RunFiles(vec![instance.clone()]);
     let nobody = |extra: &[&str]| {
         Command::new(BIN)
             .args(LO_VIP)
@@ -264,6 +291,7 @@ struct Netns(String);
 impl Netns {
     fn new() -> Self {
         let name = unique("lbcli");
+        let _run_files = RunFiles(vec![name.clone()]);
         let ip = |args: &[&str]| {
             let st = Command::new("ip").args(args).status().expect("ip");
             assert!(st.success(), "ip {args:?}");
@@ -422,6 +450,7 @@ fn attaches_reports_status_and_cleans_up_on_sigterm() {
     let ns = Netns::new();
     for mode in ["native", "skb"] {
         let instance = unique("attach");
+        let _run_files = RunFiles(vec![instance.clone()]);
         let mut args = lb0_args(mode, &instance);
         args.extend(["--backend", "10.77.0.22:8080@3"]);
         let mut daemon = Daemon(ns.spawn(&args, Stdio::piped()));
@@ -484,6 +513,7 @@ fn a_second_instance_with_the_same_name_fails_cleanly() {
     }
     let ns = Netns::new();
     let instance = unique("dup");
+    let _run_files = RunFiles(vec![instance.clone()]);
     let args = lb0_args("skb", &instance);
     let _first = ns.start_ready(&instance, &args, Stdio::null());
     let out = ns.exec(&args).output().unwrap();
@@ -499,6 +529,7 @@ fn a_restart_after_sigkill_readopts_the_pinned_program() {
     }
     let ns = Netns::new();
     let instance = unique("restart");
+    let _run_files = RunFiles(vec![instance.clone()]);
     let args = lb0_args("skb", &instance);
     let mut first = ns.spawn(&args, Stdio::null());
     wait_for_status(&ns, &instance);
@@ -528,6 +559,7 @@ fn a_closed_log_pipe_does_not_stop_a_clean_shutdown() {
     }
     let ns = Netns::new();
     let instance = unique("pipe");
+    let _run_files = RunFiles(vec![instance.clone()]);
     let args = lb0_args("skb", &instance);
     let mut daemon = ns.start_ready(&instance, &args, Stdio::piped());
     // The supervisor reading the logs goes away; the shutdown still logs.
@@ -547,6 +579,7 @@ const NOBODY: u32 = 65534;
 #[test]
 fn bad_vip_commands_fail_with_one_line_before_reaching_a_daemon() {
     let instance = unique("novip");
+    let _run_files = RunFiles(vec![instance.clone()]);
     // A well-formed `vip add`.
     let add = [
         "vip",
@@ -777,6 +810,7 @@ fn the_control_socket_refuses_peers_that_are_not_root_nor_in_its_group() {
     let socket_dir = Path::new("/run/lb-user");
     for group in [None, Some(("daemon", 1))] {
         let instance = unique("sock");
+        let _run_files = RunFiles(vec![instance.clone()]);
         let mut args = lb0_args("skb", &instance);
         args.extend(["--metrics-addr", "off"]);
         if let Some((name, _)) = group {
@@ -868,6 +902,7 @@ fn instances_with_and_without_a_control_group_share_the_socket_directory() {
     }
     let (grouped_ns, private_ns) = (Netns::new(), Netns::new());
     let (grouped, private) = (unique("sockg"), unique("sockp"));
+    let _run_files = RunFiles(vec![grouped.clone(), private.clone()]);
     let mut args = lb0_args("skb", &grouped);
     args.extend(["--metrics-addr", "off", "--control-group", "daemon"]);
     let _grouped = grouped_ns.start_ready(&grouped, &args, Stdio::null());
@@ -927,6 +962,7 @@ fn two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops() 
     };
     assert_eq!(reserved(), "", "a new namespace reserves nothing");
     let (first, second) = (unique("share0"), unique("share1"));
+    let _run_files = RunFiles(vec![first.clone(), second.clone()]);
     let first_daemon = ns.start_ready(&first, &lb0_args("skb", &first), Stdio::null());
     let second_args = [
         "--iface",
@@ -958,6 +994,7 @@ fn a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing() {
         return;
     }
     let instance = unique("state");
+    let _run_files = RunFiles(vec![instance.clone()]);
     let dir = std::env::temp_dir().join(unique("lb-state-dir"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("{instance}.state.json"));
