@@ -141,7 +141,6 @@ pub const MAX_SNAT_QUARANTINE: Duration = Duration::from_secs(3600);
 /// Linux's IFNAMSIZ minus the terminating NUL.
 const MAX_IFACE_NAME: usize = 15;
 const MAX_INSTANCE_NAME: usize = 64;
-pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
 /// Where runtime state files live unless `--state-dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb-user";
@@ -599,7 +598,7 @@ impl Config {
             }
             return Err(ConfigError::BadInstance(self.instance.clone()));
         }
-        if !LOG_LEVELS.contains(&self.log_level.as_str()) {
+        if !super::LOG_LEVELS.contains(&self.log_level.as_str()) {
             return Err(ConfigError::LogLevel(self.log_level.clone()));
         }
         if self.state_dir.as_os_str().is_empty() {

@@ -297,7 +297,7 @@ pub struct RegisterArgs {
     pub check_http: Option<String>,
     /// Log level when RUST_LOG is unset.
     #[arg(long, value_name = "LEVEL", default_value = "info",
-          value_parser = clap::builder::PossibleValuesParser::new(crate::settings::config::LOG_LEVELS))]
+          value_parser = clap::builder::PossibleValuesParser::new(crate::settings::LOG_LEVELS))]
     pub log_level: String,
 }
 

@@ -21,3 +21,7 @@ pub mod state;
 pub mod zone;
 
 pub use error::{ConfigError, one_line};
+
+/// The log levels `--log-level` takes (the balancer's and the register
+/// sidecar's).
+pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
