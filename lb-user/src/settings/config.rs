@@ -811,10 +811,16 @@ impl Config {
     /// family that takes the interface's address: `daemon::startup::Snat`
     /// checks that one once it is known).
     pub fn snat_addrs(&self) -> Vec<IpAddr> {
-        let v4 = self.snat_ip.iter().map(|&a| IpAddr::V4(a));
-        v4.chain(self.snat_ip6.iter().map(|&a| IpAddr::V6(a)))
-            .collect()
+        pool_addrs(&self.snat_ip, &self.snat_ip6)
     }
+}
+
+/// The addresses of a SNAT pool per family as one list, IPv4 first: the
+/// configured pools ([`Config::snat_addrs`]) or those the kernel has
+/// (`daemon::startup::Snat::addrs`).
+pub fn pool_addrs(v4: &[Ipv4Addr], v6: &[Ipv6Addr]) -> Vec<IpAddr> {
+    let v4 = v4.iter().map(|&a| IpAddr::V4(a));
+    v4.chain(v6.iter().map(|&a| IpAddr::V6(a))).collect()
 }
 
 /// The rules VIP `v` and its backends must meet against the SNAT
