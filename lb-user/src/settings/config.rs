@@ -1199,35 +1199,37 @@ fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<
                 prefix(&new.etcd_prefix)
             ));
         }
-        if old.algorithm != new.algorithm {
-            out.push(format!(
-                "VIP {} algorithm ({} → {})",
-                new.vip,
-                old.algorithm.name(),
-                new.algorithm.name()
-            ));
-        }
+        // Each reported as `VIP <vip> <name>` (with the two values shown by
+        // `$show`, if given), and held like the globals. The etcd prefix
+        // above is `keep_discovery`'s to hold.
         macro_rules! per_vip {
             ($field:ident, $name:literal) => {
+                per_vip!(@ $field, format!("VIP {} {}", new.vip, $name))
+            };
+            ($field:ident, $name:literal, $show:expr) => {
+                per_vip!(@ $field, format!(
+                    "VIP {} {} ({} → {})",
+                    new.vip,
+                    $name,
+                    $show(old.$field),
+                    $show(new.$field)
+                ))
+            };
+            (@ $field:ident, $report:expr) => {
                 if old.$field != new.$field {
-                    out.push(format!("VIP {} {}", new.vip, $name));
+                    out.push($report);
+                    if hold {
+                        new.$field = old.$field.clone();
+                    }
                 }
             };
         }
+        per_vip!(algorithm, "algorithm", Algorithm::name);
         per_vip!(inflight_bias, "inflight_bias");
         per_vip!(p2c_full_scan, "p2c_full_scan");
         per_vip!(p2c_saturation, "p2c_saturation");
         per_vip!(maglev_source_affinity, "maglev_source_affinity");
         per_vip!(health, "health check");
-        if hold {
-            // The etcd prefix is `keep_discovery`'s.
-            new.algorithm = old.algorithm;
-            new.inflight_bias = old.inflight_bias;
-            new.p2c_full_scan = old.p2c_full_scan;
-            new.p2c_saturation = old.p2c_saturation;
-            new.maglev_source_affinity = old.maglev_source_affinity;
-            new.health = old.health.clone();
-        }
     }
     out
 }
