@@ -1234,6 +1234,35 @@ fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<
     out
 }
 
+/// What a reload (SIGHUP) of `file`, already validated, applies to an
+/// instance running `running`: `file` with the settings a reload cannot
+/// change kept at their running values ([`hold_restart_settings`]) and
+/// discovery kept as it runs ([`keep_discovery`]), and the report of the
+/// settings held. What is held was not in the file, so the result is
+/// checked again by the rules the file passed: a VIP that keeps Maglev
+/// until a restart counts against the Maglev table limit the file's own
+/// Maglev VIPs were measured against. A result that fails them is an
+/// error that names the held settings, and the reload is refused whole,
+/// like a file that fails them.
+pub fn held_reload(running: &Config, file: &Config) -> Result<(Config, Vec<String>), ConfigError> {
+    let mut held = file.clone();
+    let restart = hold_restart_settings(running, &mut held);
+    keep_discovery(running, &mut held);
+    // A VIP that keeps following etcd (`keep_discovery`) gets its backends
+    // from there: the file's list for it, if any, is unused.
+    let mut check = held.clone();
+    for v in check.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
+        v.backends.clear();
+    }
+    check
+        .validate()
+        .map_err(|error| ConfigError::HeldUntilRestart {
+            held: restart.join(", "),
+            error: Box::new(error),
+        })?;
+    Ok((held, restart))
+}
+
 /// What a reload leaves of discovery, which is set up at the start only
 /// (one watch per VIP with a prefix): each running VIP keeps its etcd
 /// prefix (a VIP that gains one keeps its backends, one that loses it
