@@ -12,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_user::kernel::instance::{LOCK_DIR, run_file_instance};
+
 const BIN: &str = env!("CARGO_BIN_EXE_lb-user");
 const STARTUP_BUDGET: Duration = Duration::from_secs(15);
 
@@ -47,21 +49,22 @@ fn unique(prefix: &str) -> String {
 /// Removes what an instance named by a test leaves in `/run/lb-user` (its
 /// lock file, which lb-user keeps on purpose, and the socket, reserved
 /// ports and state files a killed one leaves) when the test ends, passed
-/// or not: the names are unique per run, so they would pile up.
+/// or not: the names are unique per run, so they would pile up. Only the
+/// files lb-user names after exactly these instances
+/// ([`run_file_instance`]), not those of an instance whose name merely
+/// starts the same.
 struct RunFiles(Vec<String>);
 
 impl Drop for RunFiles {
     fn drop(&mut self) {
-        let Ok(entries) = std::fs::read_dir("/run/lb-user") else {
+        let Ok(entries) = std::fs::read_dir(LOCK_DIR) else {
             return;
         };
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            let ours = self.0.iter().any(|instance| {
-                name.strip_prefix(instance.as_str())
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-            });
+            let ours = run_file_instance(&name)
+                .is_some_and(|owner| self.0.iter().any(|instance| instance == owner));
             if ours {
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -291,7 +294,6 @@ struct Netns(String);
 impl Netns {
     fn new() -> Self {
         let name = unique("lbcli");
-        let _run_files = RunFiles(vec![name.clone()]);
         let ip = |args: &[&str]| {
             let st = Command::new("ip").args(args).status().expect("ip");
             assert!(st.success(), "ip {args:?}");

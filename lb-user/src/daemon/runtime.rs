@@ -511,10 +511,17 @@ impl Runtime {
     /// The log says what was applied and what needs a restart.
     pub fn on_reload(&mut self, base: &Config, now: Nanos) -> anyhow::Result<()> {
         let running = self.state.base().clone();
-        let mut base = base.clone();
-        // Not applied, so not kept as the running configuration either.
-        let restart = config::hold_restart_settings(&running, &mut base);
-        config::keep_discovery(&running, &mut base);
+        // What needs a restart is not applied, so not kept as the running
+        // configuration either; a file that does not hold with it is
+        // refused whole, as one that does not validate is (`reread`).
+        let (base, restart) = match config::held_reload(&running, base) {
+            Ok(held) => held,
+            Err(e) => {
+                warn!("SIGHUP: keeping the running configuration: {e}");
+                self.errors.count(Stage::Reload);
+                return Ok(());
+            }
+        };
         let base = &self.with_discovered(&base);
         for change in config::backend_changes(&running, base) {
             info!("reload applies: {change}");

@@ -110,8 +110,7 @@ impl Snat {
 
     /// Both pools' addresses.
     pub fn addrs(&self) -> Vec<IpAddr> {
-        let v4 = self.v4.iter().map(|&a| IpAddr::V4(a));
-        v4.chain(self.v6.iter().map(|&a| IpAddr::V6(a))).collect()
+        config::pool_addrs(&self.v4, &self.v6)
     }
 
     /// The rules VIP `v` and its backends must meet against these pools

@@ -37,6 +37,30 @@ pub const RUN_FILE_MODE: u32 = 0o600;
 /// Pin name of the XDP link inside an instance's pin directory.
 pub const LINK_PIN: &str = "link";
 
+/// The ends of the names of an instance's files in [`LOCK_DIR`], each
+/// `<instance><suffix>` ([`run_file`]): its lock ([`lock_path`]).
+pub const LOCK_SUFFIX: &str = ".lock";
+/// Its control socket (`surface::control::socket_path`).
+pub const SOCKET_SUFFIX: &str = ".sock";
+/// Its record of the ports it reserved (`kernel::sysctl::record_path`).
+pub const RESERVED_PORTS_SUFFIX: &str = ".reserved-ports";
+/// Its zones (`surface::status::zones_path`).
+pub const ZONES_SUFFIX: &str = ".zones.json";
+/// Its discovery status (`surface::status::discovery_path`).
+pub const DISCOVERY_SUFFIX: &str = ".discovery.json";
+/// Every file lb-user names after an instance in [`LOCK_DIR`]: the only
+/// suffixes [`run_file`] is called with.
+pub const RUN_FILE_SUFFIXES: [&str; 5] = [
+    LOCK_SUFFIX,
+    SOCKET_SUFFIX,
+    RESERVED_PORTS_SUFFIX,
+    ZONES_SUFFIX,
+    DISCOVERY_SUFFIX,
+];
+/// What [`write_private`] adds to a file's name while it replaces the
+/// file: left behind by a kill mid-write.
+pub const TMP_SUFFIX: &str = ".tmp";
+
 /// `/sys/fs/bpf/lb-user`.
 pub fn pin_root() -> PathBuf {
     Path::new(BPFFS_ROOT).join(APP_DIR)
@@ -60,6 +84,34 @@ pub fn list() -> Vec<String> {
     names
 }
 
+/// `/run/lb-user/<instance><suffix>`, `suffix` one of
+/// [`RUN_FILE_SUFFIXES`].
+pub fn run_file(instance: &str, suffix: &str) -> PathBuf {
+    debug_assert!(RUN_FILE_SUFFIXES.contains(&suffix), "{suffix}");
+    Path::new(LOCK_DIR).join(format!("{instance}{suffix}"))
+}
+
+/// `/run/lb-user/<instance>.lock`.
+pub fn lock_path(instance: &str) -> PathBuf {
+    run_file(instance, LOCK_SUFFIX)
+}
+
+/// The instance whose file in [`LOCK_DIR`] is called `name`, if lb-user
+/// named it ([`run_file`]: the whole instance name and one of
+/// [`RUN_FILE_SUFFIXES`], maybe followed by [`TMP_SUFFIX`]). So instance
+/// `x` does not own `x.prod.sock`, instance `x.prod`'s socket. A hidden
+/// file is no instance's (`.reserved-ports.lock` is shared by all).
+pub fn run_file_instance(name: &str) -> Option<&str> {
+    if name.starts_with('.') {
+        return None;
+    }
+    let name = name.strip_suffix(TMP_SUFFIX).unwrap_or(name);
+    RUN_FILE_SUFFIXES
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .filter(|instance| !instance.is_empty())
+}
+
 /// Creates [`LOCK_DIR`] if need be and gives it to root with
 /// [`RUN_DIR_MODE`], whatever an earlier start (or version) left.
 pub fn ensure_run_dir() -> anyhow::Result<()> {
@@ -77,7 +129,7 @@ pub fn ensure_run_dir() -> anyhow::Result<()> {
 /// ports, which are nobody else's business.
 pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
+    name.push(TMP_SUFFIX);
     let tmp = path.with_file_name(name);
     let mut file = OpenOptions::new()
         .create(true)
@@ -97,7 +149,7 @@ pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 /// instance fail as "already running".) A reused pid counts as running,
 /// which errs on the side of keeping ports reserved.
 pub fn is_running(instance: &str) -> bool {
-    let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
+    let path = lock_path(instance);
     let Some(pid) = std::fs::read_to_string(&path)
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())
@@ -120,7 +172,7 @@ pub struct InstanceLock {
 impl InstanceLock {
     pub fn acquire(instance: &str) -> anyhow::Result<Self> {
         ensure_run_dir()?;
-        let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
+        let path = lock_path(instance);
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -145,5 +197,37 @@ impl InstanceLock {
         lock.set_len(0).ok();
         writeln!(lock, "{}", std::process::id()).ok();
         Ok(Self { _lock: lock })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_files_belong_to_the_whole_instance_name() {
+        for suffix in RUN_FILE_SUFFIXES {
+            let path = run_file("x", suffix);
+            assert_eq!(path.parent(), Some(Path::new(LOCK_DIR)));
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(run_file_instance(name), Some("x"), "{name}");
+            // Left by a kill mid-write: still the instance's.
+            let tmp = format!("{name}{TMP_SUFFIX}");
+            assert_eq!(run_file_instance(&tmp), Some("x"), "{tmp}");
+            // Instance `x.prod`'s files are not `x`'s.
+            let longer = format!("x.prod{suffix}");
+            assert_eq!(run_file_instance(&longer), Some("x.prod"), "{longer}");
+        }
+        assert_eq!(run_file_instance("x.prod.sock.tmp"), Some("x.prod"));
+        // Hidden files are nobody's: the lock the SNAT records share, and
+        // a suffix alone.
+        assert_eq!(run_file_instance(".reserved-ports.lock"), None);
+        assert_eq!(run_file_instance(".lock"), None);
+        assert_eq!(run_file_instance(".x.sock"), None);
+        // Not a name lb-user gives.
+        assert_eq!(run_file_instance("x"), None);
+        assert_eq!(run_file_instance("x.state.json"), None);
+        assert_eq!(run_file_instance("notes.txt"), None);
+        assert_eq!(run_file_instance("x.tmp"), None);
     }
 }

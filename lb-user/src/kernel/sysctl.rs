@@ -36,7 +36,7 @@ use anyhow::Context as _;
 use tracing::{info, warn};
 
 use crate::{
-    kernel::instance::{LOCK_DIR, RUN_FILE_MODE, write_private},
+    kernel::instance::{RESERVED_PORTS_SUFFIX, RUN_FILE_MODE, run_file, write_private},
     settings::ports::PortRange,
 };
 
@@ -49,7 +49,7 @@ pub const MIN_FREE_EPHEMERAL_PORTS: u32 = 1024;
 
 /// Where an instance records the ports it added to the sysctl.
 pub fn record_path(instance: &str) -> PathBuf {
-    Path::new(LOCK_DIR).join(format!("{instance}{RECORD_SUFFIX}"))
+    run_file(instance, RESERVED_PORTS_SUFFIX)
 }
 
 /// This process's network namespace, as `/proc/self/ns/net` names it
@@ -122,13 +122,13 @@ fn holds_ports(name: &str, pin_root: &Path, running: impl Fn(&str) -> bool) -> b
             .exists()
 }
 
-/// The instance a record in [`LOCK_DIR`] belongs to.
+/// The instance a record in [`LOCK_DIR`](crate::kernel::instance::LOCK_DIR) belongs to.
 fn instance_of(record: &Path) -> Option<&str> {
-    record.file_name()?.to_str()?.strip_suffix(RECORD_SUFFIX)
+    record
+        .file_name()?
+        .to_str()?
+        .strip_suffix(RESERVED_PORTS_SUFFIX)
 }
-
-/// The end of every record's file name (see [`record_path`]).
-const RECORD_SUFFIX: &str = ".reserved-ports";
 
 fn reserve_in(
     sysctl: &Path,
@@ -690,7 +690,7 @@ mod tests {
     fn instances_sharing_ports_release_them_when_the_last_one_stops() {
         let dir = temp_dir("shared");
         let sysctl = dir.join("reserved");
-        let record = |name: &str| dir.join(format!("{name}{RECORD_SUFFIX}"));
+        let record = |name: &str| dir.join(format!("{name}{RESERVED_PORTS_SUFFIX}"));
         fs::write(&sysctl, "8080\n").unwrap();
         let reserve = |name: &str, min: u16, max: u16| {
             reserve_in(

@@ -811,10 +811,16 @@ impl Config {
     /// family that takes the interface's address: `daemon::startup::Snat`
     /// checks that one once it is known).
     pub fn snat_addrs(&self) -> Vec<IpAddr> {
-        let v4 = self.snat_ip.iter().map(|&a| IpAddr::V4(a));
-        v4.chain(self.snat_ip6.iter().map(|&a| IpAddr::V6(a)))
-            .collect()
+        pool_addrs(&self.snat_ip, &self.snat_ip6)
     }
+}
+
+/// The addresses of a SNAT pool per family as one list, IPv4 first: the
+/// configured pools ([`Config::snat_addrs`]) or those the kernel has
+/// (`daemon::startup::Snat::addrs`).
+pub fn pool_addrs(v4: &[Ipv4Addr], v6: &[Ipv6Addr]) -> Vec<IpAddr> {
+    let v4 = v4.iter().map(|&a| IpAddr::V4(a));
+    v4.chain(v6.iter().map(|&a| IpAddr::V6(a))).collect()
 }
 
 /// The rules VIP `v` and its backends must meet against the SNAT
@@ -1193,37 +1199,68 @@ fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<
                 prefix(&new.etcd_prefix)
             ));
         }
-        if old.algorithm != new.algorithm {
-            out.push(format!(
-                "VIP {} algorithm ({} → {})",
-                new.vip,
-                old.algorithm.name(),
-                new.algorithm.name()
-            ));
-        }
+        // Each reported as `VIP <vip> <name>` (with the two values shown by
+        // `$show`, if given), and held like the globals. The etcd prefix
+        // above is `keep_discovery`'s to hold.
         macro_rules! per_vip {
             ($field:ident, $name:literal) => {
+                per_vip!(@ $field, format!("VIP {} {}", new.vip, $name))
+            };
+            ($field:ident, $name:literal, $show:expr) => {
+                per_vip!(@ $field, format!(
+                    "VIP {} {} ({} → {})",
+                    new.vip,
+                    $name,
+                    $show(old.$field),
+                    $show(new.$field)
+                ))
+            };
+            (@ $field:ident, $report:expr) => {
                 if old.$field != new.$field {
-                    out.push(format!("VIP {} {}", new.vip, $name));
+                    out.push($report);
+                    if hold {
+                        new.$field = old.$field.clone();
+                    }
                 }
             };
         }
+        per_vip!(algorithm, "algorithm", Algorithm::name);
         per_vip!(inflight_bias, "inflight_bias");
         per_vip!(p2c_full_scan, "p2c_full_scan");
         per_vip!(p2c_saturation, "p2c_saturation");
         per_vip!(maglev_source_affinity, "maglev_source_affinity");
         per_vip!(health, "health check");
-        if hold {
-            // The etcd prefix is `keep_discovery`'s.
-            new.algorithm = old.algorithm;
-            new.inflight_bias = old.inflight_bias;
-            new.p2c_full_scan = old.p2c_full_scan;
-            new.p2c_saturation = old.p2c_saturation;
-            new.maglev_source_affinity = old.maglev_source_affinity;
-            new.health = old.health.clone();
-        }
     }
     out
+}
+
+/// What a reload (SIGHUP) of `file`, already validated, applies to an
+/// instance running `running`: `file` with the settings a reload cannot
+/// change kept at their running values ([`hold_restart_settings`]) and
+/// discovery kept as it runs ([`keep_discovery`]), and the report of the
+/// settings held. What is held was not in the file, so the result is
+/// checked again by the rules the file passed: a VIP that keeps Maglev
+/// until a restart counts against the Maglev table limit the file's own
+/// Maglev VIPs were measured against. A result that fails them is an
+/// error that names the held settings, and the reload is refused whole,
+/// like a file that fails them.
+pub fn held_reload(running: &Config, file: &Config) -> Result<(Config, Vec<String>), ConfigError> {
+    let mut held = file.clone();
+    let restart = hold_restart_settings(running, &mut held);
+    keep_discovery(running, &mut held);
+    // A VIP that keeps following etcd (`keep_discovery`) gets its backends
+    // from there: the file's list for it, if any, is unused.
+    let mut check = held.clone();
+    for v in check.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
+        v.backends.clear();
+    }
+    check
+        .validate()
+        .map_err(|error| ConfigError::HeldUntilRestart {
+            held: restart.join(", "),
+            error: Box::new(error),
+        })?;
+    Ok((held, restart))
 }
 
 /// What a reload leaves of discovery, which is set up at the start only

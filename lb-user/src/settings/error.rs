@@ -60,6 +60,16 @@ pub enum ConfigError {
         count: usize,
         max: u32,
     },
+    /// A reloaded configuration that passes on its own but not once the
+    /// settings a reload cannot change are kept at their running values
+    /// (`config::held_reload`): `held`, those settings as reported.
+    #[error(
+        "{error} once what needs a restart is kept as it runs ({held}); a restart applies the file"
+    )]
+    HeldUntilRestart {
+        held: String,
+        error: Box<ConfigError>,
+    },
     #[error("invalid instance name '{0}' (use 1-64 letters, digits, '-', '_' or '.')")]
     BadInstance(String),
     #[error(

@@ -48,7 +48,7 @@ use tracing::{info, warn};
 use lb_common::{Algorithm, MAX_BACKENDS_PER_VIP};
 
 use crate::{
-    kernel::instance::LOCK_DIR,
+    kernel::instance::{SOCKET_SUFFIX, run_file},
     settings::{cli::ControlCommand, ops::ControlGroup, zone::MAX_ZONE_NAME},
 };
 
@@ -107,7 +107,7 @@ const GROUP_SOCKET_MODE: u32 = 0o660;
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 pub fn socket_path(instance: &str) -> PathBuf {
-    Path::new(LOCK_DIR).join(format!("{instance}.sock"))
+    run_file(instance, SOCKET_SUFFIX)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

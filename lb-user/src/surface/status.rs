@@ -140,7 +140,7 @@ pub struct ZoneStatus {
 }
 
 pub fn zones_path(instance_name: &str) -> std::path::PathBuf {
-    Path::new(instance::LOCK_DIR).join(format!("{instance_name}.zones.json"))
+    instance::run_file(instance_name, instance::ZONES_SUFFIX)
 }
 
 /// Each zone-aware VIP's routing and its backends' zones, from the zones
@@ -182,7 +182,7 @@ pub struct DiscoveredVip {
 }
 
 pub fn discovery_path(instance_name: &str) -> std::path::PathBuf {
-    Path::new(instance::LOCK_DIR).join(format!("{instance_name}.discovery.json"))
+    instance::run_file(instance_name, instance::DISCOVERY_SUFFIX)
 }
 
 /// Each VIP's source and revision, from the discovery file if any.

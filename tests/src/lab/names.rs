@@ -20,6 +20,8 @@ use nix::{
     unistd::Pid,
 };
 
+use lb_user::kernel::instance::run_file_instance;
+
 use super::netns::run_ok;
 
 /// Prefix of everything a lab names.
@@ -31,24 +33,10 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/lb-user";
 /// lb-user's default instance name is this prefix plus the interface name.
 pub const INSTANCE_PREFIX: &str = "lb-";
 /// Where lb-user keeps each instance's lock, control socket and records,
-/// as `<instance><suffix>` ([`RUN_FILE_SUFFIXES`]). They outlive the
-/// instance (the lock file on purpose), so a lab removes its instances'.
+/// as `<instance><suffix>` (lb-user's `kernel::instance::run_file`). They
+/// outlive the instance (the lock file on purpose), so a lab removes its
+/// instances'.
 pub const RUN_DIR: &str = lb_user::kernel::instance::LOCK_DIR;
-/// The ends of the names of an instance's files in [`RUN_DIR`]: its lock,
-/// its control socket, its record of reserved SNAT ports, its zones and its
-/// discovery status (lb-user's `kernel::instance`, `surface::control`,
-/// `kernel::sysctl` and `surface::status`; a test below holds them to
-/// lb-user's own paths).
-const RUN_FILE_SUFFIXES: [&str; 5] = [
-    ".lock",
-    ".sock",
-    ".reserved-ports",
-    ".zones.json",
-    ".discovery.json",
-];
-/// What lb-user adds to a file's name while it replaces the file
-/// (`kernel::instance::write_private`): left behind by a kill mid-write.
-const RUN_FILE_TMP_SUFFIX: &str = ".tmp";
 /// Deadline for `ip` commands used while sweeping.
 const SWEEP_COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -150,20 +138,6 @@ fn sweep(matches: impl Fn(&str) -> bool) -> Result<Vec<String>> {
     Ok(removed)
 }
 
-/// The instance whose file in [`RUN_DIR`] is called `name`, if lb-user
-/// named it ([`RUN_FILE_SUFFIXES`], maybe with [`RUN_FILE_TMP_SUFFIX`]).
-/// A hidden file is no instance's (`.reserved-ports.lock` is shared by all).
-fn run_file_instance(name: &str) -> Option<&str> {
-    if name.starts_with('.') {
-        return None;
-    }
-    let name = name.strip_suffix(RUN_FILE_TMP_SUFFIX).unwrap_or(name);
-    RUN_FILE_SUFFIXES
-        .iter()
-        .find_map(|suffix| name.strip_suffix(suffix))
-        .filter(|instance| !instance.is_empty())
-}
-
 /// Removes lb-user's files of `instance` in [`RUN_DIR`] (only those whose
 /// whole instance part is `instance`, so another instance whose name starts
 /// the same keeps its own); returns what it removed. For an instance that
@@ -228,7 +202,7 @@ mod tests {
     fn run_files_are_told_by_lb_users_own_paths() {
         let instance = "lb-lbl42n1b";
         let paths = [
-            std::path::PathBuf::from(RUN_DIR).join(format!("{instance}.lock")),
+            lb_user::kernel::instance::lock_path(instance),
             lb_user::surface::control::socket_path(instance),
             lb_user::kernel::sysctl::record_path(instance),
             lb_user::surface::status::zones_path(instance),
@@ -238,7 +212,7 @@ mod tests {
             assert_eq!(path.parent(), Some(Path::new(RUN_DIR)), "{path:?}");
             let name = path.file_name().unwrap().to_str().unwrap();
             assert_eq!(run_file_instance(name), Some(instance), "{name}");
-            let tmp = format!("{name}{RUN_FILE_TMP_SUFFIX}");
+            let tmp = format!("{name}{}", lb_user::kernel::instance::TMP_SUFFIX);
             assert_eq!(run_file_instance(&tmp), Some(instance), "{tmp}");
         }
         // Not an instance's: the lock shared by the SNAT records, and

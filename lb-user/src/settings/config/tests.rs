@@ -1310,6 +1310,81 @@ fn a_reload_leaves_discovery_as_it_started() {
     );
 }
 
+/// A reload whose file passes but that holding breaks is refused whole,
+/// naming what is held: VIP A going from Maglev to P2C keeps Maglev until
+/// a restart, so the file's new Maglev VIP B does not fit the table limit
+/// the file was measured against.
+#[test]
+fn a_reload_that_holding_breaks_is_refused_naming_what_is_held() {
+    let vip = |n: u32, algorithm: &str| {
+        format!(
+            "[[vip]]\naddress = \"10.0.1.{n}:80\"\nalgorithm = \"{algorithm}\"\nbackends = [\"10.0.0.21:80\"]\n"
+        )
+    };
+    let file = |vips: &[String]| from_file(&format!("iface = \"eth0\"\n{}", vips.concat()), &[]);
+    let limit = MAX_MAGLEV_TABLES;
+    // VIP A (10.0.1.1) and the others on Maglev: the limit, all in use.
+    let running = file(&(1..=limit).map(|n| vip(n, "maglev")).collect::<Vec<_>>()).unwrap();
+    // A to P2C, B (10.0.1.100) added on Maglev: the file is within the limit.
+    let mut vips: Vec<String> = (2..=limit).map(|n| vip(n, "maglev")).collect();
+    vips.push(vip(1, "p2c-ewma"));
+    vips.push(vip(100, "maglev"));
+    let reloaded = file(&vips).expect("the file alone is valid");
+    let err = held_reload(&running, &reloaded).unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::HeldUntilRestart {
+            held: "VIP 10.0.1.1:80/tcp algorithm (maglev → p2c-ewma)".into(),
+            error: Box::new(ConfigError::TooMany {
+                what: "VIPs using maglev",
+                count: limit as usize + 1,
+                max: limit,
+            }),
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "too many VIPs using maglev: {} (at most {limit}) once what needs a restart is \
+             kept as it runs (VIP 10.0.1.1:80/tcp algorithm (maglev → p2c-ewma)); a restart \
+             applies the file",
+            limit + 1
+        )
+    );
+    // Without B, A keeps Maglev and the rest applies.
+    vips.pop();
+    let (held, restart) = held_reload(&running, &file(&vips).unwrap()).unwrap();
+    assert_eq!(
+        restart,
+        ["VIP 10.0.1.1:80/tcp algorithm (maglev → p2c-ewma)"]
+    );
+    assert!(held.vips.iter().all(|v| v.algorithm == Algorithm::Maglev));
+}
+
+/// A VIP that keeps following etcd keeps it whatever backends the file
+/// gives it (discovery's are used): not a reason to refuse the reload.
+#[test]
+fn a_reload_that_keeps_a_vip_on_etcd_is_not_refused_for_its_file_backends() {
+    let running = from_file(
+        "iface = \"eth0\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
+         [[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/lb/a/\"\n",
+        &[],
+    )
+    .unwrap();
+    let reloaded = from_file(
+        "iface = \"eth0\"\netcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
+         [[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80\"]\n",
+        &[],
+    )
+    .unwrap();
+    let (held, restart) = held_reload(&running, &reloaded).unwrap();
+    assert_eq!(
+        restart,
+        ["VIP 10.0.0.100:80/tcp etcd_prefix (/lb/a/ → none)"]
+    );
+    assert_eq!(held.vips[0].etcd_prefix.as_deref(), Some("/lb/a/"));
+}
+
 /// Settings that are valid but cannot do what they say are named.
 #[test]
 fn settings_that_do_nothing_are_warned_about() {
