@@ -163,8 +163,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         .build()?
         .block_on(async {
             // Backends of etcd-discovered VIPs: etcd, else the cache.
-            let discovery = discover::watch::seed(&mut config).await?;
-            snat.drop_discovered_on_snat(&mut config)?;
+            let discovery = discover::watch::seed(&mut config, &snat.addrs()).await?;
             daemon::serve(&config, runtime_state, reload, ifindex, snat, discovery).await
         })
 }

@@ -117,9 +117,9 @@ impl Snat {
     /// The rules VIP `v` and its backends must meet against these pools
     /// and ports (`config::check_snat`): the configuration's at the start,
     /// and what the running balancer takes in later (a VIP or backend added
-    /// on the control socket, a SIGHUP's configuration, a discovered
-    /// backend), since the kernel keeps these pools and ports until a
-    /// restart.
+    /// on the control socket, a SIGHUP's configuration), since the kernel
+    /// keeps these pools and ports until a restart. (A discovered backend
+    /// is held to them where its etcd value is read: `discover::view`.)
     pub fn check(&self, v: &VipConfig) -> Result<(), ConfigError> {
         config::check_snat(v, &self.addrs(), self.ports)
     }
@@ -137,33 +137,6 @@ impl Snat {
             }
             Ok(config)
         })
-    }
-
-    /// Takes the backends at a SNAT address ([`config::check_backend_snat`])
-    /// out of each VIP of `config` whose backends came from etcd, with a
-    /// warning each: a bad etcd value is skipped, as `discover::entry`
-    /// skips one, not a reason not to start. A VIP left with none fails the
-    /// start, as one etcd gave none does.
-    pub fn drop_discovered_on_snat(&self, config: &mut Config) -> anyhow::Result<()> {
-        let snat = self.addrs();
-        for v in config.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
-            let vip = v.vip;
-            v.backends
-                .retain(|b| match config::check_backend_snat(&vip, b.addr, &snat) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        warn!("discovery: backend skipped: {e}");
-                        false
-                    }
-                });
-            if v.backends.is_empty() {
-                anyhow::bail!(
-                    "VIP {vip}: no valid backend under etcd prefix {} (each is at a SNAT address)",
-                    v.etcd_prefix.as_deref().unwrap_or_default()
-                );
-            }
-        }
-        Ok(())
     }
 
     /// The pool addresses that are not in `local` (the addresses of this
@@ -531,7 +504,7 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
-    use crate::settings::{addr::BackendAddr, cli::Cli, config::FileConfig};
+    use crate::settings::{cli::Cli, config::FileConfig};
 
     #[test]
     fn snat_slices_follow_the_online_cpus_not_the_possible_ones() {
@@ -703,46 +676,6 @@ mod tests {
         let unreadable: Reload = Arc::new(|| anyhow::bail!("cannot read config file x.toml"));
         let e = snat.checked_reload(unreadable)().unwrap_err().to_string();
         assert_eq!(e, "cannot read config file x.toml");
-    }
-
-    #[test]
-    fn discovered_backends_at_a_snat_address_are_skipped_at_the_start() {
-        let mut c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
-        let backend = |a: &str| BackendAddr::new(a.parse().unwrap());
-        c.vips[0].etcd_prefix = Some("/lb/web/".into());
-        c.vips[0].backends = vec![backend("10.0.0.1:80"), backend("10.0.0.22:80")];
-        let snat = from_iface(&c, &["10.0.0.1"], &[]);
-        snat.drop_discovered_on_snat(&mut c).unwrap();
-        assert_eq!(c.vips[0].backends, [backend("10.0.0.22:80")]);
-        c.vips[0].backends = vec![backend("10.0.0.1:80")];
-        let e = snat
-            .drop_discovered_on_snat(&mut c)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "VIP 10.0.0.100:80/tcp: no valid backend under etcd prefix /lb/web/ (each is at a SNAT \
-             address)"
-        );
-        // Configured backends are the configuration's to refuse, not skipped.
-        let mut c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
-        c.vips[0].backends = vec![backend("10.0.0.1:80")];
-        snat.drop_discovered_on_snat(&mut c).unwrap();
-        assert_eq!(c.vips[0].backends.len(), 1);
     }
 
     #[test]
