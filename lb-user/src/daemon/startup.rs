@@ -39,6 +39,7 @@ use crate::{
         config::{self, Config, VipConfig},
         error::ConfigError,
         ports::PortRange,
+        state::RuntimeState,
     },
 };
 
@@ -137,6 +138,22 @@ impl Snat {
             }
             Ok(config)
         })
+    }
+
+    /// Drops from `state`, the runtime state file's entries, those that
+    /// break [`Self::check`] against these pools and ports
+    /// (`RuntimeState::drop_snat_refused`), with a warning each naming the
+    /// rule, as a reload's refused entry is: only a change of
+    /// `--snat-ip`/`--snat-ip6`/`--snat-ports` (or of the interface's
+    /// address taken by default) since they were saved brings them here.
+    /// The rest of the state applies.
+    pub fn drop_refused_state(&self, state: &mut RuntimeState) {
+        for what in state.drop_snat_refused(&self.addrs(), self.ports) {
+            warn!(
+                "runtime state: entry not applied, the SNAT rules refuse it (the SNAT addresses \
+                 or ports differ from those it was made with): {what}"
+            );
+        }
     }
 
     /// The pool addresses that are not in `local` (the addresses of this
