@@ -76,10 +76,14 @@ impl Snat {
         Ok(snat)
     }
 
+    /// The address taken from the interface must be a usable host's
+    /// ([`config::not_a_host`], as a configured one is held to): on `lo`
+    /// it is 127.0.0.1, a source no backend's reply can come back to. Then
     /// [`Self::check`] of `config`'s VIPs against the pools taken from the
-    /// interface (`Config::validate` checked the configured ones), said as
-    /// that address's, which the operator never wrote.
+    /// interface (`Config::validate` checked the configured ones). Both
+    /// said as that address's, which the operator never wrote.
     fn check_defaults(&self, config: &Config) -> anyhow::Result<()> {
+        let iface = &config.iface;
         let defaults = Self {
             v4: if config.snat_ip.is_empty() {
                 self.v4.clone()
@@ -93,13 +97,26 @@ impl Snat {
             },
             ports: self.ports,
         };
+        for ip in defaults.addrs() {
+            if let Some(what) = config::not_a_host(ip) {
+                let flag = if ip.is_ipv6() {
+                    "--snat-ip6"
+                } else {
+                    "--snat-ip"
+                };
+                anyhow::bail!(
+                    "no {flag} given, so SNAT would use {iface}'s address {ip}, {what}: the \
+                     backends' replies could not come back (give {flag} with an address of this \
+                     host they can reach)"
+                );
+            }
+        }
         for v in &config.vips {
             defaults.check(v).with_context(|| {
                 let (flag, ip) = match v.vip.addr {
                     SocketAddr::V4(_) => ("--snat-ip", defaults.v4.first().map(|a| a.to_string())),
                     SocketAddr::V6(_) => ("--snat-ip6", defaults.v6.first().map(|a| a.to_string())),
                 };
-                let iface = &config.iface;
                 format!(
                     "no {flag} given, so SNAT uses {iface}'s address {}",
                     ip.unwrap_or_default()
@@ -615,6 +632,51 @@ mod tests {
             "eth0",
             "--vip",
             "10.0.0.1:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--snat-ip",
+            "10.0.0.1",
+        ]);
+        assert!(
+            from_iface(&c, &["10.0.0.1"], &[])
+                .check_defaults(&c)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_loopback_address_taken_from_the_interface_is_refused_as_the_snat_address() {
+        let c = config(&[
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        let e = from_iface(&c, &["127.0.0.1"], &[])
+            .check_defaults(&c)
+            .unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "no --snat-ip given, so SNAT would use lo's address 127.0.0.1, a loopback address, \
+             which never crosses a wire: the backends' replies could not come back (give \
+             --snat-ip with an address of this host they can reach)"
+        );
+        let e = from_iface(&c, &["10.0.0.1"], &["::1"])
+            .check_defaults(&c)
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").starts_with("no --snat-ip6 given, so SNAT would use lo's address ::1"),
+            "{e:#}"
+        );
+        // A configured pool is the configuration's to check: the
+        // interface's address is not taken then.
+        let c = config(&[
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
             "--backend",
             "10.0.0.21:80",
             "--snat-ip",
