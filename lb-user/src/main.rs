@@ -141,7 +141,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         Arc::new(move || Config::from_args(args.clone()).map_err(anyhow::Error::from));
     require_root()?;
     let state_path = state::path(&config.state_dir, &config.instance);
-    let runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
+    let mut runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
     let snat = daemon::startup::Snat::resolve(&config)?;
     // Before anything is attached or adopted: a refused range leaves a
@@ -156,6 +156,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     snat.warn_unassigned();
+    snat.drop_refused_state(&mut runtime_state);
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;
     tokio::runtime::Builder::new_current_thread()
@@ -163,8 +164,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         .build()?
         .block_on(async {
             // Backends of etcd-discovered VIPs: etcd, else the cache.
-            let discovery = discover::watch::seed(&mut config).await?;
-            snat.drop_discovered_on_snat(&mut config)?;
+            let discovery = discover::watch::seed(&mut config, &snat.addrs()).await?;
             daemon::serve(&config, runtime_state, reload, ifindex, snat, discovery).await
         })
 }

@@ -21,8 +21,8 @@ use lb_lab::{
     Binaries, Lab,
     host_stall::HostStalls,
     lab::{
-        Algorithm, BackendSpec, BalancerSpec, FAST_HEALTH_CHECKS, Protocol as VipProtocol, VipSpec,
-        metric,
+        Algorithm, BALANCER_ADDR, BackendSpec, BalancerSpec, FAST_HEALTH_CHECKS,
+        Protocol as VipProtocol, VipSpec, metric,
     },
     loadgen::{LoadConfig, Protocol, Summary},
     probe, require_root,
@@ -1229,8 +1229,11 @@ fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
 
     // The same instance name on another interface (a mistyped --iface
     // after the kill): its pinned program runs elsewhere, so the start is
-    // refused, where it removed those pins and cut the flows.
+    // refused, where it removed those pins and cut the flows. (`lo`'s own
+    // address, 127.0.0.1, is refused as the SNAT address taken by default,
+    // before the pins are looked at: the lab's usual one is given.)
     let state_dir = lab.state_dir().display().to_string();
+    let snat_ip = BALANCER_ADDR.to_string();
     let (vip, backend) = (
         lab.tcp_vip().to_string(),
         lab.backends()[0].addr().to_string(),
@@ -1251,6 +1254,8 @@ fn a_failed_start_on_a_running_instance_leaves_it_balancing() {
             &state_dir,
             "--metrics-addr",
             "off",
+            "--snat-ip",
+            &snat_ip,
         ])
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -5,10 +5,7 @@
 //! end, weights ramped over `--weight-smoothing`), within the removal cap,
 //! and never over an operator's override.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    sync::atomic::Ordering,
-};
+use std::{net::SocketAddr, sync::atomic::Ordering};
 
 use tracing::{debug, info, warn};
 
@@ -23,8 +20,7 @@ use crate::{
     settings::{
         addr::{BackendAddr, Weight},
         cli::ControlCommand,
-        config::{self, Config},
-        error::ConfigError,
+        config::Config,
     },
     surface::{control::Request, metrics::DiscoveryMetrics},
 };
@@ -122,22 +118,8 @@ impl Runtime {
     /// whether that finished; true if anything was changed (the caller
     /// then publishes).
     fn apply_wanted(&mut self, update: &Update, now: Nanos, attempt: Attempt) -> bool {
-        // (A re-apply's update was filtered the first time: it skips none.)
-        let (update, skipped) = skip_on_snat(update, &self.snat.addrs());
-        let update = &update;
-        for why in &skipped {
-            warn!(vip = %update.vip, revision = update.revision, "discovery: backend skipped: {why}");
-        }
-        if let Some(status) = self
-            .discovery
-            .status
-            .as_ref()
-            .filter(|_| !skipped.is_empty())
-        {
-            status
-                .updates_invalid
-                .fetch_add(skipped.len() as u64, Ordering::Relaxed);
-        }
+        // (A backend at a SNAT address never gets here: the watch's view
+        // skips its key's value as a bad one, `discover::view`.)
         let vip = update.vip;
         let Some(fleet_vip) = self
             .fleet
@@ -248,26 +230,6 @@ impl Runtime {
     }
 }
 
-/// `update` without its wanted backends at an address of `snat`, the
-/// pools the kernel has ([`config::check_backend_snat`]), and why each was
-/// left out: skipped as a value that breaks a backend's rules is (which
-/// `discover::entry` checks where the pools are not known), so none is
-/// ever added.
-fn skip_on_snat(update: &Update, snat: &[IpAddr]) -> (Update, Vec<ConfigError>) {
-    let mut kept = update.clone();
-    let mut skipped = Vec::new();
-    kept.wanted.retain(
-        |e| match config::check_backend_snat(&update.vip, e.addr, snat) {
-            Ok(()) => true,
-            Err(err) => {
-                skipped.push(err);
-                false
-            }
-        },
-    );
-    (kept, skipped)
-}
-
 /// Whether an update is applied as it arrives or planned again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Attempt {
@@ -288,39 +250,5 @@ impl Attempt {
                 debug!(vip = %update.vip, backend = %backend, "discovery: still cannot {what}: {err}");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::discover::entry::Entry;
-
-    #[test]
-    fn discovered_backends_at_a_snat_address_are_skipped() {
-        let entry = |a: &str| Entry {
-            addr: a.parse().unwrap(),
-            weight: 1,
-            zone: None,
-        };
-        let update = Update {
-            vip: "10.0.0.100:80".parse().unwrap(),
-            revision: 7,
-            wanted: vec![entry("10.0.0.1:80"), entry("10.0.0.22:80")],
-        };
-        let snat = ["10.0.0.1".parse().unwrap()];
-        let (kept, skipped) = skip_on_snat(&update, &snat);
-        assert_eq!(kept.wanted, [entry("10.0.0.22:80")]);
-        assert_eq!((kept.vip, kept.revision), (update.vip, 7));
-        assert_eq!(skipped.len(), 1);
-        assert!(
-            skipped[0]
-                .to_string()
-                .starts_with("backend 10.0.0.1:80 of VIP 10.0.0.100:80/tcp is at SNAT address"),
-            "{}",
-            skipped[0]
-        );
-        let (kept, skipped) = skip_on_snat(&update, &["10.0.0.2".parse().unwrap()]);
-        assert_eq!((kept, skipped.len()), (update, 0));
     }
 }

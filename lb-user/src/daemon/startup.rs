@@ -39,6 +39,7 @@ use crate::{
         config::{self, Config, VipConfig},
         error::ConfigError,
         ports::PortRange,
+        state::RuntimeState,
     },
 };
 
@@ -75,10 +76,14 @@ impl Snat {
         Ok(snat)
     }
 
+    /// The address taken from the interface must be a usable host's
+    /// ([`config::not_a_host`], as a configured one is held to): on `lo`
+    /// it is 127.0.0.1, a source no backend's reply can come back to. Then
     /// [`Self::check`] of `config`'s VIPs against the pools taken from the
-    /// interface (`Config::validate` checked the configured ones), said as
-    /// that address's, which the operator never wrote.
+    /// interface (`Config::validate` checked the configured ones). Both
+    /// said as that address's, which the operator never wrote.
     fn check_defaults(&self, config: &Config) -> anyhow::Result<()> {
+        let iface = &config.iface;
         let defaults = Self {
             v4: if config.snat_ip.is_empty() {
                 self.v4.clone()
@@ -92,13 +97,26 @@ impl Snat {
             },
             ports: self.ports,
         };
+        for ip in defaults.addrs() {
+            if let Some(what) = config::not_a_host(ip) {
+                let flag = if ip.is_ipv6() {
+                    "--snat-ip6"
+                } else {
+                    "--snat-ip"
+                };
+                anyhow::bail!(
+                    "no {flag} given, so SNAT would use {iface}'s address {ip}, {what}: the \
+                     backends' replies could not come back (give {flag} with an address of this \
+                     host they can reach)"
+                );
+            }
+        }
         for v in &config.vips {
             defaults.check(v).with_context(|| {
                 let (flag, ip) = match v.vip.addr {
                     SocketAddr::V4(_) => ("--snat-ip", defaults.v4.first().map(|a| a.to_string())),
                     SocketAddr::V6(_) => ("--snat-ip6", defaults.v6.first().map(|a| a.to_string())),
                 };
-                let iface = &config.iface;
                 format!(
                     "no {flag} given, so SNAT uses {iface}'s address {}",
                     ip.unwrap_or_default()
@@ -116,9 +134,9 @@ impl Snat {
     /// The rules VIP `v` and its backends must meet against these pools
     /// and ports (`config::check_snat`): the configuration's at the start,
     /// and what the running balancer takes in later (a VIP or backend added
-    /// on the control socket, a SIGHUP's configuration, a discovered
-    /// backend), since the kernel keeps these pools and ports until a
-    /// restart.
+    /// on the control socket, a SIGHUP's configuration), since the kernel
+    /// keeps these pools and ports until a restart. (A discovered backend
+    /// is held to them where its etcd value is read: `discover::view`.)
     pub fn check(&self, v: &VipConfig) -> Result<(), ConfigError> {
         config::check_snat(v, &self.addrs(), self.ports)
     }
@@ -138,31 +156,20 @@ impl Snat {
         })
     }
 
-    /// Takes the backends at a SNAT address ([`config::check_backend_snat`])
-    /// out of each VIP of `config` whose backends came from etcd, with a
-    /// warning each: a bad etcd value is skipped, as `discover::entry`
-    /// skips one, not a reason not to start. A VIP left with none fails the
-    /// start, as one etcd gave none does.
-    pub fn drop_discovered_on_snat(&self, config: &mut Config) -> anyhow::Result<()> {
-        let snat = self.addrs();
-        for v in config.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
-            let vip = v.vip;
-            v.backends
-                .retain(|b| match config::check_backend_snat(&vip, b.addr, &snat) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        warn!("discovery: backend skipped: {e}");
-                        false
-                    }
-                });
-            if v.backends.is_empty() {
-                anyhow::bail!(
-                    "VIP {vip}: no valid backend under etcd prefix {} (each is at a SNAT address)",
-                    v.etcd_prefix.as_deref().unwrap_or_default()
-                );
-            }
+    /// Drops from `state`, the runtime state file's entries, those that
+    /// break [`Self::check`] against these pools and ports
+    /// (`RuntimeState::drop_snat_refused`), with a warning each naming the
+    /// rule, as a reload's refused entry is: only a change of
+    /// `--snat-ip`/`--snat-ip6`/`--snat-ports` (or of the interface's
+    /// address taken by default) since they were saved brings them here.
+    /// The rest of the state applies.
+    pub fn drop_refused_state(&self, state: &mut RuntimeState) {
+        for what in state.drop_snat_refused(&self.addrs(), self.ports) {
+            warn!(
+                "runtime state: entry not applied, the SNAT rules refuse it (the SNAT addresses \
+                 or ports differ from those it was made with): {what}"
+            );
         }
-        Ok(())
     }
 
     /// The pool addresses that are not in `local` (the addresses of this
@@ -530,7 +537,7 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
-    use crate::settings::{addr::BackendAddr, cli::Cli, config::FileConfig};
+    use crate::settings::{cli::Cli, config::FileConfig};
 
     #[test]
     fn snat_slices_follow_the_online_cpus_not_the_possible_ones() {
@@ -637,6 +644,51 @@ mod tests {
     }
 
     #[test]
+    fn a_loopback_address_taken_from_the_interface_is_refused_as_the_snat_address() {
+        let c = config(&[
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+        ]);
+        let e = from_iface(&c, &["127.0.0.1"], &[])
+            .check_defaults(&c)
+            .unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "no --snat-ip given, so SNAT would use lo's address 127.0.0.1, a loopback address, \
+             which never crosses a wire: the backends' replies could not come back (give \
+             --snat-ip with an address of this host they can reach)"
+        );
+        let e = from_iface(&c, &["10.0.0.1"], &["::1"])
+            .check_defaults(&c)
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").starts_with("no --snat-ip6 given, so SNAT would use lo's address ::1"),
+            "{e:#}"
+        );
+        // A configured pool is the configuration's to check: the
+        // interface's address is not taken then.
+        let c = config(&[
+            "--iface",
+            "lo",
+            "--vip",
+            "10.0.0.100:80",
+            "--backend",
+            "10.0.0.21:80",
+            "--snat-ip",
+            "10.0.0.1",
+        ]);
+        assert!(
+            from_iface(&c, &["10.0.0.1"], &[])
+                .check_defaults(&c)
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn a_reload_is_refused_when_it_breaks_the_snat_rules_against_the_running_pools() {
         let running = config(&[
             "--iface",
@@ -702,46 +754,6 @@ mod tests {
         let unreadable: Reload = Arc::new(|| anyhow::bail!("cannot read config file x.toml"));
         let e = snat.checked_reload(unreadable)().unwrap_err().to_string();
         assert_eq!(e, "cannot read config file x.toml");
-    }
-
-    #[test]
-    fn discovered_backends_at_a_snat_address_are_skipped_at_the_start() {
-        let mut c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
-        let backend = |a: &str| BackendAddr::new(a.parse().unwrap());
-        c.vips[0].etcd_prefix = Some("/lb/web/".into());
-        c.vips[0].backends = vec![backend("10.0.0.1:80"), backend("10.0.0.22:80")];
-        let snat = from_iface(&c, &["10.0.0.1"], &[]);
-        snat.drop_discovered_on_snat(&mut c).unwrap();
-        assert_eq!(c.vips[0].backends, [backend("10.0.0.22:80")]);
-        c.vips[0].backends = vec![backend("10.0.0.1:80")];
-        let e = snat
-            .drop_discovered_on_snat(&mut c)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "VIP 10.0.0.100:80/tcp: no valid backend under etcd prefix /lb/web/ (each is at a SNAT \
-             address)"
-        );
-        // Configured backends are the configuration's to refuse, not skipped.
-        let mut c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
-        c.vips[0].backends = vec![backend("10.0.0.1:80")];
-        snat.drop_discovered_on_snat(&mut c).unwrap();
-        assert_eq!(c.vips[0].backends.len(), 1);
     }
 
     #[test]

@@ -2,12 +2,16 @@
 //! snapshot, changed by watch events, and turned into the wanted backends.
 //! A key whose value is bad is skipped (its last good value, if any, is
 //! kept, through a re-read of the prefix too), so a bad write never
-//! removes a backend.
+//! removes a backend. A value naming a backend at a SNAT address is such
+//! a bad value: the pools are known here, so it is skipped like the rest.
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
 
 use super::entry::{self, Entry};
-use crate::settings::addr::VipAddr;
+use crate::settings::{addr::VipAddr, config::check_backend_snat};
 
 /// A key or value that was skipped, as one log line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,16 +26,20 @@ pub struct PrefixView {
     /// The VIP whose backends the keys name (they must meet a configured
     /// backend's rules: `config::check_backend`).
     pub vip: VipAddr,
+    /// The SNAT addresses the kernel has (both families): a backend at
+    /// one is a bad value (`config::check_backend_snat`).
+    pub snat: Vec<IpAddr>,
     /// The etcd revision this view reflects.
     pub revision: i64,
     entries: BTreeMap<String, Entry>,
 }
 
 impl PrefixView {
-    pub fn new(prefix: &str, vip: VipAddr) -> Self {
+    pub fn new(prefix: &str, vip: VipAddr, snat: &[IpAddr]) -> Self {
         Self {
             prefix: prefix.to_string(),
             vip,
+            snat: snat.to_vec(),
             revision: 0,
             entries: BTreeMap::new(),
         }
@@ -39,14 +47,16 @@ impl PrefixView {
 
     /// The view a cache kept: `keys` and their last good values at
     /// `revision`. A value that no longer meets the rules (a cache written
-    /// by an older build, or edited) is left out.
+    /// by an older build, or edited, or a backend at a SNAT address given
+    /// since) is left out.
     pub fn cached(
         prefix: &str,
         vip: VipAddr,
+        snat: &[IpAddr],
         revision: i64,
         keys: &BTreeMap<String, Entry>,
     ) -> Self {
-        let mut view = Self::new(prefix, vip);
+        let mut view = Self::new(prefix, vip, snat);
         for (key, e) in keys {
             if let Ok(value) = serde_json::to_vec(e) {
                 let _ = view.put(key.as_bytes(), &value);
@@ -65,10 +75,11 @@ impl PrefixView {
     pub fn snapshot(
         prefix: &str,
         vip: VipAddr,
+        snat: &[IpAddr],
         revision: i64,
         kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     ) -> (Self, Vec<Skipped>) {
-        Self::new(prefix, vip).reread(revision, kvs)
+        Self::new(prefix, vip, snat).reread(revision, kvs)
     }
 
     /// A new view of this prefix from a re-read of its keys at `revision`
@@ -81,7 +92,7 @@ impl PrefixView {
         revision: i64,
         kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     ) -> (Self, Vec<Skipped>) {
-        let mut view = Self::new(&self.prefix, self.vip);
+        let mut view = Self::new(&self.prefix, self.vip, &self.snat);
         let mut skipped = Vec::new();
         for (key, value) in kvs {
             if let Err(s) = view.put(&key, &value) {
@@ -103,7 +114,8 @@ impl PrefixView {
         }
     }
 
-    /// A key was written.
+    /// A key was written: its value must meet a backend's rules, those
+    /// against the SNAT pools included ([`Self::snat`]).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Skipped> {
         let name = String::from_utf8_lossy(key).into_owned();
         if std::str::from_utf8(key).is_err() || !name.starts_with(&self.prefix) {
@@ -112,7 +124,12 @@ impl PrefixView {
                 reason: "key is not UTF-8 under the prefix".into(),
             });
         }
-        match entry::parse(value, &self.vip) {
+        let parsed = entry::parse(value, &self.vip).and_then(|e| {
+            check_backend_snat(&self.vip, e.addr, &self.snat)
+                .map(|()| e)
+                .map_err(|err| err.to_string())
+        });
+        match parsed {
             Ok(e) => {
                 self.entries.insert(name, e);
                 Ok(())
@@ -158,6 +175,7 @@ mod tests {
         let (view, skipped) = PrefixView::snapshot(
             "/lb/web/",
             "10.0.0.1:80".parse().unwrap(),
+            &[],
             42,
             [
                 kv("/lb/web/b", r#"{"addr":"10.0.0.22:80","weight":2}"#),
@@ -177,7 +195,7 @@ mod tests {
 
     #[test]
     fn a_bad_write_keeps_the_last_good_value_and_a_delete_removes() {
-        let mut view = PrefixView::new("/p/", "10.0.0.1:80".parse().unwrap());
+        let mut view = PrefixView::new("/p/", "10.0.0.1:80".parse().unwrap(), &[]);
         view.put(b"/p/x", br#"{"addr":"10.0.0.21:80","weight":3}"#)
             .unwrap();
         assert!(
@@ -196,6 +214,7 @@ mod tests {
         let (view, _) = PrefixView::snapshot(
             "/p/",
             vip,
+            &[],
             5,
             [
                 kv("/p/x", r#"{"addr":"10.0.0.21:80","weight":3}"#),
@@ -227,6 +246,7 @@ mod tests {
         let (view, _) = PrefixView::snapshot(
             "/p/",
             vip,
+            &[],
             5,
             [
                 kv("/p/x", r#"{"addr":"10.0.0.21:80","weight":3}"#),
@@ -244,7 +264,7 @@ mod tests {
                 zone: None,
             },
         );
-        let cached = PrefixView::cached("/p/", vip, 5, &keys);
+        let cached = PrefixView::cached("/p/", vip, &[], 5, &keys);
         assert_eq!(cached.keys(), view.keys());
         // etcd now holds a bad value for x: the restart keeps x's cached one.
         let (read, skipped) = cached.reread(
@@ -256,5 +276,47 @@ mod tests {
         );
         assert_eq!(skipped.len(), 1);
         assert_eq!(read.wanted(), view.wanted());
+    }
+
+    #[test]
+    fn a_value_at_a_snat_address_is_skipped_and_the_key_keeps_its_last_good_value() {
+        let vip: VipAddr = "10.0.0.100:80".parse().unwrap();
+        let snat: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        let (mut view, skipped) = PrefixView::snapshot(
+            "/p/",
+            vip,
+            &snat,
+            5,
+            [
+                kv("/p/x", r#"{"addr":"10.0.0.21:80","weight":3}"#),
+                kv("/p/s", r#"{"addr":"10.0.0.1:80"}"#),
+            ],
+        );
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].key, "/p/s");
+        assert!(
+            skipped[0]
+                .reason
+                .starts_with("backend 10.0.0.1:80 of VIP 10.0.0.100:80/tcp is at SNAT address"),
+            "{}",
+            skipped[0].reason
+        );
+        let good = view.wanted();
+        assert_eq!(good.len(), 1);
+        // x rewritten to the SNAT address: refused, x keeps 10.0.0.21:80.
+        let s = view
+            .put(b"/p/x", br#"{"addr":"10.0.0.1:8080"}"#)
+            .unwrap_err();
+        assert_eq!(s.key, "/p/x");
+        assert!(s.reason.contains("is at SNAT address 10.0.0.1"), "{s:?}");
+        assert_eq!(view.wanted(), good);
+        // So does a re-read that finds it there.
+        let (again, skipped) = view.reread(9, [kv("/p/x", r#"{"addr":"10.0.0.1:8080"}"#)]);
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(again.wanted(), good);
+        // A cached value at an address that has become a SNAT one is left out.
+        let cached =
+            PrefixView::cached("/p/", vip, &["10.0.0.21".parse().unwrap()], 9, view.keys());
+        assert!(cached.is_empty());
     }
 }

@@ -196,7 +196,10 @@ pub struct Watcher {
 
 /// Fills in the backends of every VIP with an etcd prefix, from etcd (one
 /// revision for all) or else from the cache. `None` when no VIP has one.
-pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
+/// `snat` holds the SNAT addresses the kernel gets (both families): a key
+/// naming a backend at one is skipped, then and in every later update
+/// (see [`PrefixView::put`]).
+pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option<Watcher>> {
     let Some(settings) = config.discovery.etcd.clone() else {
         return Ok(None);
     };
@@ -214,7 +217,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
             Cache::default()
         }
     };
-    let read = read_all(&settings, config, &discovered, &cached).await;
+    let read = read_all(&settings, config, snat, &discovered, &cached).await;
     let mut views = Vec::new();
     let mut cache = Cache::default();
     let status_vips = discovered
@@ -257,7 +260,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
             for &i in &discovered {
                 let v = &config.vips[i];
                 let prefix = v.etcd_prefix.clone().unwrap_or_default();
-                let mut view = PrefixView::new(&prefix, v.vip);
+                let mut view = PrefixView::new(&prefix, v.vip, snat);
                 if let Some(c) = cached
                     .vips
                     .get(&v.vip.to_string())
@@ -273,7 +276,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
                                 view.put(format!("{prefix}cache/{}", e.addr).as_bytes(), &value);
                         }
                     } else {
-                        view = PrefixView::cached(&prefix, v.vip, c.revision, &c.keys);
+                        view = PrefixView::cached(&prefix, v.vip, snat, c.revision, &c.keys);
                     }
                 }
                 views.push((i, view, true));
@@ -325,6 +328,7 @@ pub async fn seed(config: &mut Config) -> anyhow::Result<Option<Watcher>> {
 async fn read_all(
     settings: &EtcdSettings,
     config: &Config,
+    snat: &[IpAddr],
     discovered: &[usize],
     cached: &Cache,
 ) -> anyhow::Result<Vec<(PrefixView, Vec<Skipped>)>> {
@@ -339,8 +343,8 @@ async fn read_all(
             .get(&v.vip.to_string())
             .filter(|c| c.prefix == prefix)
             .map_or_else(
-                || PrefixView::new(prefix, v.vip),
-                |c| PrefixView::cached(prefix, v.vip, c.revision, &c.keys),
+                || PrefixView::new(prefix, v.vip, snat),
+                |c| PrefixView::cached(prefix, v.vip, snat, c.revision, &c.keys),
             );
         let read = read_prefix(&mut client, &last, revision).await?;
         revision = read.0.revision;
@@ -735,6 +739,7 @@ mod tests {
         let (view, skipped) = PrefixView::snapshot(
             PREFIX,
             vip,
+            &[],
             10,
             [(b"/lb/test/a".to_vec(), value("10.0.0.21:80"))],
         );

@@ -23,9 +23,15 @@
 //! that cannot be parsed stops the start with one error line naming it (a
 //! drained backend silently back in service would be worse); move it away
 //! to start from the configuration alone.
+//!
+//! An entry that reads but breaks a rule is dropped with a warning: the
+//! configuration's rules at load ([`RuntimeState::load`]), the SNAT rules
+//! against the pools and ports of this start once they are known
+//! ([`RuntimeState::drop_snat_refused`]).
 
 use std::{
     io::Write as _,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -35,7 +41,8 @@ use crate::settings::{
     ConfigError,
     addr::{BackendAddr, VipAddr, Weight},
     algorithm::parse_algorithm,
-    config::{Config, VipConfig, check_backend, check_backends},
+    config::{Config, VipConfig, check_backend, check_backend_snat, check_backends, check_snat},
+    ports::PortRange,
     zone::{ZoneName, ZoneSettings},
 };
 
@@ -256,6 +263,61 @@ impl RuntimeState {
             tracing::warn!(path = %path.display(), "runtime state: dropped an entry the configuration's rules refuse: {what}");
         }
         Ok(Some(state))
+    }
+
+    /// Drops the entries that break the SNAT rules against the pools
+    /// `snat` (both families) and ports `ports` the balancer starts with
+    /// (`config::check_snat`): a VIP added at runtime on a SNAT address
+    /// with its port in `ports`, or with a backend at a SNAT address, and
+    /// a backend added or drained at runtime at a SNAT address (a removed
+    /// one serves nothing: kept). `vip add` and `backend add` refused them
+    /// when they were made, so only other SNAT addresses or ports than
+    /// that run's bring them here; installing them would give a VIP that
+    /// takes no connection or a backend sent its connections from its own
+    /// address. One line per entry dropped, for the caller to warn with;
+    /// the rest is kept. (The file keeps them until its next write.)
+    pub fn drop_snat_refused(&mut self, snat: &[IpAddr], ports: PortRange) -> Vec<String> {
+        let mut dropped = Vec::new();
+        self.vips.retain(|e| {
+            let (Ok(vip), Some(added)) = (e.vip.parse::<VipAddr>(), &e.added) else {
+                return true;
+            };
+            // What `load` could not read as a VIP is not this check's.
+            let Ok(v) = added.config(vip, &ZoneSettings::default()) else {
+                return true;
+            };
+            match check_snat(&v, snat, ports) {
+                Ok(()) => true,
+                Err(err) => {
+                    dropped.push(format!("VIP {vip} added at runtime: {err}"));
+                    false
+                }
+            }
+        });
+        self.backends.retain(|e| {
+            let (Ok(vip), Ok(backend)) = (
+                e.vip.parse::<VipAddr>(),
+                e.backend.parse::<std::net::SocketAddr>(),
+            ) else {
+                return true;
+            };
+            if e.admin == Admin::Removed {
+                return true;
+            }
+            match check_backend_snat(&vip, backend, snat) {
+                Ok(()) => true,
+                Err(err) => {
+                    let what = match e.admin {
+                        Admin::Draining => "drained",
+                        _ if e.config.is_none() => "added",
+                        _ => "re-weighted",
+                    };
+                    dropped.push(format!("backend {what} at runtime: {err}"));
+                    false
+                }
+            }
+        });
+        dropped
     }
 
     /// Writes the whole file atomically: a temporary file beside it,
@@ -649,6 +711,90 @@ mod tests {
         let kept: Vec<&str> = loaded.vips.iter().map(|v| v.vip.as_str()).collect();
         assert_eq!(kept, ["10.0.0.9:81"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn entries_the_snat_rules_now_refuse_are_dropped_and_the_rest_applies() {
+        // Saved by a run with other SNAT addresses: each was valid then.
+        let base = config(&["10.0.0.21:80"]);
+        let vip = base.vips[0].vip;
+        let mut state = RuntimeState::default();
+        let add = |state: &mut RuntimeState, vip: &str, backends: &[&str]| {
+            let added = AddedVip {
+                algorithm: "random".into(),
+                backends: backends.iter().map(|b| b.to_string()).collect(),
+            };
+            let v = added.config(vip.parse().unwrap(), &base.zones).unwrap();
+            state.record_vip_added(&base, &v);
+        };
+        add(&mut state, "10.0.0.101:25000", &["10.0.0.31:80"]);
+        add(
+            &mut state,
+            "10.0.0.102:80",
+            &["10.0.0.31:80", "10.0.0.5:80"],
+        );
+        add(&mut state, "10.0.0.103:80", &["10.0.0.31:80"]);
+        add(&mut state, "10.0.0.5:80", &["10.0.0.31:80"]);
+        let one = Weight::DEFAULT;
+        state.record(&base, &vip, addr("10.0.0.5:80"), Change::Add(one, None));
+        state.record(&base, &vip, addr("10.0.0.5:81"), Change::Add(one, None));
+        state.record(&base, &vip, addr("10.0.0.5:81"), Change::Drain);
+        state.record(&base, &vip, addr("10.0.0.24:80"), Change::Add(one, None));
+        state.record(&base, &vip, addr("10.0.0.21:80"), Change::Drain);
+        // This run's pools: 10.0.0.101 and 10.0.0.5, the default ports.
+        let snat: Vec<IpAddr> = vec!["10.0.0.101".parse().unwrap(), "10.0.0.5".parse().unwrap()];
+        let dropped = state.drop_snat_refused(&snat, base.snat_ports);
+        assert_eq!(dropped.len(), 4, "{dropped:#?}");
+        assert!(
+            dropped[0].starts_with(
+                "VIP 10.0.0.101:25000/tcp added at runtime: VIP 10.0.0.101:25000/tcp is on SNAT \
+                 address 10.0.0.101 with its port in the SNAT port range 20000-32767"
+            ),
+            "{}",
+            dropped[0]
+        );
+        assert!(
+            dropped[1].starts_with(
+                "VIP 10.0.0.102:80/tcp added at runtime: backend 10.0.0.5:80 of VIP \
+                 10.0.0.102:80/tcp is at SNAT address 10.0.0.5"
+            ),
+            "{}",
+            dropped[1]
+        );
+        assert!(
+            dropped[2].starts_with(
+                "backend added at runtime: backend 10.0.0.5:80 of VIP 10.0.0.100:80/tcp is at \
+                 SNAT address 10.0.0.5"
+            ),
+            "{}",
+            dropped[2]
+        );
+        assert!(
+            dropped[3].starts_with("backend drained at runtime: backend 10.0.0.5:81"),
+            "{}",
+            dropped[3]
+        );
+        // A VIP on a SNAT address with its port out of the range stays.
+        let vips: Vec<&str> = state.vips.iter().map(|e| e.vip.as_str()).collect();
+        assert_eq!(vips, ["10.0.0.103:80/tcp", "10.0.0.5:80/tcp"]);
+        let kept: Vec<&str> = state.backends.iter().map(|e| e.backend.as_str()).collect();
+        assert_eq!(kept, ["10.0.0.24:80", "10.0.0.21:80"]);
+        // What is left applies, and meets the rules.
+        let mut effective = base.clone();
+        let (drains, notes) = state.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(drains, [(vip, addr("10.0.0.21:80"))]);
+        assert_eq!(backends(&effective), ["10.0.0.21:80@1", "10.0.0.24:80@1"]);
+        assert_eq!(effective.vips.len(), 3);
+        for v in &effective.vips {
+            check_snat(v, &snat, base.snat_ports).unwrap();
+        }
+        // Against other pools, nothing of what is left is refused.
+        assert!(
+            state
+                .drop_snat_refused(&["10.0.0.9".parse().unwrap()], base.snat_ports)
+                .is_empty()
+        );
     }
 
     #[test]
