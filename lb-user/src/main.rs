@@ -140,22 +140,28 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let reload: daemon::Reload =
         Arc::new(move || Config::from_args(args.clone()).map_err(anyhow::Error::from));
     require_root()?;
-    let state_path = state::path(&config.state_dir, &config.instance);
-    let mut runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
     let snat = daemon::startup::Snat::resolve(&config)?;
     // Before anything is attached or adopted: a refused range leaves a
     // running instance as it is.
     sysctl::check_snat_ports(config.snat_ports, &config.instance)?;
     // Still single-threaded here, as joining a mount namespace requires.
-    bpffs::join_host_mount_ns_if_hidden()?;
+    let joined = bpffs::join_host_mount_ns_if_hidden()?;
     init_tracing(&config.log_level);
     log_panics();
+    if let Some(warning) = joined {
+        tracing::warn!("{warning}");
+    }
     warn_password_flag(password_flag);
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
     snat.warn_unassigned();
+    // After the log is set up: the load warns of each entry it drops.
+    // Still before anything is attached; and in the mount namespace the
+    // running balancer writes the file in.
+    let state_path = state::path(&config.state_dir, &config.instance);
+    let mut runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
     snat.drop_refused_state(&mut runtime_state);
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;

@@ -1020,3 +1020,102 @@ fn a_corrupt_state_file_stops_the_start_with_one_line_and_leaves_nothing() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Removes a directory tree when dropped (a test's, or where a failing
+/// build put a file the test names).
+struct RemoveDir(std::path::PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Started through `ip netns exec`, lb-user joins the host's mount
+/// namespace to reach its bpffs, which moves its working directory to `/`.
+/// Relative paths still name the files they named at the start: the
+/// config file a SIGHUP re-reads, and the state directory, read at the
+/// start and written by a runtime change; and the state file's warnings
+/// reach the log.
+#[test]
+fn relative_config_and_state_paths_keep_their_meaning_after_the_start() {
+    if skip("relative_config_and_state_paths_keep_their_meaning_after_the_start") {
+        return;
+    }
+    let ns = Netns::new();
+    let instance = unique("relpath");
+    let _run_files = RunFiles(vec![instance.clone()]);
+    let dir = std::env::temp_dir().join(unique("lb-relpath"));
+    let _dir = RemoveDir(dir.clone());
+    let state_dir = unique("lb-relstate");
+    // Where the state went when the paths were taken from `/`.
+    let _stray = RemoveDir(Path::new("/").join(&state_dir));
+    std::fs::create_dir_all(dir.join(&state_dir)).unwrap();
+    std::fs::write(
+        dir.join("lb.toml"),
+        format!(
+            "iface = \"lb0\"\ninstance = \"{instance}\"\nstate_dir = \"{state_dir}\"\n\
+             [[vip]]\naddress = \"10.77.0.100:80\"\nbackends = [\"10.77.0.21:8080\"]\n"
+        ),
+    )
+    .unwrap();
+    // A runtime change an older build accepted and this one refuses (a
+    // multicast backend): dropped with a warning at the start.
+    let state_file = dir.join(&state_dir).join(format!("{instance}.state.json"));
+    std::fs::write(
+        &state_file,
+        "{\"version\":1,\"backends\":[{\"vip\":\"10.77.0.100:80/tcp\",\
+         \"backend\":\"224.0.0.5:80\",\"admin\":\"active\",\"weight\":1,\"config\":null}]}",
+    )
+    .unwrap();
+    let child = ns
+        .exec(&["--config", "lb.toml"])
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lb-user");
+    let mut daemon = Daemon(child);
+    wait_for_status(&ns, &instance);
+    let out = ns
+        .exec(&[
+            "backend",
+            "weight",
+            "--vip",
+            "10.77.0.100:80",
+            "--backend",
+            "10.77.0.21:8080",
+            "--weight",
+            "3",
+            "--instance",
+            &instance,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Saved by a writer task, soon after the command's answer.
+    let deadline = Instant::now() + STARTUP_BUDGET;
+    let saved = loop {
+        let saved = std::fs::read_to_string(&state_file).unwrap_or_default();
+        if saved.contains("10.77.0.21:8080") || Instant::now() > deadline {
+            break saved;
+        }
+        sleep(Duration::from_millis(50));
+    };
+    assert!(
+        saved.contains("10.77.0.21:8080") && !saved.contains("224.0.0.5"),
+        "the runtime change is saved in the state directory the start named: {saved}"
+    );
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGHUP) };
+    let log = wait_for_log(&mut daemon.0, "configuration reloaded");
+    assert!(
+        log.contains("runtime state: dropped an entry") && log.contains("224.0.0.5:80"),
+        "the state file's dropped entry is in the log: {log}"
+    );
+    assert!(!log.contains("keeping the running configuration"), "{log}");
+}

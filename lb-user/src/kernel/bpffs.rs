@@ -52,13 +52,17 @@ fn parent_pid(pid: u32) -> Option<u32> {
 /// Joins the mount namespace of the nearest ancestor outside ours if
 /// /sys/fs/bpf is hidden here (see the module docs). Must run before any
 /// thread is spawned (setns of a mount namespace requires a single-threaded
-/// process) and after relative paths (the config file) have been read,
-/// since joining resets the working directory.
-pub fn join_host_mount_ns_if_hidden() -> anyhow::Result<()> {
+/// process). Joining sets the working directory to the new namespace's
+/// root; it is set back to the same path there, so that relative paths
+/// (`--config`, re-read on SIGHUP; `--state-dir`, written while running)
+/// name the same files as at the start. The one case it cannot (no such
+/// directory in that namespace) is returned as a warning, to be logged.
+pub fn join_host_mount_ns_if_hidden() -> anyhow::Result<Option<String>> {
     if is_bpffs(Path::new(BPFFS_ROOT)) {
-        return Ok(());
+        return Ok(None);
     }
     let own = mount_ns("self").context("reading own mount namespace")?;
+    let cwd = std::env::current_dir().ok();
     let mut pid = std::os::unix::process::parent_id();
     while pid > 1 {
         if mount_ns(&pid.to_string()).is_ok_and(|ns| ns != own) {
@@ -67,12 +71,21 @@ pub fn join_host_mount_ns_if_hidden() -> anyhow::Result<()> {
             setns(ns, CloneFlags::CLONE_NEWNS).with_context(|| {
                 format!("joining the mount namespace of process {pid} to reach its {BPFFS_ROOT}")
             })?;
-            return Ok(());
+            return Ok(cwd.and_then(|cwd| {
+                std::env::set_current_dir(&cwd).err().map(|e| {
+                    format!(
+                        "joined the mount namespace of process {pid} to reach its {BPFFS_ROOT}, \
+                         which has no working directory {} ({e}): relative paths (the config \
+                         file a SIGHUP re-reads, --state-dir) now start at /",
+                        cwd.display()
+                    )
+                })
+            }));
         }
         let Some(parent) = parent_pid(pid) else { break };
         pid = parent;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Makes sure /sys/fs/bpf is a bpffs, mounting one if needed.
