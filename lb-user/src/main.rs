@@ -140,6 +140,9 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let reload: daemon::Reload =
         Arc::new(move || Config::from_args(args.clone()).map_err(anyhow::Error::from));
     require_root()?;
+    let state_path = state::path(&config.state_dir, &config.instance);
+    let (runtime_state, state_warnings) = RuntimeState::load(&state_path)?;
+    let mut runtime_state = runtime_state.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
     let snat = daemon::startup::Snat::resolve(&config)?;
     // Before anything is attached or adopted: a refused range leaves a
@@ -157,11 +160,9 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!("{warning}");
     }
     snat.warn_unassigned();
-    // After the log is set up: the load warns of each entry it drops.
-    // Still before anything is attached; and in the mount namespace the
-    // running balancer writes the file in.
-    let state_path = state::path(&config.state_dir, &config.instance);
-    let mut runtime_state = RuntimeState::load(&state_path)?.unwrap_or_default();
+    for warning in state_warnings {
+        tracing::warn!("{warning}");
+    }
     snat.drop_refused_state(&mut runtime_state);
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;

@@ -1114,7 +1114,8 @@ fn relative_config_and_state_paths_keep_their_meaning_after_the_start() {
     unsafe { libc::kill(daemon.0.id() as i32, libc::SIGHUP) };
     let log = wait_for_log(&mut daemon.0, "configuration reloaded");
     assert!(
-        log.contains("runtime state: dropped an entry") && log.contains("224.0.0.5:80"),
+        log.contains("dropped an entry the configuration's rules refuse")
+            && log.contains("224.0.0.5:80"),
         "the state file's dropped entry is in the log: {log}"
     );
     assert!(!log.contains("keeping the running configuration"), "{log}");

@@ -204,15 +204,18 @@ fn fingerprint(config: &Config, vip: &VipAddr, backend: std::net::SocketAddr) ->
 }
 
 impl RuntimeState {
-    /// Reads the state file; `None` when there is none.
-    pub fn load(path: &Path) -> Result<Option<Self>, ConfigError> {
+    /// Reads the state file (`None` when there is none), with a warning
+    /// for each entry it dropped, for the caller to log: it is read before
+    /// the log is set up, so that a file that cannot be used stops the
+    /// start with one line.
+    pub fn load(path: &Path) -> Result<(Option<Self>, Vec<String>), ConfigError> {
         let unreadable = |reason: String| ConfigError::State {
             path: path.display().to_string(),
             reason,
         };
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, Vec::new())),
             Err(e) => return Err(unreadable(e.to_string())),
         };
         let mut state: Self = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
@@ -259,10 +262,16 @@ impl RuntimeState {
             }
         }
         state.backends = backends;
-        for what in dropped {
-            tracing::warn!(path = %path.display(), "runtime state: dropped an entry the configuration's rules refuse: {what}");
-        }
-        Ok(Some(state))
+        let warnings = dropped
+            .into_iter()
+            .map(|what| {
+                format!(
+                    "runtime state {}: dropped an entry the configuration's rules refuse: {what}",
+                    path.display()
+                )
+            })
+            .collect();
+        Ok((Some(state), warnings))
     }
 
     /// Drops the entries that break the SNAT rules against the pools
@@ -663,7 +672,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lb-state-vips-{}", std::process::id()));
         let file = path(&dir, "lb-test");
         state.save(&file).unwrap();
-        let mut read = RuntimeState::load(&file).unwrap().unwrap();
+        let mut read = RuntimeState::load(&file).unwrap().0.unwrap();
         assert_eq!(read, state);
         let _ = std::fs::remove_dir_all(&dir);
 
@@ -707,7 +716,7 @@ mod tests {
         // know: a newer build's file) is dropped, the rest kept.
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(&file, r#"{"version":1,"backends":[],"vips":[{"vip":"10.0.0.9:80","added":{"algorithm":"nope","backends":["10.0.0.31:80"]},"config":null},{"vip":"10.0.0.9:81","added":{"algorithm":"random","backends":["10.0.0.31:80"]},"config":null}]}"#).unwrap();
-        let loaded = RuntimeState::load(&file).unwrap().unwrap();
+        let loaded = RuntimeState::load(&file).unwrap().0.unwrap();
         let kept: Vec<&str> = loaded.vips.iter().map(|v| v.vip.as_str()).collect();
         assert_eq!(kept, ["10.0.0.9:81"]);
         let _ = std::fs::remove_dir_all(&dir);
@@ -830,7 +839,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lb-state-{}", std::process::id()));
         let file = path(&dir, "lb-test");
         state.save(&file).unwrap();
-        let mut loaded = RuntimeState::load(&file).unwrap().unwrap();
+        let mut loaded = RuntimeState::load(&file).unwrap().0.unwrap();
         assert_eq!(loaded, state);
         std::fs::remove_dir_all(&dir).unwrap();
 
@@ -916,7 +925,7 @@ mod tests {
         let text = std::fs::read_to_string(&file).unwrap();
         assert!(text.contains(r#""zone": "b""#), "{text}");
         assert!(text.contains("10.0.0.32:80@1,zone=b"), "{text}");
-        let mut loaded = RuntimeState::load(&file).unwrap().unwrap();
+        let mut loaded = RuntimeState::load(&file).unwrap().0.unwrap();
         assert_eq!(loaded, state);
         let _ = std::fs::remove_dir_all(&dir);
 
@@ -979,7 +988,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lb-state-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = path(&dir, "x");
-        assert_eq!(RuntimeState::load(&file).unwrap(), None);
+        assert_eq!(RuntimeState::load(&file).unwrap(), (None, Vec::new()));
         for (text, why) in [
             ("{\"version\":1,\"backends\":[", "EOF"),
             ("{\"version\":9,\"backends\":[]}", "unknown version 9"),
@@ -1007,7 +1016,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let load = |text: &str| {
             std::fs::write(&file, text).unwrap();
-            RuntimeState::load(&file).unwrap().unwrap()
+            RuntimeState::load(&file).unwrap().0.unwrap()
         };
         let backend = |vip: &str, backend: &str, weight: u32| {
             format!(
@@ -1042,7 +1051,19 @@ mod tests {
             let state = load(&backends(&[good.clone(), bad.clone()]));
             let kept: Vec<&str> = state.backends.iter().map(|e| e.backend.as_str()).collect();
             assert_eq!(kept, ["10.0.0.21:80"], "{bad}");
+            // One warning, naming the file and the entry, for the caller
+            // to log once the log is set up.
+            let (_, warnings) = RuntimeState::load(&file).unwrap();
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(
+                warnings[0].starts_with(&format!("runtime state {}: dropped", file.display())),
+                "{warnings:?}"
+            );
         }
+        assert_eq!(
+            RuntimeState::load(&file).map(|(_, w)| w.len()).ok(),
+            Some(1)
+        );
         for bad in [
             r#"["[2001:db8::21]:80"]"#,
             r#"["127.0.0.1:80"]"#,
