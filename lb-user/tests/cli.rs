@@ -1077,6 +1077,23 @@ fn relative_config_and_state_paths_keep_their_meaning_after_the_start() {
         .expect("start lb-user");
     let mut daemon = Daemon(child);
     wait_for_status(&ns, &instance);
+    // What this test is about: `ip netns exec` gave lb-user a mount
+    // namespace of its own, and lb-user joined this one (ours) from it.
+    let mount_ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let netns_mount_ns = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "readlink", "/proc/self/ns/mnt"])
+        .output()
+        .unwrap();
+    assert_ne!(
+        String::from_utf8_lossy(&netns_mount_ns.stdout).trim(),
+        mount_ns("self").to_string_lossy(),
+        "ip netns exec gives a mount namespace of its own"
+    );
+    assert_eq!(
+        mount_ns(&daemon.0.id().to_string()),
+        mount_ns("self"),
+        "lb-user did not join the host's mount namespace"
+    );
     let out = ns
         .exec(&[
             "backend",

@@ -13,12 +13,18 @@
 //! the network namespace stays. If /sys/fs/bpf is still not a bpffs, one is
 //! mounted, as bpftool and Cilium do.
 
-use std::{ffi::CString, fs::File, os::unix::fs::MetadataExt as _, path::Path};
+use std::{
+    ffi::CString,
+    fs::File,
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::Path,
+};
 
 use anyhow::{Context as _, bail};
 use nix::{
     mount::{MsFlags, mount},
     sched::{CloneFlags, setns},
+    unistd::fchdir,
 };
 
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
@@ -53,16 +59,19 @@ fn parent_pid(pid: u32) -> Option<u32> {
 /// /sys/fs/bpf is hidden here (see the module docs). Must run before any
 /// thread is spawned (setns of a mount namespace requires a single-threaded
 /// process). Joining sets the working directory to the new namespace's
-/// root; it is set back to the same path there, so that relative paths
-/// (`--config`, re-read on SIGHUP; `--state-dir`, written while running)
-/// name the same files as at the start. The one case it cannot (no such
-/// directory in that namespace) is returned as a warning, to be logged.
+/// root; it is set back to the directory it was (through a descriptor
+/// opened before, as `nsenter -w` does: the same path can name another
+/// directory there, `ip netns exec`'s `/etc` say), so that relative paths
+/// (`--config`, re-read on SIGHUP; `--state-dir`, read at the start and
+/// written while running) name the same files as at the start. The one
+/// case it cannot is returned as a warning, to be logged.
 pub fn join_host_mount_ns_if_hidden() -> anyhow::Result<Option<String>> {
     if is_bpffs(Path::new(BPFFS_ROOT)) {
         return Ok(None);
     }
     let own = mount_ns("self").context("reading own mount namespace")?;
-    let cwd = std::env::current_dir().ok();
+    // `File::open` opens a directory read-only, and with O_CLOEXEC.
+    let cwd = File::open(".");
     let mut pid = std::os::unix::process::parent_id();
     while pid > 1 {
         if mount_ns(&pid.to_string()).is_ok_and(|ns| ns != own) {
@@ -71,15 +80,15 @@ pub fn join_host_mount_ns_if_hidden() -> anyhow::Result<Option<String>> {
             setns(ns, CloneFlags::CLONE_NEWNS).with_context(|| {
                 format!("joining the mount namespace of process {pid} to reach its {BPFFS_ROOT}")
             })?;
-            return Ok(cwd.and_then(|cwd| {
-                std::env::set_current_dir(&cwd).err().map(|e| {
-                    format!(
-                        "joined the mount namespace of process {pid} to reach its {BPFFS_ROOT}, \
-                         which has no working directory {} ({e}): relative paths (the config \
-                         file a SIGHUP re-reads, --state-dir) now start at /",
-                        cwd.display()
-                    )
-                })
+            let restored = cwd
+                .map_err(|e| e.to_string())
+                .and_then(|cwd| fchdir(cwd.as_raw_fd()).map_err(|e| e.to_string()));
+            return Ok(restored.err().map(|e| {
+                format!(
+                    "joined the mount namespace of process {pid} to reach its {BPFFS_ROOT}, but \
+                     could not keep the working directory ({e}): relative paths (the config file \
+                     a SIGHUP re-reads, --state-dir) now start at /"
+                )
             }));
         }
         let Some(parent) = parent_pid(pid) else { break };

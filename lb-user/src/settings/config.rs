@@ -925,11 +925,13 @@ pub fn check_backend(vip: &VipAddr, backend: SocketAddr) -> Result<(), ConfigErr
 }
 
 /// Whether `name` can name an instance: its pins' folder, its control
-/// socket and its state file are named after it.
+/// socket and its state file are named after it. Not starting with `.`:
+/// the files in the run directory whose names do are no instance's (the
+/// shared SNAT ports' lock, `.reserved-ports.lock`, is one; see
+/// `kernel::instance::run_file_instance`), and neither are `.` and `..`.
 pub fn valid_instance_name(name: &str) -> bool {
     (1..=MAX_INSTANCE_NAME).contains(&name.len())
-        && name != "."
-        && name != ".."
+        && !name.starts_with('.')
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))

@@ -70,7 +70,9 @@ pub enum ConfigError {
         held: String,
         error: Box<ConfigError>,
     },
-    #[error("invalid instance name '{0}' (use 1-64 letters, digits, '-', '_' or '.')")]
+    #[error(
+        "invalid instance name '{0}' (use 1-64 letters, digits, '-', '_' or '.', not starting with '.')"
+    )]
     BadInstance(String),
     #[error(
         "the interface name '{0}' cannot name the instance (lb-{0}): give --instance NAME (1-64 letters, digits, '-', '_' or '.')"

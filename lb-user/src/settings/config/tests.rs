@@ -375,6 +375,16 @@ fn each_bad_input_has_its_message() {
             minimal_with(&["--instance", "../x"]),
             "invalid instance name '../x'",
         ),
+        // The shared SNAT ports' lock, `/run/lb-user/.reserved-ports.lock`,
+        // would be its lock file.
+        (
+            minimal_with(&["--instance", ".reserved-ports"]),
+            "invalid instance name '.reserved-ports'",
+        ),
+        (
+            minimal_with(&["--instance", "."]),
+            "invalid instance name '.'",
+        ),
         (
             minimal_with(&["--log-level", "loud"]),
             "invalid log level 'loud'",
