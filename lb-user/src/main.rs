@@ -163,7 +163,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     for warning in state_warnings {
         tracing::warn!("{warning}");
     }
-    snat.drop_refused_state(&mut runtime_state);
+    snat.drop_refused_state(&mut runtime_state, &state_path);
     bpffs::ensure_mounted()?;
     let _lock = InstanceLock::acquire(&config.instance)?;
     tokio::runtime::Builder::new_current_thread()

@@ -99,11 +99,7 @@ impl Snat {
         };
         for ip in defaults.addrs() {
             if let Some(what) = config::not_a_host(ip) {
-                let flag = if ip.is_ipv6() {
-                    "--snat-ip6"
-                } else {
-                    "--snat-ip"
-                };
+                let flag = config::snat_flag(ip);
                 anyhow::bail!(
                     "no {flag} given, so SNAT would use {iface}'s address {ip}, {what}: the \
                      backends' replies could not come back (give {flag} with an address of this \
@@ -163,11 +159,12 @@ impl Snat {
     /// `--snat-ip`/`--snat-ip6`/`--snat-ports` (or of the interface's
     /// address taken by default) since they were saved brings them here.
     /// The rest of the state applies.
-    pub fn drop_refused_state(&self, state: &mut RuntimeState) {
+    pub fn drop_refused_state(&self, state: &mut RuntimeState, path: &std::path::Path) {
         for what in state.drop_snat_refused(&self.addrs(), self.ports) {
             warn!(
-                "runtime state: entry not applied, the SNAT rules refuse it (the SNAT addresses \
-                 or ports differ from those it was made with): {what}"
+                "runtime state {}: entry not applied, the SNAT rules refuse it (the SNAT \
+                 addresses or ports differ from those it was made with): {what}",
+                path.display()
             );
         }
     }
@@ -175,12 +172,9 @@ impl Snat {
     /// The pool addresses that are not in `local` (the addresses of this
     /// network namespace's interfaces).
     pub fn unassigned(&self, local: &[IpAddr]) -> Vec<IpAddr> {
-        self.v4
-            .iter()
-            .map(|&a| IpAddr::V4(a))
-            .chain(self.v6.iter().map(|&a| IpAddr::V6(a)))
-            .filter(|a| !local.contains(a))
-            .collect()
+        let mut addrs = self.addrs();
+        addrs.retain(|a| !local.contains(a));
+        addrs
     }
 
     /// Warns about each pool address no interface here holds: the host

@@ -48,22 +48,25 @@ impl PrefixView {
     /// The view a cache kept: `keys` and their last good values at
     /// `revision`. A value that no longer meets the rules (a cache written
     /// by an older build, or edited, or a backend at a SNAT address given
-    /// since) is left out.
+    /// since) is left out, and returned.
     pub fn cached(
         prefix: &str,
         vip: VipAddr,
         snat: &[IpAddr],
         revision: i64,
         keys: &BTreeMap<String, Entry>,
-    ) -> Self {
+    ) -> (Self, Vec<Skipped>) {
         let mut view = Self::new(prefix, vip, snat);
+        let mut skipped = Vec::new();
         for (key, e) in keys {
-            if let Ok(value) = serde_json::to_vec(e) {
-                let _ = view.put(key.as_bytes(), &value);
+            if let Ok(value) = serde_json::to_vec(e)
+                && let Err(s) = view.put(key.as_bytes(), &value)
+            {
+                skipped.push(s);
             }
         }
         view.revision = revision;
-        view
+        (view, skipped)
     }
 
     /// Every key with its good value.
@@ -264,8 +267,11 @@ mod tests {
                 zone: None,
             },
         );
-        let cached = PrefixView::cached("/p/", vip, &[], 5, &keys);
+        let (cached, skipped) = PrefixView::cached("/p/", vip, &[], 5, &keys);
         assert_eq!(cached.keys(), view.keys());
+        // Returned, for the start to say so.
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].key, "/p/m");
         // etcd now holds a bad value for x: the restart keeps x's cached one.
         let (read, skipped) = cached.reread(
             9,
@@ -315,8 +321,13 @@ mod tests {
         assert_eq!(skipped.len(), 1);
         assert_eq!(again.wanted(), good);
         // A cached value at an address that has become a SNAT one is left out.
-        let cached =
+        let (cached, skipped) =
             PrefixView::cached("/p/", vip, &["10.0.0.21".parse().unwrap()], 9, view.keys());
         assert!(cached.is_empty());
+        assert_eq!(skipped.len(), 1);
+        assert!(
+            skipped[0].reason.contains("is at SNAT address 10.0.0.21"),
+            "{skipped:?}"
+        );
     }
 }

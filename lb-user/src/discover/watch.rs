@@ -272,11 +272,19 @@ pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option
                         view.revision = c.revision;
                         for e in &c.backends {
                             let value = serde_json::to_vec(e)?;
-                            let _ =
-                                view.put(format!("{prefix}cache/{}", e.addr).as_bytes(), &value);
+                            let key = format!("{prefix}cache/{}", e.addr);
+                            if let Err(s) = view.put(key.as_bytes(), &value) {
+                                log_skipped(&status, &[s]);
+                            }
                         }
                     } else {
-                        view = PrefixView::cached(&prefix, v.vip, snat, c.revision, &c.keys);
+                        let skipped;
+                        (view, skipped) =
+                            PrefixView::cached(&prefix, v.vip, snat, c.revision, &c.keys);
+                        // Cached values the rules now refuse (a backend at a
+                        // SNAT address given since, say): said, as a bad
+                        // etcd value is.
+                        log_skipped(&status, &skipped);
                     }
                 }
                 views.push((i, view, true));
@@ -344,7 +352,9 @@ async fn read_all(
             .filter(|c| c.prefix == prefix)
             .map_or_else(
                 || PrefixView::new(prefix, v.vip, snat),
-                |c| PrefixView::cached(prefix, v.vip, snat, c.revision, &c.keys),
+                // What the rules now refuse of the cache is only a last
+                // good value: etcd's own value for the key is read next.
+                |c| PrefixView::cached(prefix, v.vip, snat, c.revision, &c.keys).0,
             );
         let read = read_prefix(&mut client, &last, revision).await?;
         revision = read.0.revision;

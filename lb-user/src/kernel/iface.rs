@@ -23,16 +23,29 @@ pub fn ifindex(name: &str) -> anyhow::Result<u32> {
 }
 
 /// The first IPv4 address on the interface (the kernel lists the primary
-/// address of a subnet before its secondaries).
+/// address of a subnet before its secondaries) that is not a loopback one;
+/// a loopback one only if it has no other (which the start then refuses
+/// as a SNAT address, saying why: `daemon::startup::Snat`).
 pub fn primary_ipv4(name: &str) -> anyhow::Result<Ipv4Addr> {
-    getifaddrs()
+    let addrs: Vec<Ipv4Addr> = getifaddrs()
         .context("listing interface addresses")?
         .filter(|a| a.interface_name == name)
-        .find_map(|a| {
+        .filter_map(|a| {
             a.address
                 .and_then(|s| s.as_sockaddr_in().map(|sin| sin.ip()))
         })
+        .collect();
+    first_not_loopback(&addrs)
         .ok_or_else(|| anyhow!("interface '{name}' has no IPv4 address; give --snat-ip"))
+}
+
+/// The first of `addrs` that is not a loopback address, else the first.
+fn first_not_loopback(addrs: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+    addrs
+        .iter()
+        .find(|a| !a.is_loopback())
+        .or(addrs.first())
+        .copied()
 }
 
 /// Every address of every interface of this network namespace.
@@ -123,6 +136,18 @@ mod tests {
             serde_json::from_str(r#"{"attached":[{"mode":2,"prog":{"id":7}}]}"#).unwrap();
         assert_eq!(find_prog_id(&multi), Some(7));
         assert_eq!(find_prog_id(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn the_default_snat_address_is_the_first_that_is_not_loopback() {
+        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(
+            first_not_loopback(&[a("127.0.0.2"), a("10.0.0.1"), a("10.0.0.2")]),
+            Some(a("10.0.0.1"))
+        );
+        // Only loopback: that one, for the start to refuse by name.
+        assert_eq!(first_not_loopback(&[a("127.0.0.1")]), Some(a("127.0.0.1")));
+        assert_eq!(first_not_loopback(&[]), None);
     }
 
     #[test]

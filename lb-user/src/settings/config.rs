@@ -875,7 +875,7 @@ pub fn check_backend_snat(
 }
 
 /// The flag that sets the SNAT pool of `ip`'s family.
-fn snat_flag(ip: IpAddr) -> &'static str {
+pub fn snat_flag(ip: IpAddr) -> &'static str {
     if ip.is_ipv6() {
         "--snat-ip6"
     } else {
