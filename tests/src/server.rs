@@ -435,7 +435,7 @@ mod tests {
         // should take 0.5 s. Held with tokio's millisecond timer, each slot
         // took about 6.2 ms (0.62 s, a server of 81 %); held with a
         // nanosleep, about 5.1-5.3 ms. The bound sits between the two,
-        // loose enough for a busy machine (18 %: a clean clone's full test
+        // loose enough for a busy machine (22 %: a clean clone's full test
         // run, other tests beside it on 2 CPUs, read 570-585 ms, 14-17 %),
         // and still under the timer's 24 %; the lower one is the promise
         // that a slot is never shorter than the service time.
@@ -462,7 +462,7 @@ mod tests {
         let nominal = Duration::from_millis(5) * REQUESTS / 2;
         assert!(took >= nominal, "{runs:?} for {nominal:?} of work");
         assert!(
-            took < nominal.mul_f64(1.18),
+            took < nominal.mul_f64(1.22),
             "{runs:?} for {nominal:?} of work: each slot overshoots its service time"
         );
     }
