@@ -135,28 +135,23 @@ fn check_backend_to_add(snat: &Snat, vip: &VipAddr, backend: SocketAddr) -> anyh
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser as _;
 
     use super::*;
-    use crate::settings::{cli::Cli, config::FileConfig};
 
     /// A balancer started with VIP 10.0.0.100:80 and no `--snat-ip`,
     /// whose interface's address, 10.0.0.1, is its SNAT address.
     fn running() -> (Config, Snat) {
-        let argv = [
-            "lb-user",
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ];
-        let base = Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap();
+        let base = Config::of(
+            &[
+                "--iface",
+                "eth0",
+                "--vip",
+                "10.0.0.100:80",
+                "--backend",
+                "10.0.0.21:80",
+            ],
+            "",
+        );
         let snat = Snat {
             v4: vec!["10.0.0.1".parse().unwrap()],
             v6: Vec::new(),

@@ -528,10 +528,8 @@ fn snat_slices(online: &[u32]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser as _;
 
     use super::*;
-    use crate::settings::{cli::Cli, config::FileConfig};
 
     #[test]
     fn snat_slices_follow_the_online_cpus_not_the_possible_ones() {
@@ -544,12 +542,13 @@ mod tests {
 
     /// The configuration of the flags `argv` (after the program name).
     fn config(argv: &[&str]) -> Config {
-        let argv = [&["lb-user"][..], argv].concat();
-        Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap()
+        Config::of(argv, "")
+    }
+
+    /// VIP `vip` with one backend, `backend`, on `iface`, and the flags `extra`.
+    fn one_vip(iface: &str, vip: &str, backend: &str, extra: &[&str]) -> Config {
+        let flags = ["--iface", iface, "--vip", vip, "--backend", backend];
+        config(&[&flags[..], extra].concat())
     }
 
     /// The pools the interface gives by default: `v4` and `v6`.
@@ -564,14 +563,7 @@ mod tests {
     #[test]
     fn the_interfaces_address_taken_by_default_is_held_to_the_snat_rules() {
         // Valid as configured: the SNAT address is not known yet.
-        let c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.1:25000",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
+        let c = one_vip("eth0", "10.0.0.1:25000", "10.0.0.21:80", &[]);
         let e = from_iface(&c, &["10.0.0.1"], &[])
             .check_defaults(&c)
             .unwrap_err();
@@ -587,14 +579,7 @@ mod tests {
                 .check_defaults(&c)
                 .is_ok()
         );
-        let c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "[2001:db8::1]:30000/udp",
-            "--backend",
-            "[2001:db8::21]:80",
-        ]);
+        let c = one_vip("eth0", "[2001:db8::1]:30000/udp", "[2001:db8::21]:80", &[]);
         let e = from_iface(&c, &[], &["2001:db8::1"])
             .check_defaults(&c)
             .unwrap_err();
@@ -602,14 +587,7 @@ mod tests {
         assert!(e.starts_with("no --snat-ip6 given, so SNAT uses eth0's address 2001:db8::1: VIP [2001:db8::1]:30000/udp is on SNAT address 2001:db8::1"), "{e}");
         assert!(e.ends_with("or use another --snat-ip6)"), "{e}");
         // A backend at the interface's address.
-        let c = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.1:80",
-        ]);
+        let c = one_vip("eth0", "10.0.0.100:80", "10.0.0.1:80", &[]);
         let e = from_iface(&c, &["10.0.0.1"], &[])
             .check_defaults(&c)
             .unwrap_err();
@@ -620,16 +598,12 @@ mod tests {
             "{e:#}"
         );
         // A configured pool was checked with the configuration: not again.
-        let c = config(&[
-            "--iface",
+        let c = one_vip(
             "eth0",
-            "--vip",
             "10.0.0.1:80",
-            "--backend",
             "10.0.0.21:80",
-            "--snat-ip",
-            "10.0.0.1",
-        ]);
+            &["--snat-ip", "10.0.0.1"],
+        );
         assert!(
             from_iface(&c, &["10.0.0.1"], &[])
                 .check_defaults(&c)
@@ -639,14 +613,7 @@ mod tests {
 
     #[test]
     fn a_loopback_address_taken_from_the_interface_is_refused_as_the_snat_address() {
-        let c = config(&[
-            "--iface",
-            "lo",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
+        let c = one_vip("lo", "10.0.0.100:80", "10.0.0.21:80", &[]);
         let e = from_iface(&c, &["127.0.0.1"], &[])
             .check_defaults(&c)
             .unwrap_err();
@@ -665,16 +632,12 @@ mod tests {
         );
         // A configured pool is the configuration's to check: the
         // interface's address is not taken then.
-        let c = config(&[
-            "--iface",
+        let c = one_vip(
             "lo",
-            "--vip",
             "10.0.0.100:80",
-            "--backend",
             "10.0.0.21:80",
-            "--snat-ip",
-            "10.0.0.1",
-        ]);
+            &["--snat-ip", "10.0.0.1"],
+        );
         assert!(
             from_iface(&c, &["10.0.0.1"], &[])
                 .check_defaults(&c)
@@ -684,14 +647,7 @@ mod tests {
 
     #[test]
     fn a_reload_is_refused_when_it_breaks_the_snat_rules_against_the_running_pools() {
-        let running = config(&[
-            "--iface",
-            "eth0",
-            "--vip",
-            "10.0.0.100:80",
-            "--backend",
-            "10.0.0.21:80",
-        ]);
+        let running = one_vip("eth0", "10.0.0.100:80", "10.0.0.21:80", &[]);
         let snat = from_iface(&running, &["10.0.0.1"], &[]);
         let reread =
             |argv: &'static [&'static str]| -> Reload { Arc::new(move || Ok(config(argv))) };

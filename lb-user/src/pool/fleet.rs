@@ -1042,16 +1042,13 @@ impl Fleet {
 mod tests {
     use std::time::Duration;
 
-    use clap::Parser;
-
     use super::*;
-    use crate::{estimate::WEIGHT_UNITS, settings::cli::Cli, settings::config::FileConfig};
+    use crate::estimate::WEIGHT_UNITS;
 
     const SEC: u64 = 1_000_000_000;
 
     fn fleet(extra: &[&str]) -> (Fleet, VipAddr) {
         let mut argv = vec![
-            "lb-user",
             "--iface",
             "eth0",
             "--vip",
@@ -1078,13 +1075,9 @@ mod tests {
         )
     }
 
-    /// The configuration of the command line `argv` (from `lb-user`).
+    /// The configuration of the flags `argv`.
     fn config_of(argv: &[&str]) -> Config {
-        Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap()
+        Config::of(argv, "")
     }
 
     fn addr(s: &str) -> SocketAddr {
@@ -1094,7 +1087,6 @@ mod tests {
     /// VIP 10.0.0.100:80 with the one backend 10.0.0.21:80.
     fn one_backend_config() -> Config {
         config_of(&[
-            "lb-user",
             "--iface",
             "eth0",
             "--vip",
@@ -1218,7 +1210,6 @@ mod tests {
 
     fn zoned_fleet_with(extra: &[&str]) -> Fleet {
         let mut argv = vec![
-            "lb-user",
             "--iface",
             "eth0",
             "--zone",
@@ -1511,7 +1502,6 @@ mod tests {
     fn reload_adds_removes_and_reweights() {
         let (mut f, _) = fleet(&[]);
         let argv = [
-            "lb-user",
             "--iface",
             "eth0",
             "--vip",
@@ -1525,11 +1515,7 @@ mod tests {
             "--weight-smoothing",
             "0s",
         ];
-        let config = Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap();
+        let config = config_of(&argv);
         let now = Nanos(2 * SEC);
         assert!(f.reload(&config, now).0.is_empty());
         let s = f.selection(0, now + Duration::from_secs(20));
@@ -1538,15 +1524,11 @@ mod tests {
     }
 
     fn vip_config(vip: &str, backends: &[&str]) -> Config {
-        let mut argv = vec!["lb-user", "--iface", "eth0", "--vip", vip];
+        let mut argv = vec!["--iface", "eth0", "--vip", vip];
         for b in backends {
             argv.extend(["--backend", b]);
         }
-        Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap()
+        config_of(&argv)
     }
 
     #[test]
@@ -1691,7 +1673,6 @@ mod tests {
     #[test]
     fn a_ramp_on_a_p2c_vip_leaves_its_kernel_selection_as_it_was() {
         let config = config_of(&[
-            "lb-user",
             "--iface",
             "eth0",
             "--vip",

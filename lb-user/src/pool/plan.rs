@@ -282,17 +282,11 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
 
     use super::*;
-    use crate::{settings::cli::Cli, settings::config::FileConfig};
 
     fn plan(argv: &[&str], file: &str) -> Plan {
-        let mut full = vec!["lb-user"];
-        full.extend_from_slice(argv);
-        let args = Cli::try_parse_from(full).unwrap().run;
-        let file = FileConfig::parse(file, std::path::Path::new("t.toml")).unwrap();
-        Plan::new(&Config::merge(args, file).unwrap())
+        Plan::new(&Config::of(argv, file))
     }
 
     #[test]
@@ -375,7 +369,7 @@ mod tests {
     const TCP: usize = 1;
 
     fn three_backends(order: [&str; 3]) -> Config {
-        let mut argv = vec!["lb-user", "--iface", "eth0", "--vip", "10.0.0.100:80"];
+        let mut argv = vec!["--iface", "eth0", "--vip", "10.0.0.100:80"];
         for b in &order {
             argv.extend(["--backend", b]);
         }
@@ -385,9 +379,7 @@ mod tests {
             algorithm = "maglev"
             backends = ["10.0.0.21:53"]
             "#;
-        let args = Cli::try_parse_from(argv).unwrap().run;
-        let file = FileConfig::parse(file, std::path::Path::new("t.toml")).unwrap();
-        Config::merge(args, file).unwrap()
+        Config::of(&argv, file)
     }
 
     /// What `plan` leaves in the maps, as the next instance reads it.

@@ -427,6 +427,17 @@ impl Config {
         Self::merge(args, file)
     }
 
+    /// For tests: the configuration of the flags `flags` (after the
+    /// program name) and the TOML `file`, which must be valid.
+    #[cfg(test)]
+    pub fn of(flags: &[&str], file: &str) -> Self {
+        use clap::Parser as _;
+        let argv = [&["lb-user"][..], flags].concat();
+        let args = super::cli::Cli::try_parse_from(argv).unwrap().run;
+        let file = FileConfig::parse(file, Path::new("t.toml")).unwrap();
+        Self::merge(args, file).unwrap()
+    }
+
     /// Flags override the file's globals; `--vip` adds a VIP after the file's.
     pub fn merge(mut args: RunArgs, mut file: FileConfig) -> Result<Self, ConfigError> {
         let iface = args

@@ -617,21 +617,15 @@ impl RuntimeState {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
 
     use super::*;
-    use crate::settings::{cli::Cli, config::FileConfig};
 
     fn config(backends: &[&str]) -> Config {
-        let mut argv = vec!["lb-user", "--iface", "eth0", "--vip", "10.0.0.100:80"];
+        let mut argv = vec!["--iface", "eth0", "--vip", "10.0.0.100:80"];
         for b in backends {
             argv.extend(["--backend", b]);
         }
-        Config::merge(
-            Cli::try_parse_from(argv).unwrap().run,
-            FileConfig::default(),
-        )
-        .unwrap()
+        Config::of(&argv, "")
     }
 
     fn addr(s: &str) -> std::net::SocketAddr {
