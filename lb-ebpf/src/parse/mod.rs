@@ -2,6 +2,7 @@
 //! IPv6 (with up to [`MAX_IPV6_EXT_HEADERS`] extension headers), TCP and
 //! UDP; and ICMP errors, described by the packet they quote ([`icmp`]).
 mod icmp;
+mod malformed;
 pub mod plain;
 
 use core::mem::MaybeUninit;
@@ -12,6 +13,7 @@ use lb_common::{
 };
 use network_types::{ip::Ipv4Hdr, udp::UdpHdr};
 
+use self::malformed::BadTransport;
 use crate::{
     fragment,
     handover::MAX_L4_OFFSET,
@@ -82,6 +84,7 @@ pub fn parse_into<const V6: bool>(ctx: XdpContext, out: &mut MaybeUninit<Packet>
             Parsed::IcmpError
         }
         Ok(Frame::Pass(reason)) => return StageResult::verdict(Verdict::pass(reason)),
+        Ok(Frame::BadTransport(bad)) => return malformed::verdict(&bad),
         Err(reason) => return StageResult::verdict(Verdict::drop(reason)),
     };
     StageResult::proceed(kind as u32)
@@ -95,6 +98,10 @@ enum Frame {
     Icmp(Packet),
     /// Not ours: pass it to the stack under this reason.
     Pass(Reason),
+    /// A TCP or UDP header cut short or out of range: dropped if the
+    /// packet is addressed to the balancer, else passed
+    /// ([`malformed::verdict`]).
+    BadTransport(BadTransport),
 }
 
 /// The frame's EtherType behind at most [`MAX_VLAN_TAGS`] tags and where
@@ -124,8 +131,9 @@ pub fn frame_is_ipv6(ctx: &XdpContext) -> bool {
 }
 
 /// Parses the frame, if it is of the family `V6` says. Malformed or
-/// truncated IP is an `Err` (dropped); the kernel would drop it too.
-/// Anything we cannot tell is IP of that family passes untouched.
+/// truncated IP is an `Err` (dropped); the kernel would drop it too. A
+/// malformed transport header is [`Frame::BadTransport`]. Anything we
+/// cannot tell is IP of that family passes untouched.
 #[inline(always)]
 fn parse<const V6: bool>(ctx: &XdpContext) -> Result<Frame, Reason> {
     match inner_ether_type(ctx) {
@@ -183,8 +191,19 @@ fn parse_ipv4(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         let dst = [dst, 0, 0, 0];
         return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET, dst), frame_len));
     }
-    let Some(l4hdr) = l4_header(ctx, frag, proto, l4, l3 + tot_len)? else {
-        return Ok(Frame::Pass(reason::PASS_NOT_L4));
+    let l4hdr = match l4_header(ctx, frag, proto, l4, l3 + tot_len) {
+        Ok(Some(l4hdr)) => l4hdr,
+        Ok(None) => return Ok(Frame::Pass(reason::PASS_NOT_L4)),
+        Err(reason) => {
+            let dport = dport_of(ctx, l4, l3 + tot_len);
+            return Ok(Frame::BadTransport(BadTransport {
+                reason,
+                family: AF_INET,
+                proto,
+                dport,
+                daddr: [dst, 0, 0, 0],
+            }));
+        }
     };
     Ok(Frame::Ip(Packet {
         l3,
@@ -241,8 +260,18 @@ fn parse_ipv6(ctx: &XdpContext, l3: usize) -> Result<Frame, Reason> {
         }
         return Ok(icmp::parse_error(ctx, l3, l4, (AF_INET6, daddr), frame_len));
     }
-    let Some(l4hdr) = l4_header(ctx, frag, next, l4, end)? else {
-        return Ok(Frame::Pass(reason::PASS_NOT_L4));
+    let l4hdr = match l4_header(ctx, frag, next, l4, end) {
+        Ok(Some(l4hdr)) => l4hdr,
+        Ok(None) => return Ok(Frame::Pass(reason::PASS_NOT_L4)),
+        Err(reason) => {
+            return Ok(Frame::BadTransport(BadTransport {
+                reason,
+                family: AF_INET6,
+                proto: next,
+                dport: dport_of(ctx, l4, end),
+                daddr,
+            }));
+        }
     };
     Ok(Frame::Ip(Packet {
         l3,
@@ -409,6 +438,24 @@ fn skip_ipv6_extensions(ctx: &XdpContext, mut next: u8, mut l4: usize) -> Result
         return Ok(Upper::Pass(reason::PASS_IPV6_EXT_LIMIT));
     }
     Ok(Upper::Header(next, l4, frag))
+}
+
+/// The destination port (network byte order) of the TCP or UDP header at
+/// `l4` of a datagram ending at `end`, or [`malformed::NO_PORT`] if the
+/// datagram does not hold it. (Not an `Option`: LLVM packs one into a
+/// register shifted together with whatever the other path left there, a
+/// packet pointer here, and the verifier refuses pointer shifts.)
+#[inline(always)]
+fn dport_of(ctx: &XdpContext, l4: usize, end: usize) -> u32 {
+    // Hidden from LLVM: `end` was checked against the frame's length, so
+    // LLVM would drop the frame bound's check below as implied, and the
+    // verifier, which does not follow that arithmetic, would refuse the read.
+    if l4 + L4_DPORT_OFF + 2 > core::hint::black_box(end) {
+        return malformed::NO_PORT;
+    }
+    load::<[u8; 2]>(ctx, l4 + L4_DPORT_OFF).map_or(malformed::NO_PORT, |port| {
+        u32::from(u16::from_ne_bytes(port))
+    })
 }
 
 /// The fields of a TCP or UDP header the data path uses.
