@@ -185,14 +185,8 @@ impl TableWriter {
         maglev_table: Option<u32>,
         slots: &[SlotBackend],
     ) -> anyhow::Result<()> {
-        let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
-        let set = VipTableSet::build(algorithm, slots);
-        self.write_set(
-            vip_id,
-            maglev_table,
-            (&set.schedule, &set.prefix, &set.maglev),
-            None,
-        )
+        let flip = self.write_aside(vip_id, algorithm, maglev_table, slots)?;
+        self.flip(flip)
     }
 
     /// Builds and writes the tables of the zone-aware VIP `vip_id` for its
@@ -207,19 +201,8 @@ impl TableWriter {
         maglev_table: Option<u32>,
         blocks: &[ZoneInput],
     ) -> anyhow::Result<()> {
-        let algorithm = Algorithm::from_u8(algorithm).unwrap_or(Algorithm::P2cEwma);
-        let ZoneTableSet {
-            zones,
-            schedule,
-            prefix,
-            maglev,
-        } = zone_tables::build(algorithm, blocks)?;
-        self.write_set(
-            vip_id,
-            maglev_table,
-            (&schedule, &prefix, &maglev),
-            Some(zones),
-        )
+        let flip = self.write_zoned_aside(vip_id, algorithm, maglev_table, blocks)?;
+        self.flip(flip)
     }
 
     /// Removes VIP `vip_id`'s zone descriptor: the kernel selects over its
@@ -292,22 +275,6 @@ impl TableWriter {
         Ok(())
     }
 
-    /// Writes VIP `vip_id`'s table contents, then its descriptors, in the
-    /// order `publish::swap::plan` gives: the schedule and sums into the
-    /// half the kernel does not read, the Maglev table aside (see
-    /// [`TableWriter`]), then the flips. `zones`: a zone-aware VIP's new
-    /// zone descriptor, written last.
-    fn write_set(
-        &mut self,
-        vip_id: u32,
-        maglev_table: Option<u32>,
-        tables: (&[u32], &[u32], &[u32]),
-        zones: Option<VipZones>,
-    ) -> anyhow::Result<()> {
-        let flip = self.write_set_aside(vip_id, maglev_table, tables, zones)?;
-        self.flip(flip)
-    }
-
     /// The first part of [`TableWriter::write`]: builds VIP `vip_id`'s
     /// tables and writes everything the kernel does not read (the spare
     /// half, a spare Maglev table); the kernel keeps selecting from the
@@ -365,6 +332,11 @@ impl TableWriter {
         Ok(())
     }
 
+    /// Writes VIP `vip_id`'s table contents aside, in the order
+    /// `publish::swap::plan` gives: the schedule and sums into the half the
+    /// kernel does not read, the Maglev table aside (see [`TableWriter`]).
+    /// The flips that follow are returned for [`TableWriter::flip`];
+    /// `zones`: a zone-aware VIP's new zone descriptor, written last.
     fn write_set_aside(
         &mut self,
         vip_id: u32,
