@@ -57,9 +57,7 @@ impl Runtime {
             zones: self.zone_metrics(&counters),
             zone_vips: self
                 .fleet
-                .vips
-                .iter()
-                .filter(|v| v.zone_aware && !v.removed)
+                .zone_aware_vips()
                 .map(|v| VipZoneMetrics {
                     vip: v.addr.to_string(),
                     spill: v.zone_plan.as_ref().map_or(0, |p| p.spill.gauge()),
@@ -83,12 +81,7 @@ impl Runtime {
     fn zone_metrics(&mut self, counters: &HashMap<u32, BackendCounters>) -> Vec<ZoneMetrics> {
         let mut out = Vec::new();
         let opened = &mut self.zone_opened;
-        for vip in self
-            .fleet
-            .vips
-            .iter()
-            .filter(|v| v.zone_aware && !v.removed)
-        {
+        for vip in self.fleet.zone_aware_vips() {
             let Some(plan) = &vip.zone_plan else {
                 continue;
             };

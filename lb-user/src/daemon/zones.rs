@@ -17,12 +17,7 @@ impl Runtime {
     fn zones_file(&self) -> ZonesFile {
         let mut file = ZonesFile::default();
         let local = self.fleet.zones.local;
-        for vip in self
-            .fleet
-            .vips
-            .iter()
-            .filter(|v| v.zone_aware && !v.removed)
-        {
+        for vip in self.fleet.zone_aware_vips() {
             let Some(plan) = &vip.zone_plan else {
                 continue;
             };
@@ -45,7 +40,7 @@ impl Runtime {
                 })
                 .collect();
             file.vips.insert(
-                format!("{}/{}", vip.addr.addr, vip.addr.protocol.name()),
+                vip.addr.to_string(),
                 ZoneRouting {
                     local_zone: zone_label(local),
                     spill: plan.spill.name().to_string(),

@@ -300,6 +300,12 @@ impl Fleet {
         self.members.get_mut(id as usize)?.as_mut()
     }
 
+    /// The VIPs that route by zone: zone-aware, and not removed and
+    /// draining.
+    pub fn zone_aware_vips(&self) -> impl Iterator<Item = &FleetVip> {
+        self.vips.iter().filter(|v| v.zone_aware && !v.removed)
+    }
+
     /// The index of VIP `vip` (not one removed and draining).
     pub fn vip_index(&self, vip: &VipAddr) -> Result<usize, FleetError> {
         self.vips
