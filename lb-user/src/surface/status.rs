@@ -60,7 +60,7 @@ use lb_common::{
     BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, BACKEND_EJECTED, CONFIG_F_READY, MAX_BACKENDS,
     MAX_SNAT_ADDRS, VIP_F_P2C_RELIEF, reason,
 };
-use serde::Serialize;
+use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     estimate::WEIGHT_UNITS, kernel::bpffs, kernel::flow_tables::Capacities, kernel::instance,
@@ -146,12 +146,9 @@ pub fn zones_path(instance_name: &str) -> std::path::PathBuf {
 /// Each zone-aware VIP's routing and its backends' zones, from the zones
 /// file if any.
 fn apply_zones(instance_name: &str, vips: &mut [VipStatus]) {
-    let file: ZonesFile = std::fs::read_to_string(zones_path(instance_name))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let file: ZonesFile = read_or_default(&zones_path(instance_name));
     for v in vips {
-        if let Some(z) = file.vips.get(&format!("{}/{}", v.address, v.protocol)) {
+        if let Some(z) = file.vips.get(&file_key(v)) {
             for b in &mut v.backends {
                 b.zone = z
                     .backend_zones
@@ -187,16 +184,27 @@ pub fn discovery_path(instance_name: &str) -> std::path::PathBuf {
 
 /// Each VIP's source and revision, from the discovery file if any.
 fn apply_sources(instance_name: &str, vips: &mut [VipStatus]) {
-    let file: DiscoveryFile = std::fs::read_to_string(discovery_path(instance_name))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let file: DiscoveryFile = read_or_default(&discovery_path(instance_name));
     for v in vips {
-        if let Some(d) = file.vips.get(&format!("{}/{}", v.address, v.protocol)) {
+        if let Some(d) = file.vips.get(&file_key(v)) {
             v.source = format!("etcd {}", d.prefix);
             v.revision = Some(d.revision);
         }
     }
+}
+
+/// The file the daemon writes for `status` at `path` (JSON), or the
+/// default, which adds nothing, when it is missing or unreadable.
+fn read_or_default<T: DeserializeOwned + Default>(path: &Path) -> T {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// The name the zones and discovery files give VIP `v`: `IP:PORT/proto`.
+fn file_key(v: &VipStatus) -> String {
+    format!("{}/{}", v.address, v.protocol)
 }
 
 #[derive(Debug, Serialize)]
