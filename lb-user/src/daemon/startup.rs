@@ -286,14 +286,15 @@ fn restore_snat_cursors(config: &Config, pin_dir: &std::path::Path, plan: &Plan)
         &backends,
         std::time::SystemTime::now(),
     ) {
-        Ok((0, _)) => {}
+        Ok((0, 0)) => {}
         Ok((n, tuples)) => info!(
             backends = n,
-            quarantined_tuples = tuples,
+            held_tuples = tuples,
             file = %file.display(),
-            "SNAT cursors and quarantine of the last clean stop restored: new flows go on past \
-             the tuples it used, and none takes a tuple its backend still holds in TIME_WAIT \
-             unless that TIME_WAIT accepts it"
+            "SNAT cursors and held tuples of the last clean stop restored: new flows go on past \
+             the tuples it used, none takes a tuple its backend still holds in TIME_WAIT unless \
+             that TIME_WAIT accepts it, and none takes the tuple of a connection that was open \
+             at the stop before that connection's idle timeout and quarantine"
         ),
         Err(e) => warn!("SNAT cursors of the last stop not restored (random start): {e:#}"),
     }
@@ -317,11 +318,15 @@ pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
                 })
             })
             .collect();
+        let idle = snat_handover::IdleTimeouts {
+            tcp: config.tcp_idle_timeout,
+            udp: config.udp_idle_timeout,
+        };
         snat_handover::save(
             pin_dir,
             &file,
             config.snat_ports,
-            config.snat_quarantine,
+            (config.snat_quarantine, idle),
             &backends,
             std::time::SystemTime::now(),
         )
@@ -329,9 +334,10 @@ pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
     match saved {
         Ok((n, tuples)) => info!(
             backends = n,
-            quarantined_tuples = tuples,
+            held_tuples = tuples,
             file = %file.display(),
-            "saved the SNAT cursors and quarantine"
+            "saved the SNAT cursors and the tuples held (in quarantine, or by connections still \
+             open, for their idle timeout)"
         ),
         Err(e) => warn!(
             "SNAT cursors not saved (a cold start within the quarantine starts at random places): {e:#}"

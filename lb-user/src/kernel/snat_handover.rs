@@ -23,12 +23,24 @@
 //! so the file carries the boot id and a file from another boot restores
 //! no tuple.
 //!
+//! The connections still open at the stop lose their flows with the pins,
+//! but their backends do not know that: each holds its tuple until the
+//! connection ends there (an idle keep-alive connection until the
+//! backend's own timeout, and then its FIN goes unanswered), and a SYN on
+//! that tuple meets the old connection and waits a second. So the stop
+//! saves each open connection's reply entry too, as closed at the end of
+//! the idle timeout of its protocol from the stop, which is as long as the
+//! running instance would have held the tuple had the connection gone
+//! idle then: it stays out of use for that long and a quarantine after
+//! it, and no SYN takes it over (there is no TIME_WAIT to accept one).
+//!
 //! The file is keyed by VIP and backend address (ids can change across a
 //! cold start, and a backend behind two VIPs has an id, and cursors, for
 //! each) and carries the SNAT port range and the CPU count it was made
-//! with; a file from another range, another CPU count or older than the
-//! quarantine is ignored (the random start of `maps::seed_snat_cursors`
-//! stays).
+//! with; a file from another range or another CPU count is ignored, and
+//! so are its cursors once it is older than the quarantine (the random
+//! start of `maps::seed_snat_cursors` stays) and each tuple once its own
+//! quarantine is over.
 
 use std::{
     path::{Path, PathBuf},
@@ -70,7 +82,8 @@ pub struct Saved {
     /// `/proc/sys/kernel/random/boot_id` at the stop.
     #[serde(default)]
     pub boot_id: String,
-    /// The tuples in quarantine at the stop.
+    /// The tuples in quarantine at the stop, and those of the connections
+    /// still open then (as closed at the end of their idle timeout).
     #[serde(default)]
     pub quarantined: Vec<SavedTuple>,
 }
@@ -121,6 +134,24 @@ impl SavedTuple {
         }
     }
 
+    /// The tuple of a connection still open at the stop (`entry`, its
+    /// reply entry), held as if it closed at `closed_ns`: no TIME_WAIT
+    /// view, so no SYN takes it over before its quarantine ends.
+    fn open_at_stop(backend: usize, key: &FlowKey, entry: &FlowEntry, closed_ns: u64) -> Self {
+        Self {
+            flags: FLOW_F_CLOSED,
+            view: 0,
+            closed_ns,
+            ..Self::of(backend, key, entry)
+        }
+    }
+
+    /// Whether the tuple is still out of use at `now_ns` (CLOCK_MONOTONIC
+    /// of the same boot): its quarantine, from its close, is not over.
+    fn held_at(&self, now_ns: u64, quarantine: Duration) -> bool {
+        u128::from(now_ns.saturating_sub(self.closed_ns)) < quarantine.as_nanos()
+    }
+
     /// The key and reply entry to insert for backend id `id` of VIP
     /// `vip_id`.
     fn entry(&self, id: u32, vip_id: u32) -> (FlowKey, FlowEntry) {
@@ -154,6 +185,31 @@ fn in_quarantine(entry: &FlowEntry, now_ns: u64, quarantine: Duration) -> bool {
         && entry.flags & FLOW_F_CLOSED != 0
         && entry.flags & FLOW_F_TAKEN == 0
         && u128::from(now_ns.saturating_sub(entry.last_seen_ns)) < quarantine.as_nanos()
+}
+
+/// Whether a reply entry belongs to a connection still open: not closed,
+/// not being freed or taken over.
+fn open_reply(entry: &FlowEntry) -> bool {
+    entry.direction == DIR_TO_CLIENT && entry.flags & (FLOW_F_CLOSED | FLOW_F_TAKEN) == 0
+}
+
+/// The idle timeouts of open flows (`--tcp-idle-timeout`,
+/// `--udp-idle-timeout`): how long past the stop an open connection's
+/// tuple is held as if it closed then.
+#[derive(Clone, Copy, Debug)]
+pub struct IdleTimeouts {
+    pub tcp: Duration,
+    pub udp: Duration,
+}
+
+impl IdleTimeouts {
+    fn of(&self, proto: u8) -> Duration {
+        if proto == lb_common::IPPROTO_TCP {
+            self.tcp
+        } else {
+            self.udp
+        }
+    }
 }
 
 fn boot_id() -> String {
@@ -201,12 +257,18 @@ fn same_backend(saved: &SavedBackend, b: &VipBackend) -> bool {
 }
 
 impl Saved {
-    /// Whether the file still applies at `now`: younger than `quarantine`
-    /// (and not from the future), made with these ports and CPU count.
+    /// Whether the file was made with these ports and CPU count.
+    fn made_for(&self, ports: PortRange, cpus: u32) -> bool {
+        (self.port_min, self.port_max) == (ports.min, ports.max) && self.cpus == cpus
+    }
+
+    /// Whether the file's cursors still apply at `now`: younger than
+    /// `quarantine` (and not from the future), made with these ports and
+    /// CPU count.
     fn applies(&self, now: SystemTime, quarantine: Duration, ports: PortRange, cpus: u32) -> bool {
         let age_ms = unix_ms(now).checked_sub(self.saved_unix_ms);
         let fresh = age_ms.is_some_and(|age| u128::from(age) < quarantine.as_millis());
-        fresh && (self.port_min, self.port_max) == (ports.min, ports.max) && self.cpus == cpus
+        fresh && self.made_for(ports, cpus)
     }
 
     /// The cursors to put back for `backends` at `now`: none
@@ -234,24 +296,23 @@ impl Saved {
 }
 
 impl Saved {
-    /// The quarantined tuples to insert again for `backends` at `now`
-    /// (the same conditions as [`Saved::restorable`], and the same boot):
-    /// each with its backend's current id and VIP id.
+    /// The held tuples to insert again for `backends` at `now_ns`
+    /// (CLOCK_MONOTONIC): those whose quarantine is not over, from a file
+    /// of the same boot, port range and CPU count; each with its backend's
+    /// current id and VIP id.
     pub fn restorable_tuples<'a>(
         &'a self,
-        now: SystemTime,
+        now_ns: u64,
         quarantine: Duration,
         ports: PortRange,
         cpus: u32,
         boot_id: &str,
         backends: &'a [VipBackend],
     ) -> impl Iterator<Item = (&'a SavedTuple, &'a VipBackend)> + 'a {
-        let applies = self.applies(now, quarantine, ports, cpus)
-            && !boot_id.is_empty()
-            && self.boot_id == boot_id;
+        let applies = self.made_for(ports, cpus) && !boot_id.is_empty() && self.boot_id == boot_id;
         self.quarantined
             .iter()
-            .filter(move |_| applies)
+            .filter(move |t| applies && t.held_at(now_ns, quarantine))
             .filter_map(move |t| {
                 let saved = self.backends.get(t.backend)?;
                 Some((t, backends.iter().find(|b| same_backend(saved, b))?))
@@ -259,14 +320,15 @@ impl Saved {
     }
 }
 
-/// Reads every in-use backend's cursors and the tuples in quarantine from
-/// the pinned maps and writes the file (temporary file, then rename).
-/// Returns the backends and the tuples saved.
+/// Reads every in-use backend's cursors, the tuples in quarantine and
+/// those of the connections still open from the pinned maps and writes the
+/// file (temporary file, then rename). Returns the backends and the tuples
+/// saved.
 pub fn save(
     pin_dir: &Path,
     file: &Path,
     ports: PortRange,
-    quarantine: Duration,
+    (quarantine, idle): (Duration, IdleTimeouts),
     backends: &[VipBackend],
     now: SystemTime,
 ) -> anyhow::Result<(usize, usize)> {
@@ -300,11 +362,17 @@ pub fn save(
     let now_ns = MonotonicClock.now().0;
     // Entries that fail to read (removed during the walk) are skipped.
     for (key, entry) in flows.entries() {
-        if !in_quarantine(&entry, now_ns, quarantine) {
+        let Some(index) = backends.iter().position(|b| b.id == entry.backend_id) else {
             continue;
-        }
-        if let Some(index) = backends.iter().position(|b| b.id == entry.backend_id) {
+        };
+        if in_quarantine(&entry, now_ns, quarantine) {
             saved.quarantined.push(SavedTuple::of(index, &key, &entry));
+        } else if open_reply(&entry) {
+            let hold = u64::try_from(idle.of(key.proto).as_nanos()).unwrap_or(u64::MAX);
+            let closed_ns = now_ns.saturating_add(hold);
+            saved
+                .quarantined
+                .push(SavedTuple::open_at_stop(index, &key, &entry, closed_ns));
         }
     }
     let text = serde_json::to_vec(&saved).context("encoding the SNAT cursors")?;
@@ -353,7 +421,7 @@ pub fn restore(
     let mut flows = FlowTables::open(pin_dir)?;
     let mut held: BTreeMap<u32, u64> = BTreeMap::new();
     for (tuple, backend) in saved.restorable_tuples(
-        now,
+        MonotonicClock.now().0,
         quarantine,
         ports,
         possible_cpus()?,
@@ -573,7 +641,7 @@ mod tests {
         let mut be = backend(5, 80, 21, 8080);
         be.backend.vip_id = 2;
         let now_backends = [backend(0, 80, 22, 8080), be];
-        let at = t0 + Duration::from_secs(10);
+        let at = now_ns + 10_000_000_000;
         let got: Vec<_> = file
             .restorable_tuples(at, QUARANTINE, PORTS, 2, "boot-1", &now_backends)
             .map(|(t, b)| t.entry(b.id, b.backend.vip_id))
@@ -612,7 +680,8 @@ mod tests {
         assert_eq!((e.client_mac, e.client_ifindex), (entry.client_mac, 3));
         assert_eq!((e.request_ns, e.hop_ifindex), (0, 0));
         // Another boot (close times would mean nothing), no boot id, a
-        // stale file or a backend gone: no tuple.
+        // quarantine over, another port range or CPU count, or a backend
+        // gone: no tuple.
         for boot in ["boot-2", ""] {
             assert_eq!(
                 file.restorable_tuples(at, QUARANTINE, PORTS, 2, boot, &now_backends)
@@ -621,18 +690,93 @@ mod tests {
                 "{boot:?}"
             );
         }
-        let late = t0 + Duration::from_secs(70);
+        // 70 s after the stop: its close was 73 s ago.
+        let late = now_ns + 70_000_000_000;
         assert_eq!(
             file.restorable_tuples(late, QUARANTINE, PORTS, 2, "boot-1", &now_backends)
                 .count(),
             0
         );
+        let other_ports = PortRange {
+            min: PORTS.min,
+            max: PORTS.max - 1,
+        };
+        for (ports, cpus) in [(other_ports, 2), (PORTS, 4)] {
+            assert_eq!(
+                file.restorable_tuples(at, QUARANTINE, ports, cpus, "boot-1", &now_backends)
+                    .count(),
+                0
+            );
+        }
         let without = [backend(0, 80, 22, 8080)];
         assert_eq!(
             file.restorable_tuples(at, QUARANTINE, PORTS, 2, "boot-1", &without)
                 .count(),
             0
         );
+    }
+
+    #[test]
+    fn an_open_connections_tuple_is_held_for_its_idle_timeout_and_a_quarantine_with_no_view() {
+        let quarantine = Duration::from_secs(65);
+        let idle = IdleTimeouts {
+            tcp: Duration::from_secs(300),
+            udp: Duration::from_secs(30),
+        };
+        let stop_ns = 100_000_000_000;
+        let (key, closed) = closed_reply(1, 40_000, stop_ns - 3_000_000_000);
+        let open = FlowEntry {
+            state: lb_common::FLOW_ESTABLISHED,
+            flags: lb_common::FLOW_F_REQUEST_PENDING,
+            created_ns: stop_ns - 50_000_000_000,
+            last_seen_ns: stop_ns - 1_000_000_000,
+            ..closed
+        };
+        assert!(open_reply(&open));
+        // Closed, being taken over, or the forward direction: not open.
+        let taken = FlowEntry {
+            flags: FLOW_F_TAKEN,
+            ..open
+        };
+        let forward = FlowEntry {
+            direction: lb_common::DIR_TO_BACKEND,
+            ..open
+        };
+        for e in [closed, taken, forward] {
+            assert!(!open_reply(&e), "{e:?}");
+        }
+        assert_eq!(idle.of(lb_common::IPPROTO_TCP), idle.tcp);
+        assert_eq!(idle.of(lb_common::IPPROTO_UDP), idle.udp);
+
+        let close_ns = stop_ns + 300_000_000_000;
+        let mut file = saved(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        file.quarantined
+            .push(SavedTuple::open_at_stop(0, &key, &open, close_ns));
+        let text = serde_json::to_string(&file).unwrap();
+        let file: Saved = serde_json::from_str(&text).unwrap();
+        let now_backends = [backend(5, 80, 21, 8080)];
+        let restorable = |now_ns| {
+            file.restorable_tuples(now_ns, quarantine, PORTS, 2, "boot-1", &now_backends)
+                .map(|(t, b)| t.entry(b.id, b.backend.vip_id))
+                .collect::<Vec<_>>()
+        };
+        // Held from the stop through the idle timeout and a quarantine,
+        // long after the cursors stop applying (65 s).
+        for after_stop_s in [1, 120, 364] {
+            let got = restorable(stop_ns + after_stop_s * 1_000_000_000);
+            assert_eq!(got.len(), 1, "{after_stop_s} s after the stop");
+            let (k, e) = got[0];
+            assert_eq!(k, key);
+            // Closed at the end of the idle timeout, with no TIME_WAIT view:
+            // the kernel lets no SYN take it over inside the quarantine
+            // (`flow::may_take_over` needs FLOW_F_TW_SEEN).
+            assert_eq!(e.flags, FLOW_F_CLOSED);
+            assert_eq!((e.created_ns, e.last_seen_ns), (0, close_ns));
+            assert_eq!((e.direction, e.state), (DIR_TO_CLIENT, FLOW_CLOSING));
+            assert_eq!((e.new_dst, e.new_dport), (open.new_dst, open.new_dport));
+            assert_eq!(e.request_ns, 0);
+        }
+        assert!(restorable(stop_ns + 366 * 1_000_000_000).is_empty());
     }
 
     #[test]
