@@ -985,6 +985,12 @@ fn two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops() 
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     assert_eq!(reserved(), "", "a new namespace reserves nothing");
+    // Loopback up: the first instance serves metrics on the default address.
+    let lo = Command::new("ip")
+        .args(["-n", &ns.0, "link", "set", "lo", "up"])
+        .status()
+        .unwrap();
+    assert!(lo.success());
     let (first, second) = (unique("share0"), unique("share1"));
     let _run_files = RunFiles(vec![first.clone(), second.clone()]);
     let first_daemon = ns.start_ready(&first, &lb0_args("skb", &first), Stdio::null());
@@ -1000,7 +1006,14 @@ fn two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops() 
         "--instance",
         &second,
     ];
-    let second_daemon = ns.start_ready(&second, &second_args, Stdio::null());
+    let mut second_daemon = ns.start_ready(&second, &second_args, Stdio::piped());
+    // Both on the default metrics address: the second runs without metrics,
+    // and its warning names the fix.
+    let log = wait_for_log(&mut second_daemon.0, "metrics disabled");
+    assert!(
+        log.contains("Address already in use") && log.contains("needs its own --metrics-addr"),
+        "{log}"
+    );
     assert_eq!(reserved(), "20000-32767");
     drop(first_daemon);
     assert_eq!(

@@ -228,7 +228,18 @@ impl Started<'_> {
         match metrics::serve(addr, scrapes).await {
             Ok(task) => Some(task),
             Err(e) => {
-                warn!("metrics disabled: {e:#}");
+                let in_use = e
+                    .root_cause()
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse);
+                if in_use {
+                    warn!(
+                        "metrics disabled: {e:#} (another instance's? each instance on a host \
+                         needs its own --metrics-addr, or `off`)"
+                    );
+                } else {
+                    warn!("metrics disabled: {e:#}");
+                }
                 None
             }
         }
