@@ -87,6 +87,7 @@ use crate::{
     settings::error::{ConfigError, one_line},
     settings::ops::{HealthCheck, HealthSettings, Ops, OpsSettings},
     settings::ports::PortRange,
+    settings::written::{change, key_changes},
     settings::zone::{ZoneName, ZoneSettings},
 };
 
@@ -1147,15 +1148,28 @@ pub fn hold_restart_settings(running: &Config, reloaded: &mut Config) -> Vec<Str
 
 fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<String> {
     let mut out = Vec::new();
+    // Each reported as `<field> (old → new)`, the values as the flags
+    // and the file write them (`written::Written`); one made of several
+    // keys (given a prefix) as one such line per key that changed, named
+    // `<prefix><key>` (`written::WrittenKeys`). Held whole either way.
     macro_rules! global {
         ($($field:ident).+) => {
+            global!(@ $($field).+, [change(
+                stringify!($($field).+),
+                &running.$($field).+,
+                &reloaded.$($field).+
+            )])
+        };
+        ($($field:ident).+, $prefix:literal) => {
+            global!(@ $($field).+, key_changes(
+                $prefix,
+                &running.$($field).+,
+                &reloaded.$($field).+
+            ))
+        };
+        (@ $($field:ident).+, $report:expr) => {
             if running.$($field).+ != reloaded.$($field).+ {
-                out.push(format!(
-                    "{} ({:?} → {:?})",
-                    stringify!($($field).+),
-                    running.$($field).+,
-                    reloaded.$($field).+
-                ));
+                out.extend($report);
                 if hold {
                     reloaded.$($field).+ = running.$($field).+.clone();
                 }
@@ -1182,8 +1196,8 @@ fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<
     global!(instance);
     global!(log_level);
     global!(state_dir);
-    global!(ops.lifecycle);
-    global!(ops.outlier);
+    global!(ops.lifecycle, "ops.");
+    global!(ops.outlier, "ops.");
     global!(ops.max_ejection_percent);
     global!(ops.max_new_flows);
     global!(ops.metrics_addr);

@@ -18,6 +18,7 @@ pub mod faults;
 pub mod ops;
 pub mod ports;
 pub mod state;
+pub mod written;
 pub mod zone;
 
 pub use error::{ConfigError, one_line};
