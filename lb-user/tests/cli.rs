@@ -965,6 +965,16 @@ fn instances_with_and_without_a_control_group_share_the_socket_directory() {
 /// Two instances in one network namespace (one per interface), both with
 /// the default SNAT ports: the first to stop cleanly keeps them reserved
 /// for the other, which gives them back at its own stop.
+/// Whether a TCP socket of namespace `ns` listens on `port`.
+fn ns_listens_on(ns: &Netns, port: u16) -> bool {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "ss", "-Htln"])
+        .arg(format!("sport = :{port}"))
+        .output()
+        .unwrap();
+    out.status.success() && !out.stdout.is_empty()
+}
+
 #[test]
 fn two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops() {
     if skip("two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops") {
@@ -994,6 +1004,16 @@ fn two_instances_of_one_namespace_keep_shared_snat_ports_until_the_last_stops() 
     let (first, second) = (unique("share0"), unique("share1"));
     let _run_files = RunFiles(vec![first.clone(), second.clone()]);
     let first_daemon = ns.start_ready(&first, &lb0_args("skb", &first), Stdio::null());
+    // The first binds the default metrics address after it reports ready:
+    // wait for its listener, so the second is the one that finds it taken.
+    let deadline = Instant::now() + STARTUP_BUDGET;
+    while !ns_listens_on(&ns, 9470) {
+        assert!(
+            Instant::now() < deadline,
+            "the first instance serves no metrics"
+        );
+        sleep(Duration::from_millis(50));
+    }
     let second_args = [
         "--iface",
         "lb1",

@@ -28,9 +28,9 @@ pub struct BadTransport {
 }
 
 /// Drops `bad` under its reason if it is addressed to the balancer (or
-/// has no destination port to tell), else passes it as `PASS_NOT_VIP`. A BPF function of its own: its two map
-/// keys stay out of the parser's stack frame, and the verifier walks it
-/// once. Before the control plane is ready only what has no port to tell
+/// has no destination port to tell), else passes it as `PASS_NOT_VIP`. A
+/// BPF function of its own, so its two map keys stay out of the parser's
+/// stack frame. Before the control plane is ready only what has no port to tell
 /// is dropped (the pipeline passes everything then).
 /// Returns the verdict as a [`StageResult`]: a BPF function cannot return
 /// a struct.

@@ -29,10 +29,15 @@
 //! backend's own timeout, and then its FIN goes unanswered), and a SYN on
 //! that tuple meets the old connection and waits a second. So the stop
 //! saves each open connection's reply entry too, as closed at the end of
-//! the idle timeout of its protocol from the stop, which is as long as the
-//! running instance would have held the tuple had the connection gone
-//! idle then: it stays out of use for that long and a quarantine after
-//! it, and no SYN takes it over (there is no TIME_WAIT to accept one).
+//! its idle timeout (its last packet plus the idle timeout of its
+//! protocol), which is as long as the running instance would have held
+//! the tuple had the connection gone idle at the stop: it stays out of use
+//! for that long and a quarantine after it, and no SYN takes it over
+//! (there is no TIME_WAIT to accept one). The cut clients all come back at
+//! once for new tuples and entries, so only so many are held that long
+//! (`OpenLimits`, the most recently used first); the rest, and the tuples
+//! of connections not established both ways, are held for a quarantine
+//! from the stop, as if they closed then.
 //!
 //! The file is keyed by VIP and backend address (ids can change across a
 //! cold start, and a backend behind two VIPs has an id, and cursors, for
@@ -47,19 +52,20 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Context as _;
 use lb_common::{
-    Backend, DIR_TO_CLIENT, FLOW_CLOSING, FLOW_F_CLOSED, FLOW_F_TAKEN, FLOW_F_TW_SEEN,
-    FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN, FLOW_F_TW_UNACKED, FlowEntry, FlowKey, VipKey,
+    AF_INET6, Backend, DIR_TO_BACKEND, DIR_TO_CLIENT, FLOW_CLOSING, FLOW_F_CLOSED,
+    FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN, FLOW_F_TW_SEEN, FLOW_F_TW_TS, FLOW_F_TW_TS_UNKNOWN,
+    FLOW_F_TW_UNACKED, FlowEntry, FlowKey, IPPROTO_TCP, VipKey,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{
     kernel::{
         clock::{Clock, MonotonicClock},
-        flow_tables::{BPF_NOEXIST, FlowTables},
+        flow_tables::{BPF_NOEXIST, Capacities, FlowTables},
         maps,
     },
     settings::ports::PortRange,
@@ -191,6 +197,102 @@ fn in_quarantine(entry: &FlowEntry, now_ns: u64, quarantine: Duration) -> bool {
 /// not being freed or taken over.
 fn open_reply(entry: &FlowEntry) -> bool {
     entry.direction == DIR_TO_CLIENT && entry.flags & (FLOW_F_CLOSED | FLOW_F_TAKEN) == 0
+}
+
+/// The key of the forward entry of the connection whose reply entry is
+/// `reply` at `key`: the client's tuple towards the VIP, which the reply
+/// entry translates back to.
+fn forward_key(key: &FlowKey, reply: &FlowEntry) -> FlowKey {
+    FlowKey::new(
+        key.family,
+        key.proto,
+        reply.new_dst,
+        reply.new_src,
+        reply.new_dport,
+        reply.new_sport,
+    )
+}
+
+/// Until when (CLOCK_MONOTONIC) the running instance would have held the
+/// tuple of the open reply entry `reply` at `key` had the connection gone
+/// idle at the stop: its forward entry's last packet plus the idle timeout
+/// of its protocol, and when that packet was (which ranks the tuples by
+/// how recently they were used). `None` where the connection is not
+/// established both ways, so the backend may hold nothing: no forward
+/// entry pointing back at this tuple (a lone reply entry the sweep has not
+/// met yet), or a TCP SYN the backend never answered.
+fn open_hold(
+    key: &FlowKey,
+    reply: &FlowEntry,
+    forward: Option<&FlowEntry>,
+    idle: IdleTimeouts,
+) -> Option<(u64, u64)> {
+    let fwd = forward?;
+    let points_back = fwd.direction == DIR_TO_BACKEND
+        && fwd.flags & FLOW_F_CLOSED == 0
+        && fwd.backend_id == reply.backend_id
+        && (fwd.new_src, fwd.new_dst, fwd.new_sport, fwd.new_dport)
+            == (key.dst, key.src, key.dport, key.sport);
+    let answered = key.proto != IPPROTO_TCP || fwd.flags & FLOW_F_SYNACK_SEEN != 0;
+    if !(points_back && answered) {
+        return None;
+    }
+    let idle_ns = u64::try_from(idle.of(key.proto).as_nanos()).unwrap_or(u64::MAX);
+    Some((fwd.last_seen_ns, fwd.last_seen_ns.saturating_add(idle_ns)))
+}
+
+/// An open connection's tuple found at the stop.
+#[derive(Clone)]
+struct OpenTuple {
+    /// Its backend: an index into [`Saved::backends`].
+    backend: usize,
+    key: FlowKey,
+    entry: FlowEntry,
+    /// [`open_hold`]: its last packet and the end of its idle timeout.
+    hold: Option<(u64, u64)>,
+}
+
+/// How many open connections' tuples are held past the stop for their
+/// idle timeout: at most half of a backend's ports (with one SNAT address,
+/// half its tuples), and at most a quarter of each family's flow table
+/// (`[IPv4, IPv6]`). Every client of a connection cut by the stop comes
+/// back for a new tuple and two new entries while the old ones are held,
+/// so holding them all could leave the new connections no tuple or no
+/// room.
+#[derive(Clone, Copy, Debug)]
+struct OpenLimits {
+    per_backend: usize,
+    per_family: [usize; 2],
+}
+
+/// The tuples to save for the open connections at `now_ns`: each
+/// established one held until the end of its idle timeout, the most
+/// recently used first, within `limits`; the rest (beyond the limits, or
+/// not established both ways) as closed at the stop, held for a quarantine
+/// like any closed tuple. None has a TIME_WAIT view: no SYN takes one
+/// over while it is held.
+fn held_open(mut open: Vec<OpenTuple>, limits: OpenLimits, now_ns: u64) -> Vec<SavedTuple> {
+    open.sort_by_key(|o| std::cmp::Reverse(o.hold.map_or(0, |(last, _)| last)));
+    let mut per_backend: HashMap<usize, usize> = HashMap::new();
+    let mut per_family = [0usize; 2];
+    open.iter()
+        .map(|o| {
+            let family = usize::from(o.key.family == AF_INET6);
+            let n = per_backend.entry(o.backend).or_default();
+            let closed_ns = match o.hold {
+                Some((_, until))
+                    if *n < limits.per_backend
+                        && per_family[family] < limits.per_family[family] =>
+                {
+                    *n += 1;
+                    per_family[family] += 1;
+                    until.max(now_ns)
+                }
+                _ => now_ns,
+            };
+            SavedTuple::open_at_stop(o.backend, &o.key, &o.entry, closed_ns)
+        })
+        .collect()
 }
 
 /// The idle timeouts of open flows (`--tcp-idle-timeout`,
@@ -360,21 +462,41 @@ pub fn save(
     }
     let flows = FlowTables::open(pin_dir)?;
     let now_ns = MonotonicClock.now().0;
+    let index: HashMap<u32, usize> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.id, i))
+        .collect();
+    let mut open = Vec::new();
     // Entries that fail to read (removed during the walk) are skipped.
     for (key, entry) in flows.entries() {
-        let Some(index) = backends.iter().position(|b| b.id == entry.backend_id) else {
+        if entry.direction != DIR_TO_CLIENT {
+            continue;
+        }
+        let Some(&backend) = index.get(&entry.backend_id) else {
             continue;
         };
         if in_quarantine(&entry, now_ns, quarantine) {
-            saved.quarantined.push(SavedTuple::of(index, &key, &entry));
-        } else if open_reply(&entry) {
-            let hold = u64::try_from(idle.of(key.proto).as_nanos()).unwrap_or(u64::MAX);
-            let closed_ns = now_ns.saturating_add(hold);
             saved
                 .quarantined
-                .push(SavedTuple::open_at_stop(index, &key, &entry, closed_ns));
+                .push(SavedTuple::of(backend, &key, &entry));
+        } else if open_reply(&entry) {
+            let forward = flows.get(&forward_key(&key, &entry));
+            open.push(OpenTuple {
+                backend,
+                key,
+                entry,
+                hold: open_hold(&key, &entry, forward.as_ref(), idle),
+            });
         }
     }
+    let limits = OpenLimits {
+        per_backend: (u32::from(ports.max) - u32::from(ports.min) + 1) as usize / 2,
+        per_family: Capacities::of_pins(pin_dir)
+            .map(|c| [c.ipv4 as usize / 4, c.ipv6 as usize / 4])
+            .unwrap_or([0, 0]),
+    };
+    saved.quarantined.extend(held_open(open, limits, now_ns));
     let text = serde_json::to_vec(&saved).context("encoding the SNAT cursors")?;
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -777,6 +899,160 @@ mod tests {
             assert_eq!(e.request_ns, 0);
         }
         assert!(restorable(stop_ns + 366 * 1_000_000_000).is_empty());
+    }
+
+    /// An open connection at the stop: its reply entry at its key (as
+    /// `closed_reply`, open) and its forward entry, last used at `last_ns`.
+    fn open_connection(snat_port: u16, last_ns: u64) -> (FlowKey, FlowEntry, FlowEntry) {
+        let (key, closed) = closed_reply(1, snat_port, 0);
+        let reply = FlowEntry {
+            state: lb_common::FLOW_ESTABLISHED,
+            flags: 0,
+            created_ns: 0,
+            last_seen_ns: 0,
+            ..closed
+        };
+        let forward = FlowEntry {
+            new_src: key.dst,
+            new_dst: key.src,
+            new_sport: key.dport,
+            new_dport: key.sport,
+            direction: lb_common::DIR_TO_BACKEND,
+            flags: FLOW_F_SYNACK_SEEN,
+            last_seen_ns: last_ns,
+            ..reply
+        };
+        (key, reply, forward)
+    }
+
+    #[test]
+    fn an_open_connection_is_held_until_its_idle_timeout_from_its_last_packet() {
+        let idle = IdleTimeouts {
+            tcp: Duration::from_secs(300),
+            udp: Duration::from_secs(30),
+        };
+        let last_ns = 90_000_000_000;
+        let (key, reply, forward) = open_connection(40_000, last_ns);
+        // The forward entry's key is the client's tuple towards the VIP.
+        let fwd_key = forward_key(&key, &reply);
+        assert_eq!(
+            (fwd_key.src, fwd_key.dst, fwd_key.sport, fwd_key.dport),
+            (
+                reply.new_dst,
+                reply.new_src,
+                reply.new_dport,
+                reply.new_sport
+            )
+        );
+        assert_eq!(
+            open_hold(&key, &reply, Some(&forward), idle),
+            Some((last_ns, last_ns + 300_000_000_000))
+        );
+        let udp_key = FlowKey {
+            proto: lb_common::IPPROTO_UDP,
+            ..key
+        };
+        let udp_forward = FlowEntry {
+            flags: 0,
+            ..forward
+        };
+        assert_eq!(
+            open_hold(&udp_key, &reply, Some(&udp_forward), idle),
+            Some((last_ns, last_ns + 30_000_000_000))
+        );
+        // Not established both ways: no forward entry, one that points at
+        // another tuple or backend or is closed, or a SYN never answered.
+        let elsewhere = FlowEntry {
+            new_sport: 40_001u16.to_be(),
+            ..forward
+        };
+        let other_backend = FlowEntry {
+            backend_id: 2,
+            ..forward
+        };
+        let closed = FlowEntry {
+            flags: FLOW_F_SYNACK_SEEN | FLOW_F_CLOSED,
+            ..forward
+        };
+        let unanswered = FlowEntry {
+            flags: 0,
+            ..forward
+        };
+        for fwd in [
+            None,
+            Some(elsewhere),
+            Some(other_backend),
+            Some(closed),
+            Some(unanswered),
+        ] {
+            assert_eq!(open_hold(&key, &reply, fwd.as_ref(), idle), None, "{fwd:?}");
+        }
+    }
+
+    #[test]
+    fn open_tuples_past_the_limits_are_held_for_a_quarantine_from_the_stop() {
+        let now_ns = 100_000_000_000;
+        let hold = 300_000_000_000;
+        // Backend 0: four connections, last used 1..4 s before the stop;
+        // backend 1: one; and one of backend 0 not established both ways.
+        let mut open = Vec::new();
+        for (backend, port, ago_s) in [
+            (0, 40_001, 4),
+            (0, 40_002, 1),
+            (0, 40_003, 3),
+            (0, 40_004, 2),
+            (1, 40_005, 5),
+        ] {
+            let last = now_ns - ago_s * 1_000_000_000;
+            let (key, entry, _) = open_connection(port, last);
+            open.push(OpenTuple {
+                backend,
+                key,
+                entry,
+                hold: Some((last, last + hold)),
+            });
+        }
+        let (key, entry, _) = open_connection(40_006, 0);
+        open.push(OpenTuple {
+            backend: 0,
+            key,
+            entry,
+            hold: None,
+        });
+        let closes = |limits| {
+            held_open(open.clone(), limits, now_ns)
+                .into_iter()
+                .map(|t| (u16::from_be(t.key.3), (t.closed_ns, t.flags, t.view)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let until = |ago_s: u64| now_ns - ago_s * 1_000_000_000 + hold;
+        // Two per backend: backend 0's two most recently used are held to
+        // their idle timeout, its other two and the unestablished one for
+        // a quarantine from the stop; none with a TIME_WAIT view.
+        let got = closes(OpenLimits {
+            per_backend: 2,
+            per_family: [100, 100],
+        });
+        let want = BTreeMap::from([
+            (40_001, (now_ns, FLOW_F_CLOSED, 0)),
+            (40_002, (until(1), FLOW_F_CLOSED, 0)),
+            (40_003, (now_ns, FLOW_F_CLOSED, 0)),
+            (40_004, (until(2), FLOW_F_CLOSED, 0)),
+            (40_005, (until(5), FLOW_F_CLOSED, 0)),
+            (40_006, (now_ns, FLOW_F_CLOSED, 0)),
+        ]);
+        assert_eq!(got, want);
+        // Three in the family's table: the three most recently used of all.
+        let got = closes(OpenLimits {
+            per_backend: 100,
+            per_family: [3, 0],
+        });
+        let held: Vec<u16> = got
+            .iter()
+            .filter(|(_, (closed, ..))| *closed > now_ns)
+            .map(|(port, _)| *port)
+            .collect();
+        assert_eq!(held, [40_002, 40_003, 40_004]);
     }
 
     #[test]

@@ -1162,6 +1162,7 @@ fn restart_settings(running: &Config, reloaded: &mut Config, hold: bool) -> Vec<
         };
         ($($field:ident).+, $prefix:literal) => {
             global!(@ $($field).+, key_changes(
+                stringify!($($field).+).rsplit('.').next().unwrap_or_default(),
                 $prefix,
                 &running.$($field).+,
                 &reloaded.$($field).+

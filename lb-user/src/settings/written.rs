@@ -139,20 +139,31 @@ impl WrittenKeys for OutlierParams {
     }
 }
 
-/// `name (old → new)`.
+/// `name (old → new)`; `name (old, changed)` where both read the same
+/// (a control group re-created under its name with another gid).
 pub fn change(name: &str, old: &impl Written, new: &impl Written) -> String {
-    format!("{name} ({} → {})", old.written(), new.written())
+    let (old, new) = (old.written(), new.written());
+    if old == new {
+        return format!("{name} ({old}, changed)");
+    }
+    format!("{name} ({old} → {new})")
 }
 
 /// [`change`] of each key that differs between `old` and `new`, named
-/// `{prefix}{key}`.
-pub fn key_changes<T: WrittenKeys>(prefix: &str, old: &T, new: &T) -> Vec<String> {
-    old.written_keys()
+/// `{prefix}{key}`; `{prefix}{setting} (changed)` if the two differ (the
+/// caller compared them) in nothing their keys write.
+pub fn key_changes<T: WrittenKeys>(setting: &str, prefix: &str, old: &T, new: &T) -> Vec<String> {
+    let changes: Vec<String> = old
+        .written_keys()
         .into_iter()
         .zip(new.written_keys())
         .filter(|((_, old), (_, new))| old != new)
         .map(|((key, old), (_, new))| format!("{prefix}{key} ({old} → {new})"))
-        .collect()
+        .collect();
+    if changes.is_empty() {
+        return vec![format!("{prefix}{setting} (changed)")];
+    }
+    changes
 }
 
 #[cfg(test)]
@@ -183,5 +194,33 @@ mod tests {
         assert_eq!(None::<SocketAddr>.written(), "off");
         assert_eq!(None::<ControlGroup>.written(), "root only");
         assert_eq!(0.5_f64.written(), "0.5");
+        // Changes that read the same still say so.
+        let group = |gid| {
+            Some(ControlGroup {
+                name: "lbops".into(),
+                gid,
+            })
+        };
+        assert_eq!(
+            change("ops.control_group", &group(1001), &group(1002)),
+            "ops.control_group (lbops, changed)"
+        );
+        let floor = |f: f64| LifecycleParams {
+            slow_start: Duration::from_secs(10),
+            slow_start_floor: f,
+            weight_smoothing: Duration::ZERO,
+            rise: 2,
+            fall: 3,
+            ejection_base: Duration::from_secs(30),
+            ejection_max: Duration::from_secs(300),
+        };
+        assert_eq!(
+            key_changes("lifecycle", "ops.", &floor(0.5), &floor(0.25)),
+            ["ops.slow_start_floor (0.5 → 0.25)"]
+        );
+        assert_eq!(
+            key_changes("lifecycle", "ops.", &floor(0.5), &floor(0.5)),
+            ["ops.lifecycle (changed)"]
+        );
     }
 }
