@@ -91,15 +91,15 @@ use aya_ebpf::{
 };
 use lb_common::{
     CALIBRATION_CALLS, CONFIG_F_READY, CONFIG_F_TIME_WAIT_REUSE, DIR_TO_CLIENT, EVENT_REFUSED,
-    FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TW_UNACKED, FlowEntry, IpKey, LbConfig, Reason,
-    StageResult, Verdict, action, proceed, reason,
+    FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TW_UNACKED, FlowEntry, LbConfig, Reason, StageResult,
+    Verdict, action, proceed, reason,
 };
 
 use crate::{
     flow::{ReturnPath, Syn, Translation, TupleSource},
     fragment::remember_first_fragment,
     helpers::{PacketClock, now},
-    maps::{CONFIG, SNAT_ADDR_INDEX},
+    maps::CONFIG,
     packet::{FRAG_FIRST, FRAG_LATER, Packet, keep_ctx_pointer},
     parse::Parsed,
     select::Picked,
@@ -300,29 +300,14 @@ fn syn_went_unanswered<const V6: bool>(
     true
 }
 
-/// Whether `pkt` (of no flow) is addressed to a SNAT tuple: a pool
-/// address, a port in the SNAT range. Such a packet is a backend's reply
-/// after its flow ended (or a stray); the host must never see it, as its
-/// sockets would answer with an RST. The port test comes first, so other
-/// traffic costs no lookup. A BPF function of its own, so its key is not
+/// Whether `pkt` (of no flow) is addressed to a SNAT tuple
+/// ([`maps::is_snat_tuple`]). Such a packet is a backend's reply after its
+/// flow ended (or a stray); the host must never see it, as its sockets
+/// would answer with an RST. A BPF function of its own, so its key is not
 /// in `lb_xdp`'s stack frame (the 512-byte limit counts the deepest chain).
-#[allow(
-    clippy::needless_borrows_for_generic_args,
-    reason = "the key is passed by reference; by value it would be copied again on the stack"
-)]
 #[inline(never)]
 fn is_snat_tuple(pkt: &Packet, cfg: &LbConfig) -> bool {
-    let port = u16::from_be(pkt.dport);
-    if port < cfg.snat_port_min || port > cfg.snat_port_max {
-        return false;
-    }
-    let key = IpKey {
-        addr: pkt.daddr,
-        family: pkt.family,
-        _pad: [0; 3],
-    };
-    // SAFETY: read-only presence test.
-    unsafe { SNAT_ADDR_INDEX.get(&key) }.is_some()
+    maps::is_snat_tuple(pkt.daddr, pkt.family, pkt.dport, cfg)
 }
 
 /// Creates both flow entries of a new connection to the backend the pick

@@ -136,6 +136,27 @@ pub static SNAT_ADDRS: Array<SnatAddr> = Array::with_max_entries(2 * MAX_SNAT_AD
 /// Pool address → its slot in `SNAT_ADDRS`; only its presence is used.
 #[map(name = "SNAT_ADDR_INDEX")]
 pub static SNAT_ADDR_INDEX: HashMap<IpKey, u32> = HashMap::with_max_entries(2 * MAX_SNAT_ADDRS, 0);
+
+/// Whether `addr` (of `family`) and `port` (network byte order) name a
+/// SNAT tuple: a pool address, a port in the SNAT range. The port test
+/// comes first, so other traffic costs no lookup. Both stages that ask
+/// (the pipeline for a packet of no flow, the parser for a malformed one)
+/// call it inline, each from a BPF function of its own.
+#[inline(always)]
+pub fn is_snat_tuple(addr: [u32; 4], family: u8, port: u16, cfg: &LbConfig) -> bool {
+    let port = u16::from_be(port);
+    if port < cfg.snat_port_min || port > cfg.snat_port_max {
+        return false;
+    }
+    let key = IpKey {
+        addr,
+        family,
+        _pad: [0; 3],
+    };
+    // SAFETY: read-only presence test.
+    unsafe { SNAT_ADDR_INDEX.get(&key) }.is_some()
+}
+
 /// Per CPU and backend: the next position in the CPU's slice of the
 /// backend's SNAT tuple space.
 #[map(name = "SNAT_CURSORS")]

@@ -7,9 +7,9 @@
 //! they cannot read, so a malformed header costs traffic that is not ours
 //! nothing. A datagram too short to hold the destination port cannot be
 //! told apart from a VIP's, and is dropped as before.
-use lb_common::{CONFIG_F_READY, IpKey, LbConfig, Reason, StageResult, Verdict, VipKey, reason};
+use lb_common::{CONFIG_F_READY, LbConfig, Reason, StageResult, Verdict, VipKey, reason};
 
-use crate::maps::{CONFIG, SNAT_ADDR_INDEX, VIPS};
+use crate::maps::{self, CONFIG, VIPS};
 
 /// [`BadTransport::dport`] of a datagram that ends before its destination
 /// port (no port has this value).
@@ -48,25 +48,16 @@ pub fn verdict(bad: &BadTransport) -> StageResult {
 }
 
 /// Without a destination port, always (it cannot be told); else a SNAT
-/// tuple (a pool address and a port in the SNAT range, as `is_snat_tuple`
-/// in the pipeline), or a VIP's address, port and protocol.
+/// tuple ([`maps::is_snat_tuple`], as the pipeline asks of a packet of no
+/// flow), or a VIP's address, port and protocol.
 #[inline(always)]
 fn addressed_to_balancer(bad: &BadTransport, cfg: &LbConfig) -> bool {
     if bad.dport == NO_PORT {
         return true;
     }
     let port = bad.dport as u16;
-    let host_port = u16::from_be(port);
-    if host_port >= cfg.snat_port_min && host_port <= cfg.snat_port_max {
-        let addr = IpKey {
-            addr: bad.daddr,
-            family: bad.family,
-            _pad: [0; 3],
-        };
-        // SAFETY: read-only presence test.
-        if unsafe { SNAT_ADDR_INDEX.get(&addr) }.is_some() {
-            return true;
-        }
+    if maps::is_snat_tuple(bad.daddr, bad.family, port, cfg) {
+        return true;
     }
     let vip = VipKey {
         addr: bad.daddr,
