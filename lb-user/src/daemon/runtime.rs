@@ -70,6 +70,9 @@ pub struct Runtime {
     /// backend with answers per tick), the kernel's replacement for one
     /// ring event per response.
     pub(super) latency_reads: u64,
+    /// Of those, the ones not taken as latency: their answers waited on a
+    /// health outage (`Lifecycle::measures_service`).
+    pub(super) outage_ticks: u64,
     /// Lone flow entries the kernel sweep found (and cleaned up).
     pub(super) flows_evicted: u64,
     /// Entries in the flow table at the last reconciliation pass.
@@ -140,6 +143,7 @@ impl Runtime {
             passes_started: Arc::default(),
             events_received: 0,
             latency_reads: 0,
+            outage_ticks: 0,
             flows_evicted: 0,
             zone_opened: super::zone_opened::ZoneOpened::new(false),
             flow_entries: 0,
@@ -202,8 +206,21 @@ impl Runtime {
                 peak: a.peak,
                 count: a.count,
             };
-            self.loads.observe(a.backend, sample, now);
             self.latency_reads += 1;
+            // Answers that waited on a health outage are still answers
+            // (above), but not latency (`Lifecycle::measures_service`).
+            let member = self.fleet.member(a.backend);
+            if member.is_some_and(|m| !m.life.measures_service(a.peak, now)) {
+                self.outage_ticks += 1;
+                debug!(
+                    backend = a.backend,
+                    peak = ?a.peak,
+                    count = a.count,
+                    "latency of answers that waited on a health outage: not taken"
+                );
+                continue;
+            }
+            self.loads.observe(a.backend, sample, now);
         }
         self.fleet.judge_outliers(&self.tick_answers, now);
         Ok(())

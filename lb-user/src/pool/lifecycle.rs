@@ -68,6 +68,9 @@ pub struct Lifecycle {
     weight_changed: Nanos,
     /// When the current slow-start ramp began (`None`: at full weight).
     ramp_start: Option<Nanos>,
+    /// When the backend last passed its health checks again after failing
+    /// them (`None`: it never failed them).
+    back_since: Option<Nanos>,
     last_state: State,
 }
 
@@ -87,6 +90,7 @@ impl Lifecycle {
             weight_to: weight,
             weight_changed: now,
             ramp_start: None,
+            back_since: None,
             last_state: State::Active,
         }
     }
@@ -169,9 +173,27 @@ impl Lifecycle {
         self.healthy = passed;
         if passed {
             self.ramp_start = Some(now);
+            self.back_since = Some(now);
         }
         self.note(now, p, "health check");
         true
+    }
+
+    /// Whether users' responses of one score tick, the slowest of which
+    /// took `peak`, read at `now`, measure how fast the backend serves.
+    ///
+    /// Not while it fails its health checks, and not when the slowest
+    /// answers a request sent before it passed them again (`peak` longer
+    /// than the time since): that request waited on the outage (packets
+    /// lost on a cut link and the retransmission timeouts after), not on
+    /// the service. In the zones lab such answers read 2 s from backends
+    /// that serve in 5 ms, and made their zone look 400× slower than its
+    /// peers until they aged out. The rule is Karn's (Karn and Partridge,
+    /// 1987), which keeps retransmitted segments out of TCP's round-trip
+    /// estimate. The tick's other answers go with the slowest: the kernel
+    /// aggregates a tick (sum, count, peak), so it is taken or left whole.
+    pub fn measures_service(&self, peak: Duration, now: Nanos) -> bool {
+        self.healthy && self.back_since.is_none_or(|back| peak <= now.since(back))
     }
 
     /// Ejects for `ejection_base × ejections` (capped), counting this one.
@@ -314,6 +336,37 @@ mod tests {
         assert_eq!(b.state(at(0)), State::Active);
         assert_eq!(b.kernel_state(at(0)), BACKEND_ACTIVE);
         assert_eq!(b.effective_weight(at(0), &P), 200);
+    }
+
+    #[test]
+    fn answers_that_waited_on_a_health_outage_do_not_measure_the_service() {
+        let ms = Duration::from_millis;
+        let mut b = Lifecycle::new(0, 1, at(0));
+        // Never down: any answer counts, however slow.
+        assert!(b.measures_service(ms(5), at(1)));
+        assert!(b.measures_service(Duration::from_secs(30), at(1)));
+        for t in 2..5 {
+            b.check_result(false, at(t), &P);
+        }
+        assert_eq!(b.state(at(4)), State::Down);
+        // Down: nothing it answers counts, fast or slow.
+        assert!(!b.measures_service(ms(5), at(5)));
+        b.check_result(true, at(5), &P);
+        b.check_result(true, at(6), &P);
+        assert_eq!(b.state(at(6)), State::Active);
+        // Back at 6 s. At 6.5 s an answer of 2 s was asked for while it
+        // was down; one of 400 ms after its return.
+        let half = Nanos(at(6).0 + SEC / 2);
+        assert!(!b.measures_service(ms(2_000), half));
+        assert!(b.measures_service(ms(400), half));
+        assert!(b.measures_service(ms(500), half));
+        assert!(!b.measures_service(ms(501), half));
+        // Later, a slow answer is the backend's own again.
+        assert!(b.measures_service(ms(2_000), at(9)));
+        // Ejection is not an outage: its answers still count.
+        b.eject(at(10), &P, "test");
+        assert_eq!(b.state(at(10)), State::Ejected);
+        assert!(b.measures_service(ms(2_000), at(10)));
     }
 
     #[test]

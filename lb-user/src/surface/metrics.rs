@@ -85,6 +85,9 @@ pub struct Snapshot {
     pub events_received: u64,
     /// Per-backend latency aggregates read from the kernel at score ticks.
     pub latency_reads: u64,
+    /// Of those, aggregates not taken as latency: their answers waited on
+    /// a health outage.
+    pub latency_outage_skips: u64,
     /// Latency probes by outcome (`applied`, `busy`, `unchanged`, `barred`).
     pub latency_probes: Vec<(&'static str, u64)>,
     pub publish_times: UpdateTimes,
@@ -697,6 +700,14 @@ fn render_kernel_counters(out: &mut Exposition, s: &Snapshot) {
         ),
         s.latency_reads as f64,
     );
+    out.single(
+        (
+            "lb_latency_aggregates_skipped_total",
+            "counter",
+            "Latency aggregates not taken into a backend's estimate: their answers waited on a health outage.",
+        ),
+        s.latency_outage_skips as f64,
+    );
 }
 
 /// How long the writes of selections and scores take.
@@ -903,6 +914,7 @@ mod tests {
             events_lost: 2,
             events_received: 6,
             latency_reads: 9,
+            latency_outage_skips: 1,
             control_errors: vec![("tick", 4), ("health", 0)],
             zones: vec![ZoneMetrics {
                 vip: "10.0.0.100:80/tcp".into(),
@@ -945,6 +957,7 @@ mod tests {
         assert!(text.contains("lb_ring_buffer_events_lost_total 2\n"));
         assert!(text.contains("lb_ring_buffer_events_total 6\n"));
         assert!(text.contains("lb_latency_aggregates_read_total 9\n"));
+        assert!(text.contains("lb_latency_aggregates_skipped_total 1\n"));
         assert!(text.contains("lb_control_errors_total{stage=\"tick\"} 4\n"));
         assert!(text.contains("lb_zone_active_backends{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 2\n"));
         assert!(text.contains("lb_zone_share{vip=\"10.0.0.100:80/tcp\",zone=\"a\"} 0.5\n"));
