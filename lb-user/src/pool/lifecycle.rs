@@ -188,7 +188,7 @@ impl Lifecycle {
     /// lost on a cut link and the retransmission timeouts after), not on
     /// the service. In the zones lab such answers read 2 s from backends
     /// that serve in 5 ms, and made their zone look 400× slower than its
-    /// peers until they aged out. The rule is Karn's (Karn and Partridge,
+    /// peers for seconds. The rule is Karn's (Karn and Partridge,
     /// 1987), which keeps retransmitted segments out of TCP's round-trip
     /// estimate. The tick's other answers go with the slowest: the kernel
     /// aggregates a tick (sum, count, peak), so it is taken or left whole.
