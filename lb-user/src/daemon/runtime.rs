@@ -208,10 +208,11 @@ impl Runtime {
             };
             self.latency_reads += 1;
             // Answers that waited on a health outage are still answers
-            // (above), but not latency (`Lifecycle::measures_service`).
-            let member = self.fleet.member(a.backend);
-            if member.is_some_and(|m| !m.life.measures_service(a.peak, now)) {
+            // (above, and for the checks' busy rule), but not latency
+            // (`Lifecycle::measures_service`).
+            if !self.fleet.measures_latency(a.backend, a.peak, now) {
                 self.outage_ticks += 1;
+                self.loads.answered(a.backend, a.count, now);
                 debug!(
                     backend = a.backend,
                     peak = ?a.peak,

@@ -208,6 +208,16 @@ impl LoadTable {
         }
     }
 
+    /// Backend `id`'s users had `count` answers by `now` whose latency
+    /// is not taken (they waited on a health outage): they still show
+    /// that users are served ([`LoadTable::sampled_within`]).
+    pub fn answered(&mut self, id: u32, count: u64, now: Nanos) {
+        if let Some(load) = self.loads.get_mut(id as usize) {
+            load.latency.answered(now);
+            load.tally.responded += count;
+        }
+    }
+
     /// Feeds backend `id` a latency probe's measurement; it counts only
     /// if users have not sampled the backend within `idle` (see
     /// [`LatencyEstimate::observe_probe`]). `None` for an unknown id.
@@ -222,11 +232,12 @@ impl LoadTable {
         Some(load.latency.observe_probe(probe, now, idle))
     }
 
-    /// Whether users sampled backend `id` less than `idle` ago.
+    /// Whether users were answered by backend `id` less than `idle` ago
+    /// (their latency taken or not).
     pub fn sampled_within(&self, id: u32, now: Nanos, idle: Duration) -> bool {
         self.loads
             .get(id as usize)
-            .and_then(|l| l.latency.last_sample())
+            .and_then(|l| l.latency.last_answer())
             .is_some_and(|t| now.since(t) < idle)
     }
 
@@ -654,6 +665,48 @@ mod tests {
             zone_a as f64 >= 6.0 * zone_b as f64,
             "0.45 s after zone a turned 10× slower: {zone_a} vs {zone_b}"
         );
+    }
+
+    #[test]
+    fn answers_not_taken_as_latency_still_show_the_backend_is_serving() {
+        let clock = ManualClock::starting_at(0);
+        let mut table = LoadTable::new(&[weight(1); 2], PARAMS, clock.now());
+        let idle = Duration::from_secs(1);
+        clock.advance(Duration::from_secs(5));
+        table.observe(0, ms(5).counted(4), clock.now());
+        table.observe(1, ms(5).counted(4), clock.now());
+        clock.advance(Duration::from_secs(2));
+        let estimate = table.ewma_ns(0, clock.now());
+        let zone = table.zone_latency_ns(0, clock.now(), Duration::from_secs(3));
+        assert!(!table.sampled_within(0, clock.now(), idle));
+        // Two answers of an outage: not latency, but users are served.
+        table.answered(0, 2, clock.now());
+        assert!(table.sampled_within(0, clock.now(), idle));
+        assert_eq!(table.ewma_ns(0, clock.now()), table.ewma_ns(1, clock.now()));
+        assert_eq!(table.ewma_ns(0, clock.now()), estimate);
+        assert_eq!(
+            table.zone_latency_ns(0, clock.now(), Duration::from_secs(3)),
+            zone
+        );
+        // So a probe now has nothing to add, as with users' samples.
+        let probe = ProbeSample::AtLeast(Duration::from_millis(200));
+        assert_eq!(
+            table.observe_probe(0, probe, clock.now(), idle),
+            Some(ProbeOutcome::Busy)
+        );
+        assert_eq!(
+            table.observe_probe(1, probe, clock.now(), idle),
+            Some(ProbeOutcome::Applied)
+        );
+        let responded = |table: &LoadTable, id| {
+            table
+                .tallies()
+                .find(|&(i, _)| i == id)
+                .map(|(_, t)| t.responded)
+        };
+        assert_eq!(responded(&table, 0), Some(6));
+        // Unknown ids are ignored.
+        table.answered(9, 1, clock.now());
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub enum ProbeSample {
 /// What [`LatencyEstimate::observe_probe`] did with a probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeOutcome {
-    /// Users sampled the backend within `idle`: their samples rule.
+    /// Users were answered within `idle`: their samples rule.
     Busy,
     /// The peak memory now holds the probe.
     Applied,
@@ -113,6 +113,9 @@ pub struct LatencyEstimate {
     measured: MeasuredMean,
     /// When the last user sample arrived (probes do not count).
     last_user: Option<Nanos>,
+    /// When users were last answered, their latency taken or not (see
+    /// [`LatencyEstimate::answered`]).
+    last_answer: Option<Nanos>,
     /// The current run of fast responses (see [`crate::estimate::refute`]).
     refutation: Refutation,
 }
@@ -132,6 +135,7 @@ impl LatencyEstimate {
             recent_mean: Ewma::new(cold_start, RECENT_MEAN_TAU, now),
             measured: MeasuredMean::new(tau, now),
             last_user: None,
+            last_answer: None,
             refutation: Refutation::new(refute_after, tau),
         }
     }
@@ -178,17 +182,33 @@ impl LatencyEstimate {
             self.recent_mean.blend(sample.mean, now);
         }
         self.last_user = Some(self.last_user.map_or(now, |t| t.max(now)));
+        self.answered(now);
+    }
+
+    /// Users were answered by `now`, whether or not their latency is
+    /// taken: answers that waited on a health outage
+    /// (`Lifecycle::measures_service`) are not latency, yet they show the
+    /// backend serves users, so a probe then has nothing to add
+    /// ([`LatencyEstimate::observe_probe`]).
+    pub fn answered(&mut self, now: Nanos) {
+        self.last_answer = Some(self.last_answer.map_or(now, |t| t.max(now)));
+    }
+
+    /// When users were last answered, if ever (see
+    /// [`LatencyEstimate::answered`]).
+    pub fn last_answer(&self) -> Option<Nanos> {
+        self.last_answer
     }
 
     /// An out-of-band probe's measurement, taken at `now`; it counts only
-    /// if no user sample arrived within `idle` (see the module's rule).
+    /// if users were not answered within `idle` (see the module's rule).
     pub fn observe_probe(
         &mut self,
         probe: ProbeSample,
         now: Nanos,
         idle: Duration,
     ) -> ProbeOutcome {
-        if self.last_user.is_some_and(|t| now.since(t) < idle) {
+        if self.last_answer.is_some_and(|t| now.since(t) < idle) {
             return ProbeOutcome::Busy;
         }
         match probe {

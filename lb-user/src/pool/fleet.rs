@@ -289,6 +289,19 @@ impl Fleet {
         self.members.get(id as usize)?.as_ref()
     }
 
+    /// Whether backend `id`'s users' answers of one tick, the slowest of
+    /// which took `peak`, measure its latency
+    /// ([`Lifecycle::measures_service`]). In a VIP's panic mode the
+    /// backends the checks fail serve every user (the checks themselves
+    /// may be what is broken), so their answers are the only latency there
+    /// is and are taken. An unknown id's are taken, as before.
+    pub fn measures_latency(&self, id: u32, peak: std::time::Duration, now: Nanos) -> bool {
+        let Some(m) = self.member(id) else {
+            return true;
+        };
+        self.vips.get(m.vip).is_some_and(|v| v.panic) || m.life.measures_service(peak, now)
+    }
+
     /// The latency probe interval of backend `id`'s VIP's health check
     /// (`None`: no check, or probes off).
     pub fn latency_probe(&self, id: u32) -> Option<std::time::Duration> {
@@ -1353,6 +1366,29 @@ mod tests {
         f.health_result(2, true, now);
         f.health_result(2, true, now);
         assert_eq!(f.selection(0, now).slots, [2]);
+    }
+
+    /// Answers of backends the checks fail are not latency, but in a
+    /// panic, where they serve everyone, they are.
+    #[test]
+    fn down_backends_latency_is_taken_only_while_the_panic_serves_them() {
+        let (mut f, _) = fleet(&["--health-check", "tcp", "--health-fall", "1"]);
+        let now = Nanos(2 * SEC);
+        let slow = Duration::from_secs(2);
+        f.health_result(0, false, now);
+        f.selection(0, now);
+        assert!(!f.measures_latency(0, slow, now));
+        assert!(f.measures_latency(1, slow, now));
+        for id in 1..4 {
+            f.health_result(id, false, now);
+        }
+        f.selection(0, now);
+        assert!(f.vips[0].panic);
+        for id in 0..4 {
+            assert!(f.measures_latency(id, slow, now), "backend {id}");
+        }
+        // Unknown ids: as before the rule.
+        assert!(f.measures_latency(99, slow, now));
     }
 
     /// Two backends down by their checks, and the two left overloaded into
