@@ -72,7 +72,7 @@ pub struct Runtime {
     pub(super) latency_reads: u64,
     /// Of those, the ones not taken as latency: their answers waited on a
     /// health outage (`Lifecycle::measures_service`).
-    pub(super) outage_ticks: u64,
+    pub(super) latency_outage_skips: u64,
     /// Lone flow entries the kernel sweep found (and cleaned up).
     pub(super) flows_evicted: u64,
     /// Entries in the flow table at the last reconciliation pass.
@@ -143,7 +143,7 @@ impl Runtime {
             passes_started: Arc::default(),
             events_received: 0,
             latency_reads: 0,
-            outage_ticks: 0,
+            latency_outage_skips: 0,
             flows_evicted: 0,
             zone_opened: super::zone_opened::ZoneOpened::new(false),
             flow_entries: 0,
@@ -211,7 +211,7 @@ impl Runtime {
             // (above, and for the checks' busy rule), but not latency
             // (`Lifecycle::measures_service`).
             if !self.fleet.measures_latency(a.backend, a.peak, now) {
-                self.outage_ticks += 1;
+                self.latency_outage_skips += 1;
                 self.loads.answered(a.backend, a.count, now);
                 debug!(
                     backend = a.backend,
@@ -239,7 +239,7 @@ impl Runtime {
         if result.purpose == Purpose::LatencyProbe {
             return Ok(());
         }
-        let counted = result.counted(|wait| self.loads.sampled_within(result.backend, now, wait));
+        let counted = result.counted(|wait| self.loads.answered_within(result.backend, now, wait));
         self.checks.entry(result.backend).or_default().add(counted);
         if counted == Counted::Busy {
             debug!(

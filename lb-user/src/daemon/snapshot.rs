@@ -43,7 +43,7 @@ impl Runtime {
             events_lost,
             events_received: self.events_received,
             latency_reads: self.latency_reads,
-            latency_outage_skips: self.outage_ticks,
+            latency_outage_skips: self.latency_outage_skips,
             latency_probes: vec![
                 ("applied", self.probes.applied),
                 ("busy", self.probes.busy),

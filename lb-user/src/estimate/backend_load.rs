@@ -210,7 +210,7 @@ impl LoadTable {
 
     /// Backend `id`'s users had `count` answers by `now` whose latency
     /// is not taken (they waited on a health outage): they still show
-    /// that users are served ([`LoadTable::sampled_within`]).
+    /// that users are served ([`LoadTable::answered_within`]).
     pub fn answered(&mut self, id: u32, count: u64, now: Nanos) {
         if let Some(load) = self.loads.get_mut(id as usize) {
             load.latency.answered(now);
@@ -219,7 +219,7 @@ impl LoadTable {
     }
 
     /// Feeds backend `id` a latency probe's measurement; it counts only
-    /// if users have not sampled the backend within `idle` (see
+    /// if users were not answered by the backend within `idle` (see
     /// [`LatencyEstimate::observe_probe`]). `None` for an unknown id.
     pub fn observe_probe(
         &mut self,
@@ -234,7 +234,7 @@ impl LoadTable {
 
     /// Whether users were answered by backend `id` less than `idle` ago
     /// (their latency taken or not).
-    pub fn sampled_within(&self, id: u32, now: Nanos, idle: Duration) -> bool {
+    pub fn answered_within(&self, id: u32, now: Nanos, idle: Duration) -> bool {
         self.loads
             .get(id as usize)
             .and_then(|l| l.latency.last_answer())
@@ -248,13 +248,13 @@ impl LoadTable {
     pub fn avoided(&self, probed: &[(u32, usize, Duration)], now: Nanos) -> Vec<u32> {
         let in_use: std::collections::HashSet<usize> = probed
             .iter()
-            .filter(|&&(id, _, idle)| self.sampled_within(id, now, idle))
+            .filter(|&&(id, _, idle)| self.answered_within(id, now, idle))
             .map(|&(_, vip, _)| vip)
             .collect();
         probed
             .iter()
             .filter(|&&(id, vip, idle)| {
-                in_use.contains(&vip) && !self.sampled_within(id, now, idle)
+                in_use.contains(&vip) && !self.answered_within(id, now, idle)
             })
             .map(|&(id, _, _)| id)
             .collect()
@@ -678,10 +678,10 @@ mod tests {
         clock.advance(Duration::from_secs(2));
         let estimate = table.ewma_ns(0, clock.now());
         let zone = table.zone_latency_ns(0, clock.now(), Duration::from_secs(3));
-        assert!(!table.sampled_within(0, clock.now(), idle));
+        assert!(!table.answered_within(0, clock.now(), idle));
         // Two answers of an outage: not latency, but users are served.
         table.answered(0, 2, clock.now());
-        assert!(table.sampled_within(0, clock.now(), idle));
+        assert!(table.answered_within(0, clock.now(), idle));
         assert_eq!(table.ewma_ns(0, clock.now()), table.ewma_ns(1, clock.now()));
         assert_eq!(table.ewma_ns(0, clock.now()), estimate);
         assert_eq!(
