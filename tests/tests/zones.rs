@@ -89,35 +89,55 @@ fn plan_of(r: &ZoneRouting) -> String {
     format!("{} [{}] {}", r.spill, r.reason, zones.join(" "))
 }
 
-/// Each backend's state, weight and latency estimate, in the lab's
-/// order, and the highest estimate (ms).
-fn states(lab: &Lab) -> (String, f64) {
-    let status = lab.status().unwrap();
-    let vip = status.vip(&lab.tcp_vip().to_string()).unwrap();
-    let highest = vip.backends.iter().map(|b| b.ewma_ms).fold(0.0, f64::max);
-    let mut states: Vec<(usize, String)> = vip
-        .backends
+/// A backend's index in the lab, by the address status gives it.
+fn lab_index(lab: &Lab, address: &str) -> Option<usize> {
+    lab.backends()
         .iter()
-        .filter_map(|b| {
-            let index = lab
-                .backends()
-                .iter()
-                .position(|x| x.addr().to_string() == b.address)?;
-            Some((
-                index,
-                format!(
+        .position(|x| x.addr().to_string() == address)
+}
+
+/// One look at zone a's way back: when, its planned share, the plan and
+/// every backend's state in one line, and the highest latency estimate.
+struct RecoverySample {
+    at_s: f64,
+    share_a: f64,
+    /// Zone a is local again: the way back is over.
+    local: bool,
+    plan: String,
+    highest_ewma_ms: f64,
+}
+
+impl RecoverySample {
+    /// Reads status once. `None` while the VIP has no zone plan.
+    fn take(lab: &Lab, at_s: f64) -> Option<Self> {
+        let status = lab.status().ok()?;
+        let vip = status.vip(&lab.tcp_vip().to_string())?;
+        let routing = vip.zone_routing.as_ref()?;
+        let mut states: Vec<(usize, String)> = vip
+            .backends
+            .iter()
+            .filter_map(|b| {
+                let index = lab_index(lab, &b.address)?;
+                let state = format!(
                     "be{}:{}/w{:.2}/{:.1}ms",
                     index + 1,
                     b.state,
                     b.weight,
                     b.ewma_ms
-                ),
-            ))
+                );
+                Some((index, state))
+            })
+            .collect();
+        states.sort();
+        let states: Vec<String> = states.into_iter().map(|(_, s)| s).collect();
+        Some(Self {
+            at_s,
+            share_a: routing.share("a"),
+            local: routing.spill == "local",
+            plan: format!("{} | {}", plan_of(routing), states.join(" ")),
+            highest_ewma_ms: vip.backends.iter().map(|b| b.ewma_ms).fold(0.0, f64::max),
         })
-        .collect();
-    states.sort();
-    let states: Vec<String> = states.into_iter().map(|(_, s)| s).collect();
-    (states.join(" "), highest)
+    }
 }
 
 fn routing(lab: &Lab) -> Option<ZoneRouting> {
@@ -134,11 +154,7 @@ fn opened_by_zone(lab: &Lab) -> (u64, u64) {
     let vip = status.vip(&lab.tcp_vip().to_string()).unwrap();
     let mut sums = (0, 0);
     for b in &vip.backends {
-        let index = lab
-            .backends()
-            .iter()
-            .position(|x| x.addr().to_string() == b.address)
-            .unwrap();
+        let index = lab_index(lab, &b.address).unwrap();
         assert!(ZONE_A.contains(&index) || ZONE_B.contains(&index));
         if ZONE_A.contains(&index) {
             sums.0 += b.opened;
@@ -400,11 +416,10 @@ fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
         let mut samples = Vec::new();
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(12) {
-            let r = routing(&lab).unwrap();
-            let (states, highest) = states(&lab);
-            let plan = format!("{} | {states}", plan_of(&r));
-            samples.push((start.elapsed().as_secs_f64(), r.share("a"), plan, highest));
-            if r.spill == "local" {
+            let sample = RecoverySample::take(&lab, start.elapsed().as_secs_f64()).unwrap();
+            let local = sample.local;
+            samples.push(sample);
+            if local {
                 break;
             }
             thread::sleep(Duration::from_millis(200));
@@ -413,12 +428,12 @@ fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
     });
     let shares: Vec<String> = samples
         .iter()
-        .map(|(t, s, _, _)| format!("{t:.1}s:{:.0}%", s * 100.0))
+        .map(|s| format!("{:.1}s:{:.0}%", s.at_s, s.share_a * 100.0))
         .collect();
-    // Why each share was planned: only printed when the ramp is missing.
+    // Why each share was planned: printed when an assertion fails.
     let plans: Vec<String> = samples
         .iter()
-        .map(|(t, _, plan, _)| format!("{t:.1}s {plan}"))
+        .map(|s| format!("{:.1}s {}", s.at_s, s.plan))
         .collect();
     eprintln!(
         "ZONES recovery: 3 of zone a's 5 unreachable, then back under a 6 s slow start from 10%: \
@@ -432,13 +447,16 @@ fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
     // they come back, seconds late: that is the outage, not the backends'
     // 5 ms service, and must not become their latency (nor make zone a
     // look slow and keep it spilled).
-    let highest = samples.iter().map(|s| s.3).fold(0.0, f64::max);
+    let highest = samples
+        .iter()
+        .map(|s| s.highest_ewma_ms)
+        .fold(0.0, f64::max);
     assert!(
         highest < 500.0,
         "a latency estimate of {highest} ms after the outage:\n{}",
         plans.join("\n")
     );
-    let last = samples.last().unwrap().1;
+    let last = samples.last().unwrap().share_a;
     assert!(
         last > 0.95,
         "zone a never took its traffic back: {shares:?}\n{}",
@@ -446,11 +464,11 @@ fn a_zone_that_comes_back_takes_its_traffic_back_under_slow_start() {
     );
     // The way back is a ramp, not a jump: zone a passes through shares
     // above its spilled level and below everything.
-    let first = samples[0].1;
+    let first = samples[0].share_a;
     assert!(
         samples
             .iter()
-            .any(|&(_, s, _, _)| s > first + 0.03 && s < 0.95),
+            .any(|s| s.share_a > first + 0.03 && s.share_a < 0.95),
         "no ramp: {shares:?}\n{}",
         plans.join("\n")
     );
