@@ -137,7 +137,13 @@ fn number(cell: &str) -> f64 {
 fn paired_ratio(report: &str, case: &str) -> f64 {
     let line = report
         .lines()
-        .find(|l| l.starts_with(case))
+        // The name whole: "new flow, P2C over 1024 backends" is also the
+        // start of its fresh-table and half-full rows' names.
+        .find(|l| {
+            l.strip_prefix(case).is_some_and(|rest| {
+                rest.starts_with(' ') && rest.trim_start().starts_with(|c: char| c.is_ascii_digit())
+            })
+        })
         .unwrap_or_else(|| panic!("no case '{case}' in:\n{report}"));
     let before_blocks = line.rsplit_once(" (").map_or(line, |(head, _)| head);
     let ratio = before_blocks.split_whitespace().last().unwrap_or_default();
@@ -164,6 +170,8 @@ fn the_dataplane_bench_measures_every_case() {
         "new flow, P2C over 16 backends",
         "new flow, least connections over 16 backends",
         "new flow, every tuple in time wait",
+        "new flow, P2C over 1024 backends, fresh table",
+        "new flow, P2C over 1024 backends, table half full",
     ];
     let floors = [
         "floor: established, hash-map hit",
@@ -172,6 +180,7 @@ fn the_dataplane_bench_measures_every_case() {
         "floor: new flow, 2 table entries",
         "floor: new flow, 1 entry + reply way",
         "floor: new flow, 2 ways, no entry",
+        "floor: new flow, 2 table entries, table half full",
     ];
     for case in established
         .iter()
@@ -198,6 +207,7 @@ fn the_dataplane_bench_measures_every_case() {
         "an established packet's flow lookup:",
         "one BPF function call and its return:",
         "new flow over 1024 backends:",
+        "on a table half full (half a chain per bucket):",
     ] {
         assert!(report.contains(summary), "no '{summary}' in:\n{report}");
     }

@@ -11,6 +11,13 @@
 //! ratios (with their range), so a VM whose speed drifts during the run
 //! moves both sides of each ratio alike.
 //!
+//! A new flow's cost depends on the flow table it lands in, so every
+//! new-flow row and floor starts from one stated table: one established
+//! connection's entries, on a table churned as a running balancer's is
+//! (filled whole and emptied, so the elements it hands out lie scattered,
+//! see `churn`). One row is measured before the churn, on the table as
+//! loaded, and two on a table half full.
+//!
 //! A calibration row, the MAC swap after a few calls of an empty BPF
 //! function, gives what one call and its return cost on the machine: every
 //! stage boundary of `lb_xdp` pays it, and where the kernel mitigates
@@ -21,7 +28,7 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, CALIBRATION_CALLS, FLOOR_FLOW_WAYS, FLOOR_FLOW_WAYS_MAP,
-    FLOOR_REPLY_WAYS_MAP, IPPROTO_TCP,
+    FLOOR_REPLY_WAYS_MAP, FlowEntry, FlowKey, IPPROTO_TCP,
 };
 use lb_lab::xdp::{
     harness::*,
@@ -114,6 +121,18 @@ const CLOSED_SYN: (u32, u32) = (1_000, 1_000);
 /// the SYNs that take their tuples over (newer: the backend accepts them).
 const CLOSED_FIN: (u32, u32) = (5_000, 2_000);
 const TAKING_SYN: (u32, u32) = (10, 3_000);
+/// The suffix of the rows measured on a table half full ([`fill_to`]),
+/// and their client blocks (after the turned-over case's).
+const HALF_FULL: &str = ", table half full";
+const HALF_FULL_CLIENTS: usize = TURNED_OVER_NEW_CLIENTS + 1;
+/// The suffix of the row measured on the table as loaded, before `churn`,
+/// and its client block.
+const FRESH: &str = ", fresh table";
+const FRESH_CLIENTS: usize = HALF_FULL_CLIENTS + 2;
+/// The half-full table's own entries: clients from 10.200.0.0 up (past
+/// every case's block), to this VIP port, which no VIP serves.
+const FILL_CLIENTS: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 0);
+const FILL_VIP_PORT: u16 = 9;
 /// Sequence number and TSval of the other cases' SYNs (every new flow's
 /// SYN carries a Linux SYN's options, which the program reads when
 /// time-wait reuse is on, as it is here).
@@ -333,48 +352,48 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
             rows.push(measure(&mut lb, &case, Some(&pairing)));
         }
     }
-    // (name, VIP port, client block) of every new-flow case of `lb_xdp`.
-    let new_flows = P2C_SIZES
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (new_flow_case(*n), FIRST_P2C_PORT + i as u16, i))
-        .chain(SCAN_CASES.iter().enumerate().map(|(j, (_, label))| {
-            (
-                format!("new flow, {label} over {SCAN_POOL} backends"),
-                scan_port(j),
-                P2C_SIZES.len() + FLOORS.len() + j,
-            )
-        }));
-    for (name, port, clients) in new_flows {
-        if !wanted(&name) {
-            continue;
-        }
+    // Every new-flow case and floor starts from the tables as they are
+    // here, the established flow's two entries: run after the others, a
+    // case met their entries in its buckets' chains, and read dearer the
+    // later it ran. The half-full rows start from half the table taken.
+    let base: Vec<FlowKey> = lb.all_flows().into_iter().map(|(key, _)| key).collect();
+    let established_entry = fwd;
+    // Once on the table as loaded, then churned as a running balancer's is
+    // (see `churn`): every later row draws from the churned table.
+    let fresh = format!("{}{FRESH}", new_flow_case(P2C_SIZES[2]));
+    if wanted(&fresh) {
         let flows = runs.min(NEW_FLOWS);
-        let frames = new_flow_frames(port, clients, flows, NEW_SYN);
-        let case = Case {
-            name: &name,
+        let frames = new_flow_frames(FIRST_P2C_PORT + 2, FRESH_CLIENTS, flows, NEW_SYN);
+        let measured = Case {
+            name: &fresh,
             program: lb_common::XDP_PROGRAM,
             frames: &frames,
             runs: flows,
             action: XDP_TX,
         };
-        rows.push(measure(&mut lb, &case, Some(&pairing)));
+        rows.push(measure(&mut lb, &measured, Some(&pairing)));
     }
-    for (i, (name, program)) in FLOORS.iter().enumerate() {
-        if !wanted(name) {
+    churn(&mut lb, established_entry, &base);
+    for case in new_flow_cases() {
+        if !wanted(&case.name) {
             continue;
         }
+        lb.remove_flows_except(&base);
+        if case.half_full {
+            fill_to(&mut lb, (BENCH_FLOW_TABLE / 2) as usize, established_entry);
+        }
         let flows = runs.min(NEW_FLOWS);
-        let frames = new_flow_frames(HTTP, P2C_SIZES.len() + i, flows, NEW_SYN);
-        let case = Case {
-            name,
-            program,
+        let frames = new_flow_frames(case.port, case.clients, flows, NEW_SYN);
+        let measured = Case {
+            name: &case.name,
+            program: case.program,
             frames: &frames,
             runs: flows,
             action: XDP_TX,
         };
-        rows.push(measure(&mut lb, &case, Some(&pairing)));
+        rows.push(measure(&mut lb, &measured, Some(&pairing)));
     }
+    lb.remove_flows_except(&base);
     if wanted(TURNED_OVER_CASE) {
         rows.push(turned_over(&mut lb, runs.min(NEW_FLOWS), &pairing));
     }
@@ -479,6 +498,96 @@ fn scan_port(j: usize) -> u16 {
 /// The name of the new-flow case over `backends`.
 fn new_flow_case(backends: u32) -> String {
     format!("new flow, P2C over {backends} backends")
+}
+
+/// A new-flow row: `runs` SYNs, each from its own client of block
+/// `clients`, to the VIP on `port`, through `program` (`lb_xdp` or a
+/// floor), on a table that holds only the established flow's entries or,
+/// `half_full`, half the table ([`fill_to`]).
+struct NewFlowCase {
+    name: String,
+    program: &'static str,
+    port: u16,
+    clients: usize,
+    half_full: bool,
+}
+
+/// Every new-flow row, in the order they print: `lb_xdp`'s cases, the
+/// floors, then the half-full rows.
+fn new_flow_cases() -> Vec<NewFlowCase> {
+    let mut cases = Vec::new();
+    for (i, n) in P2C_SIZES.iter().enumerate() {
+        cases.push(NewFlowCase {
+            name: new_flow_case(*n),
+            program: lb_common::XDP_PROGRAM,
+            port: FIRST_P2C_PORT + i as u16,
+            clients: i,
+            half_full: false,
+        });
+    }
+    for (j, (_, label)) in SCAN_CASES.iter().enumerate() {
+        cases.push(NewFlowCase {
+            name: format!("new flow, {label} over {SCAN_POOL} backends"),
+            program: lb_common::XDP_PROGRAM,
+            port: scan_port(j),
+            clients: P2C_SIZES.len() + FLOORS.len() + j,
+            half_full: false,
+        });
+    }
+    for (i, (name, program)) in FLOORS.iter().enumerate() {
+        cases.push(NewFlowCase {
+            name: (*name).to_string(),
+            program,
+            port: HTTP,
+            clients: P2C_SIZES.len() + i,
+            half_full: false,
+        });
+    }
+    cases.push(NewFlowCase {
+        name: format!("{}{HALF_FULL}", new_flow_case(P2C_SIZES[2])),
+        program: lb_common::XDP_PROGRAM,
+        port: FIRST_P2C_PORT + 2,
+        clients: HALF_FULL_CLIENTS,
+        half_full: true,
+    });
+    cases.push(NewFlowCase {
+        name: format!("{}{HALF_FULL}", FLOORS[1].0),
+        program: FLOORS[1].1,
+        port: HTTP,
+        clients: HALF_FULL_CLIENTS + 1,
+        half_full: true,
+    });
+    cases
+}
+
+/// Fills the flow tables to `entries` with entries no frame of the run
+/// meets: copies of `entry` under keys of their own (clients from
+/// [`FILL_CLIENTS`] up, to a port no VIP serves). The kernel rounds a hash
+/// map's buckets up to a power of two, which [`BENCH_FLOW_TABLE`] is, so
+/// half its entries is half a chain per bucket.
+fn fill_to(lb: &mut Lb, entries: usize, entry: FlowEntry) {
+    let first = u32::from(FILL_CLIENTS);
+    for i in 0..entries.saturating_sub(lb.flow_count()) {
+        let client = Ipv4Addr::from(first + i as u32);
+        lb.set_flow(
+            &key(IPPROTO_TCP, (client, CLIENT_PORT), (VIP, FILL_VIP_PORT)),
+            entry,
+        );
+    }
+    assert_eq!(lb.flow_count(), entries, "the flow table filled");
+}
+
+/// Fills the table whole, then empties it back to `base`. A preallocated
+/// hash map hands out its free elements last freed first, and a freshly
+/// created one in the order it laid them out, so one new flow's element
+/// sits next to the last one's, in the same page. A balancer that has run
+/// a while has freed elements in whatever order its connections ended,
+/// scattered over the table, and each insert then meets a cold page; the
+/// removal here frees them in bucket order, which is as scattered.
+fn churn(lb: &mut Lb, entry: FlowEntry, base: &[FlowKey]) {
+    fill_to(lb, BENCH_FLOW_TABLE as usize, entry);
+    lb.remove_flows_except(base);
+    assert_eq!(lb.flow_count(), base.len(), "the table back to its base");
 }
 
 /// `runs` SYNs to the VIP on `port`, each from its own client address of
@@ -586,7 +695,14 @@ fn print_table(rows: &[Row]) {
     println!(
         "\nkernel-reported ns per BPF_PROG_TEST_RUN with repeat=1, one CPU, fresh netns; \
          ratios use the medians; paired: the median of the case's blocks' ratios to the \
-         MAC-swap block run right before each (lowest-highest block)"
+         MAC-swap block run right before each (lowest-highest block); every new-flow row \
+         starts from a table of {BENCH_FLOW_TABLE} entries holding one established connection \
+         (2 entries), the \"{}\" rows from {} entries; all but the \"{}\" row on the table \
+         churned (filled whole and emptied, so its free elements lie scattered, as in a \
+         balancer that has run a while)",
+        HALF_FULL.trim_start_matches(", "),
+        BENCH_FLOW_TABLE / 2,
+        FRESH.trim_start_matches(", "),
     );
     // What the table alone costs, against what a new flow costs in all.
     let median = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.median_ns);
@@ -623,6 +739,20 @@ fn print_table(rows: &[Row]) {
                  from {:.2}x to {:.2}x the MAC-swap baseline",
                 f64::from(floor) / f64::from(rows[1].median_ns.max(1)),
                 f64::from(one) / f64::from(rows[1].median_ns.max(1)),
+            );
+        }
+        let loaded_full = median(&format!("{}{HALF_FULL}", new_flow_case(P2C_SIZES[2])));
+        let loaded_floor = median(&format!("{}{HALF_FULL}", FLOORS[1].0));
+        if let (Some(loaded_full), Some(loaded_floor)) = (loaded_full, loaded_floor) {
+            let x = |ns: u32| f64::from(ns) / f64::from(rows[1].median_ns.max(1));
+            println!(
+                "on a table half full (half a chain per bucket): the new flow over {} backends \
+                 {:.2}x (from {:.2}x), the two-entry floor {:.2}x (from {:.2}x)",
+                P2C_SIZES[2],
+                x(loaded_full),
+                x(full),
+                x(loaded_floor),
+                x(floor),
             );
         }
         if let Some(ways) = median(FLOORS[3].0) {

@@ -935,6 +935,22 @@ impl Lb {
         all
     }
 
+    /// Removes every entry of both flow tables whose key is not in `keep`,
+    /// behind the program's back (the dataplane benchmark puts the tables
+    /// back to one state before each new-flow case); how many it removed.
+    pub fn remove_flows_except(&mut self, keep: &[FlowKey]) -> usize {
+        let gone: Vec<FlowKey> = self
+            .all_flows()
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| !keep.contains(key))
+            .collect();
+        for key in &gone {
+            self.remove_flow(key);
+        }
+        gone.len()
+    }
+
     /// Entries in both flow tables.
     pub fn flow_count(&self) -> usize {
         self.flows().keys().count() + self.flows4().keys().count()
