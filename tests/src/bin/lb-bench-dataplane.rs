@@ -373,8 +373,11 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         };
         rows.push(measure(&mut lb, &measured, Some(&pairing)));
     }
-    churn(&mut lb, established_entry, &base);
-    for case in new_flow_cases() {
+    let cases = new_flow_cases();
+    if cases.iter().any(|case| wanted(&case.name)) || wanted(TURNED_OVER_CASE) {
+        churn(&mut lb, established_entry, &base);
+    }
+    for case in cases {
         if !wanted(&case.name) {
             continue;
         }
