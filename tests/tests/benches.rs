@@ -207,7 +207,7 @@ fn the_dataplane_bench_measures_every_case() {
         "an established packet's flow lookup:",
         "one BPF function call and its return:",
         "new flow over 1024 backends:",
-        "on a table half full (half a chain per bucket):",
+        "on a table half full (2^18 entries in 2^19 buckets):",
     ] {
         assert!(report.contains(summary), "no '{summary}' in:\n{report}");
     }

@@ -13,10 +13,12 @@
 //!
 //! A new flow's cost depends on the flow table it lands in, so every
 //! new-flow row and floor starts from one stated table: one established
-//! connection's entries, on a table churned as a running balancer's is
-//! (filled whole and emptied, so the elements it hands out lie scattered,
-//! see `churn`). One row is measured before the churn, on the table as
-//! loaded, and two on a table half full.
+//! connection's entries, in a table churned right before the row as a
+//! running balancer's is (filled whole and emptied, so the elements it
+//! hands out lie scattered, see `churn`). The time-wait row adds its own
+//! closed connections; two rows fill half the table first; and one row is
+//! measured before any churn, on the table as loaded (its backends' next
+//! hops are learned during it: 1024 of its 20,000 flows).
 //!
 //! A calibration row, the MAC swap after a few calls of an empty BPF
 //! function, gives what one call and its return cost on the machine: every
@@ -352,14 +354,14 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
             rows.push(measure(&mut lb, &case, Some(&pairing)));
         }
     }
-    // Every new-flow case and floor starts from the tables as they are
-    // here, the established flow's two entries: run after the others, a
-    // case met their entries in its buckets' chains, and read dearer the
-    // later it ran. The half-full rows start from half the table taken.
+    // Every new-flow row starts from the tables as they are here, the
+    // established flow's two entries, churned again right before it (see
+    // `churn`), so each draws the same kind of free elements: run one after
+    // another on one table, a case met the earlier cases' entries in its
+    // buckets' chains and read dearer the later it ran. The half-full rows
+    // then fill half the table; the fresh row runs first, before any churn.
     let base: Vec<FlowKey> = lb.all_flows().into_iter().map(|(key, _)| key).collect();
     let established_entry = fwd;
-    // Once on the table as loaded, then churned as a running balancer's is
-    // (see `churn`): every later row draws from the churned table.
     let fresh = format!("{}{FRESH}", new_flow_case(P2C_SIZES[2]));
     if wanted(&fresh) {
         let flows = runs.min(NEW_FLOWS);
@@ -373,15 +375,11 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         };
         rows.push(measure(&mut lb, &measured, Some(&pairing)));
     }
-    let cases = new_flow_cases();
-    if cases.iter().any(|case| wanted(&case.name)) || wanted(TURNED_OVER_CASE) {
-        churn(&mut lb, established_entry, &base);
-    }
-    for case in cases {
+    for case in new_flow_cases() {
         if !wanted(&case.name) {
             continue;
         }
-        lb.remove_flows_except(&base);
+        churn(&mut lb, established_entry, &base);
         if case.half_full {
             fill_to(&mut lb, (BENCH_FLOW_TABLE / 2) as usize, established_entry);
         }
@@ -396,8 +394,8 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         };
         rows.push(measure(&mut lb, &measured, Some(&pairing)));
     }
-    lb.remove_flows_except(&base);
     if wanted(TURNED_OVER_CASE) {
+        churn(&mut lb, established_entry, &base);
         rows.push(turned_over(&mut lb, runs.min(NEW_FLOWS), &pairing));
     }
     let name = "miss (not VIP traffic)";
@@ -567,7 +565,8 @@ fn new_flow_cases() -> Vec<NewFlowCase> {
 /// meets: copies of `entry` under keys of their own (clients from
 /// [`FILL_CLIENTS`] up, to a port no VIP serves). The kernel rounds a hash
 /// map's buckets up to a power of two, which [`BENCH_FLOW_TABLE`] is, so
-/// half its entries is half a chain per bucket.
+/// half its entries is 2^18 entries in 2^19 buckets.
+/// Its keys are the same every time: the table must hold none of them.
 fn fill_to(lb: &mut Lb, entries: usize, entry: FlowEntry) {
     let first = u32::from(FILL_CLIENTS);
     for i in 0..entries.saturating_sub(lb.flow_count()) {
@@ -585,9 +584,12 @@ fn fill_to(lb: &mut Lb, entries: usize, entry: FlowEntry) {
 /// created one in the order it laid them out, so one new flow's element
 /// sits next to the last one's, in the same page. A balancer that has run
 /// a while has freed elements in whatever order its connections ended,
-/// scattered over the table, and each insert then meets a cold page; the
-/// removal here frees them in bucket order, which is as scattered.
+/// scattered over the table, so its inserts meet other pages; the removal
+/// here frees them in bucket order, which is as scattered. Run before
+/// every row, so every row draws from the same state.
 fn churn(lb: &mut Lb, entry: FlowEntry, base: &[FlowKey]) {
+    // The last row's entries out first: `fill_to` counts from the base.
+    lb.remove_flows_except(base);
     fill_to(lb, BENCH_FLOW_TABLE as usize, entry);
     lb.remove_flows_except(base);
     assert_eq!(lb.flow_count(), base.len(), "the table back to its base");
@@ -699,10 +701,11 @@ fn print_table(rows: &[Row]) {
         "\nkernel-reported ns per BPF_PROG_TEST_RUN with repeat=1, one CPU, fresh netns; \
          ratios use the medians; paired: the median of the case's blocks' ratios to the \
          MAC-swap block run right before each (lowest-highest block); every new-flow row \
-         starts from a table of {BENCH_FLOW_TABLE} entries holding one established connection \
-         (2 entries), the \"{}\" rows from {} entries; all but the \"{}\" row on the table \
-         churned (filled whole and emptied, so its free elements lie scattered, as in a \
-         balancer that has run a while)",
+         starts from a table sized for {BENCH_FLOW_TABLE} entries that holds one established \
+         connection (2 entries; the time-wait row adds its own closed connections, the \"{}\" \
+         rows fill it to {} entries), churned right before the row (filled whole and emptied, \
+         so its free elements lie scattered, as in a balancer that has run a while), except \
+         the \"{}\" row, measured first on the table as loaded",
         HALF_FULL.trim_start_matches(", "),
         BENCH_FLOW_TABLE / 2,
         FRESH.trim_start_matches(", "),
@@ -749,7 +752,7 @@ fn print_table(rows: &[Row]) {
         if let (Some(loaded_full), Some(loaded_floor)) = (loaded_full, loaded_floor) {
             let x = |ns: u32| f64::from(ns) / f64::from(rows[1].median_ns.max(1));
             println!(
-                "on a table half full (half a chain per bucket): the new flow over {} backends \
+                "on a table half full (2^18 entries in 2^19 buckets): the new flow over {} backends \
                  {:.2}x (from {:.2}x), the two-entry floor {:.2}x (from {:.2}x)",
                 P2C_SIZES[2],
                 x(loaded_full),

@@ -939,12 +939,9 @@ impl Lb {
     /// behind the program's back (the dataplane benchmark puts the tables
     /// back to one state before each new-flow case); how many it removed.
     pub fn remove_flows_except(&mut self, keep: &[FlowKey]) -> usize {
-        let gone: Vec<FlowKey> = self
-            .all_flows()
-            .into_iter()
-            .map(|(key, _)| key)
-            .filter(|key| !keep.contains(key))
-            .collect();
+        let mut gone: Vec<FlowKey> = self.flows().keys().map(|k| k.expect("flow key")).collect();
+        gone.extend(self.flows4().keys().map(|k| k.expect("flow key").widen()));
+        gone.retain(|key| !keep.contains(key));
         for key in &gone {
             self.remove_flow(key);
         }
