@@ -17,8 +17,7 @@
 //! running balancer's is (filled whole and emptied, so the elements it
 //! hands out lie scattered, see `churn`). The time-wait row adds its own
 //! closed connections; two rows fill half the table first; and one row is
-//! measured before any churn, on the table as loaded (its backends' next
-//! hops are learned during it: 1024 of its 20,000 flows).
+//! measured before any churn, on the table as loaded.
 //!
 //! A calibration row, the MAC swap after a few calls of an empty BPF
 //! function, gives what one call and its return cost on the machine: every
