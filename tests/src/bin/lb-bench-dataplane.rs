@@ -360,27 +360,17 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
     // buckets' chains and read dearer the later it ran. The half-full rows
     // then fill half the table; the fresh row runs first, before any churn.
     let base: Vec<FlowKey> = lb.all_flows().into_iter().map(|(key, _)| key).collect();
-    let established_entry = fwd;
-    let fresh = format!("{}{FRESH}", new_flow_case(P2C_SIZES[2]));
-    if wanted(&fresh) {
-        let flows = runs.min(NEW_FLOWS);
-        let frames = new_flow_frames(FIRST_P2C_PORT + 2, FRESH_CLIENTS, flows, NEW_SYN);
-        let measured = Case {
-            name: &fresh,
-            program: lb_common::XDP_PROGRAM,
-            frames: &frames,
-            runs: flows,
-            action: XDP_TX,
-        };
-        rows.push(measure(&mut lb, &measured, Some(&pairing)));
-    }
     for case in new_flow_cases() {
         if !wanted(&case.name) {
             continue;
         }
-        churn(&mut lb, established_entry, &base);
-        if case.half_full {
-            fill_to(&mut lb, (BENCH_FLOW_TABLE / 2) as usize, established_entry);
+        match case.table {
+            Table::AsLoaded => {}
+            Table::Churned => churn(&mut lb, fwd, &base),
+            Table::HalfFull => {
+                churn(&mut lb, fwd, &base);
+                fill_to(&mut lb, (BENCH_FLOW_TABLE / 2) as usize, fwd);
+            }
         }
         let flows = runs.min(NEW_FLOWS);
         let frames = new_flow_frames(case.port, case.clients, flows, NEW_SYN);
@@ -394,7 +384,7 @@ fn bench(runs: usize, blocks: usize, only: Option<&str>) -> Vec<Row> {
         rows.push(measure(&mut lb, &measured, Some(&pairing)));
     }
     if wanted(TURNED_OVER_CASE) {
-        churn(&mut lb, established_entry, &base);
+        churn(&mut lb, fwd, &base);
         rows.push(turned_over(&mut lb, runs.min(NEW_FLOWS), &pairing));
     }
     let name = "miss (not VIP traffic)";
@@ -502,27 +492,45 @@ fn new_flow_case(backends: u32) -> String {
 
 /// A new-flow row: `runs` SYNs, each from its own client of block
 /// `clients`, to the VIP on `port`, through `program` (`lb_xdp` or a
-/// floor), on a table that holds only the established flow's entries or,
-/// `half_full`, half the table ([`fill_to`]).
+/// floor), on the table `table`.
 struct NewFlowCase {
     name: String,
     program: &'static str,
     port: u16,
     clients: usize,
-    half_full: bool,
+    table: Table,
 }
 
-/// Every new-flow row, in the order they print: `lb_xdp`'s cases, the
-/// floors, then the half-full rows.
+/// The flow table a new-flow row starts from (besides the established
+/// flow's two entries).
+#[derive(Clone, Copy)]
+enum Table {
+    /// As loaded: no element ever freed. Only before any churn.
+    AsLoaded,
+    /// Churned right before the row (see `churn`).
+    Churned,
+    /// Churned, then half filled (see `fill_to`).
+    HalfFull,
+}
+
+/// Every new-flow row, in the order they run and print: the fresh-table
+/// row, `lb_xdp`'s cases, the floors, then the half-full rows.
 fn new_flow_cases() -> Vec<NewFlowCase> {
-    let mut cases = Vec::new();
+    // First: the one row on the table as loaded, before any churn.
+    let mut cases = vec![NewFlowCase {
+        name: format!("{}{FRESH}", new_flow_case(P2C_SIZES[2])),
+        program: lb_common::XDP_PROGRAM,
+        port: FIRST_P2C_PORT + 2,
+        clients: FRESH_CLIENTS,
+        table: Table::AsLoaded,
+    }];
     for (i, n) in P2C_SIZES.iter().enumerate() {
         cases.push(NewFlowCase {
             name: new_flow_case(*n),
             program: lb_common::XDP_PROGRAM,
             port: FIRST_P2C_PORT + i as u16,
             clients: i,
-            half_full: false,
+            table: Table::Churned,
         });
     }
     for (j, (_, label)) in SCAN_CASES.iter().enumerate() {
@@ -531,7 +539,7 @@ fn new_flow_cases() -> Vec<NewFlowCase> {
             program: lb_common::XDP_PROGRAM,
             port: scan_port(j),
             clients: P2C_SIZES.len() + FLOORS.len() + j,
-            half_full: false,
+            table: Table::Churned,
         });
     }
     for (i, (name, program)) in FLOORS.iter().enumerate() {
@@ -540,7 +548,7 @@ fn new_flow_cases() -> Vec<NewFlowCase> {
             program,
             port: HTTP,
             clients: P2C_SIZES.len() + i,
-            half_full: false,
+            table: Table::Churned,
         });
     }
     cases.push(NewFlowCase {
@@ -548,14 +556,14 @@ fn new_flow_cases() -> Vec<NewFlowCase> {
         program: lb_common::XDP_PROGRAM,
         port: FIRST_P2C_PORT + 2,
         clients: HALF_FULL_CLIENTS,
-        half_full: true,
+        table: Table::HalfFull,
     });
     cases.push(NewFlowCase {
         name: format!("{}{HALF_FULL}", FLOORS[1].0),
         program: FLOORS[1].1,
         port: HTTP,
         clients: HALF_FULL_CLIENTS + 1,
-        half_full: true,
+        table: Table::HalfFull,
     });
     cases
 }
