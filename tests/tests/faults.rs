@@ -1804,7 +1804,17 @@ fn kept_connection(lab: &Lab, vip: SocketAddr) -> (TcpStream, String) {
 #[test]
 fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     require_root!();
-    let lab = Fault::new("runtime-vip", 3);
+    // The fourth backend serves only the VIP added again at the end. A
+    // clean clone's run once read 102 connections opened for 100 answers
+    // there, with the VIP on a backend that had served the other VIP
+    // seconds before. The likely cause (not confirmed: the run left no
+    // logs): the short quarantine below frees SNAT tuples long before a
+    // backend's 60 s TIME_WAIT does, so that backend could be handed a
+    // tuple it still held in TIME_WAIT; a SYN its TIME_WAIT rejects waits
+    // for the client's retransmission, which is balanced again as a new
+    // connection (`--syn-timeout`). A backend with no TIME_WAIT keeps that
+    // count about the reused id.
+    let lab = Fault::new("runtime-vip", 4);
     // Closed flows leave the table quickly and their SNAT tuples leave
     // quarantine (which holds the backend's id) soon after, so the removed
     // VIP's id is freed within the test. The tuples are freed by a sweep
@@ -1955,7 +1965,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
             "--vip",
             &vip_arg,
             "--backend",
-            &be(1),
+            &be(3),
             "--instance",
             &instance,
         ])
@@ -1994,7 +2004,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
         closed.elapsed().as_secs_f64()
     );
     let held: Vec<u32> = (0..2).map(|i| removed_ids[i]).collect();
-    let again = lab.vip_command(&["add", "--vip", &vip_arg, "--backend", &be(1)]);
+    let again = lab.vip_command(&["add", "--vip", &vip_arg, "--backend", &be(3)]);
     assert!(again.contains("added (VIP id 1)"), "{again}");
     // The new backend takes one of the freed ids, and none of the counters
     // of the backend that held it before.
@@ -2018,7 +2028,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
     let run = lab.measure(load_to(vip, 100.0, 1.0));
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
     let names: Vec<&String> = run.summary.per_backend.keys().collect();
-    assert_eq!(names, [&name(1)], "{:?}", run.summary);
+    assert_eq!(names, [&name(3)], "{:?}", run.summary);
     let served = lab
         .status()
         .unwrap()
@@ -2026,7 +2036,7 @@ fn a_vip_added_at_runtime_serves_survives_kill_9_and_drains_when_removed() {
         .unwrap()
         .backends[0]
         .opened;
-    let answered = run.summary.per_backend[&name(1)];
+    let answered = run.summary.per_backend[&name(3)];
     assert!(
         (1..=answered).contains(&served),
         "{served} connections opened for {answered} answers"
