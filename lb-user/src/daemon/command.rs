@@ -199,6 +199,43 @@ mod tests {
     }
 
     #[test]
+    fn vip_add_refuses_a_family_the_running_balancer_has_no_snat_address_for() {
+        // Started with IPv4 VIPs only and no --snat-ip6: no IPv6 pool in the
+        // kernel, so the data path would drop every SYN to this VIP.
+        let e = add_vip("[2001:db8::1]:80", &["[2001:db8::21]:80"]).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "VIP [2001:db8::1]:80/tcp is IPv6, and this balancer has no IPv6 SNAT address: it \
+             took none at its start (no --snat-ip6, and no IPv6 VIP in the configuration to \
+             take the interface's address for), so every new connection to the VIP would be \
+             dropped (restart with --snat-ip6, or with an IPv6 VIP in the configuration)"
+        );
+        // With an IPv6 pool it is taken in.
+        let (base, mut snat) = running();
+        snat.v6 = vec!["2001:db8::1:1".parse().unwrap()];
+        let vip = "[2001:db8::1]:80";
+        let request = vip_add(vip, &["[2001:db8::21]:80"]);
+        assert!(vip_to_add(&base, &snat, vip.parse().unwrap(), &request).is_ok());
+        // And a SIGHUP's file with such a VIP is refused whole.
+        let only_v4 = running().1;
+        let reload = only_v4.checked_reload(std::sync::Arc::new(|| {
+            Ok(Config::of(
+                &[
+                    "--iface",
+                    "eth0",
+                    "--vip",
+                    "10.0.0.100:80",
+                    "--backend",
+                    "10.0.0.21:80",
+                ],
+                "[[vip]]\naddress = \"[2001:db8::1]:80\"\nbackends = [\"[2001:db8::21]:80\"]\n",
+            ))
+        }));
+        let e = reload().unwrap_err().to_string();
+        assert!(e.contains("has no IPv6 SNAT address"), "{e}");
+    }
+
+    #[test]
     fn backend_add_is_held_to_the_snat_rules_against_the_running_pools() {
         let (_, snat) = running();
         let vip: VipAddr = "10.0.0.100:80".parse().unwrap();

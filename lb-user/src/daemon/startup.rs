@@ -108,7 +108,7 @@ impl Snat {
             }
         }
         for v in &config.vips {
-            defaults.check(v).with_context(|| {
+            config::check_snat(v, &defaults.addrs(), defaults.ports).with_context(|| {
                 let (flag, ip) = match v.vip.addr {
                     SocketAddr::V4(_) => ("--snat-ip", defaults.v4.first().map(|a| a.to_string())),
                     SocketAddr::V6(_) => ("--snat-ip6", defaults.v6.first().map(|a| a.to_string())),
@@ -134,7 +134,9 @@ impl Snat {
     /// keeps these pools and ports until a restart. (A discovered backend
     /// is held to them where its etcd value is read: `discover::view`.)
     pub fn check(&self, v: &VipConfig) -> Result<(), ConfigError> {
-        config::check_snat(v, &self.addrs(), self.ports)
+        let addrs = self.addrs();
+        config::check_snat_family(&v.vip, &addrs)?;
+        config::check_snat(v, &addrs, self.ports)
     }
 
     /// `reload`, refusing a configuration whose VIPs or backends break

@@ -846,6 +846,24 @@ pub fn check_snat(v: &VipConfig, snat: &[IpAddr], ports: PortRange) -> Result<()
         .try_for_each(|b| check_backend_snat(&v.vip, b.addr, snat))
 }
 
+/// A VIP needs a SNAT address of its own family in `snat`, the pools the
+/// kernel has: the data path drops every new connection to a VIP whose
+/// family's pool is empty (`drop_bad_config`). Checked for what the running
+/// balancer takes in (`startup::Snat::check`, the runtime state's VIPs), not
+/// for the configuration as read, whose empty pool means the interface's
+/// address (`startup::Snat::resolve`).
+pub fn check_snat_family(vip: &VipAddr, snat: &[IpAddr]) -> Result<(), ConfigError> {
+    let v6 = vip.addr.is_ipv6();
+    if snat.iter().any(|a| a.is_ipv6() == v6) {
+        return Ok(());
+    }
+    Err(ConfigError::NoSnatPool {
+        vip: vip.to_string(),
+        family: if v6 { "IPv6" } else { "IPv4" },
+        flag: if v6 { "--snat-ip6" } else { "--snat-ip" },
+    })
+}
+
 /// A VIP on a SNAT address must keep its port out of the SNAT port range
 /// `ports`, whatever its protocol: the data path takes a packet of no flow
 /// to a SNAT address and a port in that range for a late reply to one of

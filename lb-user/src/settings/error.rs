@@ -99,6 +99,20 @@ pub enum ConfigError {
         ports: String,
         flag: &'static str,
     },
+    /// A VIP taken in at runtime (`vip add`, a SIGHUP's file, the runtime
+    /// state file) of a family the balancer took no SNAT address for at its
+    /// start: the kernel's pools change only with a restart.
+    #[error(
+        "VIP {vip} is {family}, and this balancer has no {family} SNAT address: it took none \
+         at its start (no {flag}, and no {family} VIP in the configuration to take the \
+         interface's address for), so every new connection to the VIP would be dropped \
+         (restart with {flag}, or with an {family} VIP in the configuration)"
+    )]
+    NoSnatPool {
+        vip: String,
+        family: &'static str,
+        flag: &'static str,
+    },
     /// `flag`: as [`Self::VipOnSnatPorts`]'s.
     #[error(
         "backend {backend} of VIP {vip} is at SNAT address {snat}: the balancer would send it \

@@ -41,7 +41,10 @@ use crate::settings::{
     ConfigError,
     addr::{BackendAddr, VipAddr, Weight},
     algorithm::parse_algorithm,
-    config::{Config, VipConfig, check_backend, check_backend_snat, check_backends, check_snat},
+    config::{
+        Config, VipConfig, check_backend, check_backend_snat, check_backends, check_snat,
+        check_snat_family,
+    },
     ports::PortRange,
     zone::{ZoneName, ZoneSettings},
 };
@@ -276,8 +279,9 @@ impl RuntimeState {
 
     /// Drops the entries that break the SNAT rules against the pools
     /// `snat` (both families) and ports `ports` the balancer starts with
-    /// (`config::check_snat`): a VIP added at runtime on a SNAT address
-    /// with its port in `ports`, or with a backend at a SNAT address, and
+    /// (`config::check_snat`): a VIP added at runtime of a family with no
+    /// SNAT address in `snat` (`config::check_snat_family`), or on a SNAT
+    /// address with its port in `ports`, or with a backend at a SNAT address, and
     /// a backend added or drained at runtime at a SNAT address (a removed
     /// one serves nothing: kept). `vip add` and `backend add` refused them
     /// when they were made, so only other SNAT addresses or ports than
@@ -295,7 +299,7 @@ impl RuntimeState {
             let Ok(v) = added.config(vip, &ZoneSettings::default()) else {
                 return true;
             };
-            match check_snat(&v, snat, ports) {
+            match check_snat_family(&v.vip, snat).and_then(|()| check_snat(&v, snat, ports)) {
                 Ok(()) => true,
                 Err(err) => {
                     dropped.push(format!("VIP {vip} added at runtime: {err}"));
@@ -738,6 +742,8 @@ mod tests {
         );
         add(&mut state, "10.0.0.103:80", &["10.0.0.31:80"]);
         add(&mut state, "10.0.0.5:80", &["10.0.0.31:80"]);
+        // This run has no IPv6 SNAT address (it started with IPv4 VIPs only).
+        add(&mut state, "[2001:db8::100]:80", &["[2001:db8::31]:80"]);
         let one = Weight::DEFAULT;
         state.record(&base, &vip, addr("10.0.0.5:80"), Change::Add(one, None));
         state.record(&base, &vip, addr("10.0.0.5:81"), Change::Add(one, None));
@@ -747,7 +753,7 @@ mod tests {
         // This run's pools: 10.0.0.101 and 10.0.0.5, the default ports.
         let snat: Vec<IpAddr> = vec!["10.0.0.101".parse().unwrap(), "10.0.0.5".parse().unwrap()];
         let dropped = state.drop_snat_refused(&snat, base.snat_ports);
-        assert_eq!(dropped.len(), 4, "{dropped:#?}");
+        assert_eq!(dropped.len(), 5, "{dropped:#?}");
         assert!(
             dropped[0].starts_with(
                 "VIP 10.0.0.101:25000/tcp added at runtime: VIP 10.0.0.101:25000/tcp is on SNAT \
@@ -766,16 +772,24 @@ mod tests {
         );
         assert!(
             dropped[2].starts_with(
-                "backend added at runtime: backend 10.0.0.5:80 of VIP 10.0.0.100:80/tcp is at \
-                 SNAT address 10.0.0.5"
+                "VIP [2001:db8::100]:80/tcp added at runtime: VIP [2001:db8::100]:80/tcp is \
+                 IPv6, and this balancer has no IPv6 SNAT address"
             ),
             "{}",
             dropped[2]
         );
         assert!(
-            dropped[3].starts_with("backend drained at runtime: backend 10.0.0.5:81"),
+            dropped[3].starts_with(
+                "backend added at runtime: backend 10.0.0.5:80 of VIP 10.0.0.100:80/tcp is at \
+                 SNAT address 10.0.0.5"
+            ),
             "{}",
             dropped[3]
+        );
+        assert!(
+            dropped[4].starts_with("backend drained at runtime: backend 10.0.0.5:81"),
+            "{}",
+            dropped[4]
         );
         // A VIP on a SNAT address with its port out of the range stays.
         let vips: Vec<&str> = state.vips.iter().map(|e| e.vip.as_str()).collect();
