@@ -172,6 +172,8 @@ impl Runtime {
         for v in config.vips.iter().filter(|v| v.etcd_prefix.is_some()) {
             runtime.discovery.seed_zones(v.vip, &v.backends);
         }
+        let kept = runtime.state.discovered_weight_overrides();
+        runtime.discovery.weight_overrides.extend(kept);
         runtime
     }
 

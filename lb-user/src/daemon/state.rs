@@ -15,7 +15,7 @@ use crate::{
         addr::{BackendAddr, VipAddr, Weight},
         cli::BackendCommand,
         config::Config,
-        state::{Change, RuntimeState},
+        state::{Admin, Change, RuntimeState},
     },
     surface::control::Request,
 };
@@ -73,6 +73,25 @@ impl StateKeeper {
             self.saves.send_replace(self.state.clone());
         }
         Effective { config, drains }
+    }
+
+    /// The backends of discovered VIPs whose weight an operator set
+    /// (`backend weight`, kept in the state file): that weight overrides
+    /// etcd's until `undrain` (README, "Operator overrides win"), across
+    /// restarts as well.
+    pub fn discovered_weight_overrides(&self) -> Vec<(VipAddr, SocketAddr)> {
+        self.state
+            .backends
+            .iter()
+            .filter(|e| e.weight.is_some() && e.admin != Admin::Removed)
+            .filter_map(|e| Some((e.vip.parse::<VipAddr>().ok()?, e.backend.parse().ok()?)))
+            .filter(|(vip, _)| {
+                self.base
+                    .vips
+                    .iter()
+                    .any(|v| v.vip == *vip && v.etcd_prefix.is_some())
+            })
+            .collect()
     }
 
     /// The configuration as last read (without the runtime changes).
@@ -155,4 +174,85 @@ pub fn spawn_writer(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A weight an operator set on a discovered backend is an override
+    /// after a restart too: the runtime seeds discovery's overrides from
+    /// the state file, so etcd's next update does not put etcd's weight
+    /// back while the state file still says the operator's.
+    #[test]
+    fn a_kept_weight_on_a_discovered_backend_is_an_override_again_after_a_restart() {
+        let mut base = Config::of(
+            &[
+                "--iface",
+                "eth0",
+                "--vip",
+                "10.0.0.200:80",
+                "--backend",
+                "10.0.0.41:80",
+            ],
+            "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
+             [[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/lb/web/\"\n",
+        );
+        let web = base
+            .vips
+            .iter_mut()
+            .find(|v| v.etcd_prefix.is_some())
+            .unwrap();
+        web.backends = vec![
+            "10.0.0.21:80".parse().unwrap(),
+            "10.0.0.22:80".parse().unwrap(),
+        ];
+        let request = |command, vip: &str, backend: &str, weight| Request {
+            command,
+            vip: vip.into(),
+            backend: backend.into(),
+            weight,
+            backends: Vec::new(),
+            algorithm: None,
+            peer: None,
+        };
+        use crate::settings::cli::ControlCommand;
+        let (mut keeper, _, _) = StateKeeper::new(&base, RuntimeState::default());
+        keeper.record(&request(
+            ControlCommand::Weight,
+            "10.0.0.100:80",
+            "10.0.0.22:80",
+            Some(5),
+        ));
+        keeper.record(&request(
+            ControlCommand::Drain,
+            "10.0.0.100:80",
+            "10.0.0.21:80",
+            None,
+        ));
+        // A static VIP's weight is the file's business, not discovery's.
+        keeper.record(&request(
+            ControlCommand::Weight,
+            "10.0.0.200:80",
+            "10.0.0.41:80",
+            Some(3),
+        ));
+        let saved = keeper.state.clone();
+        // The restart: the same file, the state as saved.
+        let (restarted, effective, _) = StateKeeper::new(&base, saved);
+        assert_eq!(
+            restarted.discovered_weight_overrides(),
+            [(
+                "10.0.0.100:80".parse::<VipAddr>().unwrap(),
+                "10.0.0.22:80".parse::<SocketAddr>().unwrap()
+            )]
+        );
+        let web = effective
+            .config
+            .vips
+            .iter()
+            .find(|v| v.etcd_prefix.is_some())
+            .unwrap();
+        assert_eq!(web.backends[1].weight.get(), 5);
+    }
 }

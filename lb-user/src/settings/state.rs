@@ -119,10 +119,19 @@ pub struct RuntimeState {
     pub vips: Vec<VipEntry>,
 }
 
-/// The configuration's definition of VIP `vip` (`None`: not there).
+/// The configuration's definition of VIP `vip` (`None`: not there). A
+/// discovered VIP's backends are etcd's, not the file's, and change all
+/// the time: its definition names its prefix instead of them, so a change
+/// made at runtime holds while the file still takes the VIP from there.
 fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
     let v = config.vips.iter().find(|v| v.vip == *vip)?;
-    let backends: Vec<String> = v.backends.iter().map(ToString::to_string).collect();
+    let backends = match &v.etcd_prefix {
+        Some(prefix) => format!("etcd={prefix}"),
+        None => {
+            let listed: Vec<String> = v.backends.iter().map(ToString::to_string).collect();
+            format!("backends={}", listed.join(","))
+        }
+    };
     // Only a zone-aware VIP says so, so that the fingerprints of files
     // written before zones existed still match.
     let zone_aware = if v.zone_aware { " zone_aware" } else { "" };
@@ -138,12 +147,11 @@ fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
         format!(" saturation={}", v.p2c_saturation)
     };
     Some(format!(
-        "{} bias={} affinity={}{zone_aware}{full_scan}{saturation} health={:?} backends={}",
+        "{} bias={} affinity={}{zone_aware}{full_scan}{saturation} health={:?} {backends}",
         v.algorithm.name(),
         v.inflight_bias,
         v.maglev_source_affinity,
         v.health,
-        backends.join(",")
     ))
 }
 
@@ -200,10 +208,23 @@ pub enum Change {
 }
 
 /// The configuration's entry for `backend` of `vip` (`None`: not there).
+/// For a discovered VIP, whose members and their weights are etcd's and
+/// change all the time, the VIP's source ([`discovered_source`]): an
+/// operator's drain, weight or removal holds whatever etcd says (README,
+/// "Operator overrides win"), for as long as the file takes the VIP from
+/// that prefix.
 fn fingerprint(config: &Config, vip: &VipAddr, backend: std::net::SocketAddr) -> Option<String> {
     let v = config.vips.iter().find(|v| v.vip == *vip)?;
+    if let Some(prefix) = &v.etcd_prefix {
+        return Some(discovered_source(prefix));
+    }
     let b = v.backends.iter().find(|b| b.addr == backend)?;
     Some(b.to_string())
+}
+
+/// The fingerprint of every backend of a VIP discovered under `prefix`.
+fn discovered_source(prefix: &str) -> String {
+    format!("etcd {prefix}")
 }
 
 impl RuntimeState {
@@ -428,6 +449,13 @@ impl RuntimeState {
             };
             let weight = e.weight.and_then(|w| Weight::new(u64::from(w)).ok());
             let at = v.backends.iter().position(|b| b.addr == addr);
+            if v.etcd_prefix.is_some() && at.is_none() {
+                // Not among the members etcd gave this start: nothing to
+                // lay over, and etcd, not the file, would add it. Kept, so
+                // the override holds if this start's view (a cache, an
+                // etcd mid-update) lacked it.
+                return true;
+            }
             match (e.admin, at) {
                 (Admin::Removed, Some(_)) => backend_removals.push((vip, addr)),
                 (Admin::Removed, None) => {}
@@ -566,6 +594,10 @@ impl RuntimeState {
         }
         let backend_text = backend.to_string();
         let configured = fingerprint(config, vip, backend);
+        let discovered = config
+            .vips
+            .iter()
+            .any(|v| v.vip == *vip && v.etcd_prefix.is_some());
         let at = self
             .backends
             .iter()
@@ -592,7 +624,14 @@ impl RuntimeState {
                 entry.admin = Admin::Removed;
             }
             Change::Drain => entry.admin = Admin::Draining,
-            Change::Undrain => entry.admin = Admin::Active,
+            Change::Undrain => {
+                entry.admin = Admin::Active;
+                // On a discovered VIP undrain clears the weight override
+                // too: etcd's weight applies from its next update.
+                if discovered {
+                    entry.weight = None;
+                }
+            }
             Change::Weight(w) => entry.weight = Some(w.get()),
         }
         let in_config = configured
@@ -718,6 +757,83 @@ mod tests {
         let kept: Vec<&str> = loaded.vips.iter().map(|v| v.vip.as_str()).collect();
         assert_eq!(kept, ["10.0.0.9:81"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A configuration whose VIP 10.0.0.100:80 takes its backends from
+    /// etcd, with `members` as discovery seeded them (`discover::watch::seed`
+    /// fills them in before the state is laid over).
+    fn discovered(members: &[&str]) -> Config {
+        let mut c = Config::of(
+            &["--iface", "eth0"],
+            "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
+             [[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/lb/web/\"\n\
+             [[vip]]\naddress = \"10.0.0.101:80\"\netcd_prefix = \"/lb/api/\"\n",
+        );
+        c.vips[0].backends = members.iter().map(|b| b.parse().unwrap()).collect();
+        c.vips[1].backends = vec!["10.0.0.31:80".parse().unwrap()];
+        c
+    }
+
+    /// Operator overrides on a discovered VIP hold whatever etcd says
+    /// (README, "Operator overrides win"), across restarts and SIGHUPs:
+    /// etcd's membership is not the configuration, so its changes do not
+    /// overtake them. Before, each entry's fingerprint was the membership
+    /// at the time of the command, and the next start or SIGHUP with
+    /// another membership dropped the drain, the weight and the VIP's
+    /// removal as "the configuration changed".
+    #[test]
+    fn overrides_on_a_discovered_vip_hold_whatever_its_membership_becomes() {
+        let vip: VipAddr = "10.0.0.100:80".parse().unwrap();
+        // Started with A; etcd then added C, which the operator drained,
+        // and B, which the operator weighted.
+        let started = discovered(&["10.0.0.21:80"]);
+        let mut state = RuntimeState::default();
+        state.record(&started, &vip, addr("10.0.0.23:80"), Change::Drain);
+        let five = Weight::new(5).unwrap();
+        state.record(&started, &vip, addr("10.0.0.22:80"), Change::Weight(five));
+        let api: VipAddr = "10.0.0.101:80".parse().unwrap();
+        state.record_vip_removed(&started, &api);
+        // Restarted: etcd now has A, B (weight 1) and C, and the API VIP
+        // has another member.
+        let mut restarted = discovered(&["10.0.0.21:80", "10.0.0.22:80", "10.0.0.23:80"]);
+        restarted.vips[1].backends = vec!["10.0.0.32:80".parse().unwrap()];
+        let mut effective = restarted.clone();
+        let (drains, notes) = state.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(drains, [(vip, addr("10.0.0.23:80"))]);
+        assert_eq!(
+            backends(&effective),
+            ["10.0.0.21:80@1", "10.0.0.22:80@5", "10.0.0.23:80@1"]
+        );
+        assert_eq!(effective.vips.len(), 1, "the API VIP stays removed");
+        assert_eq!(state.backends.len(), 2);
+        assert_eq!(state.vips.len(), 1);
+        // A start whose view lacks C (etcd mid-update) adds nothing for it
+        // and keeps the drain for the next.
+        let mut without_c = discovered(&["10.0.0.21:80", "10.0.0.22:80"]);
+        let (drains, notes) = state.overlay(&mut without_c);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert!(drains.is_empty());
+        assert_eq!(backends(&without_c), ["10.0.0.21:80@1", "10.0.0.22:80@5"]);
+        assert_eq!(state.backends.len(), 2);
+        // Undrain clears both the drain and the weight override (etcd's
+        // weight applies again): nothing left to keep.
+        state.record(&restarted, &vip, addr("10.0.0.23:80"), Change::Undrain);
+        state.record(&restarted, &vip, addr("10.0.0.22:80"), Change::Undrain);
+        assert!(state.backends.is_empty(), "{:?}", state.backends);
+        // A file that takes the VIPs off etcd (and drops the API VIP)
+        // overtakes what was kept for them.
+        state.record(&restarted, &vip, addr("10.0.0.23:80"), Change::Drain);
+        let mut fixed = config(&["10.0.0.21:80", "10.0.0.23:80"]);
+        let (drains, notes) = state.overlay(&mut fixed);
+        assert!(drains.is_empty());
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[1].contains("(etcd /lb/web/ → 10.0.0.23:80@1)"),
+            "{}",
+            notes[1]
+        );
+        assert!(state.backends.is_empty() && state.vips.is_empty());
     }
 
     #[test]
