@@ -117,13 +117,22 @@ impl Translation {
 }
 
 /// Whether the forward entry `fwd` rewrites client packets into the tuple
-/// the backend packet `pkt` answers (its SNAT address and port). Reads the
-/// two fields in place: a copied `Translation` here pushed the debug
-/// build's reply path over the 512-byte stack.
+/// the backend packet `pkt` answers: its SNAT address and port, towards
+/// the backend that sent it. The backend counts: tuples are handed out
+/// per backend, so a newer connection of the same client tuple may hold
+/// the same SNAT address and port towards another backend, and a late
+/// packet of the old backend must not land in it. Reads the fields in
+/// place: a copied `Translation` here pushed the debug build's reply path
+/// over the 512-byte stack.
 #[inline(always)]
 pub fn translates_to(fwd: *const FlowEntry, pkt: &Packet) -> bool {
     // SAFETY: live map value; written only when the entry is created.
-    unsafe { (*fwd).new_sport == pkt.dport && (*fwd).new_src == pkt.daddr }
+    unsafe {
+        (*fwd).new_sport == pkt.dport
+            && (*fwd).new_dport == pkt.sport
+            && (*fwd).new_src == pkt.daddr
+            && (*fwd).new_dst == pkt.saddr
+    }
 }
 
 /// The entry under `key` in the flow table of the family `V6` says

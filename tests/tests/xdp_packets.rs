@@ -1074,6 +1074,51 @@ fn case_reply_after_tuple_reuse_leaves_the_new_connection_alone(lb: &mut Lb) {
     assert_eq!(new_fwd.flags & FLOW_F_REQUEST_PENDING, 0);
 }
 
+/// SNAT tuples are handed out per backend, so the client's new connection
+/// on a reused client tuple can hold the old connection's SNAT address and
+/// port towards another backend. The old backend's late packets answer
+/// that same SNAT tuple: they must still not land in the new connection
+/// (which the new backend would reset) nor close it.
+fn case_late_reply_of_another_backend_on_the_same_snat_tuple_dropped(lb: &mut Lb) {
+    let cursor = lb.snat_cursor(0);
+    let old_port = open_tcp(lb);
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    // The VIP now has backend 1 only, whose cursor stands where backend
+    // 0's stood for the old connection: the same tuple, towards backend 1.
+    lb.backend(1, BACKEND_ACTIVE);
+    lb.vip(0, HTTP, IPPROTO_TCP, Algorithm::P2cEwma, 0, &[1]);
+    lb.set_per_cpu_value(lb_common::SNAT_CURSORS_MAP, 1, cursor);
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    let new_fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    assert_eq!(new_fwd.backend_id, 1);
+    assert_eq!(
+        u16::from_be(new_fwd.new_sport),
+        old_port,
+        "the same SNAT tuple"
+    );
+    let syn_ack = from_backend(1, old_port, TCP_SYN | TCP_ACK);
+    lb.expect(&syn_ack, XDP_TX, &to_client_of(&syn_ack));
+    let new_fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    let late_before = lb.reason(reason::DROP_SNAT_NO_FLOW);
+    for late in [
+        from_backend(0, old_port, TCP_SYN | TCP_ACK),
+        from_backend(0, old_port, TCP_ACK | TCP_PSH).payload(b"late answer"),
+        from_backend(0, old_port, TCP_FIN | TCP_ACK),
+        from_backend(0, old_port, TCP_RST),
+    ] {
+        assert_eq!(lb.run(&late.build()).0, XDP_DROP, "{:?}", lb.reasons());
+    }
+    assert_eq!(lb.reason(reason::DROP_SNAT_NO_FLOW), late_before + 4);
+    assert_eq!(lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT), new_fwd);
+    assert_eq!(lb.conns(1).closed, 0, "the new connection is open");
+    assert!(lb.events().is_empty(), "no backend reset reported");
+    // The new backend's own packets still go through.
+    let data = from_backend(1, old_port, TCP_ACK | TCP_PSH).payload(b"answer");
+    lb.expect(&data, XDP_TX, &to_client_of(&data));
+}
+
 fn case_reply_next_hop_cached_per_flow(lb: &mut Lb) {
     let snat_port = open_tcp(lb);
     let rev_key = key(
@@ -2332,6 +2377,10 @@ const CASES: &[Case] = &[
     (
         "reply after tuple reuse leaves the new connection alone",
         case_reply_after_tuple_reuse_leaves_the_new_connection_alone,
+    ),
+    (
+        "late reply of another backend on the same snat tuple dropped",
+        case_late_reply_of_another_backend_on_the_same_snat_tuple_dropped,
     ),
     (
         "reply next hop cached per flow",
