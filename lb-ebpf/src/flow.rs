@@ -264,10 +264,13 @@ pub fn create<const V6: bool>(
     // One 96-byte entry, filled as the reply entry and then turned into
     // the forward one: two would not fit the 512-byte stack next to the rest.
     let mut entry = reply_entry(pkt, client, vip_id, backend.id, now);
-    match how {
+    let taken_over = match how {
         TupleSource::Claim => claim_snat_tuple::<V6>(pkt, backend, &snat, &mut entry, syn)?,
-        TupleSource::TakeOver => take_over_tuple::<V6>(pkt, backend, &snat, &mut entry, syn)?,
-    }
+        TupleSource::TakeOver => {
+            take_over_tuple::<V6>(pkt, backend, &snat, &mut entry, syn)?;
+            true
+        }
+    };
     // Looked up only now: a hop found before the claim doubled the states
     // the verifier walked it in (found or not), about 80k instructions.
     if let Some(hop) = backend_hop::fresh(backend, client.ifindex, entry.checked_jiffies) {
@@ -276,7 +279,7 @@ pub fn create<const V6: bool>(
         unsafe { store_mac(&raw mut entry.client_mac, load_mac(&hop.mac)) };
         entry.client_ifindex = hop.ifindex;
     }
-    insert_forward::<V6>(pkt, &entry)
+    insert_forward::<V6>(pkt, &entry, taken_over)
 }
 
 /// A new connection's first packet as a backend's TIME_WAIT would judge
@@ -472,7 +475,7 @@ fn claim_snat_tuple<const V6: bool>(
     snat: &Snat,
     entry: &mut FlowEntry,
     syn: Syn,
-) -> Result<(), Reason> {
+) -> Result<bool, Reason> {
     let cursor = SNAT_CURSORS
         .get_ptr_mut(backend.id)
         .ok_or(reason::DROP_BAD_CONFIG)?;
@@ -489,6 +492,7 @@ fn claim_snat_tuple<const V6: bool>(
     // tuple is found again from its try's number (a plain integer: the
     // frame is at the 512-byte limit).
     let mut claimed = u64::MAX;
+    let mut taken_over = false;
     for i in 0..u64::from(SNAT_PORT_TRIES + SNAT_STEAL_TRIES) {
         let (slot, port) = snat.try_tuple(i, start, other, pick);
         let addr = SNAT_ADDRS.get(slot).ok_or(reason::DROP_BAD_CONFIG)?;
@@ -525,6 +529,7 @@ fn claim_snat_tuple<const V6: bool>(
                 {
                     move_held(held_by, backend.id);
                     claimed = 0;
+                    taken_over = true;
                     break;
                 }
             }
@@ -544,7 +549,7 @@ fn claim_snat_tuple<const V6: bool>(
     // SAFETY: as above.
     unsafe { *cursor = start.wrapping_add(claimed.min(u64::from(SNAT_PORT_TRIES) - 1) + 1) };
     into_forward_entry(entry, &addr.addr, port, backend);
-    Ok(())
+    Ok(taken_over)
 }
 
 /// For a SYN (`syn`) that found no free tuple: takes over one of the
@@ -704,7 +709,13 @@ fn into_forward_entry(entry: &mut FlowEntry, addr: &[u32; 4], port: u16, backend
 
 /// Inserts the forward entry under the packet's own key; on failure, the
 /// reply entry (and its SNAT port) is released again, so no half of the
-/// connection survives alone.
+/// connection survives alone. A tuple `taken_over` from a closed connection
+/// is not released but kept closed, its quarantine started again: the
+/// closed entry that kept it from a backend that may still hold it in
+/// TIME_WAIT is gone (the new reply entry replaced it), and a free tuple
+/// would go to the next SYN with no TIME_WAIT check. (On a full table the
+/// replacement succeeds where the forward insert fails: a preallocated
+/// map keeps spare elements for updates.)
 ///
 /// Where the key has no entry, only this insert may write it (NOEXIST):
 /// two CPUs creating one client tuple at once (the same SYN on two
@@ -719,12 +730,22 @@ fn into_forward_entry(entry: &mut FlowEntry, addr: &[u32; 4], port: u16, backend
     reason = "the 96-byte entry is passed by reference; by value it would be copied on the 512-byte stack"
 )]
 #[inline(always)]
-fn insert_forward<const V6: bool>(pkt: &Packet, forward: &FlowEntry) -> Result<(), Reason> {
+fn insert_forward<const V6: bool>(
+    pkt: &Packet,
+    forward: &FlowEntry,
+    taken_over: bool,
+) -> Result<(), Reason> {
     let key = pkt.flow_key();
     let inserted = insert::<V6>(key, forward, u64::from(BPF_NOEXIST)).is_ok()
         || replace_closed::<V6>(key, forward);
     if !inserted {
-        if remove::<V6>(&Translation::of(forward).opposite_key(pkt)) {
+        let reverse = Translation::of(forward).opposite_key(pkt);
+        if taken_over {
+            // Still counted as held by this backend (`move_held`) until
+            // the sweep frees it, as any closed tuple is. No connection
+            // was counted open for it, so none is counted closed.
+            stamp_closed(lookup::<V6>(&reverse), forward.created_ns);
+        } else if remove::<V6>(&reverse) {
             snat_used(forward.backend_id, u64::MAX);
         }
         return Err(reason::DROP_FLOW_INSERT);
@@ -750,6 +771,22 @@ fn replace_closed<const V6: bool>(key: &FlowKey, forward: &FlowEntry) -> bool {
     // to remove again.
     flags.clear(FLOW_F_TAKEN);
     false
+}
+
+/// Marks a reply entry closed at `now`, starting its SNAT tuple's
+/// quarantine (a no-op for `None` or an entry already closed).
+#[inline(always)]
+pub fn stamp_closed(reply: Option<*mut FlowEntry>, now: u64) {
+    let Some(reply) = reply else { return };
+    // The time before the flag: whoever sees the entry closed
+    // (`flow::may_take_over`, the sweep) then reads the close's time, not
+    // the open one's (the flag's atomic OR orders the two stores). Two
+    // racing closes both store a time of now.
+    if Flags::of(reply).get() & FLOW_F_CLOSED == 0 {
+        // SAFETY: live map value.
+        unsafe { (*reply).last_seen_ns = now };
+        Flags::of(reply).set(FLOW_F_CLOSED);
+    }
 }
 
 /// Whether a new connection whose first packet is `syn` may take over the

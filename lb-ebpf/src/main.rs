@@ -292,7 +292,7 @@ fn syn_went_unanswered<const V6: bool>(
     }
     if track::close_counted(fwd, now) {
         let reply = flow::lookup::<V6>(&Translation::of(fwd).opposite_key(pkt));
-        track::stamp_closed(reply, now);
+        flow::stamp_closed(reply, now);
         // SAFETY: live map value; written only at creation.
         let (backend_id, vip_id) = unsafe { ((*fwd).backend_id, (*fwd).vip_id) };
         events::emit(EVENT_REFUSED, 0, backend_id, vip_id, now, 0);

@@ -60,10 +60,10 @@ use lb_common::{
 use crate::{
     atomic::Flags,
     events::emit,
-    flow::{Translation, lookup_on_stack, remove_on_stack, snat_used},
+    flow::{Translation, lookup_on_stack, remove_on_stack, snat_used, stamp_closed},
     helpers::now,
     maps::{CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
-    track::{close_counted, count_closed, forward_key_of, stamp_closed},
+    track::{close_counted, count_closed, forward_key_of},
 };
 
 /// The walk's inputs and tallies, shared with the callback.

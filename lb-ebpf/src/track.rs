@@ -26,7 +26,7 @@ use lb_common::{
 use crate::{
     atomic::{Flags, add_u64},
     events::emit,
-    flow::{Translation, lookup},
+    flow::{Translation, lookup, stamp_closed},
     helpers::{PacketClock, jiffies},
     maps::{BACKEND_CONNS, BACKEND_LATENCY, LATENCY_EPOCH},
     packet::Packet,
@@ -335,22 +335,6 @@ pub fn count_closed(backend_id: u32) {
     if let Some(conns) = BACKEND_CONNS.get_ptr_mut(backend_id) {
         // SAFETY: live, 8-byte aligned map value; every writer is atomic.
         unsafe { add_u64(&raw mut (*conns).closed, 1) };
-    }
-}
-
-/// Marks a reply entry closed at `now`, starting its SNAT tuple's
-/// quarantine (a no-op for `None` or an entry already closed).
-#[inline(always)]
-pub fn stamp_closed(reply: Option<*mut FlowEntry>, now: u64) {
-    let Some(reply) = reply else { return };
-    // The time before the flag: whoever sees the entry closed
-    // (`flow::may_take_over`, the sweep) then reads the close's time, not
-    // the open one's (the flag's atomic OR orders the two stores). Two
-    // racing closes both store a time of now.
-    if Flags::of(reply).get() & FLOW_F_CLOSED == 0 {
-        // SAFETY: live map value.
-        unsafe { (*reply).last_seen_ns = now };
-        Flags::of(reply).set(FLOW_F_CLOSED);
     }
 }
 

@@ -1946,6 +1946,72 @@ fn case_the_cursors_tuple_in_time_wait_is_taken_before_stepping_on(lb: &mut Lb) 
     assert_eq!((stats.snat_freed, stats.orphans), (1, 0));
 }
 
+/// A SYN that takes a tuple over from a closed connection in TIME_WAIT
+/// replaces that connection's reply entry before it writes its own forward
+/// entry. When the forward insert then fails (a full table: the replacing
+/// write succeeds there, since a preallocated map keeps spare elements for
+/// updates), the tuple must not come out of it free: a free tuple goes to
+/// the next SYN with no TIME_WAIT check, while the backend may still hold
+/// it. It stays closed, its quarantine started again.
+fn case_a_tuple_taken_over_stays_quarantined_when_the_forward_insert_fails(lb: &mut Lb) {
+    closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    let conns = lb.conns(0);
+    // Fill the flow table: entries nobody's packets meet (UDP to port 9).
+    let fillers: Vec<lb_common::FlowKey> = (0..FLOW_TABLE_SIZE as usize - lb.flow_count())
+        .map(|i| {
+            key(
+                IPPROTO_UDP,
+                (
+                    std::net::Ipv4Addr::new(10, 99, (i >> 8) as u8, i as u8),
+                    40_000,
+                ),
+                (VIP, 9),
+            )
+        })
+        .collect();
+    for filler in &fillers {
+        lb.set_flow(filler, lb_common::FlowEntry::default());
+    }
+    // A SYN the backend's TIME_WAIT accepts: the take-over is allowed,
+    // and its forward entry finds no room.
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &linux_syn_options(2_001)),
+        XDP_DROP
+    );
+    assert_eq!(lb.reason(reason::DROP_FLOW_INSERT), 1, "{:?}", lb.reasons());
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("the tuple is still held");
+    assert_ne!(rev.flags & FLOW_F_CLOSED, 0, "held closed");
+    assert_eq!(
+        rev.flags & FLOW_F_TW_SEEN,
+        0,
+        "no TIME_WAIT view: only the quarantine frees it"
+    );
+    assert_eq!(lb.snat_used(0), 1, "still counted held");
+    assert_eq!(lb.conns(0), conns, "no connection opened or closed");
+    // With room again, even a SYN the old view would accept does not get
+    // the tuple inside the new quarantine; nor does the sweep free it.
+    lb.remove_flow(&fillers[0]);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &linux_syn_options(2_002)),
+        XDP_DROP
+    );
+    assert_eq!(
+        lb.reason(reason::DROP_SNAT_EXHAUSTED),
+        1,
+        "{:?}",
+        lb.reasons()
+    );
+    assert_eq!(lb.sweep().snat_freed, 0);
+    assert!(reply_entry(lb, SNAT_PORT_MIN).is_some());
+    // Past its quarantine (its second is the data path's) the next SYN takes it.
+    age(lb, &reply_key(SNAT_PORT_MIN), 66);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 3, 9_000, &linux_syn_options(2_003)),
+        XDP_TX
+    );
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, SNAT_PORT_MIN);
+}
+
 fn case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep(lb: &mut Lb) {
     // Past two quarantines after its close a tuple is the sweep's: the
     // sweep frees it by key, and a SYN taking it over at the same moment
@@ -2428,6 +2494,10 @@ const CASES: &[Case] = &[
     (
         "a tuple past its second quarantine is left to the sweep",
         case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep,
+    ),
+    (
+        "a tuple taken over stays quarantined when the forward insert fails",
+        case_a_tuple_taken_over_stays_quarantined_when_the_forward_insert_fails,
     ),
     (
         "without timestamps the sequence number decides",
