@@ -20,7 +20,7 @@ use lb_common::{
 use crate::{
     atomic::Flags,
     flow::{Syn, Translation, TupleSource, lookup},
-    handover,
+    handover, helpers,
     maps::{CONFIG, Handover, PACKET_HANDOVER},
     packet::{Packet, load},
     select::Picked,
@@ -156,6 +156,19 @@ fn record_close<const V6: bool>(pkt: &Packet, seq: u32, ts: TsOption) {
             || (*rev).new_dst != pkt.saddr
     } {
         return;
+    }
+    // A segment of a closed connection that reaches the backend restarts
+    // the TIME_WAIT it may hold the tuple in (Linux reschedules the
+    // timewait timer for every segment with an ACK it gets there,
+    // `tcp_timewait_state_process`): the quarantine, and so the second
+    // one after which the tuple goes by age alone, starts again with it.
+    // The closed forward entry forwards such segments 10 s after the close
+    // and longer, until the sweep removes it; the 5 s of slack above the
+    // backend's 60 s would not cover them.
+    if Flags::of(rev).get() & FLOW_F_CLOSED != 0 {
+        // SAFETY: live map value; an aligned 8-byte store is one
+        // instruction, and a later close time only holds the tuple longer.
+        unsafe { (&raw mut (*rev).last_seen_ns).write_volatile(helpers::now()) };
     }
     let seen = Flags::of(fwd).get();
     let view = if pkt.has(TCP_FIN) {

@@ -2012,6 +2012,45 @@ fn case_a_tuple_taken_over_stays_quarantined_when_the_forward_insert_fails(lb: &
     assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 3).1, SNAT_PORT_MIN);
 }
 
+/// A client segment of a closed connection that reaches the backend
+/// restarts the TIME_WAIT it holds the tuple in (Linux reschedules the
+/// timer for every segment with an ACK there), so it restarts the tuple's
+/// quarantine too: past the quarantine a tuple goes by age alone, and
+/// counted from the close it could go while the backend still holds it.
+fn case_a_late_client_segment_restarts_the_quarantine(lb: &mut Lb) {
+    closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    // The close was 61 s ago; the client's last ACK comes again now.
+    age(lb, &reply_key(SNAT_PORT_MIN), 61);
+    let closed_at = reply_entry(lb, SNAT_PORT_MIN)
+        .expect("reply entry")
+        .last_seen_ns;
+    let ack = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK)
+        .seq(5_001)
+        .tcp_options(&segment_options(2_100));
+    assert_eq!(lb.run(&ack.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert!(
+        rev.last_seen_ns >= closed_at + 61_000_000_000,
+        "the quarantine starts again from the segment"
+    );
+    // 66 s after the close, 5 s after the segment: a SYN the backend's
+    // TIME_WAIT would refuse (an older timestamp) does not take the tuple.
+    age(lb, &reply_key(SNAT_PORT_MIN), 5);
+    let older = linux_syn_options(2_050);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &older),
+        XDP_DROP
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_EXHAUSTED), 1);
+    // A quarantine after the segment, it goes by age.
+    age(lb, &reply_key(SNAT_PORT_MIN), 61);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &older),
+        XDP_TX
+    );
+    assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 2).1, SNAT_PORT_MIN);
+}
+
 fn case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep(lb: &mut Lb) {
     // Past two quarantines after its close a tuple is the sweep's: the
     // sweep frees it by key, and a SYN taking it over at the same moment
@@ -2494,6 +2533,10 @@ const CASES: &[Case] = &[
     (
         "a tuple past its second quarantine is left to the sweep",
         case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep,
+    ),
+    (
+        "a late client segment restarts the quarantine",
+        case_a_late_client_segment_restarts_the_quarantine,
     ),
     (
         "a tuple taken over stays quarantined when the forward insert fails",
