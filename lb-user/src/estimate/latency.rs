@@ -221,6 +221,7 @@ impl LatencyEstimate {
                 if lowers {
                     self.refutation
                         .lowered_by_probe(estimate, latency.as_nanos() as f64, now);
+                    self.lower_the_guess(latency, now);
                 }
                 self.recent.reset(latency, now);
                 ProbeOutcome::Applied
@@ -230,6 +231,27 @@ impl LatencyEstimate {
                 ProbeOutcome::Applied
             }
             ProbeSample::AtLeast(_) => ProbeOutcome::Unchanged,
+        }
+    }
+
+    /// A probe's `latency` below the estimate takes the long memory of
+    /// means down as far as the evidence allows: to what users measured
+    /// over τ ([`MeasuredMean`]: no prior, no idle drift), or to the probe
+    /// where users never measured it. What is above that in the long
+    /// memory is the cold-start guess (`--ewma-cold-start`), the memory's
+    /// start and where it drifts while idle, not a measurement. Without
+    /// this a backend faster than a third of that guess (a pool of 100 µs
+    /// servers, against 1 ms) stayed at the guess, beyond its pool's
+    /// re-draw bound, while never measured or once idle a few seconds, and
+    /// its probes could not bring it back: they reset only the peak
+    /// memory. A slow backend's own means stay (a fast probe does not
+    /// forget 10 s of users' 100 ms answers).
+    fn lower_the_guess(&mut self, latency: Duration, now: Nanos) {
+        let probe = latency.as_nanos() as f64;
+        let floor = self.measured.mean_ns().map_or(probe, |m| m.max(probe));
+        if self.sustained.estimate_ns(now) > floor {
+            self.sustained
+                .replace(Duration::from_nanos(floor as u64), now);
         }
     }
 
@@ -767,6 +789,42 @@ mod tests {
         assert!(e.estimate_ns(clock.now()) >= 500.0 * MS);
         // A failed check gives no sample at all (see `pool::health`), so
         // the estimate just goes on drifting as if nothing happened.
+    }
+
+    /// A pool faster than a third of the cold-start guess: a backend users
+    /// never measured, and one left idle long enough for the long memory
+    /// to drift up towards the guess, are brought to what their probes
+    /// measure (both were held at about the 1 ms guess before, beyond a
+    /// 100 µs pool's 0.3 ms re-draw bound, probes or not).
+    #[test]
+    fn a_fast_probe_brings_a_backend_below_the_cold_start_guess() {
+        let clock = ManualClock::starting_at(0);
+        let mut never = LatencyEstimate::new(DEFAULT_PARAMS, clock.now());
+        let mut idle = never.clone();
+        let fast = LatencySample::single(Duration::from_micros(100)).counted(20);
+        feed(&mut idle, &clock, fast, 2.0);
+        clock.advance(Duration::from_secs(3));
+        let drifted = idle.estimate_ns(clock.now()) / MS;
+        assert!(
+            drifted > 0.3,
+            "{drifted}: the idle drift took it past the bound"
+        );
+        let probe = ProbeSample::Response(Duration::from_micros(100));
+        for e in [&mut never, &mut idle] {
+            assert_eq!(
+                e.observe_probe(probe, clock.now(), PROBE_EVERY),
+                ProbeOutcome::Applied
+            );
+            let after = e.estimate_ns(clock.now()) / MS;
+            assert!(after < 0.15, "{after}: the probe's 0.1 ms, not the guess");
+        }
+        // What users measured stays the floor: a probe faster than users'
+        // 0.1 ms means takes the long memory to those means, not below.
+        clock.advance(Duration::from_secs(3));
+        let faster = ProbeSample::Response(Duration::from_micros(20));
+        idle.observe_probe(faster, clock.now(), PROBE_EVERY);
+        let floor = idle.sustained.estimate_ns(clock.now()) / MS;
+        assert!((0.099..0.101).contains(&floor), "{floor}");
     }
 
     #[test]
