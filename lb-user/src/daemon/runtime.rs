@@ -101,7 +101,7 @@ pub struct Runtime {
     pub(super) zones_written: Option<crate::surface::status::ZonesFile>,
     /// A backend's latency counts in zone comparisons while its last sample
     /// is at most this old (τ: older ones have mostly drifted to cold start).
-    pub(super) zone_sample_age: std::time::Duration,
+    pub(super) latency_sample_age: std::time::Duration,
     /// Answers per backend id in the tick being computed (from the kernel's
     /// latency aggregates).
     pub(super) tick_answers: Vec<u64>,
@@ -163,7 +163,7 @@ impl Runtime {
             reconcile_times: UpdateTimes::default(),
             zones_path: crate::surface::status::zones_path(&config.instance),
             zones_written: None,
-            zone_sample_age: config.ewma_tau,
+            latency_sample_age: config.ewma_tau,
             tick_answers: Vec::new(),
             held_shares: HashMap::new(),
             fleet,
@@ -313,13 +313,15 @@ impl Runtime {
         self.take_latency(now)?;
         self.mark_avoided(now);
         let loads = &self.loads;
-        self.fleet.tick(now, |id| loads.ewma_ns(id, now));
+        let sample_age = self.latency_sample_age;
+        self.fleet
+            .tick(now, |id| loads.sampled_ewma_ns(id, now, sample_age));
         let mut selections: Vec<_> = (0..self.fleet.vips.len())
             .map(|i| self.fleet.selection(i, now))
             .collect();
         for (index, selection) in selections.iter_mut().enumerate() {
             let plan = self.fleet.zone_plan(index, selection, now, |id| {
-                loads.zone_latency_ns(id, now, self.zone_sample_age)
+                loads.zone_latency_ns(id, now, self.latency_sample_age)
             });
             if let Some(p) = &plan {
                 // Not covered: logged, and the VIP routes over all.

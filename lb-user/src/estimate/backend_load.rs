@@ -289,6 +289,20 @@ impl LoadTable {
             .map_or(0, |l| l.latency.estimate_ns(now).round() as u64)
     }
 
+    /// Backend `id`'s estimate ([`LoadTable::ewma_ns`]) if users sampled
+    /// it within `max_age`: what latency outlier detection compares. A
+    /// backend never measured holds the cold-start guess, and one idle
+    /// longer drifts towards it: neither is a latency to eject for, nor
+    /// one the pool's median should be taken from.
+    pub fn sampled_ewma_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
+        let load = self.loads.get(id as usize)?;
+        let last = load.latency.last_sample()?;
+        if now.since(last) > max_age {
+            return None;
+        }
+        Some(load.latency.estimate_ns(now).round() as u64)
+    }
+
     /// The recent mean latency of backend `id` (what zones are compared
     /// by, [`LatencyEstimate::recent_mean_ns`]) if users sampled it within
     /// `max_age`: an older figure says nothing about how it would do.

@@ -850,8 +850,11 @@ impl Fleet {
         true
     }
 
-    /// Advances timers, and ejects latency outliers (`ewma_ns` by id).
-    pub fn tick(&mut self, now: Nanos, ewma_ns: impl Fn(u32) -> u64) {
+    /// Advances timers, and ejects latency outliers (`ewma_ns` by id:
+    /// `None` for a backend users have not measured lately, which is
+    /// neither judged nor part of the median: its estimate is the
+    /// cold-start guess or drifting towards it, not a latency).
+    pub fn tick(&mut self, now: Nanos, ewma_ns: impl Fn(u32) -> Option<u64>) {
         for vip in 0..self.vips.len() {
             let params = self.vips[vip].params;
             for &id in &self.vips[vip].members.clone() {
@@ -860,7 +863,7 @@ impl Fleet {
                 }
             }
             if self.outlier.latency_factor > 0.0 {
-                let active: Vec<u32> = self.vips[vip]
+                let (active, ewmas): (Vec<u32>, Vec<u64>) = self.vips[vip]
                     .members
                     .iter()
                     .copied()
@@ -868,8 +871,8 @@ impl Fleet {
                         self.member(i)
                             .is_some_and(|m| m.life.state(now) == State::Active)
                     })
-                    .collect();
-                let ewmas: Vec<u64> = active.iter().map(|&i| ewma_ns(i)).collect();
+                    .filter_map(|i| Some((i, ewma_ns(i)?)))
+                    .unzip();
                 for i in latency_outliers(&ewmas, self.outlier.latency_factor) {
                     // Published by the tick that called this.
                     let _ = self.try_eject(active[i], Finding::Latency, now);
@@ -1343,8 +1346,27 @@ mod tests {
         assert_eq!(f.selection(0, now).slots, [2, 3]);
         // After the base ejection time (30s) the first two return.
         let later = Nanos(33 * SEC);
-        f.tick(later, |_| 0);
+        f.tick(later, |_| None);
         assert_eq!(f.selection(0, later).slots, [0, 1, 2, 3]);
+    }
+
+    /// Latency outliers are judged among the backends users measured
+    /// lately: one not measured (`None`: its estimate is the cold-start
+    /// guess) is neither ejected nor part of the median. Before, the
+    /// guesses were medians too: the first backend to answer at light load
+    /// (5 ms among three 1 ms guesses) was ejected for its real latency.
+    #[test]
+    fn latency_outliers_are_judged_among_backends_users_measured() {
+        let (mut f, _) = fleet(&["--outlier-latency-factor", "3"]);
+        let now = Nanos(2 * SEC);
+        // Backend 0 measured at 5 ms, the others never: nothing to judge.
+        f.tick(now, |id| (id == 0).then_some(5_000_000));
+        assert_eq!(f.selection(0, now).slots, [0, 1, 2, 3]);
+        // Three measured at 5 ms and one at 20 ms: that one goes; the
+        // unmeasured one stays.
+        let measured = [Some(5_000_000), Some(5_000_000), Some(20_000_000), None];
+        f.tick(now, |id| measured[id as usize]);
+        assert_eq!(f.selection(0, now).slots, [0, 1, 3]);
     }
 
     #[test]
@@ -1426,7 +1448,7 @@ mod tests {
         assert_eq!(f.selection(0, t).slots, [1, 2, 3]);
         refuse(&mut f, 0, 5, Nanos(3 * SEC));
         let back = Nanos(33 * SEC);
-        f.tick(back, |_| 0);
+        f.tick(back, |_| None);
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         f.on_event(Event::Refused { backend: 0 }, back);
         assert!(!f.judge_outliers(&[], back));
@@ -1451,15 +1473,15 @@ mod tests {
         let t = Nanos(2 * SEC);
         refuse(&mut f, 0, 3, t);
         let back = Nanos(33 * SEC);
-        f.tick(back, |_| 0);
+        f.tick(back, |_| None);
         f.health_result(0, false, back);
         // 100 s down: three base times, none in service.
         let up = Nanos(133 * SEC);
-        f.tick(up, |_| 0);
+        f.tick(up, |_| None);
         assert_eq!(f.member(0).unwrap().life.ejections(), 1);
         f.health_result(0, true, up);
         f.health_result(0, true, up);
-        f.tick(Nanos(164 * SEC), |_| 0);
+        f.tick(Nanos(164 * SEC), |_| None);
         assert_eq!(f.member(0).unwrap().life.ejections(), 0);
     }
 
