@@ -241,7 +241,9 @@ impl Runtime {
         if result.purpose == Purpose::LatencyProbe {
             return Ok(());
         }
-        let counted = result.counted(|wait| self.loads.answered_within(result.backend, now, wait));
+        let counted = result.counted(|wait| {
+            server_answered_within(&self.fleet, &self.loads, result.addr, now, wait)
+        });
         self.checks.entry(result.backend).or_default().add(counted);
         if counted == Counted::Busy {
             debug!(
@@ -631,9 +633,63 @@ fn flagged_held(id: u32, fresh: &[(u32, BackendScore)], index: &ScoreIndex) -> b
         .is_some_and(|(_, score)| score.flags & SCORE_FAR_ABOVE != 0)
 }
 
+/// Whether the server at `addr` answered users within `wait` before
+/// `now`, under any of its ids: a server behind several VIPs gets one
+/// check, whose timeout is judged against all its users (busy if any of
+/// them got answers, `CheckResult::counted`), so that it is not down in
+/// one VIP and up in another for one and the same check.
+fn server_answered_within(
+    fleet: &Fleet,
+    loads: &LoadTable,
+    addr: SocketAddr,
+    now: Nanos,
+    wait: std::time::Duration,
+) -> bool {
+    fleet
+        .ids_at(addr)
+        .any(|id| loads.answered_within(id, now, wait))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One server behind two VIPs (ids 0 and 1), and another (id 2): a
+    /// check that timed out counts as busy for both of the first's ids
+    /// when users of either VIP got answers during its wait. Before, each
+    /// id was judged by its own users only, so a server busy with one
+    /// VIP's users went down in the other VIP and stayed up in the first.
+    #[test]
+    fn a_shared_servers_check_is_busy_when_users_of_any_of_its_vips_were_answered() {
+        let config = crate::settings::config::Config::of(
+            &["--iface", "eth0", "--health-check", "http"],
+            "[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80\", \"10.0.0.22:80\"]\n\
+             [[vip]]\naddress = \"10.0.0.101:80\"\nbackends = [\"10.0.0.21:80\"]\n",
+        );
+        let plan = Plan::new(&config);
+        let start = Nanos(1_000_000_000);
+        let fleet = Fleet::new(&config, &plan, start);
+        let shared: SocketAddr = "10.0.0.21:80".parse().unwrap();
+        let ids: Vec<u32> = fleet.ids_at(shared).collect();
+        assert_eq!(ids.len(), 2, "one id per VIP");
+        let mut loads = LoadTable::new(&plan.weights, config.estimate_params(), start);
+        let now = Nanos(3_000_000_000);
+        let wait = std::time::Duration::from_millis(500);
+        // Users of the second VIP were answered 100 ms ago.
+        loads.answered(ids[1], 1, Nanos(2_900_000_000));
+        let other: SocketAddr = "10.0.0.22:80".parse().unwrap();
+        let busy = |addr| server_answered_within(&fleet, &loads, addr, now, wait);
+        assert!(busy(shared));
+        assert!(!busy(other), "its users got no answer");
+        // Answers older than the check's wait do not count.
+        assert!(!server_answered_within(
+            &fleet,
+            &loads,
+            shared,
+            now,
+            std::time::Duration::from_millis(50)
+        ));
+    }
 
     #[test]
     fn held_answers_count_the_slots_flagged_held() {
