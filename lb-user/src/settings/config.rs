@@ -745,6 +745,14 @@ impl Config {
                     v.algorithm.name()
                 ));
             }
+            if v.algorithm == Algorithm::RoundRobin && !life.slow_start.is_zero() {
+                out.push(format!(
+                    "VIP {}: round-robin reads no weights, so slow start does nothing for it: a \
+                     backend back in service takes its full share at once (weighted-round-robin \
+                     ramps it)",
+                    v.vip
+                ));
+            }
             if let Some(check) = &v.health
                 && check.timeout > check.interval
             {

@@ -1492,4 +1492,18 @@ fn settings_that_do_nothing_are_warned_about() {
             "VIP 10.0.0.100:80/tcp: health timeout 2s is longer than its interval 1s: a check that times out delays the next",
         ]
     );
+    let round_robin = |extra: &[&'static str]| {
+        let mut argv = minimal_with(&["--algorithm", "round-robin"]);
+        argv.extend_from_slice(extra);
+        from_flags(&argv).unwrap().warnings()
+    };
+    assert_eq!(
+        round_robin(&[]),
+        [
+            "VIP 10.0.0.100:80/tcp: round-robin reads no weights, so slow start does nothing for \
+          it: a backend back in service takes its full share at once (weighted-round-robin \
+          ramps it)"
+        ]
+    );
+    assert!(round_robin(&["--slow-start", "0s"]).is_empty());
 }
