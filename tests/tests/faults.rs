@@ -884,6 +884,58 @@ fn sighup_reload_adds_and_removes_backends_without_loss() {
     );
 }
 
+/// A backend drained at runtime whose entry the file then changes: on
+/// SIGHUP the file wins, as it does at a restart. The state file drops
+/// the drain, and the running pool puts the backend back in service
+/// (before, it stayed draining until the next restart silently undid it).
+#[test]
+fn sighup_puts_back_a_drained_backend_whose_entry_the_file_changed() {
+    require_root!();
+    let lab = Fault::new("sighup-drain", 2);
+    let path = lab.log_dir().join("reload.toml");
+    let write = |weight: u32| {
+        let text = format!(
+            "[[vip]]\naddress = \"{}\"\nbackends = [\"{}\", \"{}@{weight}\"]\n",
+            lab.tcp_vip(),
+            lab.backends()[0].addr(),
+            lab.backends()[1].addr(),
+        );
+        std::fs::write(&path, text).unwrap();
+    };
+    write(1);
+    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    // Weighted round robin: each backend in service gets its share at
+    // once, whatever its latency.
+    base.algorithm = Algorithm::WeightedRoundRobin;
+    let lb = lab.start_balancer(&base).unwrap();
+    let vip = lab.tcp_vip().to_string();
+    let drained = lab.backends()[1].addr().to_string();
+    lab.backend_command(&["drain", "--vip", &vip, "--backend", &drained]);
+    let while_drained = lab.measure(lab.load(200.0, 1.5, 2_000));
+    lab.report(&while_drained, "while drained");
+    let names = |run: &Run| run.summary.per_backend.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(while_drained.summary.error_count(), 0);
+    assert_eq!(names(&while_drained), [lab.backends()[0].name.clone()]);
+    // The file now gives the drained backend weight 2, and is reloaded.
+    write(2);
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    thread::sleep(Duration::from_millis(500));
+    let after = lab.measure(lab.load(200.0, 1.5, 2_000));
+    lab.report(&after, "after the reload");
+    assert_eq!(after.summary.error_count(), 0);
+    assert_eq!(
+        names(&after),
+        [
+            lab.backends()[0].name.clone(),
+            lab.backends()[1].name.clone()
+        ],
+        "the file's backend is back in service"
+    );
+    let log = lab.stderr(lb);
+    assert!(log.contains("back in service, as the file says"), "{log}");
+}
+
 #[test]
 fn kill_9_and_restart_of_lb_user_loses_no_request() {
     require_root!();

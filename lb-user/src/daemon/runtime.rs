@@ -530,6 +530,45 @@ impl Runtime {
         }
     }
 
+    /// Puts back in service the backends of `drained_before` (drained at
+    /// runtime, as the state kept them before a reload) whose drain the
+    /// reload's file overtook (it changed their entry since: the entry is
+    /// dropped, "the configuration wins") and that the file still lists,
+    /// as a restart would: the state file and the running pool then agree.
+    /// A backend the file removed or whose VIP it dropped is the reload's.
+    fn release_drains(
+        &mut self,
+        drained_before: &[(VipAddr, SocketAddr)],
+        effective: &super::state::Effective,
+        now: Nanos,
+    ) {
+        for (vip, addr) in drained_before {
+            if effective.drains.contains(&(*vip, *addr)) {
+                continue;
+            }
+            let listed = effective
+                .config
+                .vips
+                .iter()
+                .any(|v| v.vip == *vip && v.backends.iter().any(|b| b.addr == *addr));
+            let draining = self
+                .fleet
+                .find(vip, *addr)
+                .ok()
+                .and_then(|id| self.fleet.member(id))
+                .is_some_and(|m| m.life.admin() == Admin::Draining);
+            if listed && draining {
+                match self.fleet.set_admin(vip, *addr, Admin::Active, now) {
+                    Ok(_) => info!(
+                        "reload: backend {addr} of VIP {vip} was drained at runtime, and the \
+                         configuration changed it since: back in service, as the file says"
+                    ),
+                    Err(e) => warn!("reload: cannot put {addr} of {vip} back in service: {e}"),
+                }
+            }
+        }
+    }
+
     /// Applies a reloaded configuration, with the runtime changes that
     /// still hold laid over it (see [`Fleet::reload`]).
     /// The log says what was applied and what needs a restart.
@@ -553,6 +592,7 @@ impl Runtime {
         for setting in restart {
             warn!("reload: {setting} changed: needs a restart (not applied)");
         }
+        let drained_before = self.state.kept_drains();
         let effective = self.state.reload(base);
         self.config_generation += 1;
         let config = &effective.config;
@@ -560,6 +600,7 @@ impl Runtime {
         for note in notes {
             warn!("reload: {note}");
         }
+        self.release_drains(&drained_before, &effective, now);
         self.drain_kept(&effective.drains, now);
         for id in added {
             self.loads.reset(id, now);

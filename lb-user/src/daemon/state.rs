@@ -94,6 +94,17 @@ impl StateKeeper {
             .collect()
     }
 
+    /// The backends the state keeps drained (`(vip, backend)`), as they
+    /// stand in the state, before a reload lays it over the new file.
+    pub fn kept_drains(&self) -> Vec<(VipAddr, SocketAddr)> {
+        self.state
+            .backends
+            .iter()
+            .filter(|e| e.admin == Admin::Draining)
+            .filter_map(|e| Some((e.vip.parse().ok()?, e.backend.parse().ok()?)))
+            .collect()
+    }
+
     /// The configuration as last read (without the runtime changes).
     pub fn base(&self) -> &Config {
         &self.base
