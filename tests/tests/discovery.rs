@@ -400,6 +400,76 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
 }
 
+/// Fail static at the start too: etcd answers, but holds no backend
+/// under the prefix (its keys deleted while no balancer ran, as an outage
+/// that outlived their leases leaves it). A running balancer would keep
+/// its pool (the removal cap); a restart with the backends cached serves
+/// them, and says so, rather than refusing to start.
+#[test]
+fn a_restart_when_etcd_holds_no_backend_serves_the_cached_ones() {
+    require_root!();
+    let (lab, _etcd) = lab(2);
+    put_weights(&lab, &[1, 2]);
+    let first = start(&lab, Algorithm::P2cEwma, &[]);
+    assert_active(&lab, &[0, 1], "both keys' backends");
+    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    lab.etcdctl(&["del", "--prefix", PREFIX]).unwrap();
+    assert_eq!(key_count(&lab), 0);
+    let second = start(&lab, Algorithm::P2cEwma, &[]);
+    assert_active(&lab, &[0, 1], "the backends of the cache");
+    let log = lab.stderr(second);
+    assert!(
+        log.contains("serving the cached backends (fail static)"),
+        "{log}"
+    );
+    let summary = run_load(
+        &lab,
+        100.0,
+        2.0,
+        "empty_prefix",
+        "etcd up with nothing under the prefix; backends from the cache",
+    );
+    assert_nothing_lost(&summary);
+    // A backend registered again is taken in as usual.
+    put(&lab, 0, 1);
+    thread::sleep(Duration::from_millis(800));
+    assert!(member(&lab, 0).is_some());
+}
+
+/// An operator's drain and weight on discovered backends hold across a
+/// restart even when etcd's membership changed meanwhile (the runtime
+/// state's entries name the VIP's prefix, not the members as they were).
+#[test]
+fn operator_overrides_on_discovered_backends_survive_a_restart_with_another_membership() {
+    require_root!();
+    let (lab, _etcd) = lab(3);
+    put_weights(&lab, &[1, 1]);
+    let first = start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
+    // Backend 2 joins after the start; the operator drains it, and weights 1.
+    put(&lab, 2, 1);
+    wait_for("backend 2 joins", Duration::from_secs(2), || {
+        member(&lab, 2).is_some()
+    });
+    operator(&lab, "drain", 2, &[]);
+    operator(&lab, "weight", 1, &["--weight", "3"]);
+    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    // While it is down etcd's view moves: backend 1's weight changes.
+    put(&lab, 1, 2);
+    start(&lab, Algorithm::P2cEwma, &["--slow-start", "0s"]);
+    assert_active(&lab, &[0, 1], "backend 2 stays drained");
+    assert!(has_weight(&lab, 1, 3.0), "{:?}", member(&lab, 1));
+    // The next etcd update does not put etcd's weight back either.
+    put(&lab, 0, 2);
+    thread::sleep(Duration::from_millis(800));
+    assert!(has_weight(&lab, 0, 2.0), "{:?}", member(&lab, 0));
+    assert!(
+        has_weight(&lab, 1, 3.0),
+        "the operator's weight holds: {:?}",
+        member(&lab, 1)
+    );
+    assert_active(&lab, &[0, 1], "backend 2 stays drained");
+}
+
 #[test]
 fn a_restart_while_etcd_holds_a_bad_value_keeps_the_keys_cached_value() {
     require_root!();

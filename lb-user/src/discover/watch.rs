@@ -240,7 +240,28 @@ pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option
         Ok(read) => {
             for (i, (view, skipped)) in discovered.iter().copied().zip(read) {
                 log_skipped(&status, &skipped);
-                views.push((i, view, false));
+                // Fail static at the start too: a prefix etcd holds no
+                // valid backend under (keys deleted, leases expired in an
+                // outage, a bad bulk write) does not empty a pool at
+                // runtime (`discover::state`, the removal cap), so it does
+                // not stop a restart that has the last backends cached.
+                let v = &config.vips[i];
+                if view.wanted().is_empty()
+                    && let Some(cached_view) = cached_view(&cached, v, snat, &status)?
+                    && !cached_view.wanted().is_empty()
+                {
+                    warn!(
+                        vip = %v.vip,
+                        prefix = %view.prefix,
+                        revision = view.revision,
+                        cached = cached_view.wanted().len(),
+                        "etcd holds no valid backend under the prefix: serving the cached \
+                         backends (fail static) until it does"
+                    );
+                    views.push((i, cached_view, true));
+                } else {
+                    views.push((i, view, false));
+                }
             }
         }
         Err(e) if etcd::is_rejection(&e) => {
@@ -259,34 +280,12 @@ pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option
             warn!("etcd unreachable at startup, serving the cached backends: {e:#}");
             for &i in &discovered {
                 let v = &config.vips[i];
-                let prefix = v.etcd_prefix.clone().unwrap_or_default();
-                let mut view = PrefixView::new(&prefix, v.vip, snat);
-                if let Some(c) = cached
-                    .vips
-                    .get(&v.vip.to_string())
-                    .filter(|c| c.prefix == prefix)
-                {
-                    if c.keys.is_empty() {
-                        // A cache from before keys were kept: its backends
-                        // under keys of their own.
-                        view.revision = c.revision;
-                        for e in &c.backends {
-                            let value = serde_json::to_vec(e)?;
-                            let key = format!("{prefix}cache/{}", e.addr);
-                            if let Err(s) = view.put(key.as_bytes(), &value) {
-                                log_skipped(&status, &[s]);
-                            }
-                        }
-                    } else {
-                        let skipped;
-                        (view, skipped) =
-                            PrefixView::cached(&prefix, v.vip, snat, c.revision, &c.keys);
-                        // Cached values the rules now refuse (a backend at a
-                        // SNAT address given since, say): said, as a bad
-                        // etcd value is.
-                        log_skipped(&status, &skipped);
+                let view = match cached_view(&cached, v, snat, &status)? {
+                    Some(view) => view,
+                    None => {
+                        PrefixView::new(v.etcd_prefix.as_deref().unwrap_or_default(), v.vip, snat)
                     }
-                }
+                };
                 views.push((i, view, true));
             }
         }
@@ -333,6 +332,44 @@ pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option
 /// Reads every discovered VIP's prefix at one revision. A key whose value
 /// is bad keeps its value in `cached`, the last run's keys, if it has one
 /// there for the same prefix.
+/// VIP `v`'s backends as the cache has them for its prefix (`None`: the
+/// cache has none for it), with what the rules now refuse of them logged
+/// in `status`.
+fn cached_view(
+    cached: &Cache,
+    v: &crate::settings::config::VipConfig,
+    snat: &[IpAddr],
+    status: &DiscoveryStatus,
+) -> anyhow::Result<Option<PrefixView>> {
+    let prefix = v.etcd_prefix.clone().unwrap_or_default();
+    let Some(c) = cached
+        .vips
+        .get(&v.vip.to_string())
+        .filter(|c| c.prefix == prefix)
+    else {
+        return Ok(None);
+    };
+    if c.keys.is_empty() {
+        // A cache from before keys were kept: its backends under keys of
+        // their own.
+        let mut view = PrefixView::new(&prefix, v.vip, snat);
+        view.revision = c.revision;
+        for e in &c.backends {
+            let value = serde_json::to_vec(e)?;
+            let key = format!("{prefix}cache/{}", e.addr);
+            if let Err(s) = view.put(key.as_bytes(), &value) {
+                log_skipped(status, &[s]);
+            }
+        }
+        return Ok(Some(view));
+    }
+    let (view, skipped) = PrefixView::cached(&prefix, v.vip, snat, c.revision, &c.keys);
+    // Cached values the rules now refuse (a backend at a SNAT address
+    // given since, say): said, as a bad etcd value is.
+    log_skipped(status, &skipped);
+    Ok(Some(view))
+}
+
 async fn read_all(
     settings: &EtcdSettings,
     config: &Config,
