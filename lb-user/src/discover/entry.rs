@@ -63,6 +63,7 @@ pub fn parse(value: &[u8], vip: &VipAddr) -> Result<Entry, String> {
     if addr.port() == 0 {
         return Err(format!("addr '{addr}' is not a usable backend"));
     }
+    crate::settings::addr::refuse_scope_id(addr, &raw.addr).map_err(|e| e.to_string())?;
     check_backend(vip, addr).map_err(|e| e.to_string())?;
     let weight = match raw.weight {
         None | Some(serde_json::Value::Null) => 1,
@@ -116,6 +117,17 @@ mod tests {
         assert_eq!(e.backend().to_string(), "10.0.0.21:8080@7,zone=a");
         assert_eq!(ok(r#"{"addr":"10.0.0.21:8080","zone":""}"#).zone, None);
         assert_eq!(ok(r#"{"addr":"10.0.0.21:8080","zone":null}"#).zone, None);
+    }
+
+    #[test]
+    fn an_ipv6_scope_id_rejects_the_value() {
+        let vip6: VipAddr = "[2001:db8::1]:80".parse().unwrap();
+        let e = parse(br#"{"addr":"[2001:db8::21%3]:8080"}"#, &vip6).unwrap_err();
+        assert!(
+            e.starts_with("IPv6 scope id in '[2001:db8::21%3]:8080'"),
+            "{e}"
+        );
+        assert!(parse(br#"{"addr":"[2001:db8::21]:8080"}"#, &vip6).is_ok());
     }
 
     #[test]

@@ -98,6 +98,11 @@ pub enum AddrError {
     },
     #[error("unknown option '{option}' in backend '{backend}' (expected ,zone=NAME)")]
     BackendOption { backend: String, option: String },
+    #[error(
+        "IPv6 scope id in '{0}': the balancer takes global addresses only (the data path \
+         keeps no scope, so two addresses that differ by it would be one to the kernel)"
+    )]
+    ScopeId(String),
 }
 
 /// Parses `IP:PORT`, refusing port 0 (it can never be a service port).
@@ -108,7 +113,20 @@ pub fn parse_socket_addr(text: &str) -> Result<SocketAddr, AddrError> {
     if addr.port() == 0 {
         return Err(AddrError::Port(text.to_string()));
     }
+    refuse_scope_id(addr, text)?;
     Ok(addr)
+}
+
+/// Refuses an IPv6 address with a scope id (`[fe80::1%2]:80`): Rust's
+/// parser takes one, and `SocketAddr` equality compares it, but the
+/// kernel's keys hold no scope, so `[2001:db8::1]:80` and
+/// `[2001:db8::1%2]:80` passed every duplicate check and landed on one VIP
+/// or backend entry.
+pub fn refuse_scope_id(addr: SocketAddr, text: &str) -> Result<(), AddrError> {
+    match addr {
+        SocketAddr::V6(v6) if v6.scope_id() != 0 => Err(AddrError::ScopeId(text.to_string())),
+        _ => Ok(()),
+    }
 }
 
 /// A virtual service: `IP:PORT[/tcp|/udp]`, TCP by default.
@@ -252,6 +270,16 @@ mod tests {
         assert_eq!(
             "10.0.0.1:70000".parse::<VipAddr>(),
             Err(AddrError::Address("10.0.0.1:70000".into()))
+        );
+        // A scope id: the kernel's keys have none, so `[2001:db8::1]:80`
+        // and this would be one VIP (or backend) to it, two to the checks.
+        assert_eq!(
+            "[2001:db8::1%2]:80".parse::<VipAddr>(),
+            Err(AddrError::ScopeId("[2001:db8::1%2]:80".into()))
+        );
+        assert_eq!(
+            "[fe80::1%1]:8080@2".parse::<BackendAddr>(),
+            Err(AddrError::ScopeId("[fe80::1%1]:8080".into()))
         );
     }
 
