@@ -165,10 +165,24 @@ fn record_close<const V6: bool>(pkt: &Packet, seq: u32, ts: TsOption) {
     // The closed forward entry forwards such segments 10 s after the close
     // and longer, until the sweep removes it; the 5 s of slack above the
     // backend's 60 s would not cover them.
-    if Flags::of(rev).get() & FLOW_F_CLOSED != 0 {
-        // SAFETY: live map value; an aligned 8-byte store is one
-        // instruction, and a later close time only holds the tuple longer.
-        unsafe { (&raw mut (*rev).last_seen_ns).write_volatile(helpers::now()) };
+    // Only while the tuple is the data path's, within two quarantines of
+    // the close: past them the sweep frees it by that age, and a close
+    // time made young again under the sweep's decision would hand it back
+    // (see `flow::may_take_over`).
+    if Flags::of(rev).get() & FLOW_F_CLOSED != 0
+        && let Some(cfg) = CONFIG.get(0)
+    {
+        let now = helpers::now();
+        // SAFETY: live map value; aligned 8-byte loads and stores are one
+        // instruction each, and a later close time only holds the tuple
+        // longer.
+        let closed_at = unsafe { (&raw const (*rev).last_seen_ns).read_volatile() };
+        let (age, quarantine) = (now.saturating_sub(closed_at), cfg.snat_quarantine_ns);
+        // Two quarantines as `may_take_over` counts them (no multiplication).
+        if age <= quarantine || age - quarantine <= quarantine {
+            // SAFETY: as above.
+            unsafe { (&raw mut (*rev).last_seen_ns).write_volatile(now) };
+        }
     }
     let seen = Flags::of(fwd).get();
     let view = if pkt.has(TCP_FIN) {

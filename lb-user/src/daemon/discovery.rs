@@ -18,7 +18,7 @@ use crate::{
     kernel::clock::Nanos,
     pool::lifecycle::Admin,
     settings::{
-        addr::{BackendAddr, Weight},
+        addr::{BackendAddr, VipAddr, Weight},
         cli::ControlCommand,
         config::Config,
     },
@@ -59,6 +59,30 @@ impl Runtime {
                 self.discovery.weight_overrides.remove(&key);
             }
             _ => {}
+        }
+    }
+
+    /// Lays what the runtime state keeps for a member discovery just added
+    /// over it: an operator's drain and weight hold whatever etcd says,
+    /// also for a member that left etcd and came back, as they do across
+    /// a restart (`settings::state`). Published with the rest of the
+    /// update, so the member is never in service in between.
+    fn apply_kept(&mut self, vip: &VipAddr, addr: SocketAddr, now: Nanos) {
+        let Some((drained, weight)) = self.state.kept_for(vip, addr) else {
+            return;
+        };
+        if let Some(weight) = weight {
+            match self.fleet.set_weight(vip, addr, weight, now) {
+                Ok(_) => {
+                    self.discovery.weight_overrides.insert((*vip, addr));
+                }
+                Err(err) => {
+                    warn!(%vip, %addr, "runtime state: cannot keep the weight set at runtime: {err}")
+                }
+            }
+        }
+        if drained && let Err(err) = self.fleet.set_admin(vip, addr, Admin::Draining, now) {
+            warn!(%vip, %addr, "runtime state: cannot keep the drain: {err}");
         }
     }
 
@@ -169,6 +193,7 @@ impl Runtime {
                 Ok(id) => {
                     added += 1;
                     self.loads.reset(id, now);
+                    self.apply_kept(&vip, e.addr, now);
                 }
                 Err(err) => {
                     failed += 1;

@@ -94,6 +94,19 @@ impl StateKeeper {
             .collect()
     }
 
+    /// What the state keeps for `backend` of `vip`: drained or not, and a
+    /// weight set at runtime (`None`: nothing kept). For a discovered
+    /// member that etcd adds (again), so an operator's drain and weight
+    /// hold as they would after a restart.
+    pub fn kept_for(&self, vip: &VipAddr, backend: SocketAddr) -> Option<(bool, Option<u32>)> {
+        let (vip, backend) = (vip.to_string(), backend.to_string());
+        self.state
+            .backends
+            .iter()
+            .find(|e| e.vip == vip && e.backend == backend && e.admin != Admin::Removed)
+            .map(|e| (e.admin == Admin::Draining, e.weight))
+    }
+
     /// The backends the state keeps drained (`(vip, backend)`), as they
     /// stand in the state, before a reload lays it over the new file.
     pub fn kept_drains(&self) -> Vec<(VipAddr, SocketAddr)> {

@@ -256,7 +256,8 @@ pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option
                         revision = view.revision,
                         cached = cached_view.wanted().len(),
                         "etcd holds no valid backend under the prefix: serving the cached \
-                         backends (fail static) until it does"
+                         backends (fail static); the watch then applies the empty prefix as \
+                         at runtime, under the removal cap, never removing the last backend"
                     );
                     views.push((i, cached_view, true));
                 } else {
@@ -329,9 +330,6 @@ pub async fn seed(config: &mut Config, snat: &[IpAddr]) -> anyhow::Result<Option
     }))
 }
 
-/// Reads every discovered VIP's prefix at one revision. A key whose value
-/// is bad keeps its value in `cached`, the last run's keys, if it has one
-/// there for the same prefix.
 /// VIP `v`'s backends as the cache has them for its prefix (`None`: the
 /// cache has none for it), with what the rules now refuse of them logged
 /// in `status`.
@@ -370,6 +368,9 @@ fn cached_view(
     Ok(Some(view))
 }
 
+/// Reads every discovered VIP's prefix at one revision. A key whose value
+/// is bad keeps its value in `cached`, the last run's keys, if it has one
+/// there for the same prefix.
 async fn read_all(
     settings: &EtcdSettings,
     config: &Config,

@@ -45,9 +45,12 @@
 //!   refute any more; the probe is the one fresh measurement. (Blending it
 //!   in like a user peak, with `w = exp(-Δt/τ)`, would not pull a 10 s
 //!   peak memory down at all: that is no faster than the idle drift);
-//! * it never touches the long memory of user means: a persistently slow
+//! * it never enters the long memory of user means: a persistently slow
 //!   backend stays avoided by it whatever one probe says, and probes never
-//!   dilute what users measured;
+//!   dilute what users measured; a probe below the estimate only takes
+//!   that memory down to what users measured over τ (or to the probe, if
+//!   they never did), removing the cold-start guess and its idle drift
+//!   ([`LatencyEstimate::observe_probe`]);
 //! * a probe that only proves the backend's kernel answers (a TCP
 //!   connect) or that timed out can raise the estimate, never lower it; a
 //!   failed probe gives no sample at all.

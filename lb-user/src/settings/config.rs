@@ -745,7 +745,12 @@ impl Config {
                     v.algorithm.name()
                 ));
             }
-            if v.algorithm == Algorithm::RoundRobin && !life.slow_start.is_zero() {
+            // Only for a slow start the operator tuned: with the default
+            // every round-robin VIP would warn at every start.
+            if v.algorithm == Algorithm::RoundRobin
+                && !life.slow_start.is_zero()
+                && life.slow_start != crate::settings::ops::DEFAULT_SLOW_START
+            {
                 out.push(format!(
                     "VIP {}: round-robin reads no weights, so slow start does nothing for it: a \
                      backend back in service takes its full share at once (weighted-round-robin \

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::settings::{
     ConfigError,
-    addr::{BackendAddr, VipAddr, Weight},
+    addr::{AddrError, BackendAddr, VipAddr, Weight, refuse_scope_id},
     algorithm::parse_algorithm,
     config::{
         Config, VipConfig, check_backend, check_backend_snat, check_backends, check_snat,
@@ -252,11 +252,20 @@ impl RuntimeState {
         // refuse to start, nor lose the file's other entries.
         let mut dropped = Vec::new();
         let mut vips = Vec::with_capacity(state.vips.len());
+        // A VIP with an IPv6 scope id, which an older build took in: a rule
+        // broken, not a file that cannot be read.
+        let vip_of = |text: &str, dropped: &mut Vec<String>| match text.parse::<VipAddr>() {
+            Ok(vip) => Ok(Some(vip)),
+            Err(err @ AddrError::ScopeId(_)) => {
+                dropped.push(format!("VIP {text}: {err}"));
+                Ok(None)
+            }
+            Err(err) => Err(unreadable(format!("vip '{text}': {err}"))),
+        };
         for e in std::mem::take(&mut state.vips) {
-            let vip = e
-                .vip
-                .parse::<VipAddr>()
-                .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
+            let Some(vip) = vip_of(&e.vip, &mut dropped)? else {
+                continue;
+            };
             match &e.added {
                 Some(added) => match added.config(vip, &ZoneSettings::default()) {
                     Ok(_) => vips.push(e),
@@ -268,15 +277,16 @@ impl RuntimeState {
         state.vips = vips;
         let mut backends = Vec::with_capacity(state.backends.len());
         for e in std::mem::take(&mut state.backends) {
-            let vip = e
-                .vip
-                .parse::<VipAddr>()
-                .map_err(|err| unreadable(format!("vip '{}': {err}", e.vip)))?;
+            let Some(vip) = vip_of(&e.vip, &mut dropped)? else {
+                continue;
+            };
             let backend = e
                 .backend
                 .parse::<std::net::SocketAddr>()
                 .map_err(|err| unreadable(format!("backend '{}': {err}", e.backend)))?;
-            let rules = check_backend(&vip, backend).map_err(|err| err.to_string());
+            let rules = refuse_scope_id(backend, &e.backend)
+                .map_err(|err| err.to_string())
+                .and_then(|()| check_backend(&vip, backend).map_err(|err| err.to_string()));
             let weight = e
                 .weight
                 .map(|w| Weight::new(u64::from(w)).map_err(|err| err.to_string()));
@@ -1171,6 +1181,9 @@ mod tests {
             backend("10.0.0.100:80", "127.0.0.1:80", 1),
             backend("10.0.0.100:80", "224.0.0.5:80", 1),
             backend("10.0.0.100:80", "10.0.0.100:80", 1),
+            // An IPv6 scope id, which builds before stop 66 took in.
+            backend("[2001:db8::100]:80", "[2001:db8::21%2]:80", 1),
+            backend("[2001:db8::100%2]:80", "[2001:db8::21]:80", 1),
         ] {
             let state = load(&backends(&[good.clone(), bad.clone()]));
             let kept: Vec<&str> = state.backends.iter().map(|e| e.backend.as_str()).collect();
