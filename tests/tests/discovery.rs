@@ -400,6 +400,17 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
     assert!(opened(&lab, 0) > 0 && opened(&lab, 1) > 0);
 }
 
+/// A lab of two backends in etcd (weights 1 and 2) whose balancer ran,
+/// cached both, and stopped cleanly; etcd still runs.
+fn cached_after_a_clean_stop() -> Lab {
+    let (lab, _etcd) = lab(2);
+    put_weights(&lab, &[1, 2]);
+    let first = start(&lab, Algorithm::P2cEwma, &[]);
+    assert_active(&lab, &[0, 1], "both keys' backends");
+    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    lab
+}
+
 /// Fail static at the start too: etcd answers, but holds no backend
 /// under the prefix (its keys deleted while no balancer ran, as an outage
 /// that outlived their leases leaves it). A restart with the backends
@@ -410,11 +421,7 @@ fn a_restart_while_etcd_is_down_serves_the_cached_backends() {
 #[test]
 fn a_restart_when_etcd_holds_no_backend_serves_the_cached_ones() {
     require_root!();
-    let (lab, _etcd) = lab(2);
-    put_weights(&lab, &[1, 2]);
-    let first = start(&lab, Algorithm::P2cEwma, &[]);
-    assert_active(&lab, &[0, 1], "both keys' backends");
-    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    let lab = cached_after_a_clean_stop();
     lab.etcdctl(&["del", "--prefix", PREFIX]).unwrap();
     assert_eq!(key_count(&lab), 0);
     let second = start(&lab, Algorithm::P2cEwma, &[]);
@@ -497,11 +504,7 @@ fn operator_overrides_on_discovered_backends_survive_a_restart_with_another_memb
 #[test]
 fn a_restart_while_etcd_holds_a_bad_value_keeps_the_keys_cached_value() {
     require_root!();
-    let (lab, _etcd) = lab(2);
-    put_weights(&lab, &[1, 2]);
-    let first = start(&lab, Algorithm::P2cEwma, &[]);
-    assert_active(&lab, &[0, 1], "both keys' backends");
-    lab.stop_balancer(first, Signal::SIGTERM).unwrap();
+    let lab = cached_after_a_clean_stop();
     // While no balancer runs, backend 1's key gets a value that breaks the
     // rules. A balancer that watched the write would keep the last good
     // value; one that starts now has it only from its cache.

@@ -215,22 +215,12 @@ mod tests {
         snat.v6 = vec!["2001:db8::1:1".parse().unwrap()];
         let vip = "[2001:db8::1]:80";
         let request = vip_add(vip, &["[2001:db8::21]:80"]);
-        assert!(vip_to_add(&base, &snat, vip.parse().unwrap(), &request).is_ok());
+        let v6 = vip_to_add(&base, &snat, vip.parse().unwrap(), &request).unwrap();
         // And a SIGHUP's file with such a VIP is refused whole.
         let only_v4 = running().1;
-        let reload = only_v4.checked_reload(std::sync::Arc::new(|| {
-            Ok(Config::of(
-                &[
-                    "--iface",
-                    "eth0",
-                    "--vip",
-                    "10.0.0.100:80",
-                    "--backend",
-                    "10.0.0.21:80",
-                ],
-                "[[vip]]\naddress = \"[2001:db8::1]:80\"\nbackends = [\"[2001:db8::21]:80\"]\n",
-            ))
-        }));
+        let mut file = base;
+        file.vips.push(v6);
+        let reload = only_v4.checked_reload(std::sync::Arc::new(move || Ok(file.clone())));
         let e = reload().unwrap_err().to_string();
         assert!(e.contains("has no IPv6 SNAT address"), "{e}");
     }
