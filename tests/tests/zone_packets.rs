@@ -333,11 +333,13 @@ fn failover_follows_the_block_order(algorithm: Algorithm) {
     );
     let got = z.zone_shares(&choices(&z.lb, 0, 2000));
     assert_eq!(got[1], 0.0, "{}: {got:?}", z.name());
+    // 0.05 is about 5σ of 2,000 draws at 30 % (σ ≈ 0.0102): 0.04, about
+    // 3.9σ, failed once in a clean clone's run (0.342).
     assert_close(
         &format!("{}: 30/0/rest", z.name()),
         &got,
         &[0.3, 0.0, 0.7],
-        0.04,
+        0.05,
     );
 }
 
