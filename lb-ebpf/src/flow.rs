@@ -789,6 +789,17 @@ pub fn stamp_closed(reply: Option<*mut FlowEntry>, now: u64) {
     }
 }
 
+/// Whether a closed tuple `age` ns after its close is past its second
+/// quarantine: from then on it is the sweep's to free, by key, and the
+/// data path neither takes it over ([`may_take_over`]) nor makes its close
+/// time young again (`time_wait`), so the two never decide on one entry.
+/// (A subtraction: `saturating_mul(2)` in `may_take_over` took the
+/// verifier past its limit.)
+#[inline(always)]
+pub fn past_second_quarantine(age: u64, quarantine_ns: u64) -> bool {
+    age > quarantine_ns && age - quarantine_ns > quarantine_ns
+}
+
 /// Whether a new connection whose first packet is `syn` may take over the
 /// reply entry `held` at `now`, and if so claims it ([`FLOW_F_TAKEN`],
 /// which the sweep's free also takes first, so only one acts on it). It
@@ -818,9 +829,8 @@ pub fn may_take_over(held: *mut FlowEntry, syn: Syn, now: u64, quarantine_ns: u6
     };
     let age = now.saturating_sub(closed_at);
     if age > quarantine_ns {
-        // Past the second quarantine the tuple is the sweep's. (A plain
-        // subtraction: `saturating_mul(2)` took the verifier past its limit.)
-        if age - quarantine_ns > quarantine_ns {
+        // Past the second quarantine the tuple is the sweep's.
+        if past_second_quarantine(age, quarantine_ns) {
             return false;
         }
     } else {

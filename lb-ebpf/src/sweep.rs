@@ -60,7 +60,10 @@ use lb_common::{
 use crate::{
     atomic::Flags,
     events::emit,
-    flow::{Translation, lookup_on_stack, remove_on_stack, snat_used, stamp_closed},
+    flow::{
+        Translation, lookup_on_stack, past_second_quarantine, remove_on_stack, snat_used,
+        stamp_closed,
+    },
     helpers::now,
     maps::{CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
     track::{close_counted, count_closed, forward_key_of},
@@ -191,7 +194,7 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
             // both: the sweep removes by key, so two deciders on one entry
             // could free a tuple twice, or remove the new connection's
             // entry written under the key.
-            if age > walk.snat_quarantine_ns.saturating_mul(2) {
+            if past_second_quarantine(age, walk.snat_quarantine_ns) {
                 // SAFETY: live map value.
                 let backend_id = unsafe { (*entry).backend_id };
                 // Claimed first, like every free of a closed tuple (a

@@ -19,7 +19,7 @@ use lb_common::{
 
 use crate::{
     atomic::Flags,
-    flow::{Syn, Translation, TupleSource, lookup},
+    flow::{Syn, Translation, TupleSource, lookup, past_second_quarantine},
     handover, helpers,
     maps::{CONFIG, Handover, PACKET_HANDOVER},
     packet::{Packet, load},
@@ -160,15 +160,10 @@ fn record_close<const V6: bool>(pkt: &Packet, seq: u32, ts: TsOption) {
     // A segment of a closed connection that reaches the backend restarts
     // the TIME_WAIT it may hold the tuple in (Linux reschedules the
     // timewait timer for every segment with an ACK it gets there,
-    // `tcp_timewait_state_process`): the quarantine, and so the second
-    // one after which the tuple goes by age alone, starts again with it.
-    // The closed forward entry forwards such segments 10 s after the close
-    // and longer, until the sweep removes it; the 5 s of slack above the
-    // backend's 60 s would not cover them.
-    // Only while the tuple is the data path's, within two quarantines of
-    // the close: past them the sweep frees it by that age, and a close
-    // time made young again under the sweep's decision would hand it back
-    // (see `flow::may_take_over`).
+    // `tcp_timewait_state_process`), so the quarantine starts again with
+    // it: the closed forward entry forwards such segments 10 s and more
+    // after the close, past the 5 s of slack above the backend's 60 s.
+    // Not past the second quarantine, when the tuple is the sweep's.
     if Flags::of(rev).get() & FLOW_F_CLOSED != 0
         && let Some(cfg) = CONFIG.get(0)
     {
@@ -177,9 +172,7 @@ fn record_close<const V6: bool>(pkt: &Packet, seq: u32, ts: TsOption) {
         // instruction each, and a later close time only holds the tuple
         // longer.
         let closed_at = unsafe { (&raw const (*rev).last_seen_ns).read_volatile() };
-        let (age, quarantine) = (now.saturating_sub(closed_at), cfg.snat_quarantine_ns);
-        // Two quarantines as `may_take_over` counts them (no multiplication).
-        if age <= quarantine || age - quarantine <= quarantine {
+        if !past_second_quarantine(now.saturating_sub(closed_at), cfg.snat_quarantine_ns) {
             // SAFETY: as above.
             unsafe { (&raw mut (*rev).last_seen_ns).write_volatile(now) };
         }

@@ -317,6 +317,7 @@ mod tests {
         event_loop.on_scan(&Scan::default());
         event_loop.on_check(CheckResult {
             backend: 0,
+            server: std::sync::Arc::from([0]),
             addr: "10.0.0.21:80".parse().unwrap(),
             passed: true,
             purpose: crate::pool::health::Purpose::Health,
@@ -360,6 +361,7 @@ mod tests {
         event_loop.on_scan(&Scan::default());
         event_loop.on_check(CheckResult {
             backend: 0,
+            server: std::sync::Arc::from([0]),
             addr: "10.0.0.21:80".parse().unwrap(),
             passed: false,
             purpose: crate::pool::health::Purpose::Health,

@@ -241,9 +241,8 @@ impl Runtime {
         if result.purpose == Purpose::LatencyProbe {
             return Ok(());
         }
-        let counted = result.counted(|wait| {
-            server_answered_within(&self.fleet, &self.loads, result.addr, now, wait)
-        });
+        let counted =
+            result.counted(|wait| server_answered_within(&self.loads, &result.server, now, wait));
         self.checks.entry(result.backend).or_default().add(counted);
         if counted == Counted::Busy {
             debug!(
@@ -674,21 +673,20 @@ fn flagged_held(id: u32, fresh: &[(u32, BackendScore)], index: &ScoreIndex) -> b
         .is_some_and(|(_, score)| score.flags & SCORE_FAR_ABOVE != 0)
 }
 
-/// Whether the server at `addr` answered users within `wait` before
-/// `now`, under any of its ids: a server behind several VIPs gets one
-/// check, whose timeout is judged against all its users (busy if any of
-/// them got answers, `CheckResult::counted`), so that it is not down in
-/// one VIP and up in another for one and the same check.
+/// Whether the server whose ids share one check (`server`, one per VIP it
+/// is behind: `CheckResult::server`) answered users within `wait` before
+/// `now`, under any of them: the check's timeout is judged against all its
+/// users (busy if any got answers, `CheckResult::counted`), so that it is
+/// not down in one VIP and up in another for one and the same check.
 fn server_answered_within(
-    fleet: &Fleet,
     loads: &LoadTable,
-    addr: SocketAddr,
+    server: &[u32],
     now: Nanos,
     wait: std::time::Duration,
 ) -> bool {
-    fleet
-        .ids_at(addr)
-        .any(|id| loads.answered_within(id, now, wait))
+    server
+        .iter()
+        .any(|&id| loads.answered_within(id, now, wait))
 }
 
 #[cfg(test)]
@@ -710,23 +708,30 @@ mod tests {
         let plan = Plan::new(&config);
         let start = Nanos(1_000_000_000);
         let fleet = Fleet::new(&config, &plan, start);
-        let shared: SocketAddr = "10.0.0.21:80".parse().unwrap();
-        let ids: Vec<u32> = fleet.ids_at(shared).collect();
-        assert_eq!(ids.len(), 2, "one id per VIP");
+        let id_of = |vip: &str, addr: &str| {
+            fleet
+                .find(&vip.parse().unwrap(), addr.parse().unwrap())
+                .unwrap()
+        };
+        // What the checker groups into one check (`CheckResult::server`).
+        let shared = [
+            id_of("10.0.0.100:80", "10.0.0.21:80"),
+            id_of("10.0.0.101:80", "10.0.0.21:80"),
+        ];
+        assert_ne!(shared[0], shared[1], "one id per VIP");
+        let other = [id_of("10.0.0.100:80", "10.0.0.22:80")];
         let mut loads = LoadTable::new(&plan.weights, config.estimate_params(), start);
         let now = Nanos(3_000_000_000);
         let wait = std::time::Duration::from_millis(500);
         // Users of the second VIP were answered 100 ms ago.
-        loads.answered(ids[1], 1, Nanos(2_900_000_000));
-        let other: SocketAddr = "10.0.0.22:80".parse().unwrap();
-        let busy = |addr| server_answered_within(&fleet, &loads, addr, now, wait);
-        assert!(busy(shared));
-        assert!(!busy(other), "its users got no answer");
+        loads.answered(shared[1], 1, Nanos(2_900_000_000));
+        let busy = |server: &[u32]| server_answered_within(&loads, server, now, wait);
+        assert!(busy(&shared));
+        assert!(!busy(&other), "its users got no answer");
         // Answers older than the check's wait do not count.
         assert!(!server_answered_within(
-            &fleet,
             &loads,
-            shared,
+            &shared,
             now,
             std::time::Duration::from_millis(50)
         ));

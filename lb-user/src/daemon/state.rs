@@ -15,7 +15,7 @@ use crate::{
         addr::{BackendAddr, VipAddr, Weight},
         cli::BackendCommand,
         config::Config,
-        state::{Admin, Change, RuntimeState},
+        state::{Admin, Change, Entry, RuntimeState},
     },
     surface::control::Request,
 };
@@ -80,18 +80,25 @@ impl StateKeeper {
     /// etcd's until `undrain` (README, "Operator overrides win"), across
     /// restarts as well.
     pub fn discovered_weight_overrides(&self) -> Vec<(VipAddr, SocketAddr)> {
-        self.state
-            .backends
-            .iter()
-            .filter(|e| e.weight.is_some() && e.admin != Admin::Removed)
-            .filter_map(|e| Some((e.vip.parse::<VipAddr>().ok()?, e.backend.parse().ok()?)))
-            .filter(|(vip, _)| {
+        self.kept()
+            .filter(|(_, _, e)| e.weight.is_some() && e.admin != Admin::Removed)
+            .filter(|(vip, _, _)| {
                 self.base
                     .vips
                     .iter()
                     .any(|v| v.vip == *vip && v.etcd_prefix.is_some())
             })
+            .map(|(vip, addr, _)| (vip, addr))
             .collect()
+    }
+
+    /// The state's backend entries, with their VIP and address read
+    /// (`load` dropped the entries whose addresses do not read).
+    fn kept(&self) -> impl Iterator<Item = (VipAddr, SocketAddr, &Entry)> {
+        self.state
+            .backends
+            .iter()
+            .filter_map(|e| Some((e.vip.parse().ok()?, e.backend.parse().ok()?, e)))
     }
 
     /// What the state keeps for `backend` of `vip`: drained or not, and a
@@ -99,22 +106,17 @@ impl StateKeeper {
     /// member that etcd adds (again), so an operator's drain and weight
     /// hold as they would after a restart.
     pub fn kept_for(&self, vip: &VipAddr, backend: SocketAddr) -> Option<(bool, Option<u32>)> {
-        let (vip, backend) = (vip.to_string(), backend.to_string());
-        self.state
-            .backends
-            .iter()
-            .find(|e| e.vip == vip && e.backend == backend && e.admin != Admin::Removed)
-            .map(|e| (e.admin == Admin::Draining, e.weight))
+        self.kept()
+            .find(|(v, a, e)| v == vip && *a == backend && e.admin != Admin::Removed)
+            .map(|(_, _, e)| (e.admin == Admin::Draining, e.weight))
     }
 
     /// The backends the state keeps drained (`(vip, backend)`), as they
     /// stand in the state, before a reload lays it over the new file.
     pub fn kept_drains(&self) -> Vec<(VipAddr, SocketAddr)> {
-        self.state
-            .backends
-            .iter()
-            .filter(|e| e.admin == Admin::Draining)
-            .filter_map(|e| Some((e.vip.parse().ok()?, e.backend.parse().ok()?)))
+        self.kept()
+            .filter(|(_, _, e)| e.admin == Admin::Draining)
+            .map(|(vip, addr, _)| (vip, addr))
             .collect()
     }
 

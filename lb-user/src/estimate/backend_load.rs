@@ -295,24 +295,23 @@ impl LoadTable {
     /// longer drifts towards it: neither is a latency to eject for, nor
     /// one the pool's median should be taken from.
     pub fn sampled_ewma_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
-        let load = self.loads.get(id as usize)?;
-        let last = load.latency.last_sample()?;
-        if now.since(last) > max_age {
-            return None;
-        }
-        Some(load.latency.estimate_ns(now).round() as u64)
+        let latency = self.sampled_within(id, now, max_age)?;
+        Some(latency.estimate_ns(now).round() as u64)
+    }
+
+    /// Backend `id`'s latency estimate, if users sampled it within
+    /// `max_age` of `now`.
+    fn sampled_within(&self, id: u32, now: Nanos, max_age: Duration) -> Option<&LatencyEstimate> {
+        let latency = &self.loads.get(id as usize)?.latency;
+        (now.since(latency.last_sample()?) <= max_age).then_some(latency)
     }
 
     /// The recent mean latency of backend `id` (what zones are compared
     /// by, [`LatencyEstimate::recent_mean_ns`]) if users sampled it within
     /// `max_age`: an older figure says nothing about how it would do.
     pub fn zone_latency_ns(&self, id: u32, now: Nanos, max_age: Duration) -> Option<u64> {
-        let load = self.loads.get(id as usize)?;
-        let last = load.latency.last_sample()?;
-        if now.since(last) > max_age {
-            return None;
-        }
-        Some(load.latency.recent_mean_ns()?.round() as u64)
+        let latency = self.sampled_within(id, now, max_age)?;
+        Some(latency.recent_mean_ns()?.round() as u64)
     }
 
     /// Backend `id`'s [held score](BackendLoad::held_score) (`None` if

@@ -289,16 +289,6 @@ impl Fleet {
         self.members.get(id as usize)?.as_ref()
     }
 
-    /// The ids of the server at `addr`: one per VIP it serves (they share
-    /// one health check, `pool::health`), removed ones included.
-    pub fn ids_at(&self, addr: SocketAddr) -> impl Iterator<Item = u32> + '_ {
-        self.members
-            .iter()
-            .enumerate()
-            .filter(move |(_, m)| m.as_ref().is_some_and(|m| m.addr == addr))
-            .map(|(id, _)| id as u32)
-    }
-
     /// Whether backend `id`'s users' answers of one tick, the slowest of
     /// which took `peak`, measure its latency
     /// ([`Lifecycle::measures_service`]). In a VIP's panic mode the

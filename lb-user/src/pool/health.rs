@@ -75,6 +75,10 @@ const CHECK_SPREAD: f64 = 0.25;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckResult {
     pub backend: u32,
+    /// Every id that shares this check (one server behind several VIPs,
+    /// ascending, `backend` among them): a timeout is judged against all
+    /// their users ([`CheckResult::counted`]).
+    pub server: Arc<[u32]>,
     /// The address checked: a result for an id since given to another
     /// backend is ignored.
     pub addr: SocketAddr,
@@ -400,6 +404,7 @@ async fn run(target: Target, out: mpsc::Sender<CheckResult>) {
         for &id in backends.iter() {
             let result = CheckResult {
                 backend: id,
+                server: backends.clone(),
                 addr,
                 passed,
                 purpose,
@@ -486,6 +491,7 @@ mod tests {
     fn result(passed: bool, latency: Option<ProbeSample>) -> CheckResult {
         CheckResult {
             backend: 3,
+            server: Arc::from([3]),
             addr: "10.0.0.3:80".parse().unwrap(),
             passed,
             purpose: Purpose::Health,
@@ -766,6 +772,19 @@ mod tests {
                 .await
                 .expect("four results in time")
                 .expect("a result");
+            // Each result names every id of its check: one per VIP the
+            // server is behind.
+            let want = if matches!(r.backend, 3 | 8) {
+                vec![3, 8]
+            } else {
+                vec![r.backend]
+            };
+            assert_eq!(
+                r.server.to_vec(),
+                want,
+                "ids sharing id {}'s check",
+                r.backend
+            );
             results.push((r.backend, r.addr, r.passed));
         }
         results.sort_unstable();
