@@ -144,7 +144,7 @@ fn run_balancer(args: RunArgs) -> anyhow::Result<()> {
     let (runtime_state, state_warnings) = RuntimeState::load(&state_path)?;
     let mut runtime_state = runtime_state.unwrap_or_default();
     let ifindex = iface::ifindex(&config.iface)?;
-    let snat = daemon::startup::Snat::resolve(&config)?;
+    let snat = daemon::startup::Snat::resolve(&config, &runtime_state)?;
     // Before anything is attached or adopted: a refused range leaves a
     // running instance as it is.
     sysctl::check_snat_ports(config.snat_ports, &config.instance)?;

@@ -147,3 +147,57 @@ fn udp_datagrams_of_4_kib_are_balanced_in_fragments_over_both_families() {
     assert!(packets("tx_to_client") >= 3.0 * datagrams, "{metrics}");
     assert_eq!(packets("pass_fragment"), 0.0, "{metrics}");
 }
+
+/// An IPv6 VIP added at runtime comes back after a restart whose
+/// configuration no longer lists an IPv6 VIP: the restart takes the
+/// interface's IPv6 address for SNAT again, as the run that added it did
+/// (where it dropped the VIP, "no SNAT address of its family", though
+/// nothing but the file's other VIP changed).
+#[test]
+fn an_ipv6_vip_added_at_runtime_survives_a_restart_whose_file_has_no_ipv6_vip() {
+    lb_lab::require_root!();
+    let lab = Lab::builder(Binaries::for_tests())
+        .backends(2, BackendSpec::new(2, 8))
+        .build()
+        .unwrap();
+    let tcp6 = SocketAddr::from((VIP_ADDR6, VIP_TCP_PORT));
+    let mut spec = lab.balancer_spec(Algorithm::P2cEwma, XdpMode::Native);
+    spec.vips.truncate(1); // the IPv4 TCP VIP
+    let v4_only = spec.clone();
+    let backends6: Vec<_> = lab.backends().iter().map(|b| (b.addr6(), 1)).collect();
+    spec.vips
+        .push(VipSpec::new(tcp6, VipProtocol::Tcp, backends6));
+    let first = lab.start_balancer(&spec).unwrap();
+    let added6 = SocketAddr::from((VIP_ADDR6, 81));
+    let added_arg = format!("{added6}/tcp");
+    let backend_args: Vec<String> = lab
+        .backends()
+        .iter()
+        .flat_map(|b| ["--backend".to_string(), b.addr6().to_string()])
+        .collect();
+    let mut args = vec!["add", "--vip", added_arg.as_str()];
+    args.extend(backend_args.iter().map(String::as_str));
+    let added = lab.vip_command(&args);
+    assert!(added.contains("added"), "{added}");
+    let client = lab.client().ns.clone();
+    let before = probe::http(&client, added6, "/echo", b"added at runtime").unwrap();
+    assert_eq!(before.body, b"added at runtime");
+
+    assert!(
+        lab.stop_balancer(first, nix::sys::signal::Signal::SIGTERM)
+            .unwrap()
+            .success()
+    );
+    // The file's IPv6 VIP is gone; the one added at runtime is kept.
+    let _second = lab.start_balancer(&v4_only).unwrap();
+    let status = lab.status().unwrap();
+    assert!(
+        status.vip(&added6.to_string()).is_some(),
+        "the IPv6 VIP added at runtime was dropped by the restart"
+    );
+    assert!(status.vip(&tcp6.to_string()).is_none());
+    let after = probe::http(&client, added6, "/echo", b"after the restart").unwrap();
+    assert_eq!(after.body, b"after the restart");
+    let v4 = probe::http(&client, lab.tcp_vip(), "/echo", b"v4").unwrap();
+    assert_eq!(v4.body, b"v4");
+}

@@ -57,14 +57,33 @@ impl Snat {
     /// The configured pools, or the interface's address for the families
     /// of the VIPs, which must meet the rules the configuration's VIPs and
     /// backends are held to against a configured pool ([`Self::check`]).
-    pub fn resolve(config: &Config) -> anyhow::Result<Self> {
+    ///
+    /// A family only VIPs added at runtime (kept in `kept`) have gets the
+    /// interface's address too, as the run that added them had it: else
+    /// the restart would drop them (`drop_refused_state`), though nothing
+    /// changed. Where the interface has no usable address of that family,
+    /// the pool stays empty and those VIPs are dropped with a warning; the
+    /// start does not fail for them.
+    pub fn resolve(config: &Config, kept: &RuntimeState) -> anyhow::Result<Self> {
         let has = |v6: bool| config.vips.iter().any(|v| v.vip.addr.is_ipv6() == v6);
+        let kept_has = |v6: bool| kept.added_vip_families().any(|f| f == v6);
+        let usable = |ip: IpAddr| config::not_a_host(ip).is_none();
         let v4 = match config.snat_ip.as_slice() {
             [] if has(false) => vec![iface::primary_ipv4(&config.iface)?],
+            [] if kept_has(false) => iface::primary_ipv4(&config.iface)
+                .ok()
+                .filter(|ip| usable(IpAddr::V4(*ip)))
+                .into_iter()
+                .collect(),
             pool => pool.to_vec(),
         };
         let v6 = match config.snat_ip6.as_slice() {
             [] if has(true) => vec![iface::global_ipv6(&config.iface)?],
+            [] if kept_has(true) => iface::global_ipv6(&config.iface)
+                .ok()
+                .filter(|ip| usable(IpAddr::V6(*ip)))
+                .into_iter()
+                .collect(),
             pool => pool.to_vec(),
         };
         let snat = Self {

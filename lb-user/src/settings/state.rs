@@ -228,6 +228,16 @@ fn discovered_source(prefix: &str) -> String {
 }
 
 impl RuntimeState {
+    /// The family of each VIP added at runtime (`true`: IPv6), for the
+    /// SNAT pools a restart takes (`Snat::resolve`).
+    pub fn added_vip_families(&self) -> impl Iterator<Item = bool> + '_ {
+        self.vips
+            .iter()
+            .filter(|e| e.added.is_some())
+            .filter_map(|e| e.vip.parse::<VipAddr>().ok())
+            .map(|vip| vip.addr.is_ipv6())
+    }
+
     /// Reads the state file (`None` when there is none), with a warning
     /// for each entry it dropped, for the caller to log: it is read before
     /// the log is set up, so that a file that cannot be used stops the
