@@ -182,10 +182,23 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
     // packet's flow in the direction the error travels (see parse::icmp).
     let key = pkt.flow_key();
     if parsed == Parsed::IcmpError {
-        return Ok(match flow::lookup::<V6>(key) {
-            Some(entry) => Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)),
-            None => not_ours,
-        });
+        let Some(entry) = flow::lookup::<V6>(key) else {
+            return Ok(not_ours);
+        };
+        // An error about a closed connection's SNAT tuple, whose client
+        // tuple a newer connection took, would land in that connection
+        // (a hard error while its connect is pending): dropped, as the
+        // old connection's late replies are (see `reply_of_replaced`; the
+        // parser wrote the quote's tuple as the reply packet's own).
+        // SAFETY: live map value; direction and flags are plain loads.
+        let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
+        if direction == DIR_TO_CLIENT
+            && flags & FLOW_F_CLOSED != 0
+            && reply_of_replaced::<V6>(pkt, entry)
+        {
+            return Err(reason::DROP_SNAT_NO_FLOW);
+        }
+        return Ok(Verdict::from_raw(nat::icmp::translate(ctx(), pkt, entry)));
     }
     // A frame the fast path found no flow for is not looked up again.
     let found = if known_no_flow {
@@ -498,7 +511,8 @@ fn forward_known<const V6: bool>(
 /// it is dropped instead, counted with the other late replies
 /// (`drop_snat_no_flow`).
 ///
-/// A BPF function of its own, called from `lb_xdp` before `to_client`:
+/// A BPF function of its own, called from `lb_xdp` before `to_client` (and
+/// before an ICMP error about the entry is translated):
 /// inlined into the reply path, the verifier walked the rest of that path
 /// once more for each of its outcomes (about 66k instructions), and under
 /// `to_client` its key overflowed the 512-byte stack.

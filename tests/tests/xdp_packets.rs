@@ -1074,6 +1074,53 @@ fn case_reply_after_tuple_reuse_leaves_the_new_connection_alone(lb: &mut Lb) {
     assert_eq!(new_fwd.flags & FLOW_F_REQUEST_PENDING, 0);
 }
 
+/// An ICMP error about the SNAT tuple of a connection whose client tuple a
+/// newer connection took (here: the backend's port unreachable for the old
+/// connection's last segment) names the old reply entry, which translates
+/// to the client tuple the new connection now holds. Sent on, it would be
+/// an error about the new connection (a hard error while its connect is
+/// pending): it is dropped, counted with the other late replies. An error
+/// about the new connection's tuple still reaches the client.
+fn case_icmp_error_about_a_replaced_connection_dropped(lb: &mut Lb) {
+    use lb_lab::xdp::packet::{IPPROTO_ICMP, checksum};
+    const DEST_UNREACH: u8 = 3;
+    const PORT_UNREACH: u8 = 3;
+    /// The backend's port unreachable about `sent`, a packet the balancer
+    /// sent it: the IP header and 8 bytes of the segment quoted.
+    fn unreachable_about(sent: &Pkt) -> Pkt {
+        let frame = sent.build();
+        let mut body = vec![DEST_UNREACH, PORT_UNREACH, 0, 0, 0, 0, 0, 0];
+        body.extend_from_slice(&frame[sent.l3_offset()..sent.l4_offset() + 8]);
+        let sum = checksum(&[&body]);
+        body[2..4].copy_from_slice(&sum.to_be_bytes());
+        Pkt::raw(backend_addr(0), SNAT, IPPROTO_ICMP, &body).macs(LB_MAC, backend_mac(0))
+    }
+    let sent_to_backend =
+        |snat_port: u16| Pkt::tcp((SNAT, snat_port), (backend_addr(0), BACKEND_PORT), TCP_ACK);
+    let old_port = open_tcp(lb);
+    let rst = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_RST);
+    assert_eq!(lb.run(&rst.build()).0, XDP_TX);
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    let new_fwd = lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT);
+    let new_port = u16::from_be(new_fwd.new_sport);
+    assert_ne!(new_port, old_port);
+    let late_before = lb.reason(reason::DROP_SNAT_NO_FLOW);
+    let about_old = unreachable_about(&sent_to_backend(old_port));
+    assert_eq!(
+        lb.run(&about_old.build()).0,
+        XDP_DROP,
+        "an error about the old connection reached the new one: {:?}",
+        lb.reasons()
+    );
+    assert_eq!(lb.reason(reason::DROP_SNAT_NO_FLOW), late_before + 1);
+    assert_eq!(lb.forward_entry(IPPROTO_TCP, HTTP, CLIENT_PORT), new_fwd);
+    let tx_before = lb.reason(reason::TX_TO_CLIENT);
+    let about_new = unreachable_about(&sent_to_backend(new_port));
+    assert_eq!(lb.run(&about_new.build()).0, XDP_TX);
+    assert_eq!(lb.reason(reason::TX_TO_CLIENT), tx_before + 1);
+}
+
 /// SNAT tuples are handed out per backend, so the client's new connection
 /// on a reused client tuple can hold the old connection's SNAT address and
 /// port towards another backend. The old backend's late packets answer
@@ -2486,6 +2533,10 @@ const CASES: &[Case] = &[
     (
         "late reply of another backend on the same snat tuple dropped",
         case_late_reply_of_another_backend_on_the_same_snat_tuple_dropped,
+    ),
+    (
+        "icmp error about a replaced connection dropped",
+        case_icmp_error_about_a_replaced_connection_dropped,
     ),
     (
         "reply next hop cached per flow",
