@@ -91,6 +91,7 @@ impl Runtime {
                     .weight
                     .ok_or_else(|| anyhow::anyhow!("weight needs a weight"))?;
                 let weight = Weight::new(u64::from(weight))?;
+                fleet.check_not_removed(&vip, backend.addr)?;
                 fleet.set_weight(&vip, backend.addr, weight.get(), now)?
             }
         };

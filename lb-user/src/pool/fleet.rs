@@ -551,6 +551,24 @@ impl Fleet {
         Ok(id)
     }
 
+    /// Refuses an operator's change to `backend` of `vip` if it was
+    /// removed (it only drains its last flows): re-weighting it would be
+    /// recorded and answered "done" for a backend no new flow can reach,
+    /// as its drain or undrain is refused (`set_admin`).
+    pub fn check_not_removed(&self, vip: &VipAddr, backend: SocketAddr) -> Result<(), FleetError> {
+        let id = self.find(vip, backend)?;
+        if self
+            .member(id)
+            .is_some_and(|m| m.life.admin() == Admin::Removed)
+        {
+            return Err(FleetError::NoBackend {
+                vip: vip.to_string(),
+                backend: backend.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses to remove `backend` if it is the last backend `vip` has
     /// (not counting removed ones): an operator's removal that the state
     /// file's overlay would undo at the next restart or reload (a VIP
@@ -1532,6 +1550,23 @@ mod tests {
             .unwrap();
         assert_eq!(f.free_drained(&[0; 5], 12, 12), Vec::<u32>::new());
         assert_eq!(f.free_drained(&[0; 5], 13, 13), [again]);
+    }
+
+    #[test]
+    fn a_removed_backend_cannot_be_re_weighted() {
+        let (mut f, vip) = fleet(&[]);
+        let now = Nanos(2 * SEC);
+        let b = addr("10.0.0.21:80");
+        assert_eq!(f.check_not_removed(&vip, b), Ok(()));
+        f.set_admin(&vip, b, Admin::Removed, now).unwrap();
+        assert_eq!(
+            f.check_not_removed(&vip, b),
+            Err(FleetError::NoBackend {
+                vip: vip.to_string(),
+                backend: b.to_string()
+            })
+        );
+        assert!(f.check_not_removed(&vip, addr("10.9.9.9:1")).is_err());
     }
 
     #[test]
