@@ -1010,6 +1010,27 @@ pub fn not_a_host(addr: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// The count limits a configuration's VIPs `vips` are held to (VIPs,
+/// Maglev VIPs, backends in total and in each VIP), for what the runtime
+/// state lays over a file that passed them on its own
+/// (`RuntimeState::overlay`).
+pub fn check_limits<'a>(vips: impl IntoIterator<Item = &'a VipConfig>) -> Result<(), ConfigError> {
+    let (mut count, mut total, mut maglev) = (0, 0, 0);
+    for v in vips {
+        count += 1;
+        total += v.backends.len();
+        maglev += usize::from(v.algorithm == Algorithm::Maglev);
+        check_count(
+            "backends in one VIP",
+            v.backends.len(),
+            MAX_BACKENDS_PER_VIP,
+        )?;
+    }
+    check_count("VIPs", count, MAX_VIPS)?;
+    check_count("backends in total", total, MAX_BACKENDS)?;
+    check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)
+}
+
 fn check_count(what: &'static str, count: usize, max: u32) -> Result<(), ConfigError> {
     if count > max as usize {
         return Err(ConfigError::TooMany { what, count, max });

@@ -35,6 +35,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use lb_common::{MAX_BACKENDS, MAX_BACKENDS_PER_VIP};
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{
@@ -42,8 +43,8 @@ use crate::settings::{
     addr::{AddrError, BackendAddr, VipAddr, Weight, refuse_scope_id},
     algorithm::parse_algorithm,
     config::{
-        Config, VipConfig, check_backend, check_backend_snat, check_backends, check_snat,
-        check_snat_family,
+        Config, VipConfig, check_backend, check_backend_snat, check_backends, check_limits,
+        check_snat, check_snat_family,
     },
     ports::PortRange,
     zone::{ZoneName, ZoneSettings},
@@ -421,10 +422,23 @@ impl RuntimeState {
             let at = config.vips.iter().position(|v| v.vip == vip);
             match (&e.added, at) {
                 (Some(added), at) => match added.config(vip, &base.zones) {
-                    Ok(v) => match at {
-                        Some(i) => config.vips[i] = v,
-                        None => config.vips.push(v),
-                    },
+                    Ok(v) => {
+                        // The file may have grown since: a VIP it no longer
+                        // has room for is dropped, not laid over into a
+                        // start the kernel's maps would refuse.
+                        let others = config.vips.iter().enumerate();
+                        let after = others.filter(|&(i, _)| Some(i) != at).map(|(_, o)| o);
+                        if let Err(err) = check_limits(after.chain([&v])) {
+                            notes.push(format!(
+                                "VIP {vip} added at runtime is dropped: with it the configuration would have {err}"
+                            ));
+                            return false;
+                        }
+                        match at {
+                            Some(i) => config.vips[i] = v,
+                            None => config.vips.push(v),
+                        }
+                    }
                     Err(err) => {
                         notes.push(format!("VIP {vip}: {err}"));
                         return false;
@@ -463,6 +477,7 @@ impl RuntimeState {
                 ));
                 return false;
             }
+            let total: usize = config.vips.iter().map(|v| v.backends.len()).sum();
             let Some(v) = config.vips.iter_mut().find(|v| v.vip == vip) else {
                 notes.push(format!("VIP {vip} is not configured: its runtime changes are dropped"));
                 return false;
@@ -479,11 +494,28 @@ impl RuntimeState {
             match (e.admin, at) {
                 (Admin::Removed, Some(_)) => backend_removals.push((vip, addr)),
                 (Admin::Removed, None) => {}
-                (_, None) => v.backends.push(BackendAddr {
-                    addr,
-                    weight: weight.unwrap_or(Weight::DEFAULT),
-                    zone: e.zone,
-                }),
+                (_, None) => {
+                    // As for a VIP: the file may have taken the room since.
+                    let full = if v.backends.len() >= MAX_BACKENDS_PER_VIP as usize {
+                        Some(("backends in one VIP", v.backends.len(), MAX_BACKENDS_PER_VIP))
+                    } else if total >= MAX_BACKENDS as usize {
+                        Some(("backends in total", total, MAX_BACKENDS))
+                    } else {
+                        None
+                    };
+                    if let Some((what, count, max)) = full {
+                        notes.push(format!(
+                            "backend {addr} of VIP {vip} added at runtime is dropped: with it the configuration would have {}",
+                            ConfigError::TooMany { what, count: count + 1, max }
+                        ));
+                        return false;
+                    }
+                    v.backends.push(BackendAddr {
+                        addr,
+                        weight: weight.unwrap_or(Weight::DEFAULT),
+                        zone: e.zone,
+                    });
+                }
                 (_, Some(i)) => {
                     if let Some(w) = weight {
                         v.backends[i].weight = w;
@@ -697,6 +729,79 @@ mod tests {
 
     fn backends(c: &Config) -> Vec<String> {
         c.vips[0].backends.iter().map(|b| b.to_string()).collect()
+    }
+
+    /// A file that grew to its limits since a VIP or backend was added at
+    /// runtime leaves no room for it: the entry is dropped with a note, and
+    /// what is laid over still passes the limits (else the start would fail
+    /// when the kernel's maps refuse the extra Maglev table or backend).
+    #[test]
+    fn runtime_additions_the_file_left_no_room_for_are_dropped() {
+        let mut base = config(&["10.0.0.21:80"]);
+        base.vips[0].algorithm = lb_common::Algorithm::Maglev;
+        for i in 1..lb_common::MAX_MAGLEV_TABLES {
+            let mut v = base.vips[0].clone();
+            v.vip = format!("10.0.0.{}:80", 100 + i).parse().unwrap();
+            base.vips.push(v);
+        }
+        // The first VIP fills up to the per-VIP limit.
+        base.vips[0].backends = (0..MAX_BACKENDS_PER_VIP)
+            .map(|i| {
+                format!("10.1.{}.{}:80", i / 200, 1 + i % 200)
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        base.validate_vips().unwrap();
+        let mut state = RuntimeState::default();
+        let maglev = AddedVip {
+            algorithm: "maglev".into(),
+            backends: vec!["10.0.0.31:80@1".into()],
+        };
+        let extra: VipAddr = "10.0.0.200:80".parse().unwrap();
+        // Recorded against a file that had room for it.
+        let mut smaller = base.clone();
+        smaller.vips.pop();
+        state.record_vip_added(&smaller, &maglev.config(extra, &base.zones).unwrap());
+        let first = base.vips[0].vip;
+        state.record(
+            &base,
+            &first,
+            addr("10.0.0.41:80"),
+            Change::Add(Weight::DEFAULT, None),
+        );
+        let mut effective = base.clone();
+        let (_, notes) = state.overlay(&mut effective);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].contains("VIP 10.0.0.200:80/tcp added at runtime is dropped")
+                && notes[0].contains("too many VIPs using maglev: 9 (at most 8)"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[1].contains("backend 10.0.0.41:80")
+                && notes[1].contains("too many backends in one VIP: 1025 (at most 1024)"),
+            "{notes:?}"
+        );
+        assert_eq!(effective, base);
+        effective.validate_vips().unwrap();
+        // With room, both are laid over.
+        let mut roomy = base.clone();
+        roomy.vips.pop();
+        roomy.vips[0].backends.pop();
+        let mut effective = roomy.clone();
+        let mut state = RuntimeState::default();
+        state.record_vip_added(&roomy, &maglev.config(extra, &base.zones).unwrap());
+        state.record(
+            &roomy,
+            &first,
+            addr("10.0.0.41:80"),
+            Change::Add(Weight::DEFAULT, None),
+        );
+        let (_, notes) = state.overlay(&mut effective);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(effective.vips.len(), roomy.vips.len() + 1);
+        effective.validate_vips().unwrap();
     }
 
     #[test]
