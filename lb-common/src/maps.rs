@@ -811,7 +811,8 @@ pub struct SweepStats {
     pub runs: u64,
     /// Entries (both directions) the last sweep walked.
     pub entries: u64,
-    /// Open flows closed for idleness (monotonic).
+    /// Open flows closed for idleness, and UDP flows closed because their
+    /// backend is down (monotonic).
     pub expired_idle: u64,
     /// TCP flows closed because the SYN got no SYN-ACK in time.
     pub expired_syn: u64,

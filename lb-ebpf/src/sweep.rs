@@ -10,8 +10,9 @@
 //! - forward entry, closed: removed `closed_linger_ns` after the close;
 //! - forward entry, open: a SYN unanswered for `syn_timeout_ns` is closed as
 //!   refused (a ring event), a flow idle past its protocol's timeout as
-//!   idle (only counted); a forward entry without its reply entry is an
-//!   orphan. Each is counted closed, its reply stamped closed, and it is
+//!   idle (only counted), and so is a UDP flow whose backend is down by
+//!   its health checks (see [`backend_down`]); a forward entry without its
+//!   reply entry is an orphan. Each is counted closed, its reply stamped closed, and it is
 //!   removed;
 //! - reply entry, closed: removed, and its SNAT tuple freed, two
 //!   `snat_quarantine_ns` after the close (the quarantine is the backend's
@@ -53,8 +54,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN, FLOW_F_TW_SEEN,
-    FlowEntry, FlowKey, FlowKeyV4, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT, SweepStats,
+    BACKEND_DOWN, DIR_TO_CLIENT, EVENT_REFUSED, FLOW_F_CLOSED, FLOW_F_SYNACK_SEEN, FLOW_F_TAKEN,
+    FLOW_F_TW_SEEN, FlowEntry, FlowKey, FlowKeyV4, IPPROTO_TCP, IPPROTO_UDP, SWEEP_LIGHT,
+    SweepStats,
 };
 
 use crate::{
@@ -65,7 +67,7 @@ use crate::{
         stamp_closed,
     },
     helpers::now,
-    maps::{CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
+    maps::{BACKENDS, CONFIG, FLOWS, FLOWS4, SWEEP_STATS},
     track::{close_counted, count_closed, forward_key_of},
 };
 
@@ -237,12 +239,11 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     let syn_expired = key.proto == IPPROTO_TCP
         && flags & FLOW_F_SYNACK_SEEN == 0
         && walk.now.saturating_sub(created) > walk.syn_timeout_ns;
-    let idle_expired = age
-        > if key.proto == IPPROTO_UDP {
-            walk.udp_idle_ns
-        } else {
-            walk.tcp_idle_ns
-        };
+    let idle_expired = if key.proto == IPPROTO_UDP {
+        age > walk.udp_idle_ns || backend_down(unsafe { (*entry).backend_id })
+    } else {
+        age > walk.tcp_idle_ns
+    };
     // A live flow in a light pass: no lookup (most of a pass's cost on a
     // large table is these lookups).
     if !walk.check_pairs && !syn_expired && !idle_expired {
@@ -284,6 +285,19 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
 
 /// Claims the closed forward entry `entry` for removal ([`FLOW_F_TAKEN`]);
 /// false if a SYN replacing it (or an earlier pass) has.
+/// Whether backend `id` is down by its health checks. A UDP flow on it
+/// is closed as if idle: a sender with a fixed port (syslog, RADIUS, SIP)
+/// never goes quiet, so its flow would stay on the dead backend for good,
+/// where a TCP client reconnects from another port. Its next datagram is
+/// balanced again. A UDP flow on a draining backend is kept (a drain lets
+/// flows finish), and so is one on an ejected backend (perhaps only slow,
+/// where a session protocol such as QUIC keeps its state at the backend),
+/// and every TCP flow (moved, it would only be reset).
+#[inline(always)]
+fn backend_down(id: u32) -> bool {
+    BACKENDS.get(id).is_some_and(|b| b.state == BACKEND_DOWN)
+}
+
 #[inline(always)]
 fn claim_forward(entry: *mut FlowEntry) -> bool {
     Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0

@@ -9,7 +9,7 @@
 //! program) inside a fresh network namespace, where `bpf_fib_lookup` finds no
 //! routes, so next hops come from the `NEIGHBOURS` map deterministically.
 use lb_common::{
-    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, BACKEND_EJECTED,
+    AF_INET, AF_INET6, Algorithm, BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, BACKEND_EJECTED,
     BACKEND_HOP_JIFFIES, BackendConns, BackendHop, BackendPending, CLOSE_BACKEND_RST,
     DIR_TO_BACKEND, DIR_TO_CLIENT, EVENT_CLOSED, EVENT_REFUSED, FLOOR_FLOW_WAYS,
     FLOOR_FLOW_WAYS_MAP, FLOOR_REPLY_WAYS_MAP, FLOOR_WAY_CLAIMED, FLOW_ESTABLISHED, FLOW_F_CLOSED,
@@ -459,6 +459,51 @@ fn case_syn_retransmitted_past_the_timeout_is_refused_and_balanced_again(lb: &mu
     assert_eq!((stats.expired_syn, stats.orphans), (0, 0));
     assert!(lb.events().is_empty());
     assert_eq!(lb.conns(0).closed, 1);
+}
+
+/// A UDP flow whose backend went down by its health checks is closed by
+/// the next sweep, so the sender's next datagram from the same port is
+/// balanced again (a fixed-port sender never idles out). A draining or
+/// ejected backend keeps its UDP flows, and a down one its TCP flows.
+fn case_a_udp_flow_leaves_a_backend_that_went_down(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    let datagram = Pkt::udp((CLIENT, CLIENT_PORT), (VIP, DNS)).payload(b"log line");
+    assert_eq!(lb.run(&datagram.build()).0, XDP_TX);
+    assert_eq!(
+        lb.forward_entry(IPPROTO_UDP, DNS, CLIENT_PORT).backend_id,
+        0
+    );
+    lb.backend(1, BACKEND_ACTIVE);
+    lb.vip(1, DNS, IPPROTO_UDP, Algorithm::P2cEwma, 0, &[0, 1]);
+    for kept in [BACKEND_DRAINING, BACKEND_EJECTED] {
+        lb.backend(0, kept);
+        let stats = lb.sweep();
+        assert_eq!((stats.expired_idle, stats.removed), (0, 0), "state {kept}");
+        assert_eq!(
+            lb.forward_entry(IPPROTO_UDP, DNS, CLIENT_PORT).backend_id,
+            0
+        );
+    }
+    lb.backend(0, BACKEND_DOWN);
+    let stats = lb.sweep();
+    assert_eq!(stats.expired_idle, 1, "{stats:?}");
+    assert!(
+        lb.flow(&key(IPPROTO_UDP, (CLIENT, CLIENT_PORT), (VIP, DNS)))
+            .is_none(),
+        "the UDP flow stayed on the down backend"
+    );
+    assert!(
+        reply_entry(lb, snat_port).is_some_and(|r| r.flags & FLOW_F_CLOSED == 0),
+        "the TCP connection to the down backend is kept"
+    );
+    assert!(lb.events().is_empty(), "an expiry is counted, no event");
+    let (action, out) = lb.run(&datagram.build());
+    assert_eq!(action, XDP_TX);
+    assert_eq!(
+        lb.forward_entry(IPPROTO_UDP, DNS, CLIENT_PORT).backend_id,
+        1
+    );
+    assert_eq!(&out[0..6], &backend_mac(1), "sent to backend 1");
 }
 
 fn case_sweep_leaves_live_flows(lb: &mut Lb) {
@@ -2543,6 +2588,10 @@ const CASES: &[Case] = &[
         case_reply_next_hop_cached_per_flow,
     ),
     ("udp both ways", case_udp_both_ways),
+    (
+        "a udp flow leaves a backend that went down",
+        case_a_udp_flow_leaves_a_backend_that_went_down,
+    ),
     ("non-vip traffic passes", case_non_vip_passes),
     ("vlan tag kept", case_vlan_tag_kept),
     ("ipv4 options", case_ip_options),
