@@ -434,6 +434,90 @@ fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     assert!(served_after > 0, "the backend never came back");
 }
 
+/// A backend down by its health checks when lb-user is killed and started
+/// again (the documented upgrade) starts down: no new connection reaches it
+/// until it passes its checks again. Started up, it took its share until
+/// its checks failed anew (`fall` × the interval, 2 s here).
+#[test]
+fn a_backend_down_before_a_restart_stays_down_until_it_passes_its_checks() {
+    require_root!();
+    let lab = Fault::new("down-restart", 3);
+    let extra = [
+        "--health-check",
+        "tcp",
+        "--health-interval",
+        "1s",
+        "--health-timeout",
+        "500ms",
+        "--health-fall",
+        "2",
+        "--health-rise",
+        "2",
+        "--slow-start",
+        "0s",
+    ];
+    let first = lab.start(&[0, 1, 2], &extra);
+    let state = |lab: &Lab| backend_status(&lab.status().unwrap(), lab, 2).map(|b| b.state);
+    // The server refuses (RST) while its host stays reachable (its MAC
+    // resolves at the restart, as a crashed service's would).
+    let backend = lab.backends()[2].host.ns.clone();
+    let service_port = lab.backends()[2].addr().port().to_string();
+    let nft = |args: &[&str]| {
+        let mut argv = vec!["nft"];
+        argv.extend_from_slice(args);
+        lab.exec_ok(&backend, &argv).unwrap();
+    };
+    nft(&["add", "table", "inet", "lbdown"]);
+    nft(&[
+        "add",
+        "chain",
+        "inet",
+        "lbdown",
+        "input",
+        "{ type filter hook input priority 0; }",
+    ]);
+    nft(&[
+        "add",
+        "rule",
+        "inet",
+        "lbdown",
+        "input",
+        "tcp",
+        "dport",
+        &service_port,
+        "reject",
+        "with",
+        "tcp",
+        "reset",
+    ]);
+    wait_for(
+        "the refusing backend to go down",
+        Duration::from_secs(10),
+        || state(&lab).as_deref() == Some("down"),
+    );
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+    let _second = lab.start(&[0, 1, 2], &extra);
+    assert_eq!(
+        state(&lab).as_deref(),
+        Some("down"),
+        "the restart put the down backend back in service"
+    );
+    let before = opened(&lab, 2);
+    let run = lab.measure(lab.load(100.0, 1.5, 2_000));
+    lab.report(&run, "right after the restart");
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert_eq!(
+        opened(&lab, 2),
+        before,
+        "a connection reached the down backend"
+    );
+    // Serving again: back by its checks.
+    nft(&["delete", "table", "inet", "lbdown"]);
+    wait_for("the backend to be back", Duration::from_secs(10), || {
+        state(&lab).as_deref() == Some("active")
+    });
+}
+
 #[test]
 fn cold_backend_added_at_runtime_ramps_up_under_slow_start() {
     require_root!();

@@ -230,7 +230,11 @@ impl Fleet {
                         addr: b.addr,
                         vip: index,
                         zone: b.zone,
-                        life: Lifecycle::new(id, b.weight.get(), now),
+                        life: if plan.down.contains(&id) {
+                            Lifecycle::down_before_restart(id, b.weight.get(), now)
+                        } else {
+                            Lifecycle::new(id, b.weight.get(), now)
+                        },
                         outlier: Detector::default(),
                     });
                 }

@@ -95,6 +95,21 @@ impl Lifecycle {
         }
     }
 
+    /// A backend the previous process had down by its health checks
+    /// (`Plan::down`): down until it passes `rise` checks, then back
+    /// through slow start, as without the restart.
+    pub fn down_before_restart(id: u32, weight: u32, now: Nanos) -> Self {
+        info!(
+            backend = id,
+            "backend was down before the restart: down until it passes its health checks"
+        );
+        Self {
+            healthy: false,
+            last_state: State::Down,
+            ..Self::new(id, weight, now)
+        }
+    }
+
     /// A backend added at runtime: starts its slow-start ramp now.
     pub fn added(id: u32, weight: u32, now: Nanos) -> Self {
         Self {

@@ -14,7 +14,7 @@
 use std::{collections::BTreeSet, net::SocketAddr};
 
 use lb_common::{
-    Algorithm, BACKEND_ACTIVE, BACKEND_DRAINING, Backend, MAX_BACKENDS_PER_VIP,
+    Algorithm, BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, Backend, MAX_BACKENDS_PER_VIP,
     VIP_F_SOURCE_AFFINITY, VipKey, VipMeta,
 };
 
@@ -65,6 +65,12 @@ pub struct Plan {
     /// the file): their flows go on (an established flow is translated by
     /// its entry alone), so the ids stay reserved until those end.
     pub orphaned: Vec<u32>,
+    /// Backends the previous process had down by their health checks, kept
+    /// in their VIP with a health check still: they start down, and come
+    /// back by passing their checks (`rise` of them), as they would have
+    /// without the restart. Started up, each would take its share of new
+    /// connections until its checks failed again (`fall` × the interval).
+    pub down: BTreeSet<u32>,
 }
 
 /// What a previous instance left in the pinned maps (nothing on a fresh
@@ -225,11 +231,24 @@ impl Plan {
         let mut backends = vec![Backend::default(); len];
         let mut weights = vec![Weight::DEFAULT; len];
         let mut vips = Vec::with_capacity(keys.len());
+        let was_down = |id: u32| {
+            previous
+                .backends
+                .iter()
+                .any(|(i, entry)| *i == id && entry.state == BACKEND_DOWN)
+        };
+        let mut down = BTreeSet::new();
         for (i, v) in config.vips.iter().enumerate() {
             for (&id, b) in chosen[i].iter().zip(&v.backends) {
                 weights[id as usize] = b.weight;
+                let state = if v.health.is_some() && matched.contains(&id) && was_down(id) {
+                    down.insert(id);
+                    BACKEND_DOWN
+                } else {
+                    BACKEND_ACTIVE
+                };
                 backends[id as usize] =
-                    wire::backend_entry(b.addr, vip_id[i], b.weight.get(), BACKEND_ACTIVE);
+                    wire::backend_entry(b.addr, vip_id[i], b.weight.get(), state);
             }
             vips.push(PlannedVip {
                 key: keys[i],
@@ -260,6 +279,7 @@ impl Plan {
             weights,
             draining,
             orphaned,
+            down,
         }
     }
 }
@@ -408,6 +428,55 @@ mod tests {
             .copied()
             .find(|&id| same_server(&plan.backends[id as usize], addr));
         found.unwrap()
+    }
+
+    /// A backend down by its health checks when the previous process
+    /// stopped starts down (in the kernel and in its lifecycle) and comes
+    /// back by passing `rise` checks; without a health check now, nothing
+    /// would bring it back, so it starts active.
+    #[test]
+    fn a_backend_down_before_a_restart_starts_down_while_it_has_a_health_check() {
+        use crate::{
+            kernel::clock::Nanos,
+            pool::{fleet::Fleet, lifecycle::State},
+        };
+        let with_check = |check: bool| {
+            let mut argv = vec!["--iface", "eth0", "--vip", "10.0.0.100:80"];
+            argv.extend(["--backend", "10.0.0.21:80", "--backend", "10.0.0.22:80"]);
+            if check {
+                argv.extend(["--health-check", "tcp", "--health-rise", "2"]);
+            }
+            Config::of(&argv, "")
+        };
+        let config = with_check(true);
+        let first = Plan::new(&config);
+        let mut previous = left_by(&first);
+        let down = first.vips[0].slots[1];
+        for (id, entry) in &mut previous.backends {
+            if *id == down {
+                entry.state = BACKEND_DOWN;
+            }
+        }
+        let second = Plan::adopting(&config, &previous);
+        assert_eq!(second.down, BTreeSet::from([down]));
+        assert_eq!(second.backends[down as usize].state, BACKEND_DOWN);
+        let up = first.vips[0].slots[0];
+        assert_eq!(second.backends[up as usize].state, BACKEND_ACTIVE);
+        let now = Nanos(1_000_000_000);
+        let mut fleet = Fleet::new(&config, &second, now);
+        let params = fleet.vips[0].params;
+        let life = &mut fleet.members[down as usize].as_mut().unwrap().life;
+        assert_eq!(life.state(now), State::Down);
+        assert!(!life.check_result(true, now, &params), "one pass of two");
+        assert!(life.check_result(true, now, &params));
+        assert_ne!(life.state(now), State::Down);
+        let life = &fleet.members[up as usize].as_ref().unwrap().life;
+        assert_ne!(life.state(now), State::Down);
+
+        let unchecked = with_check(false);
+        let third = Plan::adopting(&unchecked, &previous);
+        assert!(third.down.is_empty());
+        assert_eq!(third.backends[down as usize].state, BACKEND_ACTIVE);
     }
 
     #[test]
