@@ -695,6 +695,9 @@ impl Fleet {
             info!(%vip, zone_aware, "reload changed the VIP's zone-aware routing");
             self.vips[index].zone_aware = zone_aware;
         }
+        // New backends that found no room: as many of the backends the file
+        // no longer has stay in service (below).
+        let mut unplaced = 0;
         for b in &v.backends {
             match self.find(&vip, b.addr) {
                 Ok(id) => {
@@ -708,6 +711,9 @@ impl Fleet {
                 }
                 Err(_) => {
                     if let Err(e) = self.add(&vip, *b, now) {
+                        if matches!(e, FleetError::VipFull(_) | FleetError::Full) {
+                            unplaced += 1;
+                        }
                         notes.push(e.to_string());
                     }
                 }
@@ -721,7 +727,20 @@ impl Fleet {
             .map(|m| m.addr)
             .filter(|addr| !v.backends.iter().any(|b| b.addr == *addr))
             .collect();
-        for addr in gone {
+        // A removed backend holds its place until its flows end, so a file
+        // that replaces many backends at once may find no room for all the
+        // new ones: the VIP keeps its capacity with old backends, one for
+        // each new one refused, rather than shrink. A later reload, once
+        // the removed ones have drained, places the rest.
+        let kept = unplaced.min(gone.len());
+        if kept > 0 {
+            notes.push(format!(
+                "VIP {vip}: {kept} backend(s) the file no longer lists stay in service, one for \
+                 each new backend that found no room (removed backends hold theirs until their \
+                 flows end); reload again once they have"
+            ));
+        }
+        for addr in gone.into_iter().skip(kept) {
             let _ = self.set_admin(&vip, addr, Admin::Removed, now);
             info!(address = %addr, vip = %vip, "backend removed by reload");
         }
@@ -1677,6 +1696,61 @@ mod tests {
         assert_eq!(f.vips[f.member(6).unwrap().vip].addr, c.vips[0].vip);
         let (id_d, ids_d) = f.add_vip(&again.vips[0], params, now).unwrap();
         assert_eq!((id_d, ids_d), (0, vec![0]));
+    }
+
+    /// A file that replaces more backends than the VIP has room for while
+    /// the old ones drain keeps as many old ones in service as new ones
+    /// were refused: the VIP never shrinks below what the file asks for.
+    #[test]
+    fn a_reload_that_replaces_too_many_backends_keeps_the_vips_capacity() {
+        let addrs = |net: u32| -> Vec<String> {
+            (0..600)
+                .map(|i| format!("10.{net}.{}.{}:80", i / 250, i % 250 + 1))
+                .collect()
+        };
+        let config = |net: u32| {
+            let list = addrs(net);
+            let refs: Vec<&str> = list.iter().map(String::as_str).collect();
+            vip_config("10.0.0.100:80", &refs)
+        };
+        let first = config(1);
+        let mut f = Fleet::new(&first, &Plan::new(&first), Nanos(SEC));
+        let now = Nanos(2 * SEC);
+        let (notes, added) = f.reload(&config(2), now);
+        // 1,024 places: 600 held by the old ones, 424 for the new.
+        assert_eq!(added.len(), 424);
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("176 backend(s) the file no longer lists stay")),
+            "{notes:?}"
+        );
+        let serving = |f: &Fleet| {
+            f.vips[0]
+                .members
+                .iter()
+                .filter_map(|&id| f.member(id))
+                .filter(|m| m.life.admin() != Admin::Removed)
+                .count()
+        };
+        assert_eq!(serving(&f), 600);
+        // Once the removed ones drained, the next reload places the rest.
+        let live = vec![0u64; f.members.len()];
+        assert_eq!(f.free_drained(&live, 1, 0).len(), 424);
+        let (notes, added) = f.reload(&config(2), Nanos(3 * SEC));
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(added.len(), 176);
+        assert_eq!(serving(&f), 600);
+        let old = addrs(1);
+        assert!(
+            f.vips[0]
+                .members
+                .iter()
+                .filter_map(|&id| f.member(id))
+                .filter(|m| m.life.admin() != Admin::Removed)
+                .all(|m| !old.contains(&m.addr.to_string())),
+            "only the file's backends serve"
+        );
     }
 
     #[test]
