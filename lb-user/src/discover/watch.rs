@@ -721,19 +721,32 @@ impl VipWatch {
         self.status.updates_applied.fetch_add(1, Ordering::Relaxed);
         self.status.touched();
         // An empty set is never cached: a restart serves the last real one.
+        // Written (and fsynced) on a blocking thread, never on the event
+        // loop, which a slow disk would otherwise hold (score ticks, ring
+        // reads, control commands); awaited, so this VIP's writes keep
+        // their order, and the lock keeps two VIPs' writes apart.
         if !wanted.is_empty() {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache.vips.insert(
+            let entry = CachedVip {
+                prefix: self.view.prefix.clone(),
+                revision: self.view.revision,
+                backends: wanted.clone(),
+                keys: self.view.keys().clone(),
+            };
+            let (cache, path, name) = (
+                Arc::clone(&self.cache),
+                self.cache_path.clone(),
                 self.name.clone(),
-                CachedVip {
-                    prefix: self.view.prefix.clone(),
-                    revision: self.view.revision,
-                    backends: wanted.clone(),
-                    keys: self.view.keys().clone(),
-                },
             );
-            if let Err(e) = cache.store(&self.cache_path) {
-                warn!("cannot write the discovery cache: {e:#}");
+            let stored = tokio::task::spawn_blocking(move || {
+                let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+                cache.vips.insert(name, entry);
+                cache.store(&path)
+            })
+            .await;
+            match stored {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!("cannot write the discovery cache: {e:#}"),
+                Err(e) => warn!("cannot write the discovery cache: {e}"),
             }
         }
         self.status.publish();
