@@ -26,7 +26,8 @@ use crate::{
 };
 
 /// Bounds the quoted header length read back from the stack for the
-/// verifier (IPv4 20..=60 and IPv6 40 are multiples of 4 below 64).
+/// verifier (IPv4 20..=60, IPv6 40, and 48 with a first fragment's
+/// header, are multiples of 4 below 64).
 const QUOTE_LEN_MASK: usize = 0x3c;
 
 /// Translates the ICMP error `pkt` by the flow entry `entry` of the

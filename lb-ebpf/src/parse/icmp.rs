@@ -93,7 +93,12 @@ fn quote_v4(ctx: &XdpContext, at: usize) -> Option<(u8, [u32; 4], [u32; 4], usiz
     Some((proto, [saddr, 0, 0, 0], [daddr, 0, 0, 0], len))
 }
 
-/// The quoted IPv6 header (TCP/UDP must follow it directly).
+/// The quoted IPv6 header: TCP/UDP must follow it directly, or after the
+/// fragment header of a datagram's first fragment. A large datagram the
+/// balancer sent in fragments (a backend's 4 KiB UDP answer) meets a path
+/// of a smaller MTU: its packet-too-big quotes the first fragment, and
+/// passed to the host its sender would never learn the path's MTU. (A
+/// later fragment's quote has no ports: it passes.)
 #[inline(always)]
 fn quote_v6(ctx: &XdpContext, at: usize) -> Option<(u8, [u32; 4], [u32; 4], usize)> {
     let fixed: [u8; IPV6_SADDR_OFF] = load(ctx, at)?;
@@ -102,5 +107,13 @@ fn quote_v6(ctx: &XdpContext, at: usize) -> Option<(u8, [u32; 4], [u32; 4], usiz
     }
     let saddr = load_words::<4>(ctx, at + IPV6_SADDR_OFF)?;
     let daddr = load_words::<4>(ctx, at + IPV6_DADDR_OFF)?;
-    Some((fixed[IPV6_NEXT_OFF], saddr, daddr, IPV6_LEN))
+    let next = fixed[IPV6_NEXT_OFF];
+    if next != IPV6_FRAGMENT {
+        return Some((next, saddr, daddr, IPV6_LEN));
+    }
+    let [after, _, off_hi, off_lo] = load::<[u8; 4]>(ctx, at + IPV6_LEN)?;
+    if u16::from_be_bytes([off_hi, off_lo]) & IPV6_FRAG_OFFSET_MASK != 0 {
+        return None;
+    }
+    Some((after, saddr, daddr, IPV6_LEN + IPV6_EXT_UNIT))
 }
