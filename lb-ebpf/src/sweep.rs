@@ -12,8 +12,8 @@
 //!   refused (a ring event), a flow idle past its protocol's timeout as
 //!   idle (only counted), and so is a UDP flow whose backend is down by
 //!   its health checks (see [`backend_down`]); a forward entry without its
-//!   reply entry is an orphan. Each is counted closed, its reply stamped closed, and it is
-//!   removed;
+//!   reply entry is an orphan. Each is counted closed, its reply stamped
+//!   closed, and it is removed;
 //! - reply entry, closed: removed, and its SNAT tuple freed, two
 //!   `snat_quarantine_ns` after the close (the quarantine is the backend's
 //!   TIME_WAIT plus slack, counted from the close; until the end of the
@@ -283,8 +283,6 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     0
 }
 
-/// Claims the closed forward entry `entry` for removal ([`FLOW_F_TAKEN`]);
-/// false if a SYN replacing it (or an earlier pass) has.
 /// Whether backend `id` is down by its health checks. A UDP flow on it
 /// is closed as if idle: a sender with a fixed port (syslog, RADIUS, SIP)
 /// never goes quiet, so its flow would stay on the dead backend for good,
@@ -298,6 +296,8 @@ fn backend_down(id: u32) -> bool {
     BACKENDS.get(id).is_some_and(|b| b.state == BACKEND_DOWN)
 }
 
+/// Claims the closed forward entry `entry` for removal ([`FLOW_F_TAKEN`]);
+/// false if a SYN replacing it (or an earlier pass) has.
 #[inline(always)]
 fn claim_forward(entry: *mut FlowEntry) -> bool {
     Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0

@@ -544,13 +544,10 @@ impl Fleet {
         admin: Admin,
         now: Nanos,
     ) -> Result<u32, FleetError> {
-        let (id, m, params) = self.find_member_mut(vip, backend)?;
-        if m.life.admin() == Admin::Removed && admin != Admin::Removed {
-            return Err(FleetError::NoBackend {
-                vip: vip.to_string(),
-                backend: backend.to_string(),
-            });
+        if admin != Admin::Removed {
+            self.check_not_removed(vip, backend)?;
         }
+        let (id, m, params) = self.find_member_mut(vip, backend)?;
         m.life.set_admin(admin, now, &params);
         Ok(id)
     }

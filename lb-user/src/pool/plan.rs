@@ -172,6 +172,8 @@ impl Plan {
         // found in its VIP keeps its id.
         let mut ids = Ids::new(previous.backends.iter().map(|(id, _)| *id));
         let mut matched = BTreeSet::new();
+        // Kept ids the previous process had down by their health checks.
+        let mut was_down = BTreeSet::new();
         let mut chosen: Vec<Vec<u32>> = Vec::with_capacity(keys.len());
         for (i, v) in config.vips.iter().enumerate() {
             let was_served = old[i].is_some();
@@ -186,8 +188,11 @@ impl Plan {
                             && !matched.contains(id)
                     });
                     match found {
-                        Some((id, _)) => {
+                        Some((id, entry)) => {
                             matched.insert(*id);
+                            if entry.state == BACKEND_DOWN {
+                                was_down.insert(*id);
+                            }
                             *id
                         }
                         None => ids.take_lowest(),
@@ -231,17 +236,11 @@ impl Plan {
         let mut backends = vec![Backend::default(); len];
         let mut weights = vec![Weight::DEFAULT; len];
         let mut vips = Vec::with_capacity(keys.len());
-        let was_down = |id: u32| {
-            previous
-                .backends
-                .iter()
-                .any(|(i, entry)| *i == id && entry.state == BACKEND_DOWN)
-        };
         let mut down = BTreeSet::new();
         for (i, v) in config.vips.iter().enumerate() {
             for (&id, b) in chosen[i].iter().zip(&v.backends) {
                 weights[id as usize] = b.weight;
-                let state = if v.health.is_some() && matched.contains(&id) && was_down(id) {
+                let state = if v.health.is_some() && was_down.contains(&id) {
                     down.insert(id);
                     BACKEND_DOWN
                 } else {

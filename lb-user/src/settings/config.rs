@@ -215,6 +215,14 @@ pub struct VipConfig {
     pub etcd_prefix: Option<String>,
 }
 
+impl VipConfig {
+    /// What the VIP takes of the count limits ([`check_limits`]): its
+    /// backends, and whether it uses a Maglev table.
+    pub fn footprint(&self) -> (usize, bool) {
+        (self.backends.len(), self.algorithm == Algorithm::Maglev)
+    }
+}
+
 /// The TOML file as written (see the module docs).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -777,15 +785,7 @@ impl Config {
         if self.vips.is_empty() {
             return Err(ConfigError::NoVip);
         }
-        check_count("VIPs", self.vips.len(), MAX_VIPS)?;
-        let total: usize = self.vips.iter().map(|v| v.backends.len()).sum();
-        check_count("backends in total", total, MAX_BACKENDS)?;
-        let maglev = self
-            .vips
-            .iter()
-            .filter(|v| v.algorithm == Algorithm::Maglev)
-            .count();
-        check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)?;
+        check_limits(self.vips.iter().map(VipConfig::footprint))?;
         let snat = self.snat_addrs();
         let mut seen_vips = HashSet::new();
         for v in &self.vips {
@@ -818,11 +818,6 @@ impl Config {
             } else if v.backends.is_empty() {
                 return Err(ConfigError::NoBackends(name));
             }
-            check_count(
-                "backends in one VIP",
-                v.backends.len(),
-                MAX_BACKENDS_PER_VIP,
-            )?;
             if !(MIN_INFLIGHT_BIAS..=MAX_INFLIGHT_BIAS).contains(&v.inflight_bias) {
                 return Err(ConfigError::InflightBias(v.inflight_bias));
             }
@@ -1010,25 +1005,23 @@ pub fn not_a_host(addr: IpAddr) -> Option<&'static str> {
     }
 }
 
-/// The count limits a configuration's VIPs `vips` are held to (VIPs,
-/// Maglev VIPs, backends in total and in each VIP), for what the runtime
-/// state lays over a file that passed them on its own
-/// (`RuntimeState::overlay`).
-pub fn check_limits<'a>(vips: impl IntoIterator<Item = &'a VipConfig>) -> Result<(), ConfigError> {
-    let (mut count, mut total, mut maglev) = (0, 0, 0);
-    for v in vips {
+/// The count limits a configuration's VIPs are held to (VIPs, backends in
+/// total, Maglev VIPs, backends in one VIP), checked in that order over
+/// each VIP's [`VipConfig::footprint`]: the file's own
+/// ([`Config::validate_vips`]) and what the runtime state lays over a file
+/// that passed them on its own (`RuntimeState::overlay`).
+pub fn check_limits(vips: impl IntoIterator<Item = (usize, bool)>) -> Result<(), ConfigError> {
+    let (mut count, mut total, mut maglev, mut largest) = (0, 0, 0, 0);
+    for (backends, is_maglev) in vips {
         count += 1;
-        total += v.backends.len();
-        maglev += usize::from(v.algorithm == Algorithm::Maglev);
-        check_count(
-            "backends in one VIP",
-            v.backends.len(),
-            MAX_BACKENDS_PER_VIP,
-        )?;
+        total += backends;
+        maglev += usize::from(is_maglev);
+        largest = largest.max(backends);
     }
     check_count("VIPs", count, MAX_VIPS)?;
     check_count("backends in total", total, MAX_BACKENDS)?;
-    check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)
+    check_count("VIPs using maglev", maglev, MAX_MAGLEV_TABLES)?;
+    check_count("backends in one VIP", largest, MAX_BACKENDS_PER_VIP)
 }
 
 fn check_count(what: &'static str, count: usize, max: u32) -> Result<(), ConfigError> {

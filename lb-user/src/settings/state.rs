@@ -35,7 +35,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use lb_common::{MAX_BACKENDS, MAX_BACKENDS_PER_VIP};
 use serde::{Deserialize, Serialize};
 
 use crate::settings::{
@@ -428,7 +427,8 @@ impl RuntimeState {
                         // start the kernel's maps would refuse.
                         let others = config.vips.iter().enumerate();
                         let after = others.filter(|&(i, _)| Some(i) != at).map(|(_, o)| o);
-                        if let Err(err) = check_limits(after.chain([&v])) {
+                        let footprints = after.chain([&v]).map(VipConfig::footprint);
+                        if let Err(err) = check_limits(footprints) {
                             notes.push(format!(
                                 "VIP {vip} added at runtime is dropped: with it the configuration would have {err}"
                             ));
@@ -477,7 +477,12 @@ impl RuntimeState {
                 ));
                 return false;
             }
-            let total: usize = config.vips.iter().map(|v| v.backends.len()).sum();
+            // The limits with one more backend in this VIP (read only for
+            // a backend the entry adds).
+            let room = check_limits(config.vips.iter().map(|o| {
+                let (backends, maglev) = o.footprint();
+                (backends + usize::from(o.vip == vip), maglev)
+            }));
             let Some(v) = config.vips.iter_mut().find(|v| v.vip == vip) else {
                 notes.push(format!("VIP {vip} is not configured: its runtime changes are dropped"));
                 return false;
@@ -496,17 +501,9 @@ impl RuntimeState {
                 (Admin::Removed, None) => {}
                 (_, None) => {
                     // As for a VIP: the file may have taken the room since.
-                    let full = if v.backends.len() >= MAX_BACKENDS_PER_VIP as usize {
-                        Some(("backends in one VIP", v.backends.len(), MAX_BACKENDS_PER_VIP))
-                    } else if total >= MAX_BACKENDS as usize {
-                        Some(("backends in total", total, MAX_BACKENDS))
-                    } else {
-                        None
-                    };
-                    if let Some((what, count, max)) = full {
+                    if let Err(err) = room {
                         notes.push(format!(
-                            "backend {addr} of VIP {vip} added at runtime is dropped: with it the configuration would have {}",
-                            ConfigError::TooMany { what, count: count + 1, max }
+                            "backend {addr} of VIP {vip} added at runtime is dropped: with it the configuration would have {err}"
                         ));
                         return false;
                     }
@@ -745,7 +742,7 @@ mod tests {
             base.vips.push(v);
         }
         // The first VIP fills up to the per-VIP limit.
-        base.vips[0].backends = (0..MAX_BACKENDS_PER_VIP)
+        base.vips[0].backends = (0..lb_common::MAX_BACKENDS_PER_VIP)
             .map(|i| {
                 format!("10.1.{}.{}:80", i / 200, 1 + i % 200)
                     .parse()
