@@ -2274,3 +2274,70 @@ fn sighup_adds_one_vip_and_removes_another_and_says_so() {
     );
     assert_eq!(lab.measure(load_to(a, 100.0, 1.0)).summary.error_count(), 0);
 }
+
+/// Eight Maglev VIPs take every Maglev table. A SIGHUP moves one to
+/// another port while a connection keeps the old one draining: the new
+/// VIP serves with the old one's table (no program reads it once the VIP
+/// left VIPS), where it was refused for want of a table, and the old VIP
+/// was gone all the same. The old VIP's connection still finishes.
+#[test]
+fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
+    require_root!();
+    let lab = Fault::new("sighup-maglev", 2);
+    let path = lab.log_dir().join("vips.toml");
+    let write = |vips: &[SocketAddr]| {
+        let backends: Vec<String> = lab
+            .backends()
+            .iter()
+            .map(|b| format!("\"{}\"", b.addr()))
+            .collect();
+        let text: Vec<String> = vips
+            .iter()
+            .map(|v| {
+                format!(
+                    "[[vip]]\naddress = \"{v}\"\nalgorithm = \"maglev\"\nbackends = [{}]\n",
+                    backends.join(", ")
+                )
+            })
+            .collect();
+        std::fs::write(&path, text.join("\n")).unwrap();
+    };
+    let mut vips: Vec<SocketAddr> = (0..8).map(|i| other_vip(&lab, 81 + i)).collect();
+    write(&vips);
+    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    let lb = lab.start_balancer(&base).unwrap();
+    let old = vips[7];
+    let (mut kept, _) = kept_connection(&lab, old);
+    let moved = other_vip(&lab, 8081);
+    assert!(try_connect(&lab, moved, Duration::from_secs(1)).is_none());
+
+    vips[7] = moved;
+    write(&vips);
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    wait_for("the reload", Duration::from_secs(10), || {
+        lab.stderr(lb).contains("configuration reloaded")
+    });
+    let log = lab.stderr(lb);
+    assert!(log.contains(&format!("reload added VIP {moved}/tcp")), "{log}");
+    assert!(!log.contains("no free Maglev table"), "{log}");
+    // The table is handed on after its grace, at a score tick.
+    wait_for("the moved VIP", Duration::from_secs(5), || {
+        try_connect(&lab, moved, Duration::from_secs(1)).is_some()
+    });
+    let run = lab.measure(load_to(moved, 100.0, 1.5));
+    lab.report(
+        &run,
+        &format!("Maglev VIP moved by SIGHUP: {:?}", run.summary.per_backend),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert!(
+        try_connect(&lab, old, Duration::from_secs(1)).is_none(),
+        "the VIP moved away took a new connection"
+    );
+    let answer = probe::request(&mut kept, "/", b"", true).unwrap();
+    assert_eq!(answer.status, 200, "the old VIP's connection finishes");
+    for &vip in &vips[..7] {
+        assert_eq!(lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(), 0);
+    }
+}

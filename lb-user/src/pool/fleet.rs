@@ -60,7 +60,7 @@ pub enum FleetError {
     #[error("no free VIP id (at most {MAX_VIPS}, including removed ones still draining)")]
     VipsFull,
     #[error(
-        "no free Maglev table (at most {MAX_MAGLEV_TABLES} Maglev VIPs, including removed ones still draining)"
+        "no free Maglev table (at most {MAX_MAGLEV_TABLES} Maglev VIPs)"
     )]
     MaglevFull,
 }
@@ -453,7 +453,17 @@ impl Fleet {
         }
         let vip_id = self.free_vip_id().ok_or(FleetError::VipsFull)?;
         let maglev_table = if v.algorithm == Algorithm::Maglev {
-            let used: Vec<u32> = self.vips.iter().filter_map(|f| f.maglev_table).collect();
+            // A removed VIP's table is not counted: it leaves VIPS at the
+            // next publish, and no flow reads it (its flows drain through
+            // the flow table). The writer hands it on only after the last
+            // program that found the VIP is done with it
+            // (`publish::writers::TABLE_READER_GRACE`).
+            let used: Vec<u32> = self
+                .vips
+                .iter()
+                .filter(|f| !f.removed)
+                .filter_map(|f| f.maglev_table)
+                .collect();
             let table = (0..MAX_MAGLEV_TABLES).find(|t| !used.contains(t));
             Some(table.ok_or(FleetError::MaglevFull)?)
         } else {
@@ -1747,6 +1757,60 @@ mod tests {
                 .filter(|m| m.life.admin() != Admin::Removed)
                 .all(|m| !old.contains(&m.addr.to_string())),
             "only the file's backends serve"
+        );
+    }
+
+    /// Eight Maglev VIPs take every table. A SIGHUP that moves one to
+    /// another port removes the old VIP (it drains) and adds the new one
+    /// in its place: the old VIP's table is not read once it leaves VIPS,
+    /// so it does not count (the writer hands it on after its grace).
+    #[test]
+    fn a_reload_moves_a_maglev_vip_while_every_table_is_taken() {
+        let file = |last_port: u16| {
+            let vips: Vec<String> = (0..MAX_MAGLEV_TABLES as u16)
+                .map(|i| {
+                    let port = if i == 7 { last_port } else { 80 + i };
+                    format!(
+                        "[[vip]]\naddress = \"10.0.0.100:{port}\"\nalgorithm = \"maglev\"\n\
+                         backends = [\"10.0.0.21:80\"]\n"
+                    )
+                })
+                .collect();
+            Config::of(&["--iface", "eth0"], &vips.join("\n"))
+        };
+        let first = file(87);
+        let mut f = Fleet::new(&first, &Plan::new(&first), Nanos(SEC));
+        let tables = |f: &Fleet| -> Vec<u32> {
+            f.vips
+                .iter()
+                .filter(|v| !v.removed)
+                .filter_map(|v| v.maglev_table)
+                .collect()
+        };
+        assert_eq!(tables(&f).len(), MAX_MAGLEV_TABLES as usize);
+        let moved = file(8080);
+        let (notes, added) = f.reload(&moved, Nanos(2 * SEC));
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(added.len(), 1);
+        let old: VipAddr = "10.0.0.100:87".parse().unwrap();
+        let new: VipAddr = "10.0.0.100:8080".parse().unwrap();
+        assert!(f.vip_index(&old).is_err(), "the old VIP drains");
+        let index = f.vip_index(&new).unwrap();
+        let old_table = f.vips.iter().find(|v| v.addr == old).unwrap().maglev_table;
+        assert_eq!(f.vips[index].maglev_table, old_table);
+        let mut serving = tables(&f);
+        serving.sort_unstable();
+        assert_eq!(serving, (0..MAX_MAGLEV_TABLES).collect::<Vec<_>>());
+        // A ninth Maglev VIP still finds none.
+        let ninth = Config::of(
+            &["--iface", "eth0"],
+            "[[vip]]\naddress = \"10.0.0.101:80\"\nalgorithm = \"maglev\"\n\
+             backends = [\"10.0.0.21:80\"]\n",
+        );
+        let params = f.vips[0].params;
+        assert_eq!(
+            f.add_vip(&ninth.vips[0], params, Nanos(3 * SEC)),
+            Err(FleetError::MaglevFull)
         );
     }
 

@@ -238,8 +238,15 @@ impl Publisher {
                     if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(e) => return Err(e).context("removing a VIP from VIPS"),
             }
+            self.tables.retire(vip.meta.vip_id);
             self.times.record(started);
             self.last[index] = Some((algorithm, selection.clone(), values));
+            return Ok(());
+        }
+        if vip.maglev_table.is_some() && !self.tables.claim_spare(vip.meta.vip_id) {
+            // Every table is read: a removed VIP's is within its grace.
+            // Not in VIPS yet; the next tick tries again (`last` unset).
+            debug!(vip = %vip.addr, "no Maglev table free yet: the VIP waits a tick");
             return Ok(());
         }
         if selection.zone_blocks.is_empty() || selection.zone_blocks.len() != zone_shares.len() {

@@ -96,6 +96,9 @@ pub struct TableWriter {
     pin_dir: std::path::PathBuf,
     /// The Maglev table each VIP's descriptor points at, by vip id.
     current: std::collections::HashMap<u32, u32>,
+    /// Tables of VIPs just taken out of `VIPS`, with when
+    /// ([`TableWriter::retire`]): spares only after [`TABLE_READER_GRACE`].
+    retiring: Vec<(u32, Instant)>,
     /// The zone descriptor last written for each zone-aware VIP.
     last_zones: std::collections::HashMap<u32, VipZones>,
     /// Maglev tables rewritten in place for want of a spare.
@@ -114,9 +117,26 @@ pub struct PendingFlip {
     maglev_table: Option<u32>,
 }
 
-/// The lowest Maglev table no VIP uses.
-fn spare_table(current: &std::collections::HashMap<u32, u32>) -> Option<u32> {
-    (0..MAX_MAGLEV_TABLES).find(|t| !current.values().any(|c| c == t))
+/// How long the Maglev table of a VIP taken out of `VIPS` stays out of
+/// use. A program that looked the VIP up just before its entry went may
+/// still be reading the table: XDP runs a packet to its end in
+/// microseconds, so a tenth of a second is far past the last such reader,
+/// and a VIP that waits for the table waits at most one score tick more.
+pub const TABLE_READER_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The lowest Maglev table no VIP uses and no retired VIP's last reader
+/// may still read at `now` (see [`TABLE_READER_GRACE`]).
+fn spare_table(
+    current: &std::collections::HashMap<u32, u32>,
+    retiring: &[(u32, Instant)],
+    now: Instant,
+) -> Option<u32> {
+    (0..MAX_MAGLEV_TABLES).find(|t| {
+        !current.values().any(|c| c == t)
+            && !retiring
+                .iter()
+                .any(|(r, at)| r == t && now.duration_since(*at) < TABLE_READER_GRACE)
+    })
 }
 
 impl TableWriter {
@@ -141,6 +161,7 @@ impl TableWriter {
             zones: None,
             pin_dir: pin_dir.to_path_buf(),
             current: std::collections::HashMap::new(),
+            retiring: Vec::new(),
             last_zones: std::collections::HashMap::new(),
             maglev_in_place: 0,
             descriptor_writes: 0,
@@ -357,9 +378,10 @@ impl TableWriter {
         let maglev = match maglev_table {
             Some(planned) if !maglev.is_empty() => {
                 // A VIP added at runtime takes a table no VIP uses.
-                let fresh = spare_table(&self.current).unwrap_or(planned);
+                let now = Instant::now();
+                let fresh = spare_table(&self.current, &self.retiring, now).unwrap_or(planned);
                 let current = *self.current.entry(vip_id).or_insert(fresh);
-                let table = spare_table(&self.current).unwrap_or_else(|| {
+                let table = spare_table(&self.current, &self.retiring, now).unwrap_or_else(|| {
                     self.maglev_in_place += 1;
                     current
                 });
@@ -435,6 +457,37 @@ impl TableWriter {
     /// Frees the Maglev table of VIP `vip_id` (removed and drained).
     pub fn release(&mut self, vip_id: u32) {
         self.current.remove(&vip_id);
+    }
+
+    /// Frees the Maglev table of VIP `vip_id`, just taken out of `VIPS`
+    /// (removed; its flows drain through the flow table, which no table
+    /// is read for): a spare once [`TABLE_READER_GRACE`] has passed. So
+    /// a SIGHUP that moves a Maglev VIP while every table is taken places
+    /// the new VIP instead of refusing it for a table nothing reads.
+    pub fn retire(&mut self, vip_id: u32) {
+        let now = Instant::now();
+        self.retiring
+            .retain(|(_, at)| now.duration_since(*at) < TABLE_READER_GRACE);
+        if let Some(table) = self.current.remove(&vip_id) {
+            self.retiring.push((table, now));
+        }
+    }
+
+    /// Whether VIP `vip_id` has a Maglev table to be written into: the one
+    /// it reads, or else a spare, claimed now. False while every table is
+    /// read (a retired one within its grace): the VIP waits, out of
+    /// `VIPS`, for a later tick.
+    pub fn claim_spare(&mut self, vip_id: u32) -> bool {
+        if self.current.contains_key(&vip_id) {
+            return true;
+        }
+        match spare_table(&self.current, &self.retiring, Instant::now()) {
+            Some(table) => {
+                self.current.insert(vip_id, table);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether Maglev tables are written through the memory mapping (the
@@ -651,16 +704,36 @@ mod tests {
 
     #[test]
     fn a_maglev_table_is_written_where_no_vip_reads() {
+        let now = Instant::now();
         let mut current = std::collections::HashMap::new();
         current.insert(0, 0);
         current.insert(3, 1);
-        assert_eq!(spare_table(&current), Some(2));
+        assert_eq!(spare_table(&current, &[], now), Some(2));
         // After a swap the old table is the spare.
         current.insert(0, 2);
-        assert_eq!(spare_table(&current), Some(0));
+        assert_eq!(spare_table(&current, &[], now), Some(0));
         let full: std::collections::HashMap<u32, u32> =
             (0..MAX_MAGLEV_TABLES).map(|t| (t + 10, t)).collect();
-        assert_eq!(spare_table(&full), None);
+        assert_eq!(spare_table(&full, &[], now), None);
+    }
+
+    /// A removed VIP's table is no spare while a program that found the
+    /// VIP just before it left `VIPS` may still read it; after the grace
+    /// it is.
+    #[test]
+    fn a_retired_table_is_a_spare_only_after_the_grace() {
+        let retired_at = Instant::now();
+        let mut current: std::collections::HashMap<u32, u32> =
+            (0..MAX_MAGLEV_TABLES).map(|t| (t + 10, t)).collect();
+        current.remove(&15);
+        let retiring = [(5, retired_at)];
+        assert_eq!(spare_table(&current, &retiring, retired_at), None);
+        let almost = retired_at + TABLE_READER_GRACE - std::time::Duration::from_millis(1);
+        assert_eq!(spare_table(&current, &retiring, almost), None);
+        assert_eq!(
+            spare_table(&current, &retiring, retired_at + TABLE_READER_GRACE),
+            Some(5)
+        );
     }
 
     /// The scores of `table` at `now` that [`changed_scores`] writes, with
