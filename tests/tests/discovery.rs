@@ -1083,6 +1083,66 @@ fn updates_follow_their_vip_when_the_vips_before_it_change() {
     assert_nothing_lost(&summary);
 }
 
+/// A discovered VIP that a SIGHUP drops from the file, and a later one
+/// puts back at the same address as a static VIP, is the file's: its old
+/// watch runs on (watches are set up at the start), and etcd's changes
+/// under the prefix must not add to or remove from the static VIP's
+/// backends.
+#[test]
+fn a_static_vip_at_a_dropped_discovered_vips_address_ignores_etcd() {
+    require_root!();
+    let (lab, _etcd) = lab(3);
+    put(&lab, 0, 1);
+    // The discovered VIP in the file, so that a SIGHUP can drop it; the
+    // flags' static VIP keeps the instance serving throughout.
+    let web = lab.tcp_vip();
+    let flags_vip = SocketAddr::new(web.ip(), 81);
+    let file = lab.log_dir().join("discovered.toml");
+    let write = |text: String| std::fs::write(&file, text).unwrap();
+    write(format!(
+        "[[vip]]\naddress = \"{web}/tcp\"\netcd_prefix = \"{PREFIX}\"\n"
+    ));
+    let url = lab.etcd_url();
+    let spec = BalancerSpec::one_vip(
+        VipSpec::new(
+            flags_vip,
+            VipProtocol::Tcp,
+            vec![(lab.backends()[2].addr(), 1)],
+        ),
+        Algorithm::P2cEwma,
+        &["--etcd-endpoints", &url, "--config", file.to_str().unwrap()],
+    );
+    let lb = lab.start_balancer(&spec).unwrap();
+    wait_active(&lab, "discovered", Duration::from_secs(5), &[0]);
+    write(String::new());
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    wait_for("the dropped VIP freed", Duration::from_secs(15), || {
+        lab.stderr(lb)
+            .contains("removed VIP has no flows left; id freed")
+    });
+    let backend1 = addr(&lab, 1);
+    write(format!(
+        "[[vip]]\naddress = \"{web}/tcp\"\nbackends = [\"{backend1}\"]\n"
+    ));
+    lab.signal(lb, Signal::SIGHUP).unwrap();
+    wait_active(&lab, "the static VIP", Duration::from_secs(10), &[1]);
+    let sent = updates(&lab.scrape_metrics().unwrap(), "applied");
+    // The old watch reports the prefix's new set ({0, 2}).
+    put(&lab, 2, 1);
+    wait_for("the watch's update", Duration::from_secs(5), || {
+        updates(&lab.scrape_metrics().unwrap(), "applied") > sent
+    });
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        members(&lab)
+            .into_iter()
+            .map(|m| (m.0, m.3))
+            .collect::<Vec<_>>(),
+        [(backend1, "active".to_string())],
+        "the static VIP has the file's backends only"
+    );
+}
+
 /// Serves two backends put before the start under load, and follows a
 /// third put while the load runs: 0 errors. `put3` puts backend `i`.
 fn serves_and_follows(lab: &Lab, name: &str, what: &str, put3: impl Fn(usize)) {

@@ -145,6 +145,13 @@ impl Runtime {
         // (A backend at a SNAT address never gets here: the watch's view
         // skips its key's value as a bad one, `discover::view`.)
         let vip = update.vip;
+        if !self.state.discovers(&vip, &update.prefix) {
+            // Its watch outlived the reload that dropped the VIP, or moved
+            // its address to a static VIP: that pool is the file's.
+            debug!(vip = %vip, prefix = %update.prefix, revision = update.revision, "discovery: update for a VIP the configuration no longer discovers from this prefix: ignored");
+            self.discovery.forget(vip);
+            return false;
+        }
         let Some(fleet_vip) = self
             .fleet
             .vip_index(&vip)

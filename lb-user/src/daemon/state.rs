@@ -92,6 +92,27 @@ impl StateKeeper {
             .collect()
     }
 
+    /// Whether the configuration as it runs discovers VIP `vip` from etcd
+    /// prefix `prefix`: the file as last read gives it that prefix (a
+    /// reload keeps a running VIP's prefix, `config::keep_discovery`), and
+    /// no VIP added at runtime took its address. The watches are set up
+    /// at the start and outlive a reload that drops their VIP, so one can
+    /// report for an address the file (or `vip add`) has since given to a
+    /// static VIP: its updates are not that VIP's.
+    pub fn discovers(&self, vip: &VipAddr, prefix: &str) -> bool {
+        let added_at_runtime = self
+            .state
+            .vips
+            .iter()
+            .any(|e| e.added.is_some() && e.vip.parse::<VipAddr>().is_ok_and(|v| v == *vip));
+        !added_at_runtime
+            && self
+                .base
+                .vips
+                .iter()
+                .any(|v| v.vip == *vip && v.etcd_prefix.as_deref() == Some(prefix))
+    }
+
     /// The state's backend entries, with their VIP and address read
     /// (`load` dropped the entries whose addresses do not read).
     fn kept(&self) -> impl Iterator<Item = (VipAddr, SocketAddr, &Entry)> {
@@ -280,5 +301,69 @@ mod tests {
             .find(|v| v.etcd_prefix.is_some())
             .unwrap();
         assert_eq!(web.backends[1].weight.get(), 5);
+    }
+
+    /// A discovered VIP's watch runs from the start on, whatever a reload
+    /// does to its VIP: once SIGHUP drops the VIP and a later one (or `vip
+    /// add`) puts a static VIP at its address, the watch's updates are no
+    /// longer that VIP's (`Runtime::apply_wanted` ignores them). Before,
+    /// they added and removed the static VIP's backends against the file.
+    #[test]
+    fn a_static_vip_at_a_discovered_vips_address_is_not_discovered() {
+        let file = |web: &str| {
+            let mut config = Config::of(
+                &[
+                    "--iface",
+                    "eth0",
+                    "--vip",
+                    "10.0.0.200:80",
+                    "--backend",
+                    "10.0.0.41:80",
+                ],
+                &format!("etcd_endpoints = [\"http://127.0.0.1:2379\"]\n{web}"),
+            );
+            // As `discover::watch::seed` fills it in.
+            for v in config.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
+                v.backends = vec!["10.0.0.21:80".parse().unwrap()];
+            }
+            config
+        };
+        let discovered = "[[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/lb/web/\"\n";
+        let web: VipAddr = "10.0.0.100:80".parse().unwrap();
+        let (mut keeper, _, _) = StateKeeper::new(&file(discovered), RuntimeState::default());
+        assert!(keeper.discovers(&web, "/lb/web/"));
+        assert!(!keeper.discovers(&web, "/lb/api/"), "another prefix");
+        let static_vip: VipAddr = "10.0.0.200:80".parse().unwrap();
+        assert!(!keeper.discovers(&static_vip, "/lb/web/"));
+        // A SIGHUP as `Runtime::on_reload` applies it.
+        let sighup = |keeper: &mut StateKeeper, file: &Config| {
+            let (held, _) = crate::settings::config::held_reload(keeper.base(), file).unwrap();
+            keeper.reload(&held);
+        };
+        let before = keeper.base().clone();
+        sighup(&mut keeper, &file(""));
+        assert!(!keeper.discovers(&web, "/lb/web/"), "removed from the file");
+        sighup(
+            &mut keeper,
+            &file("[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.31:80\"]\n"),
+        );
+        assert!(keeper.base().vips.iter().any(|v| v.vip == web));
+        assert!(!keeper.discovers(&web, "/lb/web/"), "static now");
+        // Discovered again: set up at the start only, so not taken before
+        // a restart (`config::keep_discovery`), and not the watch's.
+        sighup(&mut keeper, &file(discovered));
+        assert!(!keeper.discovers(&web, "/lb/web/"));
+        // The same through the control socket: removed, then added back
+        // static (the state file keeps both).
+        let (mut keeper, _, _) = StateKeeper::new(&before, RuntimeState::default());
+        keeper.record_vip_removed(&web);
+        assert!(
+            keeper.discovers(&web, "/lb/web/"),
+            "the fleet's removal says it"
+        );
+        let mut added = before.vips.iter().find(|v| v.vip == web).unwrap().clone();
+        added.etcd_prefix = None;
+        keeper.record_vip_added(&added);
+        assert!(!keeper.discovers(&web, "/lb/web/"), "added back static");
     }
 }

@@ -120,6 +120,7 @@ mod tests {
     fn update(vip: &str, revision: i64) -> Update {
         Update {
             vip: vip.parse().unwrap(),
+            prefix: "/lb/web/".into(),
             revision,
             wanted: Vec::new(),
         }

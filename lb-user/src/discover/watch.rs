@@ -57,6 +57,11 @@ pub struct Update {
     /// VIPs are added at runtime and removed ones are freed, and the
     /// runtime state file can leave out a VIP before it at the start.
     pub vip: VipAddr,
+    /// The etcd prefix the watch follows: the update is the VIP's only
+    /// while the configuration still discovers it from there (a reload can
+    /// drop the VIP, or give its address to a static one, while the watch,
+    /// set up at the start, runs on).
+    pub prefix: String,
     pub revision: i64,
     pub wanted: Vec<Entry>,
 }
@@ -752,6 +757,7 @@ impl VipWatch {
         self.status.publish();
         let update = Update {
             vip: self.vip,
+            prefix: self.view.prefix.clone(),
             revision: self.view.revision,
             wanted,
         };
