@@ -2319,7 +2319,10 @@ fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
         lab.stderr(lb).contains("configuration reloaded")
     });
     let log = lab.stderr(lb);
-    assert!(log.contains(&format!("reload added VIP {moved}/tcp")), "{log}");
+    assert!(
+        log.contains(&format!("reload added VIP {moved}/tcp")),
+        "{log}"
+    );
     assert!(!log.contains("no free Maglev table"), "{log}");
     // The table is handed on after its grace, at a score tick.
     wait_for("the moved VIP", Duration::from_secs(5), || {
@@ -2338,6 +2341,9 @@ fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     let answer = probe::request(&mut kept, "/", b"", true).unwrap();
     assert_eq!(answer.status, 200, "the old VIP's connection finishes");
     for &vip in &vips[..7] {
-        assert_eq!(lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(), 0);
+        assert_eq!(
+            lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(),
+            0
+        );
     }
 }

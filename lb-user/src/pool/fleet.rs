@@ -59,9 +59,7 @@ pub enum FleetError {
     VipDraining(String),
     #[error("no free VIP id (at most {MAX_VIPS}, including removed ones still draining)")]
     VipsFull,
-    #[error(
-        "no free Maglev table (at most {MAX_MAGLEV_TABLES} Maglev VIPs)"
-    )]
+    #[error("no free Maglev table (at most {MAX_MAGLEV_TABLES} Maglev VIPs)")]
     MaglevFull,
 }
 
