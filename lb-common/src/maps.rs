@@ -413,6 +413,22 @@ impl BackendProgress {
     pub const fn stall_clock(&self) -> u64 {
         if self.awaiting() { self.answered_ns } else { 0 }
     }
+
+    /// The `answered_ns` a request sent at `now` leaves: `now` when none
+    /// was outstanding (a quiet spell is no stall); the same clock while
+    /// one is, moved up to [`crate::p2c::STALL_AGE_CAP_NS`] before `now`
+    /// if it was older. A backend never answered but still sent requests
+    /// (one-way traffic) so keeps the capped age; a paused one is sent
+    /// nothing new and ages on.
+    pub const fn clock_on_request(&self, now: u64) -> u64 {
+        if !self.awaiting() {
+            now
+        } else if now.saturating_sub(self.answered_ns) > crate::p2c::STALL_AGE_CAP_NS {
+            now - crate::p2c::STALL_AGE_CAP_NS
+        } else {
+            self.answered_ns
+        }
+    }
 }
 
 /// Value of [`crate::BACKEND_STATS_MAP`] (per-CPU array indexed by backend id).
@@ -1054,5 +1070,42 @@ mod pending_tests {
             started_sum_ns: 5,
         };
         assert_eq!(stale.served_ns(1_000), 0);
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::BackendProgress;
+    use crate::p2c::STALL_AGE_CAP_NS;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_request_starts_keeps_or_caps_the_stall_clock() {
+        let now = 4_000 * SEC;
+        // Nothing outstanding: the clock starts now.
+        let answered = BackendProgress {
+            answered_ns: now - 5 * SEC,
+            requested_ns: now - 6 * SEC,
+        };
+        assert_eq!(answered.clock_on_request(now), now);
+        assert_eq!(BackendProgress::default().clock_on_request(now), now);
+        // Outstanding for less than the cap: kept.
+        let waiting = BackendProgress {
+            answered_ns: now - 3 * SEC,
+            requested_ns: now - SEC,
+        };
+        assert_eq!(waiting.clock_on_request(now), now - 3 * SEC);
+        // Never answered for an hour (one-way traffic): moved up to the cap.
+        let one_way = BackendProgress {
+            answered_ns: now - 3_600 * SEC,
+            requested_ns: now - SEC,
+        };
+        assert_eq!(one_way.clock_on_request(now), now - STALL_AGE_CAP_NS);
+        let at_cap = BackendProgress {
+            answered_ns: now - STALL_AGE_CAP_NS,
+            requested_ns: now - SEC,
+        };
+        assert_eq!(at_cap.clock_on_request(now), now - STALL_AGE_CAP_NS);
     }
 }

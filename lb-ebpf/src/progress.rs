@@ -34,7 +34,8 @@ pub fn answered(id: u32, now: u64) {
 
 /// Backend `id` was sent a request at `now`. If none was outstanding, the
 /// clock of the oldest unanswered request starts now: an answer stamped
-/// long ago (before a quiet spell) is not a stall.
+/// long ago (before a quiet spell) is not a stall. One older than the
+/// stall age's cap moves up to it (`BackendProgress::clock_on_request`).
 #[inline(always)]
 pub fn requested(id: u32, now: u64) {
     let Some(p) = BACKEND_PROGRESS.get_ptr_mut(id) else {
@@ -43,8 +44,9 @@ pub fn requested(id: u32, now: u64) {
     // SAFETY: as in `answered`.
     unsafe {
         let seen = (&raw const *p).read_volatile();
-        if !seen.awaiting() {
-            (&raw mut (*p).answered_ns).write_volatile(now);
+        let clock = seen.clock_on_request(now);
+        if clock != seen.answered_ns {
+            (&raw mut (*p).answered_ns).write_volatile(clock);
         }
         (&raw mut (*p).requested_ns).write_volatile(now);
     }

@@ -31,7 +31,7 @@ use lb_lab::{
     xdp::{
         harness::*,
         isolate::private_bpffs,
-        packet::{Pkt, TCP_SYN},
+        packet::{Pkt, TCP_ACK, TCP_PSH, TCP_SYN},
     },
 };
 
@@ -754,6 +754,47 @@ fn p2c_avoids_a_backend_whose_oldest_request_is_stuck() {
     assert!(idle_open[0] > 0.2 && idle_open[1] > 0.2, "{idle_open:?}");
 }
 
+/// One-way traffic (syslog over UDP): no backend ever answers, so each
+/// one's stall clock runs from its first request for good. Backend 0 got
+/// its first minutes ago, backend 1 (added later) 12 s ago, and backend 1
+/// has more flows in flight. A new request to backend 0 moves its clock up
+/// to the cap (10 s), so the two carry about the same factor and load
+/// decides: backend 0 takes new flows until its count catches up.
+/// Uncapped, 400 s against 12 s made backend 0 cost 33 times more (beyond
+/// backend 1's 25/9 in-flight term), and backend 1 took all of them.
+fn p2c_balances_never_answered_backends_by_load() {
+    let mut lb = setup(Algorithm::P2cEwma, &[1, 1], 0, 0);
+    // A flow on backend 0 (both are idle: a fair draw).
+    let on_zero = (0..64)
+        .map(client)
+        .find(|&(addr, port)| syn_from(&lb, addr, port) == 0)
+        .expect("a flow on backend 0 in 64 draws");
+    let now = monotonic_ns();
+    // The stamps are on the kernel's clock, which starts at boot.
+    let first = (now - 1).min(400_000_000_000);
+    assert!(
+        first > 100_000_000_000,
+        "needs a machine up for over 100 s (its clock reads {now} ns)"
+    );
+    set_progress(&mut lb, 0, now - first);
+    set_progress(&mut lb, 1, now - 12_000_000_000);
+    let request = Pkt::tcp(on_zero, (VIP, HTTP), TCP_ACK | TCP_PSH).payload(b"<14>one-way\n");
+    let (action, _) = lb.run(&request.build());
+    assert_eq!(action, XDP_TX, "{:?}", lb.reasons());
+    let clock = lb.progress(0).stall_clock();
+    let age = monotonic_ns() - clock;
+    assert!(
+        (10_000_000_000..11_000_000_000).contains(&age),
+        "capped at 10 s: {age} ns"
+    );
+    lb.set_opened(0, 2);
+    lb.set_opened(1, 4);
+    let chosen = choices_from(&lb, 64, 20);
+    let got = shares(&chosen, 2);
+    assert!(got[0] >= 0.4, "by load: {got:?} {chosen:?}");
+    assert_eq!(chosen[..2], [0, 0], "the one with fewer in flight first");
+}
+
 /// With `p2c_full_scan` at least the VIP's backend count, every backend is
 /// compared, not two random ones: the one idle backend among nine busy ones
 /// wins every new flow (a random pair holds it 2 times in 10); a limit below
@@ -957,6 +998,10 @@ const CASES: &[(&str, fn())] = &[
     (
         "p2c_avoids_a_backend_whose_oldest_request_is_stuck",
         p2c_avoids_a_backend_whose_oldest_request_is_stuck,
+    ),
+    (
+        "p2c_balances_never_answered_backends_by_load",
+        p2c_balances_never_answered_backends_by_load,
     ),
     (
         "p2c_full_scan_compares_every_backend",
