@@ -2216,28 +2216,32 @@ fn a_sighup_during_the_start_is_answered_once_running() {
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
 }
 
+/// Writes a configuration file at `path` with one `[[vip]]` per address
+/// of `vips`, each with every backend of the lab and the lines `extra`.
+fn write_vips(lab: &Fault, path: &std::path::Path, vips: &[SocketAddr], extra: &str) {
+    let backends: Vec<String> = lab
+        .backends()
+        .iter()
+        .map(|b| format!("\"{}\"", b.addr()))
+        .collect();
+    let text: Vec<String> = vips
+        .iter()
+        .map(|v| {
+            format!(
+                "[[vip]]\naddress = \"{v}\"\n{extra}backends = [{}]\n",
+                backends.join(", ")
+            )
+        })
+        .collect();
+    std::fs::write(path, text.join("\n")).unwrap();
+}
+
 #[test]
 fn sighup_adds_one_vip_and_removes_another_and_says_so() {
     require_root!();
     let lab = Fault::new("sighup-vips", 2);
     let path = lab.log_dir().join("vips.toml");
-    let write = |vips: &[SocketAddr]| {
-        let backends: Vec<String> = lab
-            .backends()
-            .iter()
-            .map(|b| format!("\"{}\"", b.addr()))
-            .collect();
-        let text: Vec<String> = vips
-            .iter()
-            .map(|v| {
-                format!(
-                    "[[vip]]\naddress = \"{v}\"\nbackends = [{}]\n",
-                    backends.join(", ")
-                )
-            })
-            .collect();
-        std::fs::write(&path, text.join("\n")).unwrap();
-    };
+    let write = |vips: &[SocketAddr]| write_vips(&lab, &path, vips, "");
     let (a, b, c) = (lab.tcp_vip(), other_vip(&lab, 81), other_vip(&lab, 82));
     write(&[a, b]);
     let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
@@ -2285,23 +2289,7 @@ fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     require_root!();
     let lab = Fault::new("sighup-maglev", 2);
     let path = lab.log_dir().join("vips.toml");
-    let write = |vips: &[SocketAddr]| {
-        let backends: Vec<String> = lab
-            .backends()
-            .iter()
-            .map(|b| format!("\"{}\"", b.addr()))
-            .collect();
-        let text: Vec<String> = vips
-            .iter()
-            .map(|v| {
-                format!(
-                    "[[vip]]\naddress = \"{v}\"\nalgorithm = \"maglev\"\nbackends = [{}]\n",
-                    backends.join(", ")
-                )
-            })
-            .collect();
-        std::fs::write(&path, text.join("\n")).unwrap();
-    };
+    let write = |vips: &[SocketAddr]| write_vips(&lab, &path, vips, "algorithm = \"maglev\"\n");
     let mut vips: Vec<SocketAddr> = (0..8).map(|i| other_vip(&lab, 81 + i)).collect();
     write(&vips);
     let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
