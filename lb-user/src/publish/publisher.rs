@@ -52,6 +52,11 @@ pub struct Publisher {
     /// Each VIP's least-connections relief as last written to VIPS (it can
     /// change while nothing else does: `relief`).
     last_relief: Vec<Option<bool>>,
+    /// The ids of removed VIPs already deleted from VIPS (until freed,
+    /// [`Publisher::forget_vip`]): a removal can leave everything `last`
+    /// compares as it was (a VIP whose backends were all drained, or a
+    /// discovered VIP etcd had emptied), and must still take the VIP out.
+    out_of_vips: HashSet<u32>,
     pub times: UpdateTimes,
 }
 
@@ -70,6 +75,7 @@ impl Publisher {
             scores: ScoreWriter::open(pin_dir)?,
             last: Vec::new(),
             last_relief: Vec::new(),
+            out_of_vips: HashSet::new(),
             times: UpdateTimes::default(),
         })
     }
@@ -130,8 +136,9 @@ impl Publisher {
                 .context("writing VIPS")?;
         }
         self.remove_unplanned(plan)?;
+        // Out of VIPS now: their tables are spares after the grace.
         for id in live_unplanned {
-            self.tables.release(id);
+            self.tables.retire(id);
         }
         Ok(())
     }
@@ -195,6 +202,7 @@ impl Publisher {
             && *a == algorithm
             && selection.same_in_kernel(s, algorithm)
             && *b == values
+            && (!vip.removed || self.out_of_vips.contains(&vip.meta.vip_id))
         {
             if vip.removed {
                 return Ok(());
@@ -239,6 +247,7 @@ impl Publisher {
                 Err(e) => return Err(e).context("removing a VIP from VIPS"),
             }
             self.tables.retire(vip.meta.vip_id);
+            self.out_of_vips.insert(vip.meta.vip_id);
             self.times.record(started);
             self.last[index] = Some((algorithm, selection.clone(), values));
             return Ok(());
@@ -312,6 +321,7 @@ impl Publisher {
             self.last_relief.remove(index);
         }
         self.tables.release(vip_id);
+        self.out_of_vips.remove(&vip_id);
         // A new VIP may get this id: it must not find these zone blocks.
         self.tables.clear_zones(vip_id)
     }

@@ -120,8 +120,9 @@ pub struct PendingFlip {
 /// How long the Maglev table of a VIP taken out of `VIPS` stays out of
 /// use. A program that looked the VIP up just before its entry went may
 /// still be reading the table: XDP runs a packet to its end in
-/// microseconds, so a tenth of a second is far past the last such reader,
-/// and a VIP that waits for the table waits at most one score tick more.
+/// microseconds, so a tenth of a second is far past the last such reader.
+/// A VIP that waits for the table is written at the first score tick after
+/// the grace.
 pub const TABLE_READER_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The lowest Maglev table no VIP uses and no retired VIP's last reader
