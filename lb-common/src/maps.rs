@@ -414,16 +414,27 @@ impl BackendProgress {
         if self.awaiting() { self.answered_ns } else { 0 }
     }
 
-    /// The `answered_ns` a request sent at `now` leaves: `now` when none
-    /// was outstanding (a quiet spell is no stall); the same clock while
-    /// one is, moved up to [`crate::p2c::STALL_AGE_CAP_NS`] before `now`
-    /// if it was older. A backend never answered but still sent requests
-    /// (one-way traffic) so keeps the capped age; a paused one is sent
-    /// nothing new and ages on.
+    /// The `answered_ns` a new request sent at `now` leaves: `now` when
+    /// none was outstanding (a quiet spell is no stall), else the same.
     pub const fn clock_on_request(&self, now: u64) -> u64 {
-        if !self.awaiting() {
+        if self.awaiting() {
+            self.answered_ns
+        } else {
             now
-        } else if now.saturating_sub(self.answered_ns) > crate::p2c::STALL_AGE_CAP_NS {
+        }
+    }
+
+    /// The `answered_ns` that a client still sending at `now`, while its
+    /// own request waits, leaves: the clock moved up to
+    /// [`crate::p2c::STALL_AGE_CAP_NS`] before `now` if it was older,
+    /// else the same. A client that keeps sending with nothing answered is
+    /// one-way traffic (syslog, statsd, an upload only acknowledged), and
+    /// its backend keeps the capped age; a client waiting on a paused
+    /// server sends nothing more (TCP's window closes too), and a new
+    /// request ([`BackendProgress::clock_on_request`]) moves nothing, so
+    /// a paused server ages on.
+    pub const fn clock_while_sending(&self, now: u64) -> u64 {
+        if self.awaiting() && now.saturating_sub(self.answered_ns) > crate::p2c::STALL_AGE_CAP_NS {
             now - crate::p2c::STALL_AGE_CAP_NS
         } else {
             self.answered_ns
@@ -1081,31 +1092,37 @@ mod progress_tests {
     const SEC: u64 = 1_000_000_000;
 
     #[test]
-    fn a_request_starts_keeps_or_caps_the_stall_clock() {
+    fn a_request_starts_or_keeps_the_stall_clock_and_a_sender_caps_it() {
         let now = 4_000 * SEC;
-        // Nothing outstanding: the clock starts now.
+        // Nothing outstanding: a request starts the clock now; a sender
+        // (whose request an answer already cleared) moves nothing.
         let answered = BackendProgress {
             answered_ns: now - 5 * SEC,
             requested_ns: now - 6 * SEC,
         };
         assert_eq!(answered.clock_on_request(now), now);
+        assert_eq!(answered.clock_while_sending(now), now - 5 * SEC);
         assert_eq!(BackendProgress::default().clock_on_request(now), now);
-        // Outstanding for less than the cap: kept.
+        // Outstanding for less than the cap: kept by both.
         let waiting = BackendProgress {
             answered_ns: now - 3 * SEC,
             requested_ns: now - SEC,
         };
         assert_eq!(waiting.clock_on_request(now), now - 3 * SEC);
-        // Never answered for an hour (one-way traffic): moved up to the cap.
+        assert_eq!(waiting.clock_while_sending(now), now - 3 * SEC);
+        // Never answered for an hour: a new request keeps the hour (a
+        // paused server); a client still sending moves it up to the cap
+        // (one-way traffic).
         let one_way = BackendProgress {
             answered_ns: now - 3_600 * SEC,
             requested_ns: now - SEC,
         };
-        assert_eq!(one_way.clock_on_request(now), now - STALL_AGE_CAP_NS);
+        assert_eq!(one_way.clock_on_request(now), now - 3_600 * SEC);
+        assert_eq!(one_way.clock_while_sending(now), now - STALL_AGE_CAP_NS);
         let at_cap = BackendProgress {
             answered_ns: now - STALL_AGE_CAP_NS,
             requested_ns: now - SEC,
         };
-        assert_eq!(at_cap.clock_on_request(now), now - STALL_AGE_CAP_NS);
+        assert_eq!(at_cap.clock_while_sending(now), now - STALL_AGE_CAP_NS);
     }
 }

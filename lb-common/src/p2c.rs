@@ -13,9 +13,9 @@
 //!   age of its oldest unanswered request. When that age exceeds the EWMA (and at least
 //!   [`STALL_FLOOR_NS`]), the cost is scaled by `age / max(ewma, floor)`: a
 //!   paused server's cost climbs while it is stuck, instead of waiting for a
-//!   latency sample it cannot produce. A backend still sent requests keeps
-//!   an age of at most [`STALL_AGE_CAP_NS`], so backends that are never
-//!   answered (one-way traffic) score alike and by load.
+//!   latency sample it cannot produce. A backend whose clients keep
+//!   sending unanswered (one-way traffic) keeps an age of at most
+//!   [`STALL_AGE_CAP_NS`], so such backends score alike and by load.
 //! - **Bounded re-draws** (Finagle's maxEffort, [`choose`]). A candidate
 //!   whose latency ([`unweighted_cost`]: its cost with the weight taken
 //!   back out) is more than [`REDRAW_FACTOR`] × the VIP's median of the
@@ -45,10 +45,10 @@ pub const MAX_REDRAWS: u32 = 2;
 /// A gap without progress shorter than this is ordinary queueing, not a
 /// stall, whatever the EWMA says.
 pub const STALL_FLOOR_NS: u64 = 10_000_000;
-/// The stall age a backend that is still sent requests keeps at most
-/// ([`crate::BackendProgress::clock_on_request`]): a request that finds the
-/// clock older moves it up to this age. So backends whose requests are
-/// never answered, and are sent new ones, score alike and by load.
+/// The stall age a backend keeps at most while a client of it keeps
+/// sending with its request unanswered
+/// ([`crate::BackendProgress::clock_while_sending`]): one-way traffic. So
+/// the backends of a service that never answers score alike and by load.
 ///
 /// Why: a service that never answers its clients' payloads (syslog or
 /// statsd over UDP, an upload the server only acknowledges) keeps every
@@ -58,13 +58,13 @@ pub const STALL_FLOOR_NS: u64 = 10_000_000;
 /// hour) took every new flow until its squared in-flight term caught up,
 /// at about 60 times their flows in flight. Capped, every such backend
 /// carries about the same factor (×1,000 over the floor) and the in-flight
-/// term decides, as it does for answered traffic. A paused server is sent
-/// nothing new while others answer, so its clock is not moved and its age
-/// keeps growing, as before.
+/// term decides, as it does for answered traffic. The clients of a paused
+/// server wait for their answers and send nothing more, and a new request
+/// does not cap, so a paused server's age keeps growing, as before.
 ///
-/// Kept at the request, not in [`stall_scaled`]: a cap there (a branch or
-/// a mask) took the XDP program from 570k instructions verified to 890k,
-/// running through every pair P2C draws.
+/// Kept where the clock is, not in [`stall_scaled`]: a cap there (a branch
+/// or a mask) took the XDP program from 570k instructions verified to
+/// 890k, running through every pair P2C draws.
 pub const STALL_AGE_CAP_NS: u64 = 10_000_000_000;
 /// The default saturation threshold ([`crate::VipMeta::p2c_saturation`],
 /// `--p2c-saturation`): a candidate within the re-draw bound with this many
@@ -242,8 +242,8 @@ pub const fn settles_scan(c: &Candidate, bound: u64) -> bool {
 /// exceeds `max(ewma_ns, STALL_FLOOR_NS)`; unchanged otherwise, and when no
 /// progress was ever recorded (`last_progress_ns == 0`); `u64::MAX` where
 /// `cost × age` does not fit in u64. Only meaningful
-/// while the backend has flows in flight. (The age is capped where the
-/// clock is kept, [`crate::BackendProgress::clock_on_request`].)
+/// while the backend has flows in flight. (One-way traffic's age is capped
+/// where the clock is kept, [`crate::BackendProgress::clock_while_sending`].)
 #[inline(always)]
 pub const fn stall_scaled(cost: u64, ewma_ns: u64, last_progress_ns: u64, now: u64) -> u64 {
     let age = now.saturating_sub(last_progress_ns);

@@ -34,17 +34,36 @@ pub fn answered(id: u32, now: u64) {
 
 /// Backend `id` was sent a request at `now`. If none was outstanding, the
 /// clock of the oldest unanswered request starts now: an answer stamped
-/// long ago (before a quiet spell) is not a stall. One older than the
-/// stall age's cap moves up to it (`BackendProgress::clock_on_request`).
+/// long ago (before a quiet spell) is not a stall.
 #[inline(always)]
 pub fn requested(id: u32, now: u64) {
+    stamp_request(id, now, false);
+}
+
+/// A client of backend `id` sent more at `now` while its request waits
+/// (at most once a flow's refresh check): one-way traffic caps the
+/// backend's stall age (`BackendProgress::clock_while_sending`,
+/// `lb_common::p2c::STALL_AGE_CAP_NS`). The read and the write race an
+/// answer on another CPU as the stamps do (module documentation): at
+/// worst a backend just answered looks stalled 10 s until its next answer.
+#[inline(always)]
+pub fn still_sending(id: u32, now: u64) {
+    stamp_request(id, now, true);
+}
+
+#[inline(always)]
+fn stamp_request(id: u32, now: u64, sending: bool) {
     let Some(p) = BACKEND_PROGRESS.get_ptr_mut(id) else {
         return;
     };
     // SAFETY: as in `answered`.
     unsafe {
         let seen = (&raw const *p).read_volatile();
-        let clock = seen.clock_on_request(now);
+        let clock = if sending {
+            seen.clock_while_sending(now)
+        } else {
+            seen.clock_on_request(now)
+        };
         if clock != seen.answered_ns {
             (&raw mut (*p).answered_ns).write_volatile(clock);
         }

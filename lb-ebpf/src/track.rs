@@ -61,6 +61,12 @@ pub fn client_packet<const V6: bool>(pkt: &Packet, fwd: *mut FlowEntry, clock: &
     let flags = Flags::of(fwd);
     if flags.get() & FLOW_F_CLOSED == 0 && refresh_check_due(fwd) {
         touch(fwd, flags, clock.now());
+        // Still sending while its request waits: one-way traffic, whose
+        // backend keeps a capped stall age (`progress::still_sending`).
+        if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING != 0 {
+            // SAFETY: live map value.
+            progress::still_sending(unsafe { (*fwd).backend_id }, clock.now());
+        }
     }
     if pkt.payload_len > 0 && flags.get() & FLOW_F_REQUEST_PENDING == 0 {
         // The time is stored before the flag is published; the reply path
