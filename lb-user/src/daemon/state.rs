@@ -227,13 +227,10 @@ pub fn spawn_writer(
 mod tests {
     use super::*;
 
-    /// A weight an operator set on a discovered backend is an override
-    /// after a restart too: the runtime seeds discovery's overrides from
-    /// the state file, so etcd's next update does not put etcd's weight
-    /// back while the state file still says the operator's.
-    #[test]
-    fn a_kept_weight_on_a_discovered_backend_is_an_override_again_after_a_restart() {
-        let mut base = Config::of(
+    /// The static VIP 10.0.0.200:80 (backend 10.0.0.41:80), etcd at
+    /// 127.0.0.1:2379, and the file's `vips` (TOML).
+    fn with_etcd(vips: &str) -> Config {
+        Config::of(
             &[
                 "--iface",
                 "eth0",
@@ -242,9 +239,18 @@ mod tests {
                 "--backend",
                 "10.0.0.41:80",
             ],
-            "etcd_endpoints = [\"http://127.0.0.1:2379\"]\n\
-             [[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/lb/web/\"\n",
-        );
+            &format!("etcd_endpoints = [\"http://127.0.0.1:2379\"]\n{vips}"),
+        )
+    }
+
+    /// A weight an operator set on a discovered backend is an override
+    /// after a restart too: the runtime seeds discovery's overrides from
+    /// the state file, so etcd's next update does not put etcd's weight
+    /// back while the state file still says the operator's.
+    #[test]
+    fn a_kept_weight_on_a_discovered_backend_is_an_override_again_after_a_restart() {
+        let mut base =
+            with_etcd("[[vip]]\naddress = \"10.0.0.100:80\"\netcd_prefix = \"/lb/web/\"\n");
         let web = base
             .vips
             .iter_mut()
@@ -311,17 +317,7 @@ mod tests {
     #[test]
     fn a_static_vip_at_a_discovered_vips_address_is_not_discovered() {
         let file = |web: &str| {
-            let mut config = Config::of(
-                &[
-                    "--iface",
-                    "eth0",
-                    "--vip",
-                    "10.0.0.200:80",
-                    "--backend",
-                    "10.0.0.41:80",
-                ],
-                &format!("etcd_endpoints = [\"http://127.0.0.1:2379\"]\n{web}"),
-            );
+            let mut config = with_etcd(web);
             // As `discover::watch::seed` fills it in.
             for v in config.vips.iter_mut().filter(|v| v.etcd_prefix.is_some()) {
                 v.backends = vec!["10.0.0.21:80".parse().unwrap()];

@@ -36,6 +36,17 @@ use crate::{
 /// Every write the control plane makes while it runs, through handles
 /// opened once at startup: the initial plan, each VIP's selection and
 /// tables, and the scores.
+/// What [`Publisher::publish_vip`] last wrote for a VIP.
+#[derive(Clone)]
+struct Published {
+    algorithm: u8,
+    selection: Selection,
+    /// The BACKENDS value of every member.
+    entries: Vec<Backend>,
+    /// Removed, and so deleted from VIPS.
+    removed: bool,
+}
+
 pub struct Publisher {
     vips: Vips,
     slots: VipBackends,
@@ -47,16 +58,15 @@ pub struct Publisher {
     cpus: usize,
     tables: TableWriter,
     pub scores: ScoreWriter,
-    /// What each VIP last got, so unchanged VIPs cost nothing.
-    last: Vec<Option<(u8, Selection, Vec<Backend>)>>,
+    /// What each VIP last got, so unchanged VIPs cost nothing: with
+    /// whether it was then removed (and so deleted from VIPS), since a
+    /// removal can leave the rest as it was (a VIP whose backends were all
+    /// drained, or a discovered VIP etcd had emptied) and must still take
+    /// the VIP out.
+    last: Vec<Option<Published>>,
     /// Each VIP's least-connections relief as last written to VIPS (it can
     /// change while nothing else does: `relief`).
     last_relief: Vec<Option<bool>>,
-    /// The ids of removed VIPs already deleted from VIPS (until freed,
-    /// [`Publisher::forget_vip`]): a removal can leave everything `last`
-    /// compares as it was (a VIP whose backends were all drained, or a
-    /// discovered VIP etcd had emptied), and must still take the VIP out.
-    out_of_vips: HashSet<u32>,
     pub times: UpdateTimes,
 }
 
@@ -75,7 +85,6 @@ impl Publisher {
             scores: ScoreWriter::open(pin_dir)?,
             last: Vec::new(),
             last_relief: Vec::new(),
-            out_of_vips: HashSet::new(),
             times: UpdateTimes::default(),
         })
     }
@@ -198,11 +207,11 @@ impl Publisher {
         }
         let values: Vec<Backend> = entries.iter().map(|(_, b)| *b).collect();
         let algorithm = vip.meta.algorithm;
-        if let Some((a, s, b)) = &self.last[index]
-            && *a == algorithm
-            && selection.same_in_kernel(s, algorithm)
-            && *b == values
-            && (!vip.removed || self.out_of_vips.contains(&vip.meta.vip_id))
+        if let Some(last) = &self.last[index]
+            && last.algorithm == algorithm
+            && selection.same_in_kernel(&last.selection, algorithm)
+            && last.entries == values
+            && last.removed == vip.removed
         {
             if vip.removed {
                 return Ok(());
@@ -247,9 +256,13 @@ impl Publisher {
                 Err(e) => return Err(e).context("removing a VIP from VIPS"),
             }
             self.tables.retire(vip.meta.vip_id);
-            self.out_of_vips.insert(vip.meta.vip_id);
             self.times.record(started);
-            self.last[index] = Some((algorithm, selection.clone(), values));
+            self.last[index] = Some(Published {
+                algorithm,
+                selection: selection.clone(),
+                entries: values,
+                removed: true,
+            });
             return Ok(());
         }
         if vip.maglev_table.is_some() && !self.tables.claim_spare(vip.meta.vip_id) {
@@ -287,7 +300,12 @@ impl Publisher {
         }
         self.write_meta(index, vip, selection, relieved)?;
         self.times.record(started);
-        self.last[index] = Some((algorithm, selection.clone(), values));
+        self.last[index] = Some(Published {
+            algorithm,
+            selection: selection.clone(),
+            entries: values,
+            removed: false,
+        });
         Ok(())
     }
 
@@ -321,7 +339,6 @@ impl Publisher {
             self.last_relief.remove(index);
         }
         self.tables.release(vip_id);
-        self.out_of_vips.remove(&vip_id);
         // A new VIP may get this id: it must not find these zone blocks.
         self.tables.clear_zones(vip_id)
     }
