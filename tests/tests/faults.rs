@@ -1795,6 +1795,60 @@ fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
     }
 }
 
+/// A restart whose file moved one of eight Maglev VIPs, which a previous
+/// instance left reading every Maglev table: the new VIP takes the moved
+/// VIP's table, and the moved VIP leaves VIPS (and the grace passes)
+/// before that table is rewritten, so no SYN to the old address hashes
+/// into the new VIP's backends. The old VIP's kept connection finishes,
+/// the old address takes no new one, and all eight serve.
+#[test]
+fn a_restart_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
+    require_root!();
+    let lab = Fault::new("restart-maglev", 2);
+    let path = lab.log_dir().join("vips.toml");
+    let write = |vips: &[SocketAddr]| write_vips(&lab, &path, vips, "algorithm = \"maglev\"\n");
+    let mut vips: Vec<SocketAddr> = (0..8).map(|i| other_vip(&lab, 81 + i)).collect();
+    write(&vips);
+    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    let first = lab.start_balancer(&base).unwrap();
+    let old = vips[7];
+    let (mut kept, _) = kept_connection(&lab, old);
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+
+    let moved = other_vip(&lab, 8081);
+    vips[7] = moved;
+    write(&vips);
+    let second = lab.start_balancer(&base).unwrap();
+    wait_until_configured(&lab, second);
+    let log = lab.stderr(second);
+    assert!(
+        log.contains("a previous VIP stopped reading its Maglev table"),
+        "{log}"
+    );
+    let run = lab.measure(load_to(moved, 100.0, 1.5));
+    lab.report(
+        &run,
+        &format!(
+            "Maglev VIP moved by a restart: {:?}",
+            run.summary.per_backend
+        ),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert!(
+        try_connect(&lab, old, Duration::from_secs(1)).is_none(),
+        "the VIP moved away took a new connection"
+    );
+    let answer = probe::request(&mut kept, "/", b"", true).unwrap();
+    assert_eq!(answer.status, 200, "the old VIP's connection finishes");
+    for &vip in &vips[..7] {
+        assert_eq!(
+            lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(),
+            0
+        );
+    }
+}
+
 /// Waits until a restarted lb-user has written its configuration (a
 /// re-adopted instance's status reads as ready before that: the pinned
 /// maps already are).

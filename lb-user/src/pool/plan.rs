@@ -15,7 +15,7 @@ use std::{collections::BTreeSet, net::SocketAddr};
 
 use lb_common::{
     Algorithm, BACKEND_ACTIVE, BACKEND_DOWN, BACKEND_DRAINING, Backend, MAX_BACKENDS_PER_VIP,
-    VIP_F_SOURCE_AFFINITY, VipKey, VipMeta,
+    MAX_MAGLEV_TABLES, VIP_F_SOURCE_AFFINITY, VipKey, VipMeta,
 };
 
 use crate::{
@@ -96,6 +96,18 @@ impl Ids {
         self.0.insert(id);
         id
     }
+
+    /// The lowest free id below `below` that is not in `avoid`, or else
+    /// the lowest free one.
+    fn take_lowest_avoiding(&mut self, avoid: &BTreeSet<u32>, below: u32) -> u32 {
+        match (0..below).find(|i| !self.0.contains(i) && !avoid.contains(i)) {
+            Some(id) => {
+                self.0.insert(id);
+                id
+            }
+            None => self.take_lowest(),
+        }
+    }
 }
 
 /// The VIPS key of `v`.
@@ -160,12 +172,24 @@ impl Plan {
         let is_maglev = |i: usize| config.vips[i].algorithm == Algorithm::Maglev;
         let kept_table = |i: usize| old[i].and_then(|(_, _, t)| *t).filter(|_| is_maglev(i));
         let mut tables = Ids::new((0..keys.len()).filter_map(kept_table));
+        // Every table a previous VIP reads now, under a key the
+        // configuration dropped or no longer as Maglev: until that VIP has
+        // left VIPS its SYNs still hash into it. A new Maglev VIP takes one
+        // only when no table is free; the publisher then takes its reader
+        // out of VIPS first (`Publisher::write_plan`).
+        let read_now: BTreeSet<u32> = previous.vips.iter().filter_map(|(.., t)| *t).collect();
         let vip_id: Vec<u32> = old
             .iter()
             .map(|o| o.map_or_else(|| vip_ids.take_lowest(), |(_, id, _)| *id))
             .collect();
         let maglev_table: Vec<Option<u32>> = (0..keys.len())
-            .map(|i| is_maglev(i).then(|| kept_table(i).unwrap_or_else(|| tables.take_lowest())))
+            .map(|i| {
+                is_maglev(i).then(|| {
+                    kept_table(i).unwrap_or_else(|| {
+                        tables.take_lowest_avoiding(&read_now, MAX_MAGLEV_TABLES)
+                    })
+                })
+            })
             .collect();
 
         // Backends: every previous id stays reserved; a configured backend
@@ -542,5 +566,50 @@ mod tests {
         assert_eq!(plan.vips[TCP].meta.vip_id, 0);
         assert_eq!(plan.vips[TCP].slots, [0, 1, 2]);
         assert!(plan.draining.is_empty());
+    }
+
+    /// Maglev VIPs on the given ports of 10.0.0.100, one backend each.
+    fn maglev_vips(ports: &[u16]) -> Config {
+        let file: String = ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "[[vip]]\naddress = \"10.0.0.100:{p}\"\nalgorithm = \"maglev\"\n\
+                     backends = [\"10.0.0.21:80\"]\n"
+                )
+            })
+            .collect();
+        Config::of(&["--iface", "eth0"], &file)
+    }
+
+    /// A restart whose file moved a Maglev VIP: the new VIP takes a table
+    /// no previous VIP reads, not the dropped VIP's, which that VIP's SYNs
+    /// hash into until it leaves VIPS. Only with every table read does it
+    /// take the dropped VIP's (and the publisher takes that VIP out first).
+    #[test]
+    fn a_new_maglev_vip_takes_a_table_no_previous_vip_reads() {
+        let seven: Vec<u16> = (81..88).collect();
+        let first = Plan::new(&maglev_vips(&seven));
+        let tables = |plan: &Plan| -> Vec<Option<u32>> {
+            plan.vips.iter().map(|v| v.maglev_table).collect()
+        };
+        assert_eq!(tables(&first), (0..7).map(Some).collect::<Vec<_>>());
+        let mut moved = seven.clone();
+        moved[0] = 8081;
+        let second = Plan::adopting(&maglev_vips(&moved), &left_by(&first));
+        assert_eq!(
+            second.vips[0].maglev_table,
+            Some(7),
+            "{:?}",
+            tables(&second)
+        );
+        assert_eq!(tables(&second)[1..], tables(&first)[1..]);
+
+        let eight: Vec<u16> = (81..89).collect();
+        let full = Plan::new(&maglev_vips(&eight));
+        let mut moved = eight.clone();
+        moved[2] = 8081;
+        let third = Plan::adopting(&maglev_vips(&moved), &left_by(&full));
+        assert_eq!(third.vips[2].maglev_table, Some(2), "{:?}", tables(&third));
     }
 }

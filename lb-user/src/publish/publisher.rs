@@ -16,7 +16,7 @@ use lb_common::{
     Backend, BackendConns, BackendScore, BackendStats, MAX_BACKENDS, MAX_BACKENDS_PER_VIP, VipKey,
     VipMeta,
 };
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::{
     kernel::maps::{self, Backends, Conns, Stats, VipBackends, Vips},
@@ -27,7 +27,7 @@ use crate::{
     publish::{
         relief::relieved_meta,
         tables::{SlotBackend, planned_slots},
-        writers::{ScoreWriter, TableWriter, UpdateTimes, write_block},
+        writers::{ScoreWriter, TABLE_READER_GRACE, TableWriter, UpdateTimes, write_block},
         zone_tables::ZoneInput,
     },
     settings::faults::{self, Fault},
@@ -114,6 +114,7 @@ impl Publisher {
             }
         }
         let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
+        self.move_table_readers(plan, &weights)?;
         for vip in &plan.vips {
             if let Some(table) = vip.maglev_table {
                 self.tables.claim(vip.meta.vip_id, table);
@@ -149,6 +150,57 @@ impl Publisher {
         for id in live_unplanned {
             self.tables.retire(id);
         }
+        Ok(())
+    }
+
+    /// Before the plan's Maglev tables are written: a VIP in VIPS that
+    /// reads a table the plan gives another VIP (the plan takes one only
+    /// when a previous instance's VIPs read every table, see
+    /// `Plan::adopting`) stops reading it first. One the plan no longer has
+    /// leaves VIPS; one it keeps under another algorithm gets its new
+    /// tables and VIPS entry now. Then [`TABLE_READER_GRACE`] passes (once,
+    /// at the start), so no SYN hashes into a table while it is rewritten
+    /// with another VIP's backends.
+    fn move_table_readers(&mut self, plan: &Plan, weights: &[u32]) -> anyhow::Result<()> {
+        let planned: Vec<(u32, u32)> = plan
+            .vips
+            .iter()
+            .filter_map(|v| Some((v.meta.vip_id, v.maglev_table?)))
+            .collect();
+        let mut live = Vec::new();
+        for entry in self.vips.iter() {
+            let (key, meta) = entry.context("reading VIPS")?;
+            if let Some(table) = self.tables.live_maglev_table(meta.vip_id)? {
+                live.push((key, meta.vip_id, table));
+            }
+        }
+        let read: Vec<(u32, u32)> = live.iter().map(|&(_, id, table)| (id, table)).collect();
+        let readers = readers_to_move(&planned, &read);
+        if readers.is_empty() {
+            return Ok(());
+        }
+        for (key, vip_id, table) in live.iter().filter(|l| readers.contains(&l.1)) {
+            match plan.vips.iter().find(|v| v.meta.vip_id == *vip_id) {
+                Some(vip) => {
+                    let slots = planned_slots(vip, &plan.backends, weights);
+                    let algorithm = vip.meta.algorithm;
+                    self.tables
+                        .write(*vip_id, algorithm, vip.maglev_table, &slots)?;
+                    self.vips
+                        .insert(vip.key, vip.meta, 0)
+                        .context("writing VIPS")?;
+                }
+                None => self
+                    .vips
+                    .remove(key)
+                    .context("removing a VIP no longer configured")?,
+            }
+            info!(
+                vip_id,
+                table, "a previous VIP stopped reading its Maglev table, which another VIP takes"
+            );
+        }
+        std::thread::sleep(TABLE_READER_GRACE);
         Ok(())
     }
 
@@ -360,5 +412,31 @@ impl Publisher {
         self.stats
             .set(id, zeroed, 0)
             .context("zeroing BACKEND_STATS")
+    }
+}
+
+/// The VIPs of `live` (id, the Maglev table it reads) whose table
+/// `planned` (id, table) gives to another VIP.
+fn readers_to_move(planned: &[(u32, u32)], live: &[(u32, u32)]) -> Vec<u32> {
+    live.iter()
+        .filter(|(id, table)| planned.iter().any(|(p, t)| t == table && p != id))
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VIP keeps reading its own table through the plan; a dropped VIP,
+    /// or one no longer Maglev, whose table the plan gives a new VIP is
+    /// moved off it first; one whose table nobody takes stays.
+    #[test]
+    fn only_a_vip_whose_table_another_takes_is_moved_off_it() {
+        let planned = [(0, 0), (1, 1), (9, 2)];
+        assert_eq!(readers_to_move(&planned, &[(0, 0), (1, 1)]), [] as [u32; 0]);
+        assert_eq!(readers_to_move(&planned, &[(0, 0), (1, 1), (2, 2)]), [2]);
+        assert_eq!(readers_to_move(&planned, &[(0, 0), (5, 3), (2, 2)]), [2]);
+        assert_eq!(readers_to_move(&[], &[(0, 0)]), [] as [u32; 0]);
     }
 }

@@ -185,16 +185,23 @@ impl TableWriter {
     /// it. [`TableWriter::release`] frees them once those VIPs are gone.
     pub fn claim_live(&mut self, vip_ids: &[u32]) -> anyhow::Result<()> {
         for &vip_id in vip_ids {
-            let live = match self.descriptors.get(&vip_id, 0) {
-                Ok(t) => t,
-                Err(aya::maps::MapError::KeyNotFound) => continue,
-                Err(e) => return Err(e).context("reading VIP_TABLES"),
-            };
-            if live.has_maglev != 0 && live.maglev_table < MAX_MAGLEV_TABLES {
-                self.current.entry(vip_id).or_insert(live.maglev_table);
+            if let Some(table) = self.live_maglev_table(vip_id)? {
+                self.current.entry(vip_id).or_insert(table);
             }
         }
         Ok(())
+    }
+
+    /// The Maglev table VIP `vip_id`'s pinned descriptor names, if any.
+    pub fn live_maglev_table(&self, vip_id: u32) -> anyhow::Result<Option<u32>> {
+        match self.descriptors.get(&vip_id, 0) {
+            Ok(live) => Ok(
+                (live.has_maglev != 0 && live.maglev_table < MAX_MAGLEV_TABLES)
+                    .then_some(live.maglev_table),
+            ),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).context("reading VIP_TABLES"),
+        }
     }
 
     /// Builds and writes the tables of VIP `vip_id` (whose
