@@ -198,7 +198,13 @@ impl Started<'_> {
         let discovery_rx = discovery.map(|watcher| {
             let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
             runtime.discovery.status = Some(watcher.status.clone());
-            tasks.extend(watcher.spawn(tx));
+            for (vip, prefix, task) in watcher.spawn(tx) {
+                runtime
+                    .discovery
+                    .watches
+                    .insert((vip, prefix), task.abort_handle());
+                tasks.push(task);
+            }
             rx
         });
         let inputs = Inputs {

@@ -592,6 +592,14 @@ impl Runtime {
             warn!("reload: {setting} changed: needs a restart (not applied)");
         }
         let drained_before = self.state.kept_drains();
+        let discovered = |vip: &VipAddr, prefix: &str| {
+            base.vips
+                .iter()
+                .any(|v| v.vip == *vip && v.etcd_prefix.as_deref() == Some(prefix))
+        };
+        for (vip, prefix) in self.discovery.end_watches(discovered) {
+            info!("reload: VIP {vip} is no longer configured: its etcd watch of {prefix} ended");
+        }
         let effective = self.state.reload(base);
         self.config_generation += 1;
         let config = &effective.config;

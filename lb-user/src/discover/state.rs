@@ -10,6 +10,8 @@ use std::{
     time::Duration,
 };
 
+use tokio::task::AbortHandle;
+
 use super::watch::{DiscoveryStatus, Update};
 use crate::{
     kernel::clock::Nanos,
@@ -53,6 +55,8 @@ pub struct DiscoveryState {
     unfinished: HashMap<VipAddr, Unfinished>,
     /// Shared with the watch tasks (metrics).
     pub status: Option<Arc<DiscoveryStatus>>,
+    /// The running watch task of each (VIP, etcd prefix).
+    pub watches: HashMap<(VipAddr, String), AbortHandle>,
 }
 
 impl DiscoveryState {
@@ -76,6 +80,30 @@ impl DiscoveryState {
             };
             self.unfinished.insert(update.vip, unfinished);
         }
+    }
+
+    /// Ends the watch of every (VIP, prefix) that `still_discovered` no
+    /// longer names (a reload dropped the VIP: a reload never adds a
+    /// discovered VIP, so none needs it again until a restart), and forgets
+    /// the VIP's unfinished update. Returns those ended, in VIP order.
+    pub fn end_watches(
+        &mut self,
+        still_discovered: impl Fn(&VipAddr, &str) -> bool,
+    ) -> Vec<(VipAddr, String)> {
+        let mut ended: Vec<(VipAddr, String)> = self
+            .watches
+            .keys()
+            .filter(|(vip, prefix)| !still_discovered(vip, prefix))
+            .cloned()
+            .collect();
+        ended.sort_by_key(|(vip, prefix)| (vip.addr, vip.to_string(), prefix.clone()));
+        for key in &ended {
+            if let Some(task) = self.watches.remove(key) {
+                task.abort();
+            }
+            self.forget(key.0);
+        }
+        ended
     }
 
     /// Forgets VIP `vip`'s unfinished update (the VIP is no longer served).
@@ -189,5 +217,33 @@ mod tests {
                 "10.0.0.101:80/tcp 10.0.0.31:80 b"
             ]
         );
+    }
+
+    /// A reload that drops a discovered VIP ends its watch task (and its
+    /// unfinished update); the kept VIP's watch runs on.
+    #[tokio::test]
+    async fn a_dropped_vips_watch_ends_and_a_kept_ones_runs_on() {
+        let mut state = DiscoveryState::new(30);
+        let (web, api): (VipAddr, VipAddr) = (
+            "10.0.0.100:80".parse().unwrap(),
+            "10.0.0.101:80".parse().unwrap(),
+        );
+        let web_task = tokio::spawn(std::future::pending::<()>());
+        let api_task = tokio::spawn(std::future::pending::<()>());
+        state
+            .watches
+            .insert((web, "/lb/web/".into()), web_task.abort_handle());
+        state
+            .watches
+            .insert((api, "/lb/api/".into()), api_task.abort_handle());
+        state.note_applied(&update("10.0.0.100:80", 8), false, Nanos(0));
+        let ended = state.end_watches(|vip, prefix| *vip == api && prefix == "/lb/api/");
+        assert_eq!(ended, [(web, "/lb/web/".to_string())]);
+        assert!(web_task.await.unwrap_err().is_cancelled());
+        assert_eq!(state.due_reapplies(Nanos(u64::MAX / 2)), []);
+        tokio::task::yield_now().await;
+        assert!(!api_task.is_finished());
+        assert_eq!(state.end_watches(|_, _| true), []);
+        assert_eq!(state.watches.len(), 1);
     }
 }

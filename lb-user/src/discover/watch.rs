@@ -407,8 +407,10 @@ async fn read_all(
 }
 
 impl Watcher {
-    /// One task per discovered VIP, sending its updates to `updates`.
-    pub fn spawn(self, updates: mpsc::Sender<Update>) -> Vec<JoinHandle<()>> {
+    /// One task per discovered VIP, sending its updates to `updates`:
+    /// each with its VIP and prefix, so a reload that drops the VIP ends
+    /// it ([`crate::discover::state::DiscoveryState::end_watches`]).
+    pub fn spawn(self, updates: mpsc::Sender<Update>) -> Vec<(VipAddr, String, JoinHandle<()>)> {
         let Watcher {
             settings,
             views,
@@ -435,7 +437,8 @@ impl Watcher {
                     status: status.clone(),
                     updates: updates.clone(),
                 };
-                tokio::spawn(task.run())
+                let prefix = task.view.prefix.clone();
+                (task.vip, prefix, tokio::spawn(task.run()))
             })
             .collect()
     }
