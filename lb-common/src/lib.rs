@@ -203,6 +203,10 @@ pub const BACKEND_LATENCY_MAP: &str = "BACKEND_LATENCY";
 pub const LATENCY_EPOCH_MAP: &str = "LATENCY_EPOCH";
 pub const VIP_ZONES_MAP: &str = "VIP_ZONES";
 pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
+/// Per CPU and backend: TCP connections the backend accepted (its
+/// SYN-ACK seen), which end a run of refused connections in outlier
+/// detection however many answers its older connections give.
+pub const BACKEND_HANDSHAKES_MAP: &str = "BACKEND_HANDSHAKES";
 /// Per CPU: each backend's last resolved next hop (a cache the data path
 /// keeps; pinned so that the control plane can forget a backend's hops
 /// when its neighbour entry changes or goes).
@@ -270,6 +274,7 @@ pub const ALL_MAPS: &[&str] = &[
     VIP_ZONES_MAP,
     FRAGMENTS_MAP,
     BACKEND_HOPS_MAP,
+    BACKEND_HANDSHAKES_MAP,
 ];
 
 #[cfg(test)]

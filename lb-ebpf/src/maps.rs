@@ -170,6 +170,9 @@ pub static SWEEP_STATS: Array<SweepStats> = Array::with_max_entries(1, 0);
 #[map(name = "BACKEND_LATENCY")]
 pub static BACKEND_LATENCY: PerCpuArray<LatencyAgg> =
     PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+/// Per CPU and backend: TCP connections accepted (the SYN-ACK seen).
+#[map(name = "BACKEND_HANDSHAKES")]
+pub static BACKEND_HANDSHAKES: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
 /// Written by the control plane at every score tick.
 #[map(name = "LATENCY_EPOCH")]
 pub static LATENCY_EPOCH: Array<u64> = Array::with_max_entries(1, 0);

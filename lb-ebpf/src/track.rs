@@ -28,7 +28,7 @@ use crate::{
     events::emit,
     flow::{Translation, lookup, stamp_closed},
     helpers::{PacketClock, jiffies},
-    maps::{BACKEND_CONNS, BACKEND_LATENCY, LATENCY_EPOCH},
+    maps::{BACKEND_CONNS, BACKEND_HANDSHAKES, BACKEND_LATENCY, LATENCY_EPOCH},
     packet::Packet,
     progress,
     wire::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -214,6 +214,8 @@ pub fn backend_packet<const V6: bool>(pkt: &Packet, fwd: *mut FlowEntry, now: u6
         flags.set(FLOW_F_SYNACK_SEEN);
         // SAFETY: live map value; a racing writer stores the same value.
         unsafe { (*fwd).state = FLOW_ESTABLISHED };
+        // SAFETY: live map value; written only at creation.
+        count_handshake(unsafe { (*fwd).backend_id });
     }
     if pkt.has(TCP_RST) {
         // An RST before any SYN-ACK is a refused connection; REFUSED is then
@@ -239,6 +241,16 @@ pub fn backend_packet<const V6: bool>(pkt: &Packet, fwd: *mut FlowEntry, now: u6
             progress::answered(backend_id, now);
             record_latency(backend_id, now.saturating_sub(request_ns));
         }
+    }
+}
+
+/// Counts a connection the backend accepted in this CPU's counter.
+#[inline(always)]
+fn count_handshake(backend_id: u32) {
+    if let Some(count) = BACKEND_HANDSHAKES.get_ptr_mut(backend_id) {
+        // SAFETY: this CPU's own copy of a per-CPU map value; XDP runs
+        // with preemption off, so a plain increment loses nothing.
+        unsafe { *count = (*count).wrapping_add(1) };
     }
 }
 

@@ -382,6 +382,99 @@ fn a_server_behind_two_vips_answers_one_check_per_interval() {
     assert!(connections >= tcp - 2.0, "{connections} for {tcp}");
 }
 
+/// A backend that takes no new connection (nftables drops its SYNs, as a
+/// full accept queue would) while a keep-alive connection asks it hundreds
+/// of requests a second: those answers end no run of refusals (they did
+/// before, and the failure rate stayed far below its threshold), and it is
+/// ejected after `--outlier-consecutive` connections refused with none
+/// accepted in between. Its keep-alive connection still answers.
+#[test]
+fn a_backend_that_takes_no_new_connection_is_ejected_though_its_old_ones_answer() {
+    require_root!();
+    let lab = Fault::new("refuses-new", 2);
+    let flags = ["--syn-timeout", "1s", "--outlier-consecutive", "3"];
+    let mut balancer = spec(&lab, &[0, 1], &flags);
+    balancer.algorithm = Algorithm::RoundRobin;
+    let lb = lab.start_balancer(&balancer).unwrap();
+    let name = lab.backends()[0].name.clone();
+    let mut kept = (0..4)
+        .map(|_| kept_connection(&lab, lab.tcp_vip()))
+        .find(|(_, who)| *who == name)
+        .map(|(s, _)| s)
+        .expect("round robin gives backend 0 one of four connections");
+    let backend = lab.backends()[0].host.ns.clone();
+    let nft = |args: &[&str]| {
+        let mut argv = vec!["nft"];
+        argv.extend_from_slice(args);
+        let out = lab.exec(&backend, &argv).unwrap();
+        assert!(out.status.success(), "{argv:?}: {out:?}");
+    };
+    nft(&["add", "table", "inet", "lbtest"]);
+    let hook = "{ type filter hook input priority 0; policy accept; }";
+    nft(&["add", "chain", "inet", "lbtest", "input", hook]);
+    let port = lb_lab::lab::BACKEND_PORT.to_string();
+    nft(&[
+        "add",
+        "rule",
+        "inet",
+        "lbtest",
+        "input",
+        "tcp",
+        "dport",
+        &port,
+        "tcp",
+        "flags",
+        "&",
+        "(syn|ack)",
+        "==",
+        "syn",
+        "counter",
+        "drop",
+    ]);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let asking = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let (mut answered, deadline) = (0u64, Instant::now() + Duration::from_secs(40));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                let answer = probe::request(&mut kept, "/", b"", true).unwrap();
+                assert_eq!(answer.status, 200);
+                answered += 1;
+            }
+            (answered, kept)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        // Every other new connection is round robin's turn of backend 0.
+        let _ = try_connect(&lab, lab.tcp_vip(), Duration::from_millis(200));
+        let state = backend_status(&lab.status().unwrap(), &lab, 0)
+            .unwrap()
+            .state;
+        if state == "ejected" || Instant::now() > deadline {
+            break state;
+        }
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (answered, mut kept) = asking.join().unwrap();
+    let log = lab.stderr(lb);
+    eprintln!(
+        "FAULT refuses-new: backend 0 {state}; its keep-alive connection answered {answered}"
+    );
+    assert_eq!(state, "ejected", "{log}");
+    assert!(log.contains("connections refused in a row"), "{log}");
+    assert!(
+        answered >= 100,
+        "{answered} answers: too few to have ended a run"
+    );
+    let answer = probe::request(&mut kept, "/", b"", true).unwrap();
+    assert_eq!(
+        answer.status, 200,
+        "the ejected backend's old connection goes on"
+    );
+}
+
 #[test]
 fn flapping_backend_is_kept_out_while_down_and_serves_when_up() {
     require_root!();

@@ -100,6 +100,7 @@ fn case_tcp_syn_to_vip(lb: &mut Lb) {
 
 fn case_syn_ack_translated_back(lb: &mut Lb) {
     let snat_port = open_tcp(lb);
+    assert_eq!(lb.handshakes(0), 0, "a SYN is no accepted connection");
     let syn_ack = from_backend(0, snat_port, TCP_SYN | TCP_ACK);
     let expected = syn_ack.rewritten((VIP, HTTP), (CLIENT, CLIENT_PORT), CLIENT_MAC);
     lb.expect(&syn_ack, XDP_TX, &expected);
@@ -109,6 +110,11 @@ fn case_syn_ack_translated_back(lb: &mut Lb) {
     assert_eq!(fwd.state, FLOW_ESTABLISHED);
     assert_eq!(lb.reason(reason::TX_TO_CLIENT), 1);
     assert!(lb.events().is_empty(), "no event for a SYN-ACK");
+    // Counted once per connection (outlier detection's accepted count),
+    // a retransmitted SYN-ACK not again.
+    assert_eq!(lb.handshakes(0), 1);
+    lb.expect(&syn_ack, XDP_TX, &expected);
+    assert_eq!((lb.handshakes(0), lb.handshakes(1)), (1, 0));
 }
 
 fn case_retransmitted_syn_same_backend(lb: &mut Lb) {
@@ -727,6 +733,7 @@ fn case_rst_to_syn_refused(lb: &mut Lb) {
         XDP_TX,
         &rst.rewritten((VIP, HTTP), (CLIENT, CLIENT_PORT), CLIENT_MAC),
     );
+    assert_eq!(lb.handshakes(0), 0, "refused, not accepted");
     let events = lb.events();
     assert_eq!(
         kinds(&events),

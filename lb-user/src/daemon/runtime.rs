@@ -225,7 +225,15 @@ impl Runtime {
             }
             self.loads.observe(a.backend, sample, now);
         }
-        self.fleet.judge_outliers(&self.tick_answers, now);
+        let handshakes = &self.kernel.handshakes;
+        let accepted = |id: u32| match handshakes.get(&id, 0) {
+            Ok(per_cpu) => Some(per_cpu.iter().fold(0u64, |sum, n| sum.wrapping_add(*n))),
+            Err(e) => {
+                debug!(backend = id, "BACKEND_HANDSHAKES unread: {e}");
+                None
+            }
+        };
+        self.fleet.judge_outliers(&self.tick_answers, accepted, now);
         Ok(())
     }
 

@@ -248,6 +248,9 @@ pub struct KernelHandles {
     pub neighbours: BackendAddrs,
     /// Latency aggregated in the kernel, read at every score tick.
     pub latency: LatencyReader,
+    /// Connections each backend accepted, read for a backend with
+    /// refusals to judge (outlier detection).
+    pub handshakes: maps::Handshakes,
     /// The health checks' own connections, added to in-flight counts.
     pub control_conns: ControlConnections,
     /// Each family's flow-table size, as the pinned tables have it (an
@@ -510,6 +513,7 @@ pub fn open_kernel_handles(
         counters: Counters::open(pin_dir)?,
         neighbours,
         latency: LatencyReader::open(pin_dir, MAX_BACKENDS as usize)?,
+        handshakes: maps::handshakes(pin_dir)?,
         control_conns: ControlConnections::open(pin_dir)?,
         flow_tables: Capacities::of_pins(pin_dir)?,
     })

@@ -12,11 +12,12 @@ use lb_common::{
     FlowEntry, FlowKey, IpKey, LbConfig, NEIGHBOURS_MAP, NEW_FLOW_LIMIT_MAP, Neighbour,
     NewFlowLimit, REASON_STATS_MAP, VIP_BACKENDS_MAP, VIPS_MAP, VipKey, VipMeta,
 };
-use lb_common::{BACKEND_HOPS_MAP, BackendHop, SNAT_CURSORS_MAP, VIP_ZONES_MAP, VipZones};
 use lb_common::{
-    BACKEND_LATENCY_MAP, BACKEND_SNAT_USED_MAP, LATENCY_EPOCH_MAP, LatencyAgg, MAX_SNAT_ADDRS,
-    SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP, SnatAddr, SweepStats,
+    BACKEND_HANDSHAKES_MAP, BACKEND_LATENCY_MAP, BACKEND_SNAT_USED_MAP, LATENCY_EPOCH_MAP,
+    LatencyAgg, MAX_SNAT_ADDRS, SNAT_ADDR_INDEX_MAP, SNAT_ADDRS_MAP, SWEEP_STATS_MAP, SnatAddr,
+    SweepStats,
 };
+use lb_common::{BACKEND_HOPS_MAP, BackendHop, SNAT_CURSORS_MAP, VIP_ZONES_MAP, VipZones};
 use lb_common::{MAGLEV_MAP, VIP_SCHEDULE_MAP, VIP_TABLES_MAP, VIP_WEIGHT_PREFIX_MAP, VipTables};
 
 /// Opens a pinned map as the typed handle `T`.
@@ -55,6 +56,7 @@ pub type LatencyAggs = PerCpuArray<MapData, LatencyAgg>;
 pub type LatencyEpoch = Array<MapData, u64>;
 pub type VipZonesMap = HashMap<MapData, u32, VipZones>;
 pub type BackendHops = PerCpuArray<MapData, BackendHop>;
+pub type Handshakes = PerCpuArray<MapData, u64>;
 
 macro_rules! openers {
     ($($fn_name:ident -> $ty:ty = $map:expr;)+) => {
@@ -93,6 +95,7 @@ openers! {
     vip_zones -> VipZonesMap = VIP_ZONES_MAP;
     snat_cursors -> SnatCursors = SNAT_CURSORS_MAP;
     backend_hops -> BackendHops = BACKEND_HOPS_MAP;
+    handshakes -> Handshakes = BACKEND_HANDSHAKES_MAP;
 }
 
 pub type SnatCursors = PerCpuArray<MapData, u64>;

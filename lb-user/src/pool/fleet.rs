@@ -25,7 +25,7 @@ use crate::{
     kernel::clock::Nanos,
     kernel::wire,
     pool::lifecycle::{Admin, Lifecycle, State},
-    pool::outlier::{Detector, Finding, ejection_cap, latency_outliers},
+    pool::outlier::{Detector, Failure, Finding, ejection_cap, latency_outliers},
     pool::plan::{Plan, vip_key, vip_meta},
     pool::zones::{self, Spill, ZoneMember, ZonePlan},
     settings::addr::{BackendAddr, VipAddr},
@@ -804,12 +804,12 @@ impl Fleet {
     /// outcomes.
     pub fn on_event(&mut self, event: Event, now: Nanos) {
         let p = self.outlier;
-        let id = match event {
-            Event::Refused { backend } => backend,
+        let (id, failure) = match event {
+            Event::Refused { backend } => (backend, Failure::Refused),
             Event::Closed {
                 backend,
                 reason: CloseReason::BackendRst,
-            } => backend,
+            } => (backend, Failure::Reset),
             _ => return,
         };
         let Some(m) = self.member_mut(id) else {
@@ -822,15 +822,21 @@ impl Fleet {
             m.outlier.failures_total += 1;
             return;
         }
-        m.outlier.failure(now, &p);
+        m.outlier.failure(failure, now, &p);
     }
 
     /// The score tick's judgement of every backend in service: `answers`
     /// (indexed by id) are its responses since the last tick, and the
-    /// failures recorded since are judged with them (see
-    /// [`crate::pool::outlier::Detector`]); outliers are ejected within
-    /// the cap. True if any was.
-    pub fn judge_outliers(&mut self, answers: &[u64], now: Nanos) -> bool {
+    /// failures recorded since are judged with them and, for a backend
+    /// with refusals to judge, with `handshakes(id)`, the kernel's count of
+    /// connections it accepted (see [`crate::pool::outlier::Detector`]);
+    /// outliers are ejected within the cap. True if any was.
+    pub fn judge_outliers(
+        &mut self,
+        answers: &[u64],
+        mut handshakes: impl FnMut(u32) -> Option<u64>,
+        now: Nanos,
+    ) -> bool {
         let p = self.outlier;
         let mut ejected = false;
         for id in 0..self.members.len() as u32 {
@@ -841,7 +847,12 @@ impl Fleet {
                 continue;
             }
             let answered = answers.get(id as usize).copied().unwrap_or(0);
-            if let Some(finding) = m.outlier.judge(answered, now, &p) {
+            let accepted = m
+                .outlier
+                .needs_handshakes()
+                .then(|| handshakes(id))
+                .flatten();
+            if let Some(finding) = m.outlier.judge(answered, accepted, now, &p) {
                 ejected |= self.try_eject(id, finding, now);
             }
         }
@@ -1376,7 +1387,7 @@ mod tests {
         for _ in 0..times {
             f.on_event(Event::Refused { backend: id }, now);
         }
-        f.judge_outliers(&[], now);
+        f.judge_outliers(&[], |_| None, now);
     }
 
     #[test]
@@ -1497,7 +1508,7 @@ mod tests {
         f.tick(back, |_| None);
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         f.on_event(Event::Refused { backend: 0 }, back);
-        assert!(!f.judge_outliers(&[], back));
+        assert!(!f.judge_outliers(&[], |_| None, back));
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         // The same after failed checks: down, refused, up again.
         f.health_result(1, false, back);
@@ -1505,7 +1516,7 @@ mod tests {
         f.health_result(1, true, back);
         f.health_result(1, true, back);
         f.on_event(Event::Refused { backend: 1 }, back);
-        assert!(!f.judge_outliers(&[], back));
+        assert!(!f.judge_outliers(&[], |_| None, back));
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         // Counted all the same.
         assert_eq!(f.member(0).unwrap().outlier.failures_total, 9);

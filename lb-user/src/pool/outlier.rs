@@ -17,6 +17,9 @@ use crate::{kernel::clock::Nanos, settings::ops::OutlierParams};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finding {
     Consecutive,
+    /// New connections refused in a row, with none accepted in between,
+    /// whatever its older connections answered.
+    RefusedInRow,
     FailureRate,
     Latency,
 }
@@ -25,10 +28,20 @@ impl Finding {
     pub const fn name(self) -> &'static str {
         match self {
             Finding::Consecutive => "consecutive failures",
+            Finding::RefusedInRow => "connections refused in a row",
             Finding::FailureRate => "failure rate",
             Finding::Latency => "latency",
         }
     }
+}
+
+/// What went wrong, as the kernel's events tell it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A new connection refused: an RST to the SYN, or no SYN-ACK in time.
+    Refused,
+    /// A live connection reset by the backend.
+    Reset,
 }
 
 /// Per-backend outcome counters.
@@ -42,11 +55,26 @@ impl Finding {
 /// streak, and a tick in which it answered nothing adds its failures. A
 /// backend that stops answering is found at most one tick later than per
 /// event.
+///
+/// Answers are per request, so a backend that refuses every new connection
+/// while its keep-alive connections go on answering would end every run.
+/// Refused connections are also judged against the connections the
+/// backend accepted (the kernel counts each SYN-ACK), as Envoy splits
+/// connection failures from the rest: refusals with no connection
+/// accepted in between make a run of their own ([`Finding::RefusedInRow`],
+/// the same `consecutive` threshold).
 #[derive(Clone, Debug, Default)]
 pub struct Detector {
     consecutive: u32,
     /// Failures since the last tick, not judged yet.
     unjudged: u32,
+    /// Refused connections in a row with none accepted in between.
+    refused_in_row: u32,
+    /// Of `unjudged`, the refused connections.
+    unjudged_refused: u32,
+    /// The kernel's count of connections the backend accepted, as last
+    /// read (at a tick that judged refusals).
+    handshakes_seen: Option<u64>,
     window_start: Nanos,
     failures: u32,
     successes: u64,
@@ -56,17 +84,34 @@ pub struct Detector {
 
 impl Detector {
     /// Records a failure, judged at the next tick.
-    pub fn failure(&mut self, now: Nanos, p: &OutlierParams) {
+    pub fn failure(&mut self, failure: Failure, now: Nanos, p: &OutlierParams) {
         self.roll(now, p);
         self.unjudged = self.unjudged.saturating_add(1);
+        if failure == Failure::Refused {
+            self.unjudged_refused = self.unjudged_refused.saturating_add(1);
+        }
         self.failures = self.failures.saturating_add(1);
         self.failures_total += 1;
     }
 
-    /// The tick: `answers` responses since the last one, then the
-    /// failures recorded since; `Some` when they make the backend an
-    /// outlier.
-    pub fn judge(&mut self, answers: u64, now: Nanos, p: &OutlierParams) -> Option<Finding> {
+    /// Whether the next [`Detector::judge`] wants the kernel's count of
+    /// connections the backend accepted (it has refusals to judge): read
+    /// only then, so the tick's cost follows failures, not backends.
+    pub fn needs_handshakes(&self) -> bool {
+        self.unjudged_refused > 0
+    }
+
+    /// The tick: `answers` responses since the last one, and `handshakes`
+    /// (the kernel's count of connections the backend accepted, when
+    /// [`Detector::needs_handshakes`]; `None` if unread), then the failures
+    /// recorded since; `Some` when they make the backend an outlier.
+    pub fn judge(
+        &mut self,
+        answers: u64,
+        handshakes: Option<u64>,
+        now: Nanos,
+        p: &OutlierParams,
+    ) -> Option<Finding> {
         self.roll(now, p);
         self.successes = self.successes.saturating_add(answers);
         self.consecutive = if answers > 0 {
@@ -74,12 +119,30 @@ impl Detector {
         } else {
             self.consecutive.saturating_add(self.unjudged)
         };
+        let refused = std::mem::take(&mut self.unjudged_refused);
+        if let (true, Some(total)) = (refused > 0, handshakes) {
+            // A connection accepted since the last refusals were judged
+            // ends the run, these included (as an answer ends the other
+            // run); a count that changed at all (zeroed with a freed id)
+            // counts as accepted. The first read has nothing to compare:
+            // any connection ever accepted ends it.
+            let accepted = self.handshakes_seen.map_or(total > 0, |seen| total != seen);
+            self.handshakes_seen = Some(total);
+            self.refused_in_row = if accepted {
+                0
+            } else {
+                self.refused_in_row.saturating_add(refused)
+            };
+        }
         let fresh = std::mem::take(&mut self.unjudged) > 0;
         if !fresh {
             return None;
         }
         if p.consecutive > 0 && self.consecutive >= p.consecutive {
             return Some(Finding::Consecutive);
+        }
+        if p.consecutive > 0 && self.refused_in_row >= p.consecutive {
+            return Some(Finding::RefusedInRow);
         }
         let volume = u64::from(self.failures) + self.successes;
         if p.failure_rate > 0.0
@@ -95,6 +158,8 @@ impl Detector {
     pub fn reset(&mut self, now: Nanos) {
         self.consecutive = 0;
         self.unjudged = 0;
+        self.refused_in_row = 0;
+        self.unjudged_refused = 0;
         self.failures = 0;
         self.successes = 0;
         self.window_start = now;
@@ -152,17 +217,17 @@ mod tests {
     #[test]
     fn consecutive_failures_make_an_outlier_and_an_answer_resets_them() {
         let mut d = Detector::default();
-        d.failure(Nanos(1), &P);
-        d.failure(Nanos(2), &P);
-        assert_eq!(d.judge(0, Nanos(3), &P), None);
+        d.failure(Failure::Reset, Nanos(1), &P);
+        d.failure(Failure::Reset, Nanos(2), &P);
+        assert_eq!(d.judge(0, None, Nanos(3), &P), None);
         // A tick with an answer ends the streak, its failures included.
-        d.failure(Nanos(4), &P);
-        assert_eq!(d.judge(1, Nanos(5), &P), None);
-        d.failure(Nanos(6), &P);
-        d.failure(Nanos(7), &P);
-        assert_eq!(d.judge(0, Nanos(8), &P), None);
-        d.failure(Nanos(9), &P);
-        assert_eq!(d.judge(0, Nanos(10), &P), Some(Finding::Consecutive));
+        d.failure(Failure::Reset, Nanos(4), &P);
+        assert_eq!(d.judge(1, None, Nanos(5), &P), None);
+        d.failure(Failure::Reset, Nanos(6), &P);
+        d.failure(Failure::Reset, Nanos(7), &P);
+        assert_eq!(d.judge(0, None, Nanos(8), &P), None);
+        d.failure(Failure::Reset, Nanos(9), &P);
+        assert_eq!(d.judge(0, None, Nanos(10), &P), Some(Finding::Consecutive));
         assert_eq!(d.failures_total, 6);
     }
 
@@ -174,13 +239,13 @@ mod tests {
         let mut d = Detector::default();
         for tick in 1..=100u64 {
             for i in 0..5 {
-                d.failure(Nanos(tick * 50_000_000 + i), &P);
+                d.failure(Failure::Reset, Nanos(tick * 50_000_000 + i), &P);
             }
-            let found = d.judge(500, Nanos(tick * 50_000_000 + 10), &P);
+            let found = d.judge(500, None, Nanos(tick * 50_000_000 + 10), &P);
             assert_eq!(found, None, "tick {tick}");
         }
         // A tick with no judgement due (no new failure) finds nothing.
-        assert_eq!(d.judge(0, Nanos(6 * SEC), &P), None);
+        assert_eq!(d.judge(0, None, Nanos(6 * SEC), &P), None);
     }
 
     #[test]
@@ -191,17 +256,20 @@ mod tests {
         };
         let mut d = Detector::default();
         // 4 answers, then 6 failures: 6 of 10 fail.
-        assert_eq!(d.judge(4, Nanos(SEC), &p), None);
+        assert_eq!(d.judge(4, None, Nanos(SEC), &p), None);
         for i in 0..5 {
-            d.failure(Nanos(SEC + i), &p);
+            d.failure(Failure::Reset, Nanos(SEC + i), &p);
         }
-        assert_eq!(d.judge(0, Nanos(SEC + 10), &p), None, "5 of 9");
-        d.failure(Nanos(SEC + 11), &p);
-        assert_eq!(d.judge(0, Nanos(SEC + 12), &p), Some(Finding::FailureRate));
+        assert_eq!(d.judge(0, None, Nanos(SEC + 10), &p), None, "5 of 9");
+        d.failure(Failure::Reset, Nanos(SEC + 11), &p);
+        assert_eq!(
+            d.judge(0, None, Nanos(SEC + 12), &p),
+            Some(Finding::FailureRate)
+        );
         // A new interval starts from zero.
         d.reset(Nanos(SEC));
-        d.failure(Nanos(20 * SEC), &p);
-        assert_eq!(d.judge(0, Nanos(20 * SEC), &p), None);
+        d.failure(Failure::Reset, Nanos(20 * SEC), &p);
+        assert_eq!(d.judge(0, None, Nanos(20 * SEC), &p), None);
     }
 
     #[test]
@@ -219,5 +287,55 @@ mod tests {
         assert_eq!(ejection_cap(2, 100), 1);
         assert_eq!(ejection_cap(1, 100), 0);
         assert_eq!(ejection_cap(4, 10), 0);
+    }
+
+    /// A backend that refuses every new connection while its keep-alive
+    /// connections answer hundreds of requests a tick: the answers end no
+    /// run of refusals; a connection it accepted does.
+    #[test]
+    fn refusals_with_no_connection_accepted_are_a_run_whatever_the_answers() {
+        let mut d = Detector::default();
+        let tick = |n: u64| Nanos(n * 50_000_000);
+        let refuse = |d: &mut Detector, n: u64| d.failure(Failure::Refused, tick(n), &P);
+        refuse(&mut d, 1);
+        assert!(d.needs_handshakes());
+        // It accepted 40 connections before: nothing to compare with yet.
+        assert_eq!(d.judge(500, Some(40), tick(1), &P), None);
+        assert!(!d.needs_handshakes(), "judged");
+        refuse(&mut d, 2);
+        refuse(&mut d, 2);
+        assert_eq!(d.judge(500, Some(40), tick(2), &P), None, "2 in a row");
+        // One accepted in between ends the run, this tick's refusal too.
+        refuse(&mut d, 3);
+        assert_eq!(d.judge(500, Some(41), tick(3), &P), None);
+        refuse(&mut d, 4);
+        refuse(&mut d, 4);
+        assert_eq!(d.judge(500, Some(41), tick(4), &P), None, "2 in a row");
+        // A tick with no refusal reads no count and changes nothing; a
+        // backend's reset is no refusal.
+        assert_eq!(d.judge(500, None, tick(5), &P), None);
+        d.failure(Failure::Reset, tick(6), &P);
+        assert!(!d.needs_handshakes());
+        assert_eq!(d.judge(500, None, tick(6), &P), None);
+        refuse(&mut d, 7);
+        assert_eq!(
+            d.judge(500, Some(41), tick(7), &P),
+            Some(Finding::RefusedInRow)
+        );
+        // After an ejection it starts clean.
+        d.reset(tick(8));
+        refuse(&mut d, 9);
+        assert_eq!(d.judge(0, Some(41), tick(9), &P), None);
+    }
+
+    /// A count that could not be read judges no refusal run (the other
+    /// rules still hold).
+    #[test]
+    fn an_unread_accept_count_makes_no_run() {
+        let mut d = Detector::default();
+        for n in 1..=10u64 {
+            d.failure(Failure::Refused, Nanos(n), &P);
+            assert_eq!(d.judge(500, None, Nanos(n), &P), None, "tick {n}");
+        }
     }
 }

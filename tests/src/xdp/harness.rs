@@ -434,6 +434,18 @@ impl Lb {
         .expect("BACKEND_PROGRESS");
     }
 
+    /// Connections backend `id` accepted (SYN-ACKs counted), summed over
+    /// CPUs.
+    pub fn handshakes(&self, id: u32) -> u64 {
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            self.ebpf
+                .map(lb_common::BACKEND_HANDSHAKES_MAP)
+                .expect("BACKEND_HANDSHAKES"),
+        )
+        .expect("per-CPU array");
+        map.get(&id, 0).expect("BACKEND_HANDSHAKES").iter().sum()
+    }
+
     /// Backend `id`'s latency aggregate, summed over CPUs (the peak: the
     /// largest of the current epoch).
     pub fn latency(&self, id: u32) -> LatencyAgg {
