@@ -1151,8 +1151,12 @@ fn a_restart_upgrades_a_program_that_predates_a_new_map() {
     let lab = Fault::new("added-map", 2);
     let balancer = spec(&lab, &[0, 1], &[]);
     let first = lab.start_balancer(&balancer).unwrap();
-    let pins = [lb_common::BACKEND_PENDING_MAP, lb_common::BACKEND_HOPS_MAP]
-        .map(|name| lab.pin_dir().join(name));
+    let pins = [
+        lb_common::BACKEND_PENDING_MAP,
+        lb_common::BACKEND_HOPS_MAP,
+        lb_common::BACKEND_HANDSHAKES_MAP,
+    ]
+    .map(|name| lab.pin_dir().join(name));
     let run = lab.during(lab.load(200.0, 6.0, 3_000), |lab| {
         thread::sleep(Duration::from_secs(2));
         assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
@@ -1595,6 +1599,14 @@ fn each_familys_flow_table_has_its_own_size_which_a_restart_keeps() {
     let status = lab.status().unwrap();
     assert!(!status.flow_tables_shared, "{status:?}");
 
+    // The reconciler's sweep is loaded against the pins first: loaded
+    // after the pin is gone, it would create and pin a FLOWS4 of its own
+    // (a run of the whole suite once read one of the default 262144 entries).
+    wait_for(
+        "the first reconciliation pass",
+        Duration::from_secs(10),
+        || metric(&lab.scrape_metrics().unwrap(), "lb_reconcile_seconds_count") > 0.0,
+    );
     // The pins of a running program of a build before IPv4's own table
     // (both families in FLOWS), as this build's `status` meets them when
     // it runs before the daemon is restarted on it: `status` still answers,

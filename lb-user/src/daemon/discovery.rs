@@ -146,8 +146,9 @@ impl Runtime {
         // skips its key's value as a bad one, `discover::view`.)
         let vip = update.vip;
         if !self.state.discovers(&vip, &update.prefix) {
-            // Its watch outlived the reload that dropped the VIP, or moved
-            // its address to a static VIP: that pool is the file's.
+            // Sent before the reload that dropped the VIP ended its watch,
+            // or for an address a VIP added at runtime took: that pool is
+            // the file's (or the operator's).
             debug!(vip = %vip, prefix = %update.prefix, revision = update.revision, "discovery: update for a VIP the configuration no longer discovers from this prefix: ignored");
             self.discovery.forget(vip);
             return false;

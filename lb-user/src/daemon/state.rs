@@ -95,10 +95,11 @@ impl StateKeeper {
     /// Whether the configuration as it runs discovers VIP `vip` from etcd
     /// prefix `prefix`: the file as last read gives it that prefix (a
     /// reload keeps a running VIP's prefix, `config::keep_discovery`), and
-    /// no VIP added at runtime took its address. The watches are set up
-    /// at the start and outlive a reload that drops their VIP, so one can
-    /// report for an address the file (or `vip add`) has since given to a
-    /// static VIP: its updates are not that VIP's.
+    /// no VIP added at runtime took its address. The reload that drops a
+    /// VIP ends its watch, but an update the watch sent just before may
+    /// still be queued, and a VIP removed at runtime keeps its watch, so
+    /// an update can come for an address the file (or `vip add`) has
+    /// since given to a static VIP: it is not that VIP's.
     pub fn discovers(&self, vip: &VipAddr, prefix: &str) -> bool {
         let added_at_runtime = self
             .state

@@ -101,6 +101,9 @@ impl DiscoveryState {
             if let Some(task) = self.watches.remove(key) {
                 task.abort();
             }
+            if let Some(status) = &self.status {
+                status.end(&key.0.to_string(), &key.1);
+            }
             self.forget(key.0);
         }
         ended
@@ -237,8 +240,34 @@ mod tests {
             .watches
             .insert((api, "/lb/api/".into()), api_task.abort_handle());
         state.note_applied(&update("10.0.0.100:80", 8), false, Nanos(0));
+        // The dropped VIP's watch in backoff (etcd unreachable for it), at
+        // a higher revision than the kept one's.
+        let slot = |name: &str, prefix: &str, connected: bool, revision: i64| {
+            let slot = super::super::watch::VipStatus {
+                name: name.into(),
+                prefix: prefix.into(),
+                ..Default::default()
+            };
+            slot.connected
+                .store(connected, std::sync::atomic::Ordering::Relaxed);
+            slot.revision
+                .store(revision, std::sync::atomic::Ordering::Relaxed);
+            slot
+        };
+        let status = Arc::new(DiscoveryStatus {
+            vips: vec![
+                slot("10.0.0.100:80/tcp", "/lb/web/", false, 99),
+                slot("10.0.0.101:80/tcp", "/lb/api/", true, 5),
+            ],
+            ..Default::default()
+        });
+        state.status = Some(status.clone());
+        assert!(!status.connected());
         let ended = state.end_watches(|vip, prefix| *vip == api && prefix == "/lb/api/");
         assert_eq!(ended, [(web, "/lb/web/".to_string())]);
+        // Metrics leave the ended watch out.
+        assert!(status.connected());
+        assert_eq!(status.revision(), 5);
         assert!(web_task.await.unwrap_err().is_cancelled());
         assert_eq!(state.due_reapplies(Nanos(u64::MAX / 2)), []);
         tokio::task::yield_now().await;

@@ -58,9 +58,10 @@ pub struct Update {
     /// runtime state file can leave out a VIP before it at the start.
     pub vip: VipAddr,
     /// The etcd prefix the watch follows: the update is the VIP's only
-    /// while the configuration still discovers it from there (a reload can
-    /// drop the VIP, or give its address to a static one, while the watch,
-    /// set up at the start, runs on).
+    /// while the configuration still discovers it from there (the reload
+    /// that drops the VIP ends its watch, but an update sent just before
+    /// may still be queued; a VIP added at runtime at its address is
+    /// static).
     pub prefix: String,
     pub revision: i64,
     pub wanted: Vec<Entry>,
@@ -91,23 +92,39 @@ pub struct VipStatus {
     pub prefix: String,
     pub connected: AtomicBool,
     pub revision: AtomicI64,
+    /// Its watch ended (a reload dropped the VIP): no longer shown.
+    pub ended: AtomicBool,
 }
 
 impl DiscoveryStatus {
+    /// The VIPs whose watch runs.
+    fn running(&self) -> impl Iterator<Item = &VipStatus> {
+        self.vips
+            .iter()
+            .filter(|v| !v.ended.load(Ordering::Relaxed))
+    }
+
     pub fn connected(&self) -> bool {
-        !self.vips.is_empty()
-            && self
-                .vips
-                .iter()
-                .all(|v| v.connected.load(Ordering::Relaxed))
+        self.running().next().is_some()
+            && self.running().all(|v| v.connected.load(Ordering::Relaxed))
     }
 
     pub fn revision(&self) -> i64 {
-        self.vips
-            .iter()
+        self.running()
             .map(|v| v.revision.load(Ordering::Relaxed))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Marks the watch of VIP `name` (`IP:PORT/proto`) on `prefix` ended:
+    /// metrics and `lb-user status` leave it out from now on.
+    pub fn end(&self, name: &str, prefix: &str) {
+        for v in &self.vips {
+            if v.name == name && v.prefix == prefix {
+                v.ended.store(true, Ordering::Relaxed);
+            }
+        }
+        self.publish();
     }
 
     /// Seconds since the last update, `None` before the first.
@@ -126,7 +143,7 @@ impl DiscoveryStatus {
             return;
         };
         let mut file = DiscoveryFile::default();
-        for v in &self.vips {
+        for v in self.running() {
             file.vips.insert(
                 v.name.clone(),
                 DiscoveredVip {

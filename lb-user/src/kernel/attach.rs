@@ -34,7 +34,8 @@ use aya::{
     },
 };
 use lb_common::{
-    ALL_MAPS, BACKEND_HOPS_MAP, BACKEND_PENDING_MAP, FLOWS_MAP, FLOWS4_MAP, XDP_PROGRAM,
+    ALL_MAPS, BACKEND_HANDSHAKES_MAP, BACKEND_HOPS_MAP, BACKEND_PENDING_MAP, FLOWS_MAP, FLOWS4_MAP,
+    XDP_PROGRAM,
 };
 use tracing::{info, warn};
 
@@ -54,7 +55,12 @@ use crate::{
 /// existed: a running program of an older build has no pin for them, and
 /// re-adopting it upgrades it (`upgrade::upgrade_if_needed` creates and
 /// pins maps new in this build, which the upgraded program then uses).
-const ADDED_MAPS: &[&str] = &[BACKEND_PENDING_MAP, BACKEND_HOPS_MAP, FLOWS4_MAP];
+const ADDED_MAPS: &[&str] = &[
+    BACKEND_PENDING_MAP,
+    BACKEND_HOPS_MAP,
+    FLOWS4_MAP,
+    BACKEND_HANDSHAKES_MAP,
+];
 
 /// A program attached to an interface, with its pins.
 #[derive(Debug)]

@@ -123,9 +123,10 @@ impl Detector {
         if let (true, Some(total)) = (refused > 0, handshakes) {
             // A connection accepted since the last refusals were judged
             // ends the run, these included (as an answer ends the other
-            // run); a count that changed at all (zeroed with a freed id)
-            // counts as accepted. The first read has nothing to compare:
-            // any connection ever accepted ends it.
+            // run); a count that changed at all counts as accepted. The
+            // first read has nothing to compare: any connection ever
+            // accepted ends it, so a backend that accepted before needs
+            // refusals at two ticks or more.
             let accepted = self.handshakes_seen.map_or(total > 0, |seen| total != seen);
             self.handshakes_seen = Some(total);
             self.refused_in_row = if accepted {

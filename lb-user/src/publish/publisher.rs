@@ -114,12 +114,12 @@ impl Publisher {
             }
         }
         let weights: Vec<u32> = plan.weights.iter().map(|w| w.get()).collect();
-        self.move_table_readers(plan, &weights)?;
         for vip in &plan.vips {
             if let Some(table) = vip.maglev_table {
                 self.tables.claim(vip.meta.vip_id, table);
             }
         }
+        self.move_table_readers(plan, &weights)?;
         // VIPs a previous instance left in VIPS under ids the plan does not
         // give them keep their Maglev tables until they are removed below.
         let planned: HashSet<u32> = plan.vips.iter().map(|v| v.meta.vip_id).collect();
@@ -153,51 +153,51 @@ impl Publisher {
         Ok(())
     }
 
-    /// Before the plan's Maglev tables are written: a VIP in VIPS that
-    /// reads a table the plan gives another VIP (the plan takes one only
-    /// when a previous instance's VIPs read every table, see
-    /// `Plan::adopting`) stops reading it first. One the plan no longer has
-    /// leaves VIPS; one it keeps under another algorithm gets its new
-    /// tables and VIPS entry now. Then [`TABLE_READER_GRACE`] passes (once,
-    /// at the start), so no SYN hashes into a table while it is rewritten
-    /// with another VIP's backends.
+    /// Before the plan's Maglev tables are written: every VIP in VIPS
+    /// that reads a Maglev table the plan does not keep it on stops reading
+    /// it first, since that table may be written for another VIP (the plan
+    /// gives a new VIP one only when a previous instance's VIPs read every
+    /// table, see `Plan::adopting`; a write aside takes any table no
+    /// planned VIP claims). One the plan no longer has leaves VIPS; one it
+    /// keeps under another algorithm gets its new tables and VIPS entry
+    /// now. Then [`TABLE_READER_GRACE`] passes (once, at the start), so no
+    /// SYN hashes into a table while it is written with another VIP's
+    /// backends. VIPs are matched by key: a VIP's id may be a new VIP's.
     fn move_table_readers(&mut self, plan: &Plan, weights: &[u32]) -> anyhow::Result<()> {
-        let planned: Vec<(u32, u32)> = plan
-            .vips
-            .iter()
-            .filter_map(|v| Some((v.meta.vip_id, v.maglev_table?)))
-            .collect();
-        let mut live = Vec::new();
+        let planned: Vec<(VipKey, Option<u32>)> =
+            plan.vips.iter().map(|v| (v.key, v.maglev_table)).collect();
+        let (mut live, mut live_ids) = (Vec::new(), Vec::new());
         for entry in self.vips.iter() {
             let (key, meta) = entry.context("reading VIPS")?;
             if let Some(table) = self.tables.live_maglev_table(meta.vip_id)? {
-                live.push((key, meta.vip_id, table));
+                live.push((key, table));
+                live_ids.push(meta.vip_id);
             }
         }
-        let read: Vec<(u32, u32)> = live.iter().map(|&(_, id, table)| (id, table)).collect();
-        let readers = readers_to_move(&planned, &read);
+        let readers = readers_to_move(&planned, &live);
         if readers.is_empty() {
             return Ok(());
         }
-        for (key, vip_id, table) in live.iter().filter(|l| readers.contains(&l.1)) {
-            match plan.vips.iter().find(|v| v.meta.vip_id == *vip_id) {
+        for i in readers {
+            let ((key, table), vip_id) = (live[i], live_ids[i]);
+            match plan.vips.iter().find(|v| v.key == key) {
                 Some(vip) => {
                     let slots = planned_slots(vip, &plan.backends, weights);
-                    let algorithm = vip.meta.algorithm;
-                    self.tables
-                        .write(*vip_id, algorithm, vip.maglev_table, &slots)?;
+                    let (id, algorithm) = (vip.meta.vip_id, vip.meta.algorithm);
+                    self.tables.write(id, algorithm, vip.maglev_table, &slots)?;
                     self.vips
                         .insert(vip.key, vip.meta, 0)
                         .context("writing VIPS")?;
                 }
                 None => self
                     .vips
-                    .remove(key)
+                    .remove(&key)
                     .context("removing a VIP no longer configured")?,
             }
             info!(
                 vip_id,
-                table, "a previous VIP stopped reading its Maglev table, which another VIP takes"
+                table,
+                "a previous VIP stopped reading its Maglev table before the plan's tables are written"
             );
         }
         std::thread::sleep(TABLE_READER_GRACE);
@@ -415,12 +415,15 @@ impl Publisher {
     }
 }
 
-/// The VIPs of `live` (id, the Maglev table it reads) whose table
-/// `planned` (id, table) gives to another VIP.
-fn readers_to_move(planned: &[(u32, u32)], live: &[(u32, u32)]) -> Vec<u32> {
+/// The VIPs of `live` (key, the Maglev table it reads) that must stop
+/// reading it before the plan's tables are written, as indexes into
+/// `live`: each one `planned` (key, Maglev table) does not keep on that
+/// same table, gone from the plan or no longer Maglev.
+fn readers_to_move<K: PartialEq>(planned: &[(K, Option<u32>)], live: &[(K, u32)]) -> Vec<usize> {
     live.iter()
-        .filter(|(id, table)| planned.iter().any(|(p, t)| t == table && p != id))
-        .map(|(id, _)| *id)
+        .enumerate()
+        .filter(|(_, (key, table))| !planned.iter().any(|(k, t)| k == key && *t == Some(*table)))
+        .map(|(i, _)| i)
         .collect()
 }
 
@@ -428,15 +431,25 @@ fn readers_to_move(planned: &[(u32, u32)], live: &[(u32, u32)]) -> Vec<u32> {
 mod tests {
     use super::*;
 
-    /// A VIP keeps reading its own table through the plan; a dropped VIP,
-    /// or one no longer Maglev, whose table the plan gives a new VIP is
-    /// moved off it first; one whose table nobody takes stays.
+    /// A VIP the plan keeps on its own table reads on; one dropped from
+    /// the plan, or kept under another algorithm, stops first (its table
+    /// may be given to a new VIP, or taken as a spare by a write aside).
     #[test]
-    fn only_a_vip_whose_table_another_takes_is_moved_off_it() {
-        let planned = [(0, 0), (1, 1), (9, 2)];
-        assert_eq!(readers_to_move(&planned, &[(0, 0), (1, 1)]), [] as [u32; 0]);
-        assert_eq!(readers_to_move(&planned, &[(0, 0), (1, 1), (2, 2)]), [2]);
-        assert_eq!(readers_to_move(&planned, &[(0, 0), (5, 3), (2, 2)]), [2]);
-        assert_eq!(readers_to_move(&[], &[(0, 0)]), [] as [u32; 0]);
+    fn only_a_vip_the_plan_keeps_on_its_table_reads_on() {
+        let planned = [
+            ("a", Some(0)),
+            ("b", Some(1)),
+            ("k", None),
+            ("new", Some(2)),
+        ];
+        let none: [usize; 0] = [];
+        assert_eq!(readers_to_move(&planned, &[("a", 0), ("b", 1)]), none);
+        // Dropped (its table given to the new VIP, or to no one).
+        assert_eq!(readers_to_move(&planned, &[("a", 0), ("gone", 2)]), [1]);
+        assert_eq!(readers_to_move(&planned, &[("gone", 5), ("b", 1)]), [0]);
+        // Kept, but no longer Maglev.
+        assert_eq!(readers_to_move(&planned, &[("k", 3), ("a", 0)]), [0]);
+        assert_eq!(readers_to_move(&[], &[("a", 0)]), [0]);
+        assert_eq!(readers_to_move(&planned, &[]), none);
     }
 }

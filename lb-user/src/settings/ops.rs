@@ -101,7 +101,8 @@ pub struct LifecycleParams {
 /// Tunables of outlier detection (defaults above).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OutlierParams {
-    /// Failures in a row that make an outlier (0: off).
+    /// Failures in a row, or refused connections in a row with none
+    /// accepted in between, that make an outlier (0: off).
     pub consecutive: u32,
     /// Failure share in one interval that makes an outlier (0: off).
     pub failure_rate: f64,
@@ -355,7 +356,7 @@ pub struct OpsSettings {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     pub weight_smoothing: Option<Duration>,
-    /// Failures in a row (refused, SYN timeout, reset by the backend) that eject (default 5; 0: off).
+    /// Failures in a row (refused, SYN timeout, reset by the backend), or connections refused in a row with none accepted in between, that eject (default 5; 0: off).
     #[arg(long, value_name = "N")]
     pub outlier_consecutive: Option<u32>,
     /// Failure share within one interval that ejects, 0..=1 (default 0.5; 0: off).
