@@ -1910,12 +1910,7 @@ fn a_restart_with_a_reordered_config_keeps_every_id_counter_and_flow() {
 fn a_restart_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     require_root!();
     let lab = Fault::new("restart-maglev", 2);
-    let path = lab.log_dir().join("vips.toml");
-    let write = |vips: &[SocketAddr]| write_vips(&lab, &path, vips, "algorithm = \"maglev\"\n");
-    let mut vips: Vec<SocketAddr> = (0..8).map(|i| other_vip(&lab, 81 + i)).collect();
-    write(&vips);
-    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
-    base.vips.clear();
+    let (path, mut vips, base) = eight_maglev_vips(&lab);
     let first = lab.start_balancer(&base).unwrap();
     let old = vips[7];
     let (mut kept, _) = kept_connection(&lab, old);
@@ -1923,7 +1918,7 @@ fn a_restart_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
 
     let moved = other_vip(&lab, 8081);
     vips[7] = moved;
-    write(&vips);
+    write_vips(&lab, &path, &vips, MAGLEV);
     let second = lab.start_balancer(&base).unwrap();
     wait_until_configured(&lab, second);
     let log = lab.stderr(second);
@@ -1931,27 +1926,7 @@ fn a_restart_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
         log.contains("a previous VIP stopped reading its Maglev table"),
         "{log}"
     );
-    let run = lab.measure(load_to(moved, 100.0, 1.5));
-    lab.report(
-        &run,
-        &format!(
-            "Maglev VIP moved by a restart: {:?}",
-            run.summary.per_backend
-        ),
-    );
-    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
-    assert!(
-        try_connect(&lab, old, Duration::from_secs(1)).is_none(),
-        "the VIP moved away took a new connection"
-    );
-    let answer = probe::request(&mut kept, "/", b"", true).unwrap();
-    assert_eq!(answer.status, 200, "the old VIP's connection finishes");
-    for &vip in &vips[..7] {
-        assert_eq!(
-            lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(),
-            0
-        );
-    }
+    assert_maglev_vip_moved(&lab, "a restart", &vips, old, &mut kept);
 }
 
 /// Waits until a restarted lb-user has written its configuration (a
@@ -2377,6 +2352,51 @@ fn a_sighup_during_the_start_is_answered_once_running() {
 
 /// Writes a configuration file at `path` with one `[[vip]]` per address
 /// of `vips`, each with every backend of the lab and the lines `extra`.
+/// The config lines that make a VIP of [`write_vips`] a Maglev one.
+const MAGLEV: &str = "algorithm = \"maglev\"\n";
+
+/// Eight Maglev VIPs (ports 81 to 88 of the lab's VIP address, every
+/// backend), which take every Maglev table, written to a file in the lab's
+/// log folder: the file, the VIPs, and a balancer spec that reads it.
+fn eight_maglev_vips(lab: &Fault) -> (std::path::PathBuf, Vec<SocketAddr>, BalancerSpec) {
+    let path = lab.log_dir().join("vips.toml");
+    let vips: Vec<SocketAddr> = (0..8).map(|i| other_vip(lab, 81 + i)).collect();
+    write_vips(lab, &path, &vips, MAGLEV);
+    let mut base = spec(lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    (path, vips, base)
+}
+
+/// After `how` moved the Maglev VIP at `old` to `vips[7]`: the moved VIP
+/// serves without an error, the old address takes no new connection, its
+/// `kept` connection finishes, and the other seven VIPs serve.
+fn assert_maglev_vip_moved(
+    lab: &Fault,
+    how: &str,
+    vips: &[SocketAddr],
+    old: SocketAddr,
+    kept: &mut TcpStream,
+) {
+    let run = lab.measure(load_to(vips[7], 100.0, 1.5));
+    lab.report(
+        &run,
+        &format!("Maglev VIP moved by {how}: {:?}", run.summary.per_backend),
+    );
+    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
+    assert!(
+        try_connect(lab, old, Duration::from_secs(1)).is_none(),
+        "the VIP moved away took a new connection"
+    );
+    let answer = probe::request(kept, "/", b"", true).unwrap();
+    assert_eq!(answer.status, 200, "the old VIP's connection finishes");
+    for &vip in &vips[..7] {
+        assert_eq!(
+            lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(),
+            0
+        );
+    }
+}
+
 fn write_vips(lab: &Fault, path: &std::path::Path, vips: &[SocketAddr], extra: &str) {
     let backends: Vec<String> = lab
         .backends()
@@ -2448,12 +2468,7 @@ fn sighup_adds_one_vip_and_removes_another_and_says_so() {
 fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     require_root!();
     let lab = Fault::new("sighup-maglev", 2);
-    let path = lab.log_dir().join("vips.toml");
-    let write = |vips: &[SocketAddr]| write_vips(&lab, &path, vips, "algorithm = \"maglev\"\n");
-    let mut vips: Vec<SocketAddr> = (0..8).map(|i| other_vip(&lab, 81 + i)).collect();
-    write(&vips);
-    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
-    base.vips.clear();
+    let (path, mut vips, base) = eight_maglev_vips(&lab);
     let lb = lab.start_balancer(&base).unwrap();
     let old = vips[7];
     let (mut kept, _) = kept_connection(&lab, old);
@@ -2469,7 +2484,7 @@ fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     assert!(try_connect(&lab, moved, Duration::from_secs(1)).is_none());
 
     vips[7] = moved;
-    write(&vips);
+    write_vips(&lab, &path, &vips, MAGLEV);
     lab.signal(lb, Signal::SIGHUP).unwrap();
     wait_for("the reload", Duration::from_secs(10), || {
         lab.stderr(lb).contains("configuration reloaded")
@@ -2484,22 +2499,5 @@ fn sighup_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     wait_for("the moved VIP", Duration::from_secs(5), || {
         try_connect(&lab, moved, Duration::from_secs(1)).is_some()
     });
-    let run = lab.measure(load_to(moved, 100.0, 1.5));
-    lab.report(
-        &run,
-        &format!("Maglev VIP moved by SIGHUP: {:?}", run.summary.per_backend),
-    );
-    assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
-    assert!(
-        try_connect(&lab, old, Duration::from_secs(1)).is_none(),
-        "the VIP moved away took a new connection"
-    );
-    let answer = probe::request(&mut kept, "/", b"", true).unwrap();
-    assert_eq!(answer.status, 200, "the old VIP's connection finishes");
-    for &vip in &vips[..7] {
-        assert_eq!(
-            lab.measure(load_to(vip, 50.0, 0.5)).summary.error_count(),
-            0
-        );
-    }
+    assert_maglev_vip_moved(&lab, "SIGHUP", &vips, old, &mut kept);
 }
