@@ -357,11 +357,13 @@ fn maglev_uses_the_control_planes_table() {
 }
 
 /// A restart whose configuration dropped Maglev VIP 0 but kept VIP 1:
-/// until VIP 0 leaves VIPS (after the planned VIPs' tables are written),
-/// its SYNs still hash into the table its descriptor names. The restarted
-/// writer claims that table (`TableWriter::claim_live`), so VIP 1's new
-/// table goes elsewhere; without the claim it went into VIP 0's table, and
-/// VIP 0's new connections to VIP 1's backends.
+/// until VIP 0 leaves VIPS its SYNs still hash into the table its
+/// descriptor names. (The restart takes it out of VIPS before writing any
+/// table, `Publisher::move_table_readers`; this is the writer's own guard
+/// for a VIP left there.) The restarted writer claims that table
+/// (`TableWriter::claim_live`), so VIP 1's new table goes elsewhere;
+/// without the claim it went into VIP 0's table, and VIP 0's new
+/// connections to VIP 1's backends.
 fn a_restart_keeps_a_dropped_maglev_vips_table_until_it_is_removed() {
     let mut lb = setup(Algorithm::Maglev, &[1, 1, 1, 1], 0, 0);
     let maglev = Algorithm::Maglev as u8;

@@ -1929,6 +1929,47 @@ fn a_restart_moves_a_maglev_vip_while_every_maglev_table_is_taken() {
     assert_maglev_vip_moved(&lab, "a restart", &vips, old, &mut kept);
 }
 
+/// A restart that moves a VIP off Maglev, after another Maglev VIP in the
+/// file: the moved VIP stops reading its table before any table is
+/// written (the other VIP's new table, written aside, would take it as
+/// the spare while the moved VIP's SYNs still hashed into it), and both
+/// serve under their new settings.
+#[test]
+fn a_restart_moves_a_vip_off_maglev_beside_another_maglev_vip() {
+    require_root!();
+    let lab = Fault::new("restart-off-maglev", 2);
+    let path = lab.log_dir().join("vips.toml");
+    let (stays, moves) = (other_vip(&lab, 81), other_vip(&lab, 82));
+    write_vips(&lab, &path, &[stays, moves], MAGLEV);
+    let mut base = spec(&lab, &[], &["--config", path.to_str().unwrap()]);
+    base.vips.clear();
+    let first = lab.start_balancer(&base).unwrap();
+    assert!(!lab.stop_balancer(first, Signal::SIGKILL).unwrap().success());
+
+    write_vips(&lab, &path, &[stays], MAGLEV);
+    let maglev = std::fs::read_to_string(&path).unwrap();
+    write_vips(&lab, &path, &[moves], "algorithm = \"round-robin\"\n");
+    let round_robin = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{maglev}\n{round_robin}")).unwrap();
+    let second = lab.start_balancer(&base).unwrap();
+    wait_until_configured(&lab, second);
+    let log = lab.stderr(second);
+    assert!(
+        log.contains("a previous VIP stopped reading its Maglev table"),
+        "{log}"
+    );
+    let status = lab.status().unwrap();
+    let algorithm = |vip: SocketAddr| status.vip(&vip.to_string()).unwrap().algorithm.clone();
+    assert_eq!(
+        (algorithm(stays), algorithm(moves)),
+        ("maglev".to_string(), "round-robin".to_string())
+    );
+    for vip in [stays, moves] {
+        let run = lab.measure(load_to(vip, 100.0, 1.0));
+        assert_eq!(run.summary.error_count(), 0, "{vip}: {:?}", run.summary);
+    }
+}
+
 /// Waits until a restarted lb-user has written its configuration (a
 /// re-adopted instance's status reads as ready before that: the pinned
 /// maps already are).
@@ -2350,8 +2391,6 @@ fn a_sighup_during_the_start_is_answered_once_running() {
     assert_eq!(run.summary.error_count(), 0, "{:?}", run.summary);
 }
 
-/// Writes a configuration file at `path` with one `[[vip]]` per address
-/// of `vips`, each with every backend of the lab and the lines `extra`.
 /// The config lines that make a VIP of [`write_vips`] a Maglev one.
 const MAGLEV: &str = "algorithm = \"maglev\"\n";
 
@@ -2397,6 +2436,8 @@ fn assert_maglev_vip_moved(
     }
 }
 
+/// Writes a configuration file at `path` with one `[[vip]]` per address
+/// of `vips`, each with every backend of the lab and the lines `extra`.
 fn write_vips(lab: &Fault, path: &std::path::Path, vips: &[SocketAddr], extra: &str) {
     let backends: Vec<String> = lab
         .backends()

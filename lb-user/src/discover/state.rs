@@ -265,14 +265,22 @@ mod tests {
         assert!(!status.connected());
         let ended = state.end_watches(|vip, prefix| *vip == api && prefix == "/lb/api/");
         assert_eq!(ended, [(web, "/lb/web/".to_string())]);
-        // Metrics leave the ended watch out.
+        // Metrics leave the ended watch out of `connected`; the highest
+        // revision applied does not go back.
         assert!(status.connected());
-        assert_eq!(status.revision(), 5);
+        assert_eq!(status.revision(), 99);
         assert!(web_task.await.unwrap_err().is_cancelled());
         assert_eq!(state.due_reapplies(Nanos(u64::MAX / 2)), []);
         tokio::task::yield_now().await;
         assert!(!api_task.is_finished());
         assert_eq!(state.end_watches(|_, _| true), []);
         assert_eq!(state.watches.len(), 1);
+        status.vips[1]
+            .connected
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        assert!(!status.connected(), "the running watch is down");
+        state.end_watches(|_, _| false);
+        assert!(status.connected(), "no watch runs: none is down");
+        assert!(api_task.await.unwrap_err().is_cancelled());
     }
 }

@@ -104,13 +104,17 @@ impl DiscoveryStatus {
             .filter(|v| !v.ended.load(Ordering::Relaxed))
     }
 
+    /// Whether every running watch is connected (an ended one is not
+    /// waited for: with all ended, nothing is down).
     pub fn connected(&self) -> bool {
-        self.running().next().is_some()
-            && self.running().all(|v| v.connected.load(Ordering::Relaxed))
+        !self.vips.is_empty() && self.running().all(|v| v.connected.load(Ordering::Relaxed))
     }
 
+    /// The highest revision applied, ended watches' included (it never
+    /// goes back).
     pub fn revision(&self) -> i64 {
-        self.running()
+        self.vips
+            .iter()
             .map(|v| v.revision.load(Ordering::Relaxed))
             .max()
             .unwrap_or(0)

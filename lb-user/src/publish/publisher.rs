@@ -91,9 +91,11 @@ impl Publisher {
 
     /// Writes the plan in an order that never shows the program a
     /// reference to something unwritten: backends and their initial scores,
-    /// then slot blocks and their weight-derived tables, then VIPs; VIPs and
-    /// backends that are no longer configured (a re-adopted instance with a
-    /// changed config) are removed last.
+    /// then slot blocks and their weight-derived tables, then VIPs. VIPs
+    /// and backends that are no longer configured (a re-adopted instance
+    /// with a changed config) are removed last, except a VIP that reads a
+    /// Maglev table, which stops reading it before any table is written
+    /// ([`Publisher::move_table_readers`]).
     pub fn write_plan(
         &mut self,
         plan: &Plan,
@@ -119,9 +121,12 @@ impl Publisher {
                 self.tables.claim(vip.meta.vip_id, table);
             }
         }
+        // From here no VIP in VIPS reads a Maglev table the plan does not
+        // keep it on: every other table may be written. (Claimed all the
+        // same for a VIP left in VIPS under an id the plan does not give
+        // it, in case one still reads one; freed after the grace once
+        // removed, below.)
         self.move_table_readers(plan, &weights)?;
-        // VIPs a previous instance left in VIPS under ids the plan does not
-        // give them keep their Maglev tables until they are removed below.
         let planned: HashSet<u32> = plan.vips.iter().map(|v| v.meta.vip_id).collect();
         let live_unplanned: Vec<u32> = self
             .vips
@@ -146,7 +151,6 @@ impl Publisher {
                 .context("writing VIPS")?;
         }
         self.remove_unplanned(plan)?;
-        // Out of VIPS now: their tables are spares after the grace.
         for id in live_unplanned {
             self.tables.retire(id);
         }
@@ -174,10 +178,14 @@ impl Publisher {
                 live_ids.push(meta.vip_id);
             }
         }
-        let readers = readers_to_move(&planned, &live);
+        let mut readers = readers_to_move(&planned, &live);
         if readers.is_empty() {
             return Ok(());
         }
+        // The VIPs the plan no longer has first: a VIP kept under another
+        // algorithm writes no Maglev table, but nothing is written while a
+        // VIP about to leave still reads one.
+        readers.sort_by_key(|&i| plan.vips.iter().any(|v| v.key == live[i].0));
         for i in readers {
             let ((key, table), vip_id) = (live[i], live_ids[i]);
             match plan.vips.iter().find(|v| v.key == key) {

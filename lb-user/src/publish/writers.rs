@@ -178,11 +178,12 @@ impl TableWriter {
 
     /// Claims the Maglev table each of `vip_ids` reads now (its pinned
     /// descriptor's), for VIPs the kernel still selects for but the plan
-    /// does not name under that id (a previous instance's VIP that is no
-    /// longer configured, removed only after the planned VIPs' tables are
-    /// written): no planned VIP takes such a table as its spare and writes
-    /// its own backends into it while the old VIP's SYNs still hash into
-    /// it. [`TableWriter::release`] frees them once those VIPs are gone.
+    /// does not name under that id: no planned VIP takes such a table as
+    /// its spare and writes its own backends into it while the old VIP's
+    /// SYNs still hash into it. (A restart takes every such VIP out of
+    /// VIPS first, `Publisher::move_table_readers`; the claim stays for a
+    /// reader that move missed.) [`TableWriter::retire`] frees them once
+    /// those VIPs are gone.
     pub fn claim_live(&mut self, vip_ids: &[u32]) -> anyhow::Result<()> {
         for &vip_id in vip_ids {
             if let Some(table) = self.live_maglev_table(vip_id)? {
