@@ -437,27 +437,16 @@ impl Lb {
     /// Connections backend `id` accepted (SYN-ACKs counted), summed over
     /// CPUs.
     pub fn handshakes(&self, id: u32) -> u64 {
-        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            self.ebpf
-                .map(lb_common::BACKEND_HANDSHAKES_MAP)
-                .expect("BACKEND_HANDSHAKES"),
-        )
-        .expect("per-CPU array");
-        map.get(&id, 0).expect("BACKEND_HANDSHAKES").iter().sum()
+        self.per_cpu_values::<u64>(lb_common::BACKEND_HANDSHAKES_MAP, id)
+            .iter()
+            .sum()
     }
 
     /// Backend `id`'s latency aggregate, summed over CPUs (the peak: the
     /// largest of the current epoch).
     pub fn latency(&self, id: u32) -> LatencyAgg {
-        let map: PerCpuArray<_, LatencyAgg> = PerCpuArray::try_from(
-            self.ebpf
-                .map(lb_common::BACKEND_LATENCY_MAP)
-                .expect("BACKEND_LATENCY"),
-        )
-        .expect("per-CPU array");
         let epoch = self.latency_epoch();
-        map.get(&id, 0)
-            .expect("BACKEND_LATENCY")
+        self.per_cpu_values::<LatencyAgg>(lb_common::BACKEND_LATENCY_MAP, id)
             .iter()
             .fold(LatencyAgg::default(), |a, c| LatencyAgg {
                 sum_ns: a.sum_ns + c.sum_ns,
@@ -710,10 +699,18 @@ impl Lb {
 
     /// The test CPU's copy of entry `index` of the per-CPU array map `name`.
     pub fn per_cpu_value<T: aya::Pod>(&self, name: &str, index: u32) -> T {
+        self.per_cpu_values(name, index)[super::isolate::TEST_CPU]
+    }
+
+    /// Every CPU's copy of entry `index` of the per-CPU array map `name`.
+    pub fn per_cpu_values<T: aya::Pod>(&self, name: &str, index: u32) -> Vec<T> {
         let map: PerCpuArray<_, T> =
             PerCpuArray::try_from(self.ebpf.map(name).expect("map exists")).expect("per-CPU array");
         map.get(&index, 0)
-            .unwrap_or_else(|e| panic!("{name}[{index}]: {e}"))[super::isolate::TEST_CPU]
+            .unwrap_or_else(|e| panic!("{name}[{index}]: {e}"))
+            .iter()
+            .copied()
+            .collect()
     }
 
     /// Sets entry `index` of the per-CPU array map `name` to `value` on the
