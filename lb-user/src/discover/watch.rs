@@ -82,6 +82,11 @@ pub struct DiscoveryStatus {
     pub resyncs: AtomicU64,
     /// Unix time in milliseconds of the last update (0: none yet).
     pub last_update_ms: AtomicU64,
+    /// Held while the file is built and written: every VIP's watch task
+    /// publishes, and the file has one temporary name beside it, which two
+    /// writers at once would truncate under each other (and the later
+    /// state could be renamed over by the earlier).
+    pub publishing: std::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -146,6 +151,12 @@ impl DiscoveryStatus {
         let Some(path) = self.file.as_ref() else {
             return;
         };
+        // A panicked writer left nothing half-done that matters here: the
+        // file is rebuilt whole.
+        let _one_writer = self
+            .publishing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut file = DiscoveryFile::default();
         for v in self.running() {
             file.vips.insert(
@@ -963,5 +974,71 @@ mod tests {
         assert_eq!((update.revision, update.wanted.len()), (12, 3));
         assert!(rx.try_recv().is_err());
         let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
+    }
+
+    /// Every VIP's watch task publishes the status file, on worker
+    /// threads of their own: a reader must only ever find a whole file
+    /// (`lb-user status` parses it), whichever writers overlap.
+    #[test]
+    fn writers_at_once_never_leave_a_torn_status_file() {
+        let dir = std::env::temp_dir().join(format!("lb-watch-publish-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.discovery.json");
+        let vips = (0..64)
+            .map(|i| VipStatus {
+                vip: i,
+                name: format!("10.0.{}.{}:80/tcp", i / 200, i % 200 + 1),
+                prefix: format!("/lb/some-longer-service-name-{i}/"),
+                ..VipStatus::default()
+            })
+            .collect();
+        let status = Arc::new(DiscoveryStatus {
+            vips,
+            file: Some(path.clone()),
+            ..DiscoveryStatus::default()
+        });
+        status.publish();
+        let done = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let status = status.clone();
+                std::thread::spawn(move || {
+                    for round in 0..300 {
+                        status.vips[w].revision.store(round, Ordering::Relaxed);
+                        status.publish();
+                    }
+                })
+            })
+            .collect();
+        let reader = {
+            let (done, path) = (done.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut torn = 0;
+                let mut reads = 0;
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(text) = std::fs::read(&path) {
+                        reads += 1;
+                        let file: Result<DiscoveryFile, _> = serde_json::from_slice(&text);
+                        if file.map_or(true, |f| f.vips.len() != 64) {
+                            torn += 1;
+                        }
+                    }
+                }
+                (torn, reads)
+            })
+        };
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+        let (torn, reads) = reader.join().unwrap();
+        let last: DiscoveryFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(reads > 0, "the reader never found the file");
+        assert_eq!(torn, 0, "{torn} of {reads} reads found a torn file");
+        // The last write of each writer is what the file ends with.
+        for w in 0..4 {
+            assert_eq!(last.vips[&status.vips[w].name].revision, 299);
+        }
     }
 }
