@@ -556,7 +556,14 @@ impl Fleet {
             self.check_not_removed(vip, backend)?;
         }
         let (id, m, params) = self.find_member_mut(vip, backend)?;
+        let back_in_service = admin == Admin::Active && m.life.admin() != Admin::Active;
         m.life.set_admin(admin, now, &params);
+        if back_in_service {
+            // Undrained: it returns clean, as from an ejection. A run of
+            // failures from before the drain is not evidence any more (the
+            // operator took it out, maybe to fix just that).
+            m.outlier.reset(now);
+        }
         Ok(id)
     }
 
@@ -1520,6 +1527,24 @@ mod tests {
         assert_eq!(f.selection(0, back).slots, [0, 1, 2, 3]);
         // Counted all the same.
         assert_eq!(f.member(0).unwrap().outlier.failures_total, 9);
+    }
+
+    /// An undrained backend returns clean: a run of failures from before
+    /// its drain does not carry over into the first failure after it.
+    #[test]
+    fn an_undrained_backend_returns_with_no_run_of_failures() {
+        let (mut f, _) = fleet(&[]);
+        let t = Nanos(2 * SEC);
+        let vip: VipAddr = f.vips[0].addr;
+        let addr = f.member(0).unwrap().addr;
+        refuse(&mut f, 0, 2, t);
+        f.set_admin(&vip, addr, Admin::Draining, t).unwrap();
+        f.set_admin(&vip, addr, Admin::Active, t).unwrap();
+        refuse(&mut f, 0, 1, t);
+        assert_eq!(f.selection(0, t).slots, [0, 1, 2, 3]);
+        // Two more make a run of three: ejected.
+        refuse(&mut f, 0, 2, t);
+        assert_eq!(f.selection(0, t).slots, [1, 2, 3]);
     }
 
     /// The ejection count falls per base time in service: time down does
