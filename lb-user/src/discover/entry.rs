@@ -59,7 +59,7 @@ pub fn parse(value: &[u8], vip: &VipAddr) -> Result<Entry, String> {
     let addr: SocketAddr = raw
         .addr
         .parse()
-        .map_err(|_| format!("addr '{}' is not IP:PORT", raw.addr))?;
+        .map_err(|_| format!("addr {} is not IP:PORT", shown(&raw.addr)))?;
     if addr.port() == 0 {
         return Err(format!("addr '{addr}' is not a usable backend"));
     }
@@ -84,6 +84,20 @@ pub fn parse(value: &[u8], vip: &VipAddr) -> Result<Entry, String> {
         })?),
     };
     Ok(Entry { addr, weight, zone })
+}
+
+/// Most of a text from etcd that a log line shows ([`shown`]).
+const SHOWN_CHARS: usize = 64;
+
+/// `text` (a key or value anybody with write access to the prefix chose)
+/// as a log line shows it: quoted with its control characters escaped, so
+/// it cannot break the line or forge another, and cut after
+/// [`SHOWN_CHARS`] characters.
+pub fn shown(text: &str) -> String {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+        None => format!("{text:?}"),
+    }
 }
 
 #[cfg(test)]
@@ -181,10 +195,15 @@ mod tests {
             r#"{"addr":"10.0.0.21:80","weight":-1}"#,
             r#"{"addr":"10.0.0.21:80","weight":1.5}"#,
             r#"{"addr":"10.0.0.21:80","weight":"2"}"#,
+            r#"{"addr":"x\nINFO forged line"}"#,
         ] {
             let e = parse(bad.as_bytes(), &vip4()).unwrap_err();
             assert!(!e.contains('\n'), "{bad}: {e}");
         }
+        // A huge value is not repeated whole.
+        let huge = format!(r#"{{"addr":"{}"}}"#, "9".repeat(100_000));
+        let e = parse(huge.as_bytes(), &vip4()).unwrap_err();
+        assert!(e.len() < 200, "{} characters", e.len());
         assert!(parse(&[0xff, 0xfe], &vip4()).is_err());
         // The configuration's words for a backend no host has, and for the
         // VIP itself (the VIP's port only: another port of its address is

@@ -141,9 +141,12 @@ impl PrefixView {
         }
     }
 
-    /// A key was deleted (or its lease expired).
-    pub fn delete(&mut self, key: &[u8]) {
-        self.entries.remove(String::from_utf8_lossy(key).as_ref());
+    /// A key was deleted (or its lease expired); true if it named a
+    /// backend.
+    pub fn delete(&mut self, key: &[u8]) -> bool {
+        self.entries
+            .remove(String::from_utf8_lossy(key).as_ref())
+            .is_some()
     }
 
     pub fn len(&self) -> usize {

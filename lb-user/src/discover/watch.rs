@@ -187,7 +187,8 @@ fn now_ms() -> u64 {
 fn log_skipped(status: &DiscoveryStatus, skipped: &[Skipped]) {
     for s in skipped {
         status.updates_invalid.fetch_add(1, Ordering::Relaxed);
-        warn!(key = %s.key, "discovery: skipping key: {}", s.reason);
+        let key = super::entry::shown(&s.key);
+        warn!(%key, "discovery: skipping key: {}", s.reason);
     }
 }
 
@@ -711,32 +712,37 @@ impl VipWatch {
         (changed, None)
     }
 
-    /// Applies one message's events; true if any changed the view.
+    /// Applies one message's events; true if any changed the view. One
+    /// that changed nothing (a progress notification, only skipped values,
+    /// deletes of keys that named no backend) is seen up to its revision,
+    /// but sends no update, counts none applied and writes no cache.
     fn apply(&mut self, message: &Message) -> bool {
-        if message.events.is_empty() {
-            // A progress notification: everything up to its revision is seen.
-            if !message.created
-                && let Some(revision) = message.revision
-            {
-                self.view.revision = self.view.revision.max(revision);
-                self.status.vips[self.slot]
-                    .revision
-                    .store(self.view.revision, Ordering::Relaxed);
-            }
+        if message.events.is_empty() && message.created {
             return false;
         }
+        let mut changed = false;
         for event in &message.events {
             self.view.revision = self.view.revision.max(event.mod_revision);
             match &event.value {
-                Some(value) => {
-                    if let Err(s) = self.view.put(&event.key, value) {
-                        log_skipped(&self.status, &[s]);
-                    }
-                }
-                None => self.view.delete(&event.key),
+                Some(value) => match self.view.put(&event.key, value) {
+                    Ok(()) => changed = true,
+                    Err(s) => log_skipped(&self.status, &[s]),
+                },
+                None => changed |= self.view.delete(&event.key),
             }
         }
-        true
+        // A progress notification: everything up to its revision is seen.
+        if message.events.is_empty()
+            && let Some(revision) = message.revision
+        {
+            self.view.revision = self.view.revision.max(revision);
+        }
+        if !changed {
+            self.status.vips[self.slot]
+                .revision
+                .store(self.view.revision, Ordering::Relaxed);
+        }
+        changed
     }
 
     /// Probes new backends' next hops, then reports the whole wanted set
@@ -973,6 +979,45 @@ mod tests {
         let update = rx.try_recv().unwrap();
         assert_eq!((update.revision, update.wanted.len()), (12, 3));
         assert!(rx.try_recv().is_err());
+        let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
+    }
+
+    /// Writes that change no backend (a bad value, a delete of a key that
+    /// named none) send no update and count none applied; the revision
+    /// they reach is seen all the same.
+    #[tokio::test(start_paused = true)]
+    async fn writes_that_change_no_backend_send_no_update() {
+        let (mut task, mut rx) = watch("unchanged");
+        let bad = Message {
+            revision: Some(11),
+            events: vec![KeyEvent {
+                key: format!("{PREFIX}x").into_bytes(),
+                value: Some(br#"{"addr":"10.0.0.22:80","weight":0}"#.to_vec()),
+                mod_revision: 11,
+            }],
+            ..Message::default()
+        };
+        let gone = Message {
+            revision: Some(12),
+            events: vec![KeyEvent {
+                key: format!("{PREFIX}never-there").into_bytes(),
+                value: None,
+                mod_revision: 12,
+            }],
+            ..Message::default()
+        };
+        let mut stream = Script(VecDeque::from([Ok(bad), Ok(gone)]));
+        assert_eq!(task.follow(&mut stream).await, stream_ended());
+        assert!(rx.try_recv().is_err(), "an update that changed nothing");
+        assert_eq!(task.status.updates_applied.load(Ordering::Relaxed), 0);
+        assert_eq!(task.status.updates_invalid.load(Ordering::Relaxed), 1);
+        assert_eq!(task.view.revision, 12);
+        assert_eq!(task.status.vips[0].revision.load(Ordering::Relaxed), 12);
+        // A real change is sent, at its revision.
+        let mut stream = Script(VecDeque::from([Ok(put("y", "10.0.0.23:80", 13))]));
+        assert_eq!(task.follow(&mut stream).await, stream_ended());
+        assert_eq!(rx.try_recv().unwrap().revision, 13);
+        assert_eq!(task.status.updates_applied.load(Ordering::Relaxed), 1);
         let _ = std::fs::remove_dir_all(task.cache_path.parent().unwrap());
     }
 

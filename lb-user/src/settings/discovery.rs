@@ -279,8 +279,9 @@ pub struct RegisterArgs {
     /// The balancers' prefix; the key is PREFIX + IP:PORT.
     #[arg(long, value_name = "PREFIX")]
     pub prefix: String,
-    /// This backend, IP:PORT.
-    #[arg(long, value_name = "IP:PORT")]
+    /// This backend, IP:PORT: a host's address, as the balancers take a
+    /// backend's (they skip any other).
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_registered_addr)]
     pub addr: std::net::SocketAddr,
     /// Weight, 1..=65535.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65535))]
@@ -336,9 +337,68 @@ impl RegisterArgs {
     }
 }
 
+/// `register --addr`: the rules a balancer's discovery applies to the
+/// value (`discover::entry::parse`), so that the sidecar refuses at once a
+/// backend every balancer would skip, instead of keeping its lease alive.
+fn parse_registered_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let addr = crate::settings::addr::parse_socket_addr(text).map_err(|e| e.to_string())?;
+    match crate::settings::config::not_a_host(addr.ip()) {
+        Some(what) => Err(format!("{addr} is {what}: balancers skip it as a backend")),
+        None => Ok(addr),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sidecar refuses a backend address every balancer would skip
+    /// (`discover::entry::parse`), rather than keep its lease alive.
+    #[test]
+    fn register_refuses_an_address_no_balancer_takes() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            args: RegisterArgs,
+        }
+        let addr = |a: &str| {
+            Cmd::try_parse_from([
+                "register",
+                "--etcd-endpoints",
+                "http://10.0.0.1:2379",
+                "--prefix",
+                "/lb/web/",
+                "--addr",
+                a,
+            ])
+            .map(|c| c.args.addr)
+        };
+        assert_eq!(addr("10.0.0.21:80").unwrap().to_string(), "10.0.0.21:80");
+        let vip: crate::settings::addr::VipAddr = "10.0.0.100:80".parse().unwrap();
+        for bad in [
+            "0.0.0.0:80",
+            "10.0.0.21:0",
+            "224.0.0.1:80",
+            "127.0.0.1:80",
+            "[fe80::1%2]:80",
+            "[::]:80",
+        ] {
+            let e = addr(bad).expect_err(bad).to_string();
+            assert!(e.contains("--addr"), "{bad}: {e}");
+            // What a balancer would say of it as a discovered value.
+            let value = format!(r#"{{"addr":"{bad}"}}"#);
+            let vip = if bad.starts_with('[') {
+                "[2001:db8::100]:80".parse().unwrap()
+            } else {
+                vip
+            };
+            assert!(
+                crate::discover::entry::parse(value.as_bytes(), &vip).is_err(),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn the_register_zone_is_checked_and_empty_means_none() {
