@@ -45,6 +45,7 @@ use crate::settings::{
         Config, VipConfig, check_backend, check_backend_snat, check_backends, check_limits,
         check_snat, check_snat_family,
     },
+    ops::HealthCheck,
     ports::PortRange,
     zone::{ZoneName, ZoneSettings},
 };
@@ -124,6 +125,58 @@ pub struct RuntimeState {
 /// the time: its definition names its prefix instead of them, so a change
 /// made at runtime holds while the file still takes the VIP from there.
 fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
+    fingerprint_as(config, vip, HealthText::Current)
+}
+
+/// Whether `recorded`, a VIP entry's fingerprint, still describes VIP
+/// `vip` in `config`: this build's text, or the text a build before
+/// latency probes wrote for the same definition (its health check had no
+/// `latency_probe` field; an upgrade must not read that as a change and
+/// drop the operator's removal or addition).
+fn fingerprint_holds(config: &Config, vip: &VipAddr, recorded: Option<&str>) -> bool {
+    let now = vip_fingerprint(config, vip);
+    now.as_deref() == recorded
+        || (now.is_some()
+            && fingerprint_as(config, vip, HealthText::BeforeLatencyProbes).as_deref() == recorded)
+}
+
+/// Which build's words [`fingerprint_as`] gives a health check in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HealthText {
+    Current,
+    BeforeLatencyProbes,
+}
+
+/// A VIP's health check as its fingerprint writes it: spelled out here,
+/// field by field, in the words the derived `Debug` gave when entries were
+/// first written, so that a field added to `HealthCheck` later changes no
+/// recorded fingerprint (a new field is written only when set, as
+/// `zone_aware` and the P2C limits are).
+fn health_text(health: Option<&HealthCheck>, words: HealthText) -> String {
+    let Some(h) = health else {
+        return "None".to_string();
+    };
+    let http = match &h.http {
+        Some(c) => format!(
+            "Some(HttpCheck {{ path: {:?}, status: {} }})",
+            c.path, c.status
+        ),
+        None => "None".to_string(),
+    };
+    // That build had no probes, and its files could not set them: the
+    // same file now gets the default (on for an HTTP check).
+    let probe = match words {
+        HealthText::BeforeLatencyProbes => String::new(),
+        HealthText::Current => format!(", latency_probe: {:?}", h.latency_probe),
+    };
+    format!(
+        "Some(HealthCheck {{ http: {http}, interval: {:?}, timeout: {:?}, rise: {}, fall: {}{probe} }})",
+        h.interval, h.timeout, h.rise, h.fall
+    )
+}
+
+/// [`vip_fingerprint`] with its health check in `words`.
+fn fingerprint_as(config: &Config, vip: &VipAddr, words: HealthText) -> Option<String> {
     let v = config.vips.iter().find(|v| v.vip == *vip)?;
     let backends = match &v.etcd_prefix {
         Some(prefix) => format!("etcd={prefix}"),
@@ -147,11 +200,11 @@ fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
         format!(" saturation={}", v.p2c_saturation)
     };
     Some(format!(
-        "{} bias={} affinity={}{zone_aware}{full_scan}{saturation} health={:?} {backends}",
+        "{} bias={} affinity={}{zone_aware}{full_scan}{saturation} health={} {backends}",
         v.algorithm.name(),
         v.inflight_bias,
         v.maglev_source_affinity,
-        v.health,
+        health_text(v.health.as_ref(), words),
     ))
 }
 
@@ -410,8 +463,7 @@ impl RuntimeState {
             let Ok(vip) = e.vip.parse::<VipAddr>() else {
                 return false;
             };
-            let now = vip_fingerprint(&base, &vip);
-            if now != e.config {
+            if !fingerprint_holds(&base, &vip, e.config.as_deref()) {
                 notes.push(format!(
                     "VIP {vip}: the configuration changed since it was {} at runtime; the configuration wins",
                     if e.added.is_some() { "added" } else { "removed" }
@@ -799,6 +851,60 @@ mod tests {
         assert!(notes.is_empty(), "{notes:?}");
         assert_eq!(effective.vips.len(), roomy.vips.len() + 1);
         effective.validate_vips().unwrap();
+    }
+
+    /// A VIP removed at runtime stays removed across an upgrade: the
+    /// fingerprint recorded by this build, and the one a build before
+    /// latency probes recorded (its health check's text had no
+    /// `latency_probe`), both still hold for the same file. Before, the
+    /// older text read as a change: the VIP came back and the operator's
+    /// removal was dropped from the file.
+    #[test]
+    fn a_vip_removal_recorded_by_an_older_build_holds_after_an_upgrade() {
+        let two = |interval: &str| {
+            let file = format!(
+                "[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80\"]\n\
+                 [vip.health]\ncheck = \"http\"\npath = \"/healthz\"\ninterval = \"{interval}\"\n\
+                 [[vip]]\naddress = \"10.0.0.101:80\"\nbackends = [\"10.0.0.22:80\"]\n"
+            );
+            Config::of(&["--iface", "eth0"], &file)
+        };
+        let base = two("1s");
+        let vip = base.vips[0].vip;
+        let current = vip_fingerprint(&base, &vip).unwrap();
+        // What this build (and the ones since latency probes) wrote, in
+        // the derived `Debug`'s words: unchanged.
+        assert!(
+            current.contains(
+                "health=Some(HealthCheck { http: Some(HttpCheck { path: \"/healthz\", status: 200 }), \
+                 interval: 1s, timeout: 500ms, rise: 2, fall: 2, latency_probe: Some(250ms) }) \
+                 backends=10.0.0.21:80@1"
+            ),
+            "{current}"
+        );
+        let older = current.replace(", latency_probe: Some(250ms)", "");
+        assert_ne!(older, current);
+        for recorded in [current.clone(), older.clone()] {
+            let mut state = RuntimeState::default();
+            state.record_vip_removed(&base, &vip);
+            state.vips[0].config = Some(recorded.clone());
+            let mut effective = base.clone();
+            let (_, notes) = state.clone().overlay(&mut effective);
+            assert!(notes.is_empty(), "{recorded}: {notes:?}");
+            assert_eq!(effective.vips.len(), 1, "{recorded}");
+            assert_eq!(effective.vips[0].vip, base.vips[1].vip);
+        }
+        // A file whose check changed since did change the VIP, whichever
+        // build wrote the entry.
+        for recorded in [current, older] {
+            let mut state = RuntimeState::default();
+            state.record_vip_removed(&base, &vip);
+            state.vips[0].config = Some(recorded);
+            let mut effective = two("2s");
+            let (_, notes) = state.overlay(&mut effective);
+            assert_eq!(notes.len(), 1, "{notes:?}");
+            assert_eq!(effective.vips.len(), 2);
+        }
     }
 
     #[test]
