@@ -364,9 +364,51 @@ fn remove_pins(pin_dir: &Path) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", pin_dir.display())),
     };
+    // The link's pin first: a removal that fails or is killed part way
+    // then leaves map pins with no link, which the next start removes as
+    // leftovers, never a link whose maps are partly gone (which a start
+    // refuses, or, if only maps added by newer builds were gone, takes for
+    // an older build and upgrades onto new, empty ones).
+    let link = pin_dir.join(LINK_PIN);
+    match fs::remove_file(&link) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing pin {}", link.display())),
+    }
     for entry in entries.flatten() {
-        fs::remove_file(entry.path())
-            .with_context(|| format!("removing pin {}", entry.path().display()))?;
+        match fs::remove_file(entry.path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("removing pin {}", entry.path().display()));
+            }
+        }
     }
     fs::remove_dir(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A removal that stops part way has already removed the link's pin:
+    /// what is left are map pins with no link, which a start clears as
+    /// leftovers.
+    #[test]
+    fn a_removal_that_fails_part_way_leaves_no_link_behind() {
+        let dir = std::env::temp_dir().join(format!("lb-pins-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(LINK_PIN), b"").unwrap();
+        // Entries a file removal cannot take (directories), made after the
+        // link so that a listing in any order is likely to meet one first.
+        for name in ["FLOWS4", "VIPS", "BACKENDS", "CONFIG"] {
+            fs::create_dir(dir.join(name)).unwrap();
+        }
+        let failed = remove_pins(&dir);
+        let link_left = dir.join(LINK_PIN).exists();
+        let _ = fs::remove_dir_all(&dir);
+        assert!(failed.is_err());
+        assert!(!link_left, "the link's pin outlived a failed removal");
+    }
 }
