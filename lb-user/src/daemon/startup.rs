@@ -330,6 +330,14 @@ fn restore_snat_cursors(config: &Config, pin_dir: &std::path::Path, plan: &Plan)
 pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
     let file = snat_handover::path(&config.state_dir, &config.instance);
     let saved = read_previous(pin_dir).and_then(|previous| {
+        if previous.backends.is_empty() {
+            // A start that failed before its backends reached the kernel
+            // balanced nothing: the file a clean stop left before it is
+            // kept for the next start, not replaced by an empty one (whose
+            // start would then hand out tuples the backends still hold in
+            // TIME_WAIT).
+            return Ok(None);
+        }
         let backends: Vec<VipBackend> = previous
             .backends
             .iter()
@@ -354,9 +362,14 @@ pub fn save_snat_cursors(config: &Config, pin_dir: &std::path::Path) {
             &backends,
             std::time::SystemTime::now(),
         )
+        .map(Some)
     });
     match saved {
-        Ok((n, tuples)) => info!(
+        Ok(None) => info!(
+            file = %file.display(),
+            "no backend reached the kernel: the SNAT hand-off file is left as it was"
+        ),
+        Ok(Some((n, tuples))) => info!(
             backends = n,
             held_tuples = tuples,
             file = %file.display(),

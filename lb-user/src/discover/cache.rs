@@ -6,7 +6,6 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::Write as _,
     path::{Path, PathBuf},
 };
 
@@ -55,20 +54,9 @@ impl Cache {
 
     /// Replaces the file atomically.
     pub fn store(&self, path: &Path) -> anyhow::Result<()> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(self)?;
-        let mut file =
-            fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        file.write_all(&text)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        crate::kernel::instance::write_durable(path, &text)
+            .with_context(|| format!("writing {}", path.display()))
     }
 }
 

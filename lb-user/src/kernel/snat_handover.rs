@@ -498,12 +498,9 @@ pub fn save(
     };
     saved.quarantined.extend(held_open(open, limits, now_ns));
     let text = serde_json::to_vec(&saved).context("encoding the SNAT cursors")?;
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = file.with_extension("json.tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("renaming to {}", file.display()))?;
+    // It names the clients of open connections: nobody else's business.
+    crate::kernel::instance::write_durable(file, &text)
+        .with_context(|| format!("writing {}", file.display()))?;
     Ok((saved.backends.len(), saved.quarantined.len()))
 }
 

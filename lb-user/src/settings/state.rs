@@ -30,7 +30,6 @@
 //! ([`RuntimeState::drop_snat_refused`]).
 
 use std::{
-    io::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -430,17 +429,9 @@ impl RuntimeState {
     /// Writes the whole file atomically: a temporary file beside it,
     /// fsync, rename over it, fsync of the directory.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let tmp = path.with_extension("json.tmp");
-        let mut file = std::fs::File::create(&tmp)?;
-        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        file.write_all(text.as_bytes())?;
-        file.write_all(b"\n")?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        let mut text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        text.push('\n');
+        crate::kernel::instance::write_durable(path, text.as_bytes())
     }
 
     /// Lays the entries that still hold over `config` (the configuration
