@@ -176,7 +176,7 @@ impl Started<'_> {
         let (reload_tx, reload_rx) = mpsc::channel(1);
         let hangup = shutdown.take_hangup()?;
         let mut tasks = vec![
-            state::spawn_writer(state_path, saves, errors.clone()),
+            state::spawn_writer(state_path, saves, runtime.state.saved(), errors.clone()),
             neighbours::spawn_neighbour_watch(
                 neighbour_sync,
                 backend_hops,
@@ -273,6 +273,11 @@ impl Started<'_> {
         for task in tasks {
             task.abort();
         }
+        // The writer's last changes, if it had not saved them.
+        let config = self.config;
+        runtime
+            .state
+            .save_unsaved(&settings_state::path(&config.state_dir, &config.instance));
         control::remove_socket(&self.config.instance);
         let _ = std::fs::remove_file(crate::surface::status::discovery_path(
             &self.config.instance,

@@ -4,7 +4,12 @@
 //! thread (temporary file, fsync, rename). A failed save is counted
 //! (`stage="state"`) and tried again a second later.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use tokio::{sync::watch, task::JoinHandle, time::sleep};
 use tracing::{info, warn};
@@ -29,6 +34,8 @@ pub struct StateKeeper {
     base: Config,
     state: RuntimeState,
     saves: watch::Sender<RuntimeState>,
+    /// What the file has (see [`SavedState`]).
+    saved: SavedState,
 }
 
 /// What a configuration becomes with the runtime state laid over it.
@@ -48,6 +55,7 @@ impl StateKeeper {
         let (saves, rx) = watch::channel(state.clone());
         let mut keeper = Self {
             base: base.clone(),
+            saved: Arc::new(Mutex::new(state.clone())),
             state,
             saves,
         };
@@ -153,6 +161,34 @@ impl StateKeeper {
         self.lay_over(base)
     }
 
+    /// The record of what the file has, for [`spawn_writer`].
+    pub fn saved(&self) -> SavedState {
+        self.saved.clone()
+    }
+
+    /// At a stop, after the writer task was stopped: writes the latest
+    /// state to `path` if the file does not have it yet (the writer was
+    /// between tries after a failed save, or the stop came right after a
+    /// command). An operator's change is then lost only if this write
+    /// fails too, which is logged as an error.
+    pub fn save_unsaved(&self, path: &Path) {
+        let mut last = self.saved.lock().unwrap_or_else(PoisonError::into_inner);
+        if *last == self.state {
+            return;
+        }
+        match self.state.save(path) {
+            Ok(()) => {
+                *last = self.state.clone();
+                info!(file = %path.display(), "saved the latest runtime changes at the stop");
+            }
+            Err(e) => tracing::error!(
+                file = %path.display(),
+                "the latest runtime changes could not be saved at the stop: the next start \
+                 will not have them: {e}"
+            ),
+        }
+    }
+
     /// Records VIP `v` added at runtime and hands the state to the writer.
     pub fn record_vip_added(&mut self, v: &crate::settings::config::VipConfig) {
         self.state.record_vip_added(&self.base, v);
@@ -192,11 +228,18 @@ impl StateKeeper {
     }
 }
 
+/// The state last written to the file, held while a write runs: the
+/// writer task and the stop's last save ([`StateKeeper::save_unsaved`])
+/// never write at once (they share one temporary file name), and the stop
+/// knows whether the latest state reached the file.
+pub type SavedState = Arc<Mutex<RuntimeState>>;
+
 /// Saves every new state to `path`, the latest one first (states that
-/// arrive while a save runs are coalesced).
+/// arrive while a save runs are coalesced), and records it in `saved`.
 pub fn spawn_writer(
     path: PathBuf,
     mut states: watch::Receiver<RuntimeState>,
+    saved: SavedState,
     errors: ControlErrors,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -207,7 +250,14 @@ pub fn spawn_writer(
             }
             let state = states.borrow_and_update().clone();
             let target = path.clone();
-            let saved = tokio::task::spawn_blocking(move || state.save(&target)).await;
+            let record = saved.clone();
+            let saved = tokio::task::spawn_blocking(move || {
+                let mut last = record.lock().unwrap_or_else(PoisonError::into_inner);
+                state.save(&target)?;
+                *last = state;
+                Ok::<(), std::io::Error>(())
+            })
+            .await;
             let outcome = match saved {
                 Ok(result) => result.map_err(anyhow::Error::from),
                 Err(e) => Err(anyhow::anyhow!("{e}")),
@@ -242,6 +292,31 @@ mod tests {
             ],
             &format!("etcd_endpoints = [\"http://127.0.0.1:2379\"]\n{vips}"),
         )
+    }
+
+    /// A change the writer task had not saved when the stop came (its save
+    /// failed and waits for a retry, or it was still queued) is written
+    /// by the stop; one the file has is not written again.
+    #[test]
+    fn the_stop_saves_a_change_the_writer_had_not() {
+        let base = with_etcd("");
+        let dir = std::env::temp_dir().join(format!("lb-keeper-stop-{}", std::process::id()));
+        let path = crate::settings::state::path(&dir, "t");
+        let (mut keeper, _, _states) = StateKeeper::new(&base, RuntimeState::default());
+        // Nothing changed: nothing written.
+        keeper.save_unsaved(&path);
+        assert!(!path.exists());
+        let vip: VipAddr = "10.0.0.200:80".parse().unwrap();
+        keeper.record_vip_removed(&vip);
+        keeper.save_unsaved(&path);
+        let (read, _) = RuntimeState::load(&path).unwrap();
+        assert_eq!(read.as_ref(), Some(&keeper.state));
+        // Saved: a second stop leaves the file alone.
+        std::fs::remove_file(&path).unwrap();
+        keeper.save_unsaved(&path);
+        let written_again = path.exists();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!written_again);
     }
 
     /// A weight an operator set on a discovered backend is an override
