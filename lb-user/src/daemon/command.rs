@@ -28,7 +28,7 @@ impl Runtime {
         let id = match self.apply_command(request, now) {
             Ok(id) => id,
             Err(e) => {
-                info!(command = ?request.command, vip = %request.vip, backend = %request.backend, %peer, "operator command refused: {e:#}");
+                info!(command = ?request.command, vip = ?request.vip, backend = ?request.backend, %peer, "operator command refused: {e:#}");
                 return Response::failed(format!("{e:#}"));
             }
         };
@@ -37,7 +37,7 @@ impl Runtime {
         self.after_membership_change();
         match self.on_tick(now) {
             Ok(()) => {
-                info!(command = ?request.command, vip = %request.vip, backend = %request.backend, %peer, "operator command applied");
+                info!(command = ?request.command, vip = ?request.vip, backend = ?request.backend, %peer, "operator command applied");
                 Response::done(id)
             }
             Err(e) => {

@@ -437,9 +437,12 @@ impl OpsSettings {
 
     fn outlier(&self) -> Result<OutlierParams, ConfigError> {
         let latency_factor = self.outlier_latency_factor.unwrap_or(0.0);
-        if !(latency_factor == 0.0 || latency_factor >= 1.0) {
+        // Finite too: `inf` would turn the ejection on with a threshold
+        // no backend can reach.
+        if !(latency_factor == 0.0 || (latency_factor >= 1.0 && latency_factor.is_finite())) {
             return Err(ConfigError::Ops(format!(
-                "outlier latency factor {latency_factor} must be 0 (off) or at least 1"
+                "outlier latency factor {latency_factor} must be 0 (off) or a finite number \
+                 at least 1"
             )));
         }
         let outlier = OutlierParams {
@@ -601,6 +604,8 @@ mod tests {
             "max_ejection_percent = 101",
             "metrics_addr = \"nowhere\"",
             "outlier_latency_factor = 0.5",
+            "outlier_latency_factor = inf",
+            "outlier_latency_factor = nan",
         ] {
             assert!(parse(text).resolve().is_err(), "{text}");
         }

@@ -357,7 +357,8 @@ async fn connection<R, W>(
         let response = match serde_json::from_slice::<Request>(&line) {
             Ok(mut request) => {
                 request.peer = Some(peer);
-                info!(%peer, command = ?request.command, vip = %request.vip, backend = %request.backend, "control command received");
+                // Quoted: the text is the peer's, not checked yet.
+                info!(%peer, command = ?request.command, vip = ?request.vip, backend = ?request.backend, "control command received");
                 match (request.command, resolve_on) {
                     (ControlCommand::Add, Some(ifindex)) => {
                         resolve_first(ifindex, [&request.backend]).await;
