@@ -104,7 +104,7 @@ use crate::{
     parse::Parsed,
     select::Picked,
     stats::Direction,
-    wire::ETH_SRC_OFF,
+    wire::{ETH_SRC_OFF, TCP_SYN},
 };
 
 // lb-common's action values are the kernel's.
@@ -211,7 +211,13 @@ fn general<const V6: bool>(ctx: &XdpContext, known_no_flow: bool) -> Result<Verd
         let (direction, flags) = unsafe { ((*entry).direction, (*entry).flags) };
         if direction == DIR_TO_CLIENT {
             if flags & FLOW_F_CLOSED != 0 {
-                if reply_of_replaced::<V6>(pkt, entry) {
+                // A SYN-ACK of a connection given up on (no answer within
+                // the SYN timeout, closed by the sweep or by the SYN's
+                // retransmission) would make the client's socket
+                // established on a flow that no longer forwards its
+                // packets: it would wait for its own timeout. Dropped, the
+                // client retransmits its SYN, which is balanced again.
+                if pkt.is_tcp() && pkt.has(TCP_SYN) || reply_of_replaced::<V6>(pkt, entry) {
                     return Err(reason::DROP_SNAT_NO_FLOW);
                 }
                 if flags & FLOW_F_TW_UNACKED != 0 {

@@ -201,9 +201,7 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
                 let backend_id = unsafe { (*entry).backend_id };
                 // Claimed first, like every free of a closed tuple (a
                 // SYN may be taking it over: `time_wait::may_take_over`).
-                if Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
-                    && remove_on_stack::<V6>(&key)
-                {
+                if claim_closed(entry, created) && remove_on_stack::<V6>(&key) {
                     snat_used(backend_id, u64::MAX);
                     walk.stats.removed += 1;
                     walk.stats.snat_freed += 1;
@@ -230,7 +228,10 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
         // Claimed first, as a SYN that replaces the entry claims it (see
         // `flow::insert_forward`): removed by key, the new connection's
         // entry written meanwhile would go instead.
-        if age > walk.closed_linger_ns && claim_forward(entry) && remove_on_stack::<V6>(&key) {
+        if age > walk.closed_linger_ns
+            && claim_closed(entry, created)
+            && remove_on_stack::<V6>(&key)
+        {
             walk.stats.removed += 1;
         }
         return 0;
@@ -277,7 +278,7 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     }
     // Closed now, by this pass or by a SYN that may be replacing it:
     // removed only by whoever claims it (as above).
-    if claim_forward(entry) && remove_on_stack::<V6>(&key) {
+    if claim_closed(entry, created) && remove_on_stack::<V6>(&key) {
         walk.stats.removed += 1;
     }
     0
@@ -297,10 +298,33 @@ fn backend_down(id: u32) -> bool {
 }
 
 /// Claims the closed forward entry `entry` for removal ([`FLOW_F_TAKEN`]);
-/// false if a SYN replacing it (or an earlier pass) has.
+/// false if a SYN replacing it (or an earlier pass) has, or if the
+/// element no longer holds the closed entry this visit read (`created`,
+/// its `created_ns` then).
+///
+/// The flow tables are preallocated hashes: an update that replaces a key's
+/// entry (a SYN on a closed tuple) parks the old element as its CPU's spare,
+/// and that CPU's next such update writes a new entry into it at once, with
+/// no grace period. Between this visit's first read and its claim, the
+/// element may so have become another key's live entry; claimed, the
+/// removal by this visit's key would then take the newer connection's
+/// entry, and the claim would stick to the other one. A live entry is not
+/// closed, and a new one was created at another time: either undoes the
+/// claim, and a later pass judges the key again.
 #[inline(always)]
-fn claim_forward(entry: *mut FlowEntry) -> bool {
-    Flags::of(entry).set(FLOW_F_TAKEN) & FLOW_F_TAKEN == 0
+fn claim_closed(entry: *mut FlowEntry, created: u64) -> bool {
+    let before = Flags::of(entry).set(FLOW_F_TAKEN);
+    if before & FLOW_F_TAKEN != 0 {
+        return false;
+    }
+    // SAFETY: live map value (an element of the table, reused or not); an
+    // aligned 8-byte load is one instruction.
+    let now_created = unsafe { (&raw const (*entry).created_ns).read_volatile() };
+    if before & FLOW_F_CLOSED != 0 && now_created == created {
+        return true;
+    }
+    Flags::of(entry).clear(FLOW_F_TAKEN);
+    false
 }
 
 /// Whether the open reply entry `reply`, created at `created`, may belong

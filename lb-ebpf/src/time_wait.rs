@@ -96,14 +96,15 @@ pub fn lb_read_seq_and_timestamp(ctx: *mut xdp_md) -> u64 {
 }
 
 /// Whether the client packet `pkt` of a forward entry whose flags are
-/// `flags` is one [`record_client_close`] needs: a FIN, or a pure ACK
-/// after the close (the client's last ACK).
+/// `flags` is one [`record_client_close`] needs: a FIN, or any segment
+/// with an ACK after the close (a pure ACK may be the client's last; a
+/// late one with data only restarts the quarantine, as it restarts the
+/// backend's TIME_WAIT).
 #[inline(always)]
 pub fn closes(pkt: &Packet, flags: u32) -> bool {
     pkt.is_tcp()
         && !pkt.has(TCP_RST | TCP_SYN)
-        && (pkt.has(TCP_FIN)
-            || (flags & FLOW_F_CLOSED != 0 && pkt.has(TCP_ACK) && pkt.payload_len == 0))
+        && (pkt.has(TCP_FIN) || (flags & FLOW_F_CLOSED != 0 && pkt.has(TCP_ACK)))
 }
 
 /// The client's close `pkt` (see [`closes`]) of a connection with a
@@ -204,7 +205,10 @@ fn record_close<const V6: bool>(pkt: &Packet, seq: u32, ts: TsOption) {
         // backend's TIME_WAIT saw; after one the backend began, it can
         // only be later than the FIN recorded (the FINs crossed the other
         // way). Recording it covers all three.
-        if seen & FLOW_F_CLOSED == 0
+        // A late segment with data (a retransmission) is not the
+        // client's last: it only restarted the quarantine, above.
+        if pkt.payload_len != 0
+            || seen & FLOW_F_CLOSED == 0
             || (seen & FLOW_F_CLIENT_CLOSED_FIRST == 0
                 && Flags::of(rev).get() & FLOW_F_TW_SEEN == 0)
         {

@@ -332,6 +332,16 @@ fn pending_ended(fwd: *mut FlowEntry, flags: Flags) {
 /// still pending leaves the backend's pending count.
 #[inline(always)]
 pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
+    if Flags::of(fwd).get() & FLOW_F_CLOSED != 0 {
+        return false;
+    }
+    // The close time before the flag, as `flow::stamp_closed` orders them:
+    // the sweep reads the flag, then the time, and a closed entry with its
+    // open time (an idle connection's, older than the linger) would be
+    // removed at once, under the packets still in flight. A closer that
+    // loses the race below wrote about the same time.
+    // SAFETY: live map value; an aligned 8-byte store is one instruction.
+    unsafe { (&raw mut (*fwd).last_seen_ns).write_volatile(now) };
     if Flags::of(fwd).set(FLOW_F_CLOSED) & FLOW_F_CLOSED != 0 {
         return false;
     }
@@ -339,7 +349,6 @@ pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
     // SAFETY: live map value.
     let backend_id = unsafe {
         (*fwd).state = FLOW_CLOSING;
-        (*fwd).last_seen_ns = now;
         (*fwd).backend_id
     };
     count_closed(backend_id);

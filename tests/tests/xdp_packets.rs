@@ -749,6 +749,28 @@ fn case_rst_to_syn_refused(lb: &mut Lb) {
     );
 }
 
+/// A SYN-ACK that comes after the SYN was given up on (no answer within
+/// the SYN timeout: the sweep closed the connection as refused and removed
+/// its forward entry) is dropped: sent on, it would make the client's
+/// socket established on a flow that forwards nothing, and the client
+/// would wait for its own timeout. Dropped, the client's next SYN is
+/// balanced again.
+fn case_a_syn_ack_after_the_syn_was_given_up_on_is_dropped(lb: &mut Lb) {
+    let snat_port = open_tcp(lb);
+    lb.events();
+    lb.timeouts(Timeouts::ZERO);
+    assert_eq!(lb.sweep_light().expired_syn, 1);
+    assert_eq!(kinds(&lb.events()), [EVENT_REFUSED]);
+    let late = from_backend(0, snat_port, TCP_SYN | TCP_ACK).build();
+    assert_eq!(lb.run(&late).0, XDP_DROP);
+    assert_eq!(lb.reason(reason::DROP_SNAT_NO_FLOW), 1);
+    assert_eq!(lb.handshakes(0), 0, "not a connection accepted");
+    lb.timeouts(Timeouts::default());
+    let syn = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_SYN);
+    assert_eq!(lb.run(&syn.build()).0, XDP_TX);
+    assert_eq!(lb.conns(0).opened, 2);
+}
+
 fn case_backend_reset_reported(lb: &mut Lb) {
     let snat_port = open_tcp(lb);
     let syn_ack = from_backend(0, snat_port, TCP_SYN | TCP_ACK);
@@ -2150,6 +2172,46 @@ fn case_a_late_client_segment_restarts_the_quarantine(lb: &mut Lb) {
     assert_eq!(snat_tuple_of(lb, CLIENT_PORT + 2).1, SNAT_PORT_MIN);
 }
 
+/// The same for a late segment with data (a retransmission the backend's
+/// TIME_WAIT also answers and restarts its timer for): the quarantine
+/// starts again, and the TIME_WAIT view the close recorded stays, since
+/// the segment is not the client's last.
+fn case_a_late_client_segment_with_data_restarts_the_quarantine(lb: &mut Lb) {
+    closed_by_the_backend_first(lb, &linux_syn_options(900), 5_000, &segment_options(2_000));
+    age(lb, &reply_key(SNAT_PORT_MIN), 61);
+    let before = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    let data = Pkt::tcp((CLIENT, CLIENT_PORT), (VIP, HTTP), TCP_ACK | TCP_PSH)
+        .seq(4_000)
+        .tcp_options(&segment_options(2_100))
+        .payload(b"late request bytes");
+    assert_eq!(lb.run(&data.build()).0, XDP_TX);
+    let rev = reply_entry(lb, SNAT_PORT_MIN).expect("reply entry");
+    assert!(
+        rev.last_seen_ns >= before.last_seen_ns + 61_000_000_000,
+        "the quarantine starts again from the segment"
+    );
+    assert_eq!(rev.created_ns, before.created_ns, "the recorded view stays");
+    assert_eq!(
+        rev.flags & (FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN),
+        before.flags & (FLOW_F_TW_SEEN | FLOW_F_TW_TS | FLOW_F_TW_TS_UNKNOWN)
+    );
+    // 5 s after the segment (66 s after the close) a SYN the recorded
+    // TIME_WAIT refuses (older than the close's timestamp, which a late
+    // out-of-window segment does not move, in Linux either) does not take
+    // the tuple; past the quarantine from the segment, it does.
+    age(lb, &reply_key(SNAT_PORT_MIN), 5);
+    let older = linux_syn_options(1_990);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 1, 9_000, &older),
+        XDP_DROP
+    );
+    age(lb, &reply_key(SNAT_PORT_MIN), 61);
+    assert_eq!(
+        syn_for_the_tuple(lb, CLIENT_PORT + 2, 9_000, &older),
+        XDP_TX
+    );
+}
+
 fn case_a_tuple_past_its_second_quarantine_is_left_to_the_sweep(lb: &mut Lb) {
     // Past two quarantines after its close a tuple is the sweep's: the
     // sweep frees it by key, and a SYN taking it over at the same moment
@@ -2556,6 +2618,10 @@ const CASES: &[Case] = &[
         case_reply_to_unknown_snat_tuple_dropped,
     ),
     ("rst to syn refused", case_rst_to_syn_refused),
+    (
+        "a syn-ack after the syn was given up on is dropped",
+        case_a_syn_ack_after_the_syn_was_given_up_on_is_dropped,
+    ),
     ("backend reset reported", case_backend_reset_reported),
     ("next hop cached per flow", case_next_hop_cached_per_flow),
     (
@@ -2644,6 +2710,10 @@ const CASES: &[Case] = &[
     (
         "a late client segment restarts the quarantine",
         case_a_late_client_segment_restarts_the_quarantine,
+    ),
+    (
+        "a late client segment with data restarts the quarantine",
+        case_a_late_client_segment_with_data_restarts_the_quarantine,
     ),
     (
         "a tuple taken over stays quarantined when the forward insert fails",
