@@ -2,7 +2,11 @@
 //! a VIP is `IP:PORT[/tcp|/udp]`, a backend is `IP:PORT[@WEIGHT][,zone=NAME]`.
 //! IPv6 addresses use brackets (`[2001:db8::1]:80`).
 
-use std::{fmt, net::SocketAddr, str::FromStr};
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use lb_common::{IPPROTO_TCP, IPPROTO_UDP};
 use serde::Deserialize;
@@ -103,6 +107,36 @@ pub enum AddrError {
          keeps no scope, so two addresses that differ by it would be one to the kernel)"
     )]
     ScopeId(String),
+}
+
+/// What makes `addr` unusable as a VIP, a backend or a SNAT address, if
+/// anything does, said as the end of "`addr` is ...": a balancer cannot
+/// serve, reach or take the unspecified address, a multicast group or
+/// IPv4's broadcast address; nor a loopback address (127.0.0.0/8, `::1`),
+/// which never crosses a wire, so the program on the interface never sees
+/// a packet to one and a host drops one from or to it that arrives from
+/// outside (a martian); nor an IPv4-mapped IPv6 address
+/// (`::ffff:a.b.c.d`), which only stands for an IPv4 address inside a
+/// host's sockets: no IPv6 packet on a wire carries one (the IPv4 address
+/// itself is what works).
+pub fn not_a_host(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() {
+        Some("the unspecified address, no host's address")
+    } else if addr.is_multicast() {
+        Some("a multicast address, no host's address")
+    } else if addr == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
+        Some("the broadcast address, no host's address")
+    } else if addr.is_loopback() {
+        Some("a loopback address, which never crosses a wire")
+    } else if let IpAddr::V6(v6) = addr
+        && v6.to_ipv4_mapped().is_some()
+    {
+        Some(
+            "an IPv4-mapped IPv6 address, which no IPv6 packet carries (write the IPv4 address itself)",
+        )
+    } else {
+        None
+    }
 }
 
 /// Parses `IP:PORT`, refusing port 0 (it can never be a service port).

@@ -91,6 +91,9 @@ use crate::{
     settings::zone::{ZoneName, ZoneSettings},
 };
 
+/// Lives with the address parsing; named here too, where its callers look.
+pub use crate::settings::addr::not_a_host;
+
 /// Memory of the mean latency: linkerd's and Finagle's Peak-EWMA τ.
 pub const DEFAULT_EWMA_TAU: Duration = Duration::from_secs(10);
 /// Latency assumed before the first sample and the value an idle backend
@@ -973,36 +976,6 @@ pub fn valid_instance_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-}
-
-/// What makes `addr` unusable as a VIP, a backend or a SNAT address, if
-/// anything does, said as the end of "`addr` is ...": a balancer cannot
-/// serve, reach or take the unspecified address, a multicast group or
-/// IPv4's broadcast address; nor a loopback address (127.0.0.0/8, `::1`),
-/// which never crosses a wire, so the program on the interface never sees
-/// a packet to one and a host drops one from or to it that arrives from
-/// outside (a martian); nor an IPv4-mapped IPv6 address
-/// (`::ffff:a.b.c.d`), which only stands for an IPv4 address inside a
-/// host's sockets: no IPv6 packet on a wire carries one (the IPv4 address
-/// itself is what works).
-pub fn not_a_host(addr: IpAddr) -> Option<&'static str> {
-    if addr.is_unspecified() {
-        Some("the unspecified address, no host's address")
-    } else if addr.is_multicast() {
-        Some("a multicast address, no host's address")
-    } else if addr == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
-        Some("the broadcast address, no host's address")
-    } else if addr.is_loopback() {
-        Some("a loopback address, which never crosses a wire")
-    } else if let IpAddr::V6(v6) = addr
-        && v6.to_ipv4_mapped().is_some()
-    {
-        Some(
-            "an IPv4-mapped IPv6 address, which no IPv6 packet carries (write the IPv4 address itself)",
-        )
-    } else {
-        None
-    }
 }
 
 /// The count limits a configuration's VIPs are held to (VIPs, backends in

@@ -342,7 +342,7 @@ impl RegisterArgs {
 /// backend every balancer would skip, instead of keeping its lease alive.
 fn parse_registered_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     let addr = crate::settings::addr::parse_socket_addr(text).map_err(|e| e.to_string())?;
-    match crate::settings::config::not_a_host(addr.ip()) {
+    match crate::settings::addr::not_a_host(addr.ip()) {
         Some(what) => Err(format!("{addr} is {what}: balancers skip it as a backend")),
         None => Ok(addr),
     }
@@ -352,28 +352,32 @@ fn parse_registered_addr(text: &str) -> Result<std::net::SocketAddr, String> {
 mod tests {
     use super::*;
 
-    /// The sidecar refuses a backend address every balancer would skip
-    /// (`discover::entry::parse`), rather than keep its lease alive.
-    #[test]
-    fn register_refuses_an_address_no_balancer_takes() {
+    /// `register` with its etcd endpoint and prefix, `--addr addr`, and
+    /// `more` flags.
+    fn register(addr: &str, more: &[&str]) -> Result<RegisterArgs, clap::Error> {
         use clap::Parser;
         #[derive(Parser)]
         struct Cmd {
             #[command(flatten)]
             args: RegisterArgs,
         }
-        let addr = |a: &str| {
-            Cmd::try_parse_from([
-                "register",
-                "--etcd-endpoints",
-                "http://10.0.0.1:2379",
-                "--prefix",
-                "/lb/web/",
-                "--addr",
-                a,
-            ])
-            .map(|c| c.args.addr)
-        };
+        let fixed = [
+            "register",
+            "--etcd-endpoints",
+            "http://10.0.0.1:2379",
+            "--prefix",
+            "/lb/web/",
+            "--addr",
+            addr,
+        ];
+        Cmd::try_parse_from(fixed.iter().chain(more)).map(|c| c.args)
+    }
+
+    /// The sidecar refuses a backend address every balancer would skip
+    /// (`discover::entry::parse`), rather than keep its lease alive.
+    #[test]
+    fn register_refuses_an_address_no_balancer_takes() {
+        let addr = |a: &str| register(a, &[]).map(|args| args.addr);
         assert_eq!(addr("10.0.0.21:80").unwrap().to_string(), "10.0.0.21:80");
         let vip: crate::settings::addr::VipAddr = "10.0.0.100:80".parse().unwrap();
         for bad in [
@@ -402,28 +406,7 @@ mod tests {
 
     #[test]
     fn the_register_zone_is_checked_and_empty_means_none() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cmd {
-            #[command(flatten)]
-            args: RegisterArgs,
-        }
-        let zone = |z: &str| {
-            Cmd::try_parse_from([
-                "register",
-                "--etcd-endpoints",
-                "http://10.0.0.1:2379",
-                "--prefix",
-                "/lb/web/",
-                "--addr",
-                "10.0.0.21:80",
-                "--zone",
-                z,
-            ])
-            .unwrap()
-            .args
-            .zone()
-        };
+        let zone = |z: &str| register("10.0.0.21:80", &["--zone", z]).unwrap().zone();
         assert_eq!(zone("eu-1").unwrap().unwrap().as_str(), "eu-1");
         assert_eq!(zone("").unwrap(), None);
         assert_eq!(
@@ -434,26 +417,7 @@ mod tests {
 
     #[test]
     fn the_register_log_level_is_one_of_the_levels() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cmd {
-            #[command(flatten)]
-            args: RegisterArgs,
-        }
-        let level = |l: &str| {
-            Cmd::try_parse_from([
-                "register",
-                "--etcd-endpoints",
-                "http://10.0.0.1:2379",
-                "--prefix",
-                "/lb/web/",
-                "--addr",
-                "10.0.0.21:80",
-                "--log-level",
-                l,
-            ])
-            .map(|c| c.args.log_level)
-        };
+        let level = |l: &str| register("10.0.0.21:80", &["--log-level", l]).map(|a| a.log_level);
         assert_eq!(level("debug").unwrap(), "debug");
         // Taken as a target name by the log filter, it logged nothing.
         let error = level("warning").expect_err("refused").to_string();
