@@ -268,6 +268,13 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     } else {
         return 0;
     };
+    // Still the entry this visit read? Its element may have been reused by
+    // another key's update since (see `claim_closed`): closing it would
+    // close that connection. A later pass judges this key again.
+    // SAFETY: live map value; an aligned 8-byte load is one instruction.
+    if unsafe { (&raw const (*entry).created_ns).read_volatile() } != created {
+        return 0;
+    }
     if close_counted(entry, walk.now) {
         stamp_closed(reply, walk.now);
         if kind != 0 {

@@ -338,10 +338,17 @@ pub fn close_counted(fwd: *mut FlowEntry, now: u64) -> bool {
     // The close time before the flag, as `flow::stamp_closed` orders them:
     // the sweep reads the flag, then the time, and a closed entry with its
     // open time (an idle connection's, older than the linger) would be
-    // removed at once, under the packets still in flight. A closer that
-    // loses the race below wrote about the same time.
-    // SAFETY: live map value; an aligned 8-byte store is one instruction.
-    unsafe { (&raw mut (*fwd).last_seen_ns).write_volatile(now) };
+    // removed at once, under the packets still in flight. Never moved
+    // back: a closer that loses the race below may be the sweep, whose
+    // `now` is its pass's start.
+    // SAFETY: live map value; aligned 8-byte loads and stores are one
+    // instruction each.
+    unsafe {
+        let seen = &raw mut (*fwd).last_seen_ns;
+        if seen.read_volatile() < now {
+            seen.write_volatile(now);
+        }
+    }
     if Flags::of(fwd).set(FLOW_F_CLOSED) & FLOW_F_CLOSED != 0 {
         return false;
     }

@@ -28,7 +28,9 @@ impl Runtime {
         let id = match self.apply_command(request, now) {
             Ok(id) => id,
             Err(e) => {
-                info!(command = ?request.command, vip = ?request.vip, backend = ?request.backend, %peer, "operator command refused: {e:#}");
+                // Quoted: the error may repeat the peer's text.
+                let error = format!("{e:#}");
+                info!(command = ?request.command, vip = ?request.vip, backend = ?request.backend, %peer, ?error, "operator command refused");
                 return Response::failed(format!("{e:#}"));
             }
         };

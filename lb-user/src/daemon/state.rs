@@ -55,7 +55,10 @@ impl StateKeeper {
         let (saves, rx) = watch::channel(state.clone());
         let mut keeper = Self {
             base: base.clone(),
-            saved: Arc::new(Mutex::new(state.clone())),
+            saved: Arc::new(Mutex::new(SavedFile {
+                state: state.clone(),
+                stopped: false,
+            })),
             state,
             saves,
         };
@@ -173,12 +176,13 @@ impl StateKeeper {
     /// fails too, which is logged as an error.
     pub fn save_unsaved(&self, path: &Path) {
         let mut last = self.saved.lock().unwrap_or_else(PoisonError::into_inner);
-        if *last == self.state {
+        last.stopped = true;
+        if last.state == self.state {
             return;
         }
         match self.state.save(path) {
             Ok(()) => {
-                *last = self.state.clone();
+                last.state = self.state.clone();
                 info!(file = %path.display(), "saved the latest runtime changes at the stop");
             }
             Err(e) => tracing::error!(
@@ -232,7 +236,17 @@ impl StateKeeper {
 /// writer task and the stop's last save ([`StateKeeper::save_unsaved`])
 /// never write at once (they share one temporary file name), and the stop
 /// knows whether the latest state reached the file.
-pub type SavedState = Arc<Mutex<RuntimeState>>;
+pub type SavedState = Arc<Mutex<SavedFile>>;
+
+/// What the file has, and whether the stop wrote it last.
+#[derive(Debug, Default)]
+pub struct SavedFile {
+    state: RuntimeState,
+    /// Set by the stop's save: a writer's save that was queued on a
+    /// blocking thread before the stop (its task aborted, the thread not)
+    /// and runs after it would write an older state over the latest.
+    stopped: bool,
+}
 
 /// Saves every new state to `path`, the latest one first (states that
 /// arrive while a save runs are coalesced), and records it in `saved`.
@@ -253,8 +267,11 @@ pub fn spawn_writer(
             let record = saved.clone();
             let saved = tokio::task::spawn_blocking(move || {
                 let mut last = record.lock().unwrap_or_else(PoisonError::into_inner);
+                if last.stopped {
+                    return Ok(());
+                }
                 state.save(&target)?;
-                *last = state;
+                last.state = state;
                 Ok::<(), std::io::Error>(())
             })
             .await;
@@ -297,8 +314,8 @@ mod tests {
     /// A change the writer task had not saved when the stop came (its save
     /// failed and waits for a retry, or it was still queued) is written
     /// by the stop; one the file has is not written again.
-    #[test]
-    fn the_stop_saves_a_change_the_writer_had_not() {
+    #[tokio::test]
+    async fn the_stop_saves_a_change_the_writer_had_not() {
         let base = with_etcd("");
         let dir = std::env::temp_dir().join(format!("lb-keeper-stop-{}", std::process::id()));
         let path = crate::settings::state::path(&dir, "t");
@@ -315,8 +332,22 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         keeper.save_unsaved(&path);
         let written_again = path.exists();
-        let _ = std::fs::remove_dir_all(&dir);
         assert!(!written_again);
+        // A writer whose save was queued before the stop and runs after it
+        // writes nothing over what the stop wrote.
+        let (mut keeper, _, _states) = StateKeeper::new(&base, RuntimeState::default());
+        keeper.record_vip_removed(&vip);
+        keeper.save_unsaved(&path);
+        let latest = std::fs::read(&path).unwrap();
+        let older = RuntimeState::default();
+        let (tx, rx) = watch::channel(older.clone());
+        let writer = spawn_writer(path.clone(), rx, keeper.saved(), ControlErrors::default());
+        tx.send_replace(older);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        writer.abort();
+        let after = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(after, latest, "an older state was written over the stop's");
     }
 
     /// A weight an operator set on a discovered backend is an override

@@ -399,12 +399,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lb-pins-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join(LINK_PIN), b"").unwrap();
-        // Entries a file removal cannot take (directories), made after the
-        // link so that a listing in any order is likely to meet one first.
-        for name in ["FLOWS4", "VIPS", "BACKENDS", "CONFIG"] {
-            fs::create_dir(dir.join(name)).unwrap();
+        // Entries a file removal cannot take (directories), made before the
+        // link (a listing in creation order meets them first) and many (a
+        // listing in hash order most likely does).
+        for i in 0..32 {
+            fs::create_dir(dir.join(format!("MAP{i}"))).unwrap();
         }
+        fs::write(dir.join(LINK_PIN), b"").unwrap();
         let failed = remove_pins(&dir);
         let link_left = dir.join(LINK_PIN).exists();
         let _ = fs::remove_dir_all(&dir);

@@ -163,9 +163,19 @@ fn health_text(health: Option<&HealthCheck>, words: HealthText) -> String {
         None => "None".to_string(),
     };
     // That build had no probes, and its files could not set them: the
-    // same file now gets the default (on for an HTTP check).
+    // same file now gets the default (on for an HTTP check, off for TCP).
+    // A check with any other probe setting was changed since.
     let probe = match words {
-        HealthText::BeforeLatencyProbes => String::new(),
+        HealthText::BeforeLatencyProbes => {
+            let default = match h.http {
+                Some(_) => crate::settings::ops::DEFAULT_LATENCY_PROBE_INTERVAL.every(),
+                None => None,
+            };
+            if h.latency_probe != default {
+                return "a check a build before latency probes could not have".to_string();
+            }
+            String::new()
+        }
         HealthText::Current => format!(", latency_probe: {:?}", h.latency_probe),
     };
     format!(
@@ -885,6 +895,18 @@ mod tests {
             assert_eq!(effective.vips.len(), 1, "{recorded}");
             assert_eq!(effective.vips[0].vip, base.vips[1].vip);
         }
+        // Probes set other than the default: no build before them wrote
+        // that, so the older text does not hold.
+        let off = Config::of(
+            &["--iface", "eth0"],
+            &format!(
+                "{}[vip.health]\ncheck = \"http\"\npath = \"/healthz\"\ninterval = \"1s\"\n\
+                 latency_probe_interval = \"off\"\n[[vip]]\naddress = \"10.0.0.101:80\"\n\
+                 backends = [\"10.0.0.22:80\"]\n",
+                "[[vip]]\naddress = \"10.0.0.100:80\"\nbackends = [\"10.0.0.21:80\"]\n"
+            ),
+        );
+        assert!(!fingerprint_holds(&off, &vip, Some(older.as_str())));
         // A file whose check changed since did change the VIP, whichever
         // build wrote the entry.
         for recorded in [current, older] {
