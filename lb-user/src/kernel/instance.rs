@@ -33,7 +33,9 @@ pub const LOCK_DIR: &str = "/run/lb-user";
 /// per instance would have the last one started lock out the others.
 pub const RUN_DIR_MODE: u32 = 0o711;
 /// Mode of the files in [`LOCK_DIR`] other than the sockets.
-pub const RUN_FILE_MODE: u32 = 0o600;
+pub use crate::settings::private_file::PRIVATE_FILE_MODE as RUN_FILE_MODE;
+/// How [`LOCK_DIR`]'s files (and the state directory's) are written.
+pub use crate::settings::private_file::{TMP_SUFFIX, write_durable, write_private};
 /// Pin name of the XDP link inside an instance's pin directory.
 pub const LINK_PIN: &str = "link";
 
@@ -57,9 +59,6 @@ pub const RUN_FILE_SUFFIXES: [&str; 5] = [
     ZONES_SUFFIX,
     DISCOVERY_SUFFIX,
 ];
-/// What [`write_private`] adds to a file's name while it replaces the
-/// file: left behind by a kill mid-write.
-pub const TMP_SUFFIX: &str = ".tmp";
 
 /// `/sys/fs/bpf/lb-user`.
 pub fn pin_root() -> PathBuf {
@@ -123,51 +122,6 @@ pub fn ensure_run_dir() -> anyhow::Result<()> {
         .with_context(|| format!("setting the mode of {LOCK_DIR}"))
 }
 
-/// Replaces `path` with `contents` atomically (a temporary file beside it,
-/// renamed over it), readable and writable by its owner only
-/// ([`RUN_FILE_MODE`]): the files in [`LOCK_DIR`] name backends, zones and
-/// ports, which are nobody else's business.
-pub fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    replace_private(path, contents, false)
-}
-
-/// [`write_private`] for a file that must survive a power loss (the
-/// runtime state, the discovery cache, the SNAT hand-off): the temporary
-/// file is synced before the rename, and the directory after it, so the
-/// file is the old one or the new one, never empty. The directory is
-/// created if need be.
-pub fn write_durable(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    replace_private(path, contents, true)
-}
-
-fn replace_private(path: &Path, contents: &[u8], durable: bool) -> std::io::Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(TMP_SUFFIX);
-    let tmp = path.with_file_name(name);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(RUN_FILE_MODE)
-        .open(&tmp)?;
-    // A temporary file left over keeps its mode through `open`.
-    file.set_permissions(std::fs::Permissions::from_mode(RUN_FILE_MODE))?;
-    file.write_all(contents)?;
-    if durable {
-        file.sync_all()?;
-    }
-    drop(file);
-    std::fs::rename(&tmp, path)?;
-    if durable {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
-    }
-    Ok(())
-}
-
 /// Whether `instance` runs: the pid its lock file names is alive. (Not by
 /// trying its lock, which for that instant would make a start of that
 /// instance fail as "already running".) A reused pid counts as running,
@@ -227,27 +181,6 @@ impl InstanceLock {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The state, cache and hand-off files are their owner's only, in a
-    /// directory made for them, and a file an older build left readable by
-    /// all is restricted when it is replaced.
-    #[test]
-    fn durable_files_are_private_and_replaced_whole() {
-        use std::os::unix::fs::PermissionsExt as _;
-        let root = std::env::temp_dir().join(format!("lb-durable-{}", std::process::id()));
-        let path = root.join("state").join("x.json");
-        write_durable(&path, b"one").unwrap();
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&path), RUN_FILE_MODE);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        write_durable(&path, b"two").unwrap();
-        let (text, left) = (std::fs::read(&path).unwrap(), mode(&path));
-        let leftovers = std::fs::read_dir(path.parent().unwrap()).unwrap().count();
-        let _ = std::fs::remove_dir_all(&root);
-        assert_eq!(text, b"two");
-        assert_eq!(left, RUN_FILE_MODE);
-        assert_eq!(leftovers, 1, "no temporary file is left");
-    }
 
     #[test]
     fn run_files_belong_to_the_whole_instance_name() {

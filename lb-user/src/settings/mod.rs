@@ -17,6 +17,7 @@ pub mod error;
 pub mod faults;
 pub mod ops;
 pub mod ports;
+pub mod private_file;
 pub mod state;
 pub mod written;
 pub mod zone;

@@ -441,7 +441,7 @@ impl RuntimeState {
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let mut text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         text.push('\n');
-        crate::kernel::instance::write_durable(path, text.as_bytes())
+        crate::settings::private_file::write_durable(path, text.as_bytes())
     }
 
     /// Lays the entries that still hold over `config` (the configuration
