@@ -268,11 +268,10 @@ fn visit_entry<const V6: bool>(walk: &mut Walk, key: &FlowKey, entry: *mut FlowE
     } else {
         return 0;
     };
-    // Still the entry this visit read? Its element may have been reused by
-    // another key's update since (see `claim_closed`): closing it would
-    // close that connection. A later pass judges this key again.
-    // SAFETY: live map value; an aligned 8-byte load is one instruction.
-    if unsafe { (&raw const (*entry).created_ns).read_volatile() } != created {
+    // Its element may have been reused by another key's update since (see
+    // `claim_closed`): closing it would close that connection. A later
+    // pass judges this key again.
+    if !still_created_at(entry, created) {
         return 0;
     }
     if close_counted(entry, walk.now) {
@@ -324,14 +323,20 @@ fn claim_closed(entry: *mut FlowEntry, created: u64) -> bool {
     if before & FLOW_F_TAKEN != 0 {
         return false;
     }
-    // SAFETY: live map value (an element of the table, reused or not); an
-    // aligned 8-byte load is one instruction.
-    let now_created = unsafe { (&raw const (*entry).created_ns).read_volatile() };
-    if before & FLOW_F_CLOSED != 0 && now_created == created {
+    if before & FLOW_F_CLOSED != 0 && still_created_at(entry, created) {
         return true;
     }
     Flags::of(entry).clear(FLOW_F_TAKEN);
     false
+}
+
+/// Whether the element `entry` still holds the entry this visit read, by
+/// its creation time `created` (see [`claim_closed`]).
+#[inline(always)]
+fn still_created_at(entry: *const FlowEntry, created: u64) -> bool {
+    // SAFETY: live map value (an element of the table, reused or not); an
+    // aligned 8-byte load is one instruction.
+    unsafe { (&raw const (*entry).created_ns).read_volatile() == created }
 }
 
 /// Whether the open reply entry `reply`, created at `created`, may belong

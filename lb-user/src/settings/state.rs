@@ -135,7 +135,7 @@ fn vip_fingerprint(config: &Config, vip: &VipAddr) -> Option<String> {
 fn fingerprint_holds(config: &Config, vip: &VipAddr, recorded: Option<&str>) -> bool {
     let now = vip_fingerprint(config, vip);
     now.as_deref() == recorded
-        || (now.is_some()
+        || (recorded.is_some()
             && fingerprint_as(config, vip, HealthText::BeforeLatencyProbes).as_deref() == recorded)
 }
 
@@ -150,10 +150,11 @@ enum HealthText {
 /// field by field, in the words the derived `Debug` gave when entries were
 /// first written, so that a field added to `HealthCheck` later changes no
 /// recorded fingerprint (a new field is written only when set, as
-/// `zone_aware` and the P2C limits are).
-fn health_text(health: Option<&HealthCheck>, words: HealthText) -> String {
+/// `zone_aware` and the P2C limits are). `None`: no text in `words`
+/// describes this check (an older build could not have written it).
+fn health_text(health: Option<&HealthCheck>, words: HealthText) -> Option<String> {
     let Some(h) = health else {
-        return "None".to_string();
+        return Some("None".to_string());
     };
     let http = match &h.http {
         Some(c) => format!(
@@ -172,16 +173,16 @@ fn health_text(health: Option<&HealthCheck>, words: HealthText) -> String {
                 None => None,
             };
             if h.latency_probe != default {
-                return "a check a build before latency probes could not have".to_string();
+                return None;
             }
             String::new()
         }
         HealthText::Current => format!(", latency_probe: {:?}", h.latency_probe),
     };
-    format!(
+    Some(format!(
         "Some(HealthCheck {{ http: {http}, interval: {:?}, timeout: {:?}, rise: {}, fall: {}{probe} }})",
         h.interval, h.timeout, h.rise, h.fall
-    )
+    ))
 }
 
 /// [`vip_fingerprint`] with its health check in `words`.
@@ -213,7 +214,7 @@ fn fingerprint_as(config: &Config, vip: &VipAddr, words: HealthText) -> Option<S
         v.algorithm.name(),
         v.inflight_bias,
         v.maglev_source_affinity,
-        health_text(v.health.as_ref(), words),
+        health_text(v.health.as_ref(), words)?,
     ))
 }
 
